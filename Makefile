@@ -1,0 +1,31 @@
+# crosshost — the README's two commands are `make demo` and `make test`; each sets itself up.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint hosts-up hosts-down bench clean
+
+$(STAMP): pyproject.toml
+	@command -v /usr/sbin/sshd >/dev/null || { \
+	  echo "installing openssh-server (needed for the real test hosts)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null) \
+	  || { echo "error: could not install openssh-server; install it (apt-get install openssh-server) and rerun" >&2; exit 1; }; }
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q -ra
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/vermin -q --no-tips --violations -t=3.9- agent_runner
+
+clean:
+	rm -rf $(VENV) build *.egg-info

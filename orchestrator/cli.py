@@ -1,0 +1,88 @@
+"""The crosshost command line. Thin: each command parses, calls one function, renders.
+
+Commands return their exit code; ``guarded`` maps errors to one line and the DESIGN exit codes.
+Add a command as a small function below; keep logic in the modules it calls.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import ParamSpec
+
+import typer
+
+from orchestrator.errors import CrosshostError
+
+P = ParamSpec("P")
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Replay a pinned agent-eval suite on several hosts and see which verdicts moved.",
+)
+
+
+def _debug_log(exc: BaseException) -> Path:
+    """Write an unexpected error's traceback where the user can find it, and say where."""
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "crosshost"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        base = Path(tempfile.gettempdir())
+    path = base / f"debug-{_dt.datetime.now().strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+    path.write_text("".join(traceback.format_exception(exc)))
+    return path
+
+
+def guarded(fn: Callable[P, int]) -> Callable[P, None]:
+    """Wrap a command: its int result becomes the exit code; errors become one line + DESIGN code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            rv = fn(*args, **kwargs)
+        except CrosshostError as exc:
+            typer.echo(exc.one_line(), err=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+        except typer.Exit:
+            raise
+        except Exception as exc:  # the last line of defence: log it, say where
+            path = _debug_log(exc)
+            typer.echo(f"internal error: {type(exc).__name__}: {exc} (traceback in {path})", err=True)
+            raise typer.Exit(1) from None
+        raise typer.Exit(rv or 0)
+
+    return wrapper
+
+
+@app.callback()
+def _root() -> None:
+    """crosshost: the same suite on several hosts; which verdicts moved when only the host changed."""
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+@app.command()
+@guarded
+def version() -> int:
+    """Print the crosshost version."""
+    from orchestrator import __version__
+
+    typer.echo(__version__)
+    return 0
+
+
+if __name__ == "__main__":
+    main()

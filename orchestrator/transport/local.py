@@ -1,0 +1,70 @@
+"""LocalHost: the controller's own machine, through subprocesses."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from orchestrator.errors import TransferError
+from orchestrator.transport.base import ExecResult, Host
+
+
+class LocalHost(Host):
+    kind = "local"
+
+    def __init__(self, name: str = "local") -> None:
+        self.name = name
+
+    def exec(self, argv: list[str], timeout: float) -> ExecResult:
+        started = time.monotonic()
+        try:
+            # The process group is killed on timeout so a runner's children die with it.
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return ExecResult(tuple(argv), 127, "", f"{argv[0]}: {exc.strerror}", time.monotonic() - started)
+        timed_out = False
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            out, err = proc.communicate()
+        return ExecResult(
+            tuple(argv),
+            proc.returncode if not timed_out else 137,
+            out.decode("utf-8", "replace"),
+            err.decode("utf-8", "replace"),
+            time.monotonic() - started,
+            timed_out,
+        )
+
+    def put(self, local: Path, remote: str) -> None:
+        try:
+            shutil.copyfile(local, remote)
+        except OSError as exc:
+            raise TransferError(self.name, f"copy {local} -> {remote}: {exc.strerror or exc}") from exc
+
+    def get(self, remote: str, local: Path) -> None:
+        try:
+            shutil.copyfile(remote, local)
+        except OSError as exc:
+            raise TransferError(self.name, f"copy {remote} -> {local}: {exc.strerror or exc}") from exc
+
+    def close(self) -> None:
+        pass
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
