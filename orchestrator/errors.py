@@ -9,7 +9,8 @@ Each class carries the exit code of DESIGN.md, so the CLI maps an error to an ex
     │   ├── InventoryError              hosts.toml
     │   ├── SuiteError                  a suite directory, suite.toml, task.toml, script.json
     │   ├── ContractError               contract.json, tools.json
-    │   └── TraceError                  a trace or results.jsonl
+    │   ├── TraceError                  a trace or results.jsonl
+    │   └── ApiKeyMissing               [agent] api_key_env names a variable unset on the controller
     └── HostError                       exit 3: infrastructure; carries the host's name
         ├── HostUnreachable             connect refused / timed out / DNS (transient: retried)
         ├── HostKeyRejected             unknown or changed host key (never retried)
@@ -53,6 +54,10 @@ class ContractError(InputError):
 
 
 class TraceError(InputError):
+    pass
+
+
+class ApiKeyMissing(InputError):
     pass
 
 
