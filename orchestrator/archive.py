@@ -1,0 +1,124 @@
+"""Reading a tar archive a host sent back, without trusting it.
+
+A host is not trusted to name files: ``extractall`` would follow ``../x``, absolute names, symlinks and
+device nodes wherever they point. Here every member is checked first (regular files and directories
+with safe relative names only, count and total size capped); only when the whole archive passes is
+anything written, member by member through ``extractfile``, under the destination directory.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from orchestrator.errors import ArchiveRejected
+
+MAX_MEMBERS = 20_000
+MAX_TOTAL_BYTES = 512 * 1024 * 1024
+_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    max_members: int = MAX_MEMBERS
+    max_total_bytes: int = MAX_TOTAL_BYTES
+
+
+def safe_member_name(name: str) -> PurePosixPath | None:
+    """The member's relative path, or None when the name could escape the destination.
+
+    ``./`` prefixes (``tar -C out -cf - .``) are dropped; the archive root itself maps to ``.``.
+    """
+    if not name or "\x00" in name or "\\" in name or name.startswith("/"):
+        return None
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        return None
+    return PurePosixPath(*parts) if parts else PurePosixPath(".")
+
+
+def _check(members: list[tarfile.TarInfo], host: str, source: str, limits: ArchiveLimits) -> None:
+    total = 0
+    seen: set[PurePosixPath] = set()
+    for member in members:
+        where = f"{source}: member {member.name!r}"
+        rel = safe_member_name(member.name)
+        if rel is None:
+            raise ArchiveRejected(host, f"{where} has an unsafe name (absolute or '..'); nothing was written")
+        if not (member.isreg() or member.isdir()):
+            kind = "link" if (member.issym() or member.islnk()) else "device/fifo/special file"
+            raise ArchiveRejected(host, f"{where} is a {kind}; only regular files are accepted; nothing was written")
+        if member.isreg():
+            if rel in seen:
+                raise ArchiveRejected(host, f"{where} appears twice; nothing was written")
+            seen.add(rel)
+            total += member.size
+            if total > limits.max_total_bytes:
+                raise ArchiveRejected(
+                    host, f"{source}: more than {limits.max_total_bytes} bytes of content; nothing was written"
+                )
+
+
+def read_archive(
+    archive: Path, dest: Path, *, host: str, limits: ArchiveLimits | None = None
+) -> list[PurePosixPath]:
+    """Check every member of ``archive``, then write its regular files under ``dest``.
+
+    Returns the relative paths written. Raises ``ArchiveRejected`` (nothing written) when any member
+    is unsafe, when there are too many members or too many bytes, or when the file is not a tar.
+    """
+    limits = limits or ArchiveLimits()
+    source = archive.name
+    try:
+        with tarfile.open(archive, mode="r:*") as tar:
+            members: list[tarfile.TarInfo] = []
+            # Iterate rather than getmembers(): the count cap must stop a header flood early.
+            for member in tar:
+                members.append(member)
+                if len(members) > limits.max_members:
+                    raise ArchiveRejected(
+                        host, f"{source}: more than {limits.max_members} members; nothing was written"
+                    )
+            _check(members, host, source, limits)
+            return _write(tar, members, dest, host, source, limits)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise ArchiveRejected(host, f"{source}: cannot read or unpack it ({exc})") from exc
+
+
+def _write(
+    tar: tarfile.TarFile,
+    members: list[tarfile.TarInfo],
+    dest: Path,
+    host: str,
+    source: str,
+    limits: ArchiveLimits,
+) -> list[PurePosixPath]:
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest.resolve()
+    written: list[PurePosixPath] = []
+    budget = limits.max_total_bytes
+    for member in members:
+        if not member.isreg():
+            continue
+        rel = safe_member_name(member.name)
+        assert rel is not None  # checked above
+        target = root.joinpath(*rel.parts)
+        # The destination is ours, but a directory inside it could still be a link planted earlier.
+        if not target.parent.resolve().is_relative_to(root):
+            raise ArchiveRejected(host, f"{source}: member {member.name!r} resolves outside {dest}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        src = tar.extractfile(member)
+        if src is None:
+            raise ArchiveRejected(host, f"{source}: member {member.name!r} has no content")
+        # O_EXCL|O_NOFOLLOW: never write through an existing file or link.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with src, os.fdopen(fd, "wb") as out:
+            while chunk := src.read(min(_CHUNK, budget + 1)):
+                budget -= len(chunk)
+                if budget < 0:
+                    raise ArchiveRejected(host, f"{source}: content larger than its headers say")
+                out.write(chunk)
+        written.append(rel)
+    return written

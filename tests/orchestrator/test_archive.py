@@ -1,0 +1,118 @@
+"""A pulled archive is read member by member; anything unsafe is refused before a byte is written."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator.archive import ArchiveLimits, read_archive
+from orchestrator.errors import ArchiveRejected
+
+
+def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            else:
+                tar.addfile(info)
+    return path
+
+
+def _file(name: str, data: bytes = b"x") -> tuple[tarfile.TarInfo, bytes]:
+    return tarfile.TarInfo(name), data
+
+
+def _all_files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+def test_regular_files_are_written_under_dest(tmp_path: Path) -> None:
+    d = tarfile.TarInfo("./traces")
+    d.type = tarfile.DIRTYPE
+    arc = _tar(
+        tmp_path / "out.tar",
+        [(d, None), _file("./fingerprint.json", b"{}"), _file("./traces/t.0.jsonl", b'{"type":"header"}\n')],
+    )
+    dest = tmp_path / "run" / "hosts" / "box-b"
+    written = read_archive(arc, dest, host="box-b")
+    assert sorted(map(str, written)) == ["fingerprint.json", "traces/t.0.jsonl"]
+    assert (dest / "traces" / "t.0.jsonl").read_bytes() == b'{"type":"header"}\n'
+
+
+@pytest.mark.parametrize("bad", ["../x", "traces/../../x", "/etc/evil", "a/../../x"])
+def test_escaping_names_are_refused_and_nothing_is_written(tmp_path: Path, bad: str) -> None:
+    # A safe member comes first: it must not be written either.
+    arc = _tar(tmp_path / "out.tar", [_file("ok.json"), _file(bad, b"pwned")])
+    dest = tmp_path / "run" / "hosts" / "h"
+    with pytest.raises(ArchiveRejected, match="unsafe name") as info:
+        read_archive(arc, dest, host="h")
+    assert info.value.host == "h"
+    assert _all_files(tmp_path) == {"out.tar"}
+
+
+@pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.FIFOTYPE])
+def test_links_and_devices_are_refused(tmp_path: Path, kind: bytes) -> None:
+    link = tarfile.TarInfo("traces/t.0.jsonl")
+    link.type = kind
+    link.linkname = "/etc/passwd"
+    arc = _tar(tmp_path / "out.tar", [_file("a.json"), (link, None)])
+    with pytest.raises(ArchiveRejected, match="only regular files"):
+        read_archive(arc, tmp_path / "dest", host="h")
+    assert _all_files(tmp_path) == {"out.tar"}
+
+
+def test_symlink_then_file_through_it_is_refused(tmp_path: Path) -> None:
+    # The classic two-step escape: a link named d -> /tmp/outside, then d/x.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = tarfile.TarInfo("d")
+    link.type = tarfile.SYMTYPE
+    link.linkname = str(outside)
+    arc = _tar(tmp_path / "out.tar", [(link, None), _file("d/x", b"pwned")])
+    with pytest.raises(ArchiveRejected):
+        read_archive(arc, tmp_path / "dest", host="h")
+    assert list(outside.iterdir()) == []
+
+
+def test_too_many_members(tmp_path: Path) -> None:
+    arc = _tar(tmp_path / "out.tar", [_file(f"f{i}") for i in range(6)])
+    with pytest.raises(ArchiveRejected, match="more than 5 members"):
+        read_archive(arc, tmp_path / "dest", host="h", limits=ArchiveLimits(max_members=5))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_too_many_bytes(tmp_path: Path) -> None:
+    arc = _tar(tmp_path / "out.tar", [_file("a", b"x" * 600), _file("b", b"y" * 600)])
+    with pytest.raises(ArchiveRejected, match="more than 1000 bytes"):
+        read_archive(arc, tmp_path / "dest", host="h", limits=ArchiveLimits(max_total_bytes=1000))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_duplicate_member_is_refused(tmp_path: Path) -> None:
+    arc = _tar(tmp_path / "out.tar", [_file("a", b"1"), _file("./a", b"2")])
+    with pytest.raises(ArchiveRejected, match="twice"):
+        read_archive(arc, tmp_path / "dest", host="h")
+
+
+def test_garbage_is_refused(tmp_path: Path) -> None:
+    arc = tmp_path / "out.tar"
+    arc.write_bytes(b"this is not a tar archive at all" * 40)
+    with pytest.raises(ArchiveRejected, match="out.tar"):
+        read_archive(arc, tmp_path / "dest", host="h")
+
+
+def test_existing_link_in_dest_is_not_written_through(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "traces").symlink_to(outside)
+    arc = _tar(tmp_path / "out.tar", [_file("traces/t.0.jsonl", b"pwned")])
+    with pytest.raises(ArchiveRejected, match="outside"):
+        read_archive(arc, dest, host="h")
+    assert list(outside.iterdir()) == []
