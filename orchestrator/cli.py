@@ -13,7 +13,7 @@ import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec
+from typing import Annotated, ParamSpec
 
 import typer
 
@@ -81,6 +81,39 @@ def version() -> int:
     from orchestrator import __version__
 
     typer.echo(__version__)
+    return 0
+
+
+@app.command("history")
+@guarded
+def history_cmd(
+    suite: Annotated[str | None, typer.Argument(help="Only runs of this suite.")] = None,
+    last: Annotated[int, typer.Option("--last", min=1, help="Show the newest N runs.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Recreate the index from the run directories first.")
+    ] = False,
+    out: Annotated[Path, typer.Option("--out", help="The runs directory (holds index.sqlite).")] = Path("runs"),
+) -> int:
+    """One row per run (when, hosts, pass rate per host, flip rate, valid), then what changed."""
+    import json as _json
+
+    from rich.console import Console
+
+    from orchestrator import history as _history
+
+    if rebuild:
+        n, skipped = _history.rebuild(out)
+        for s in skipped:
+            typer.echo(f"skipped {s}", err=True)
+        typer.echo(f"rebuilt {_history.index_path(out)} from {n} run(s)", err=True)
+    entries = _history.history_view(out, suite, last)
+    if as_json:
+        typer.echo(_json.dumps([{**e.row.to_json(), "changes": e.changes and e.changes.to_json()} for e in entries], indent=2))
+    elif not entries:
+        typer.echo(f"no runs recorded in {out}" + (f" for suite {suite}" if suite else ""))
+    else:
+        _history.render_history(entries, Console())
     return 0
 
 

@@ -1,0 +1,512 @@
+"""The run history: an SQLite index (``runs/index.sqlite``) over the run directories.
+
+The run directories stay the source of truth; the index only makes "what changed since last
+time" cheap to ask. ``record_run`` indexes one finished run dir, ``rebuild`` recreates the whole
+index from every run dir and yields exactly the rows incremental recording would.
+
+Concurrency: WAL mode, a busy timeout, one connection per writer and one short ``BEGIN IMMEDIATE``
+transaction per run, so two replays finishing at the same moment serialise instead of failing or
+interleaving half-written rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import CrosshostError, InputError
+
+INDEX_NAME = "index.sqlite"
+BUSY_TIMEOUT_MS = 30_000
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id     TEXT PRIMARY KEY,
+    kind       TEXT NOT NULL CHECK (kind IN ('replay', 'repro')),
+    started    TEXT,
+    finished   TEXT,
+    suite      TEXT,
+    suite_sha  TEXT,
+    pins       TEXT NOT NULL,   -- JSON
+    hosts      TEXT NOT NULL,   -- JSON: [{"name", "fingerprint", "reachable"}]
+    flip_rate  REAL,
+    valid      INTEGER,         -- 0/1, NULL when the run has no verdict on validity
+    pass_rate  TEXT NOT NULL    -- JSON: {"<host>": rate or null}
+);
+CREATE TABLE IF NOT EXISTS task_results (
+    run_id         TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    task           TEXT NOT NULL,
+    classification TEXT,
+    flip           INTEGER NOT NULL,
+    PRIMARY KEY (run_id, task)
+);
+CREATE INDEX IF NOT EXISTS runs_by_suite ON runs (suite, started, run_id);
+"""
+
+
+@dataclass
+class RunRow:
+    """One indexed run, as ``history`` returns it."""
+
+    run_id: str
+    kind: str
+    started: str | None
+    finished: str | None
+    suite: str | None
+    suite_sha: str | None
+    pins: Any
+    hosts: list[dict[str, Any]]
+    flip_rate: float | None
+    valid: bool | None
+    pass_rate: dict[str, float | None]
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> {classification, flip}
+
+    @property
+    def flipping(self) -> set[str]:
+        return {t for t, r in self.tasks.items() if r["flip"]}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Changes:
+    """What moved between two runs of the same suite."""
+
+    previous: str
+    current: str
+    newly_flipping: list[str]
+    stopped_flipping: list[str]
+    pins_moved: list[dict[str, Any]]  # [{"pin": "a.b", "old": ..., "new": ...}]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.newly_flipping or self.stopped_flipping or self.pins_moved)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- connection
+
+
+def index_path(runs_dir: Path) -> Path:
+    return Path(runs_dir) / INDEX_NAME
+
+
+@contextlib.contextmanager
+def _connect(runs_dir: Path) -> Iterator[sqlite3.Connection]:
+    path = index_path(runs_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so a writer takes the write lock
+        # up front instead of failing on a read->write upgrade under contention.
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise CrosshostError(f"{path}: cannot open the history index: {exc}") from exc
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        _initialise(conn, path)
+        yield conn
+    except sqlite3.Error as exc:
+        raise CrosshostError(
+            f"{path}: history index error: {exc} (recreate it with `crosshost history --rebuild`)"
+        ) from exc
+    finally:
+        conn.close()
+
+
+def _initialise(conn: sqlite3.Connection, path: Path) -> None:
+    """Switch to WAL and create the tables, once, under a file lock.
+
+    Changing the journal mode of a fresh database can fail with "database is locked" without
+    waiting on the busy timeout when two processes create the index at the same moment; the lock
+    serialises that first step. WAL is persistent, so later opens skip it.
+    """
+    with open(f"{path}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.executescript(_SCHEMA)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _write(conn: sqlite3.Connection) -> Iterator[None]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+# ---------------------------------------------------------------- reading a run dir
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from exc
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}") from exc
+
+
+def _iso(value: Any) -> str | None:
+    """Timestamps as ISO-8601 UTC strings, so ordering by text is ordering by time."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int | float):
+        return _dt.datetime.fromtimestamp(value, _dt.UTC).isoformat(timespec="seconds")
+    text = str(value)
+    try:
+        parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return text
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=_dt.UTC)
+    return parsed.astimezone(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _suite_fields(manifest: dict[str, Any], report: dict[str, Any]) -> tuple[str | None, str | None]:
+    suite = manifest.get("suite")
+    if isinstance(suite, dict):
+        name, sha = suite.get("name"), suite.get("sha") or suite.get("sha256")
+    else:
+        name, sha = suite, None
+    name = name or manifest.get("suite_name") or report.get("suite")
+    sha = sha or manifest.get("suite_sha")
+    return (str(name) if name else None), (str(sha) if sha else None)
+
+
+def _hosts(manifest: dict[str, Any], report: dict[str, Any]) -> list[dict[str, Any]]:
+    hosts = report.get("hosts")
+    if not hosts:
+        hosts = manifest.get("hosts") or []
+    if isinstance(hosts, dict):  # {"name": {...}} form
+        hosts = [{"name": k, **(v if isinstance(v, dict) else {})} for k, v in hosts.items()]
+    out = []
+    for h in hosts:
+        if isinstance(h, str):
+            h = {"name": h}
+        out.append(
+            {"name": h.get("name"), "fingerprint": h.get("fingerprint"), "reachable": h.get("reachable")}
+        )
+    return out
+
+
+def _pass_rates(run_dir: Path, report: dict[str, Any], host_names: list[str]) -> dict[str, float | None]:
+    """Per host: passes / attempts with a verdict on the agent (``error`` is the host's, not counted)."""
+    counts: dict[str, list[int]] = {name: [0, 0] for name in host_names}
+    tasks = report.get("tasks") or []
+    if any(t.get("verdicts") for t in tasks):
+        for t in tasks:
+            for host, verdicts in (t.get("verdicts") or {}).items():
+                for v in verdicts:
+                    c = counts.setdefault(host, [0, 0])
+                    if v != "error":
+                        c[1] += 1
+                        c[0] += v == "pass"
+    elif (run_dir / "results.jsonl").is_file():
+        for line in (run_dir / "results.jsonl").read_text().splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            c = counts.setdefault(str(row.get("env")), [0, 0])
+            if row.get("verdict") != "error":
+                c[1] += 1
+                c[0] += row.get("verdict") == "pass"
+    return {h: (round(p / n, 4) if n else None) for h, (p, n) in sorted(counts.items())}
+
+
+def read_run(run_dir: Path) -> RunRow:
+    """Read one finished run directory into the row the index keeps for it."""
+    run_dir = Path(run_dir)
+    manifest_path = run_dir / "manifest.json"
+    if not manifest_path.is_file():
+        raise InputError(f"{manifest_path}: missing; not a crosshost run directory")
+    manifest = _load_json(manifest_path)
+    report_path, repro_path = run_dir / "report.json", run_dir / "repro.json"
+    report: dict[str, Any] = _load_json(report_path) if report_path.is_file() else {}
+    repro: dict[str, Any] = _load_json(repro_path) if repro_path.is_file() else {}
+    if not report and not repro:
+        raise InputError(f"{report_path}: missing; the run has not finished (or crashed before its report)")
+    if not isinstance(manifest, dict) or not isinstance(report, dict):
+        raise InputError(f"{run_dir}: manifest.json and report.json must be JSON objects")
+
+    kind = "repro" if repro or manifest.get("kind") == "repro" else "replay"
+    suite, suite_sha = _suite_fields(manifest, report)
+    if kind == "repro" and not suite:
+        suite = repro.get("suite") or repro.get("trace_name")
+    hosts = _hosts(manifest, report)
+    if kind == "repro" and not hosts:
+        hosts = [{"name": h, "fingerprint": None, "reachable": None} for h in repro.get("hosts", [])]
+    tasks: dict[str, dict[str, Any]] = {}
+    for t in report.get("tasks") or []:
+        tasks[str(t["task"])] = {"classification": t.get("classification"), "flip": bool(t.get("flip"))}
+    valid = report.get("valid")
+    flip_rate = report.get("flip_rate")
+    return RunRow(
+        run_id=str(manifest.get("run_id") or report.get("run_id") or run_dir.name),
+        kind=kind,
+        started=_iso(manifest.get("started")),
+        finished=_iso(manifest.get("finished")),
+        suite=suite,
+        suite_sha=suite_sha,
+        pins=manifest.get("pins", {}),
+        hosts=hosts,
+        flip_rate=float(flip_rate) if flip_rate is not None else None,
+        valid=bool(valid) if valid is not None else None,
+        pass_rate=_pass_rates(run_dir, report, [str(h["name"]) for h in hosts]),
+        tasks=tasks,
+    )
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _insert(conn: sqlite3.Connection, row: RunRow) -> None:
+    conn.execute("DELETE FROM task_results WHERE run_id = ?", (row.run_id,))
+    conn.execute("DELETE FROM runs WHERE run_id = ?", (row.run_id,))
+    conn.execute(
+        "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            row.run_id,
+            row.kind,
+            row.started,
+            row.finished,
+            row.suite,
+            row.suite_sha,
+            json.dumps(row.pins, sort_keys=True),
+            json.dumps(row.hosts, sort_keys=True),
+            row.flip_rate,
+            None if row.valid is None else int(row.valid),
+            json.dumps(row.pass_rate, sort_keys=True),
+        ),
+    )
+    conn.executemany(
+        "INSERT INTO task_results VALUES (?,?,?,?)",
+        [(row.run_id, t, r["classification"], int(r["flip"])) for t, r in sorted(row.tasks.items())],
+    )
+
+
+def record_run(runs_dir: Path, run_dir: Path) -> RunRow:
+    """Index one finished run directory (idempotent: recording it again replaces its rows)."""
+    row = read_run(run_dir)  # read everything before taking the write lock: keep it short
+    with _connect(runs_dir) as conn, _write(conn):
+        _insert(conn, row)
+    return row
+
+
+def run_dirs(runs_dir: Path) -> list[Path]:
+    """Every directory under ``runs_dir`` that looks like a run (has a manifest)."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        return []
+    return sorted(p for p in runs_dir.iterdir() if (p / "manifest.json").is_file())
+
+
+def rebuild(runs_dir: Path) -> tuple[int, list[str]]:
+    """Recreate the index from every run dir. Returns (runs indexed, skipped dirs with the reason)."""
+    rows, skipped = [], []
+    for d in run_dirs(runs_dir):
+        try:
+            rows.append(read_run(d))
+        except InputError as exc:
+            skipped.append(f"{d.name}: {exc}")
+    with _connect(runs_dir) as conn, _write(conn):
+        conn.execute("DELETE FROM task_results")
+        conn.execute("DELETE FROM runs")
+        for row in rows:
+            _insert(conn, row)
+    return len(rows), skipped
+
+
+# ---------------------------------------------------------------- reading the index
+
+
+def _row(conn: sqlite3.Connection, r: tuple[Any, ...]) -> RunRow:
+    run_id = r[0]
+    tasks = {
+        t: {"classification": c, "flip": bool(f)}
+        for t, c, f in conn.execute(
+            "SELECT task, classification, flip FROM task_results WHERE run_id = ? ORDER BY task", (run_id,)
+        )
+    }
+    return RunRow(
+        run_id=run_id,
+        kind=r[1],
+        started=r[2],
+        finished=r[3],
+        suite=r[4],
+        suite_sha=r[5],
+        pins=json.loads(r[6]),
+        hosts=json.loads(r[7]),
+        flip_rate=r[8],
+        valid=None if r[9] is None else bool(r[9]),
+        pass_rate=json.loads(r[10]),
+        tasks=tasks,
+    )
+
+
+_COLUMNS = "run_id, kind, started, finished, suite, suite_sha, pins, hosts, flip_rate, valid, pass_rate"
+# Newest first: by start time, the run id breaks ties (run ids sort by time too).
+_NEWEST_FIRST = "COALESCE(started, finished, '') DESC, run_id DESC"
+
+
+def history(
+    runs_dir: Path, suite: str | None = None, last: int | None = None, kind: str | None = None
+) -> list[RunRow]:
+    """Indexed runs, oldest first; ``last`` keeps the newest N."""
+    where, args = [], []
+    if suite is not None:
+        where.append("suite = ?")
+        args.append(suite)
+    if kind is not None:
+        where.append("kind = ?")
+        args.append(kind)
+    sql = f"SELECT {_COLUMNS} FROM runs"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY {_NEWEST_FIRST}"
+    if last is not None:
+        sql += f" LIMIT {int(last)}"
+    with _connect(runs_dir) as conn:
+        rows = [_row(conn, r) for r in conn.execute(sql, args).fetchall()]
+    return list(reversed(rows))
+
+
+def previous_run(runs_dir: Path, row: RunRow) -> RunRow | None:
+    """The run of the same suite and kind just before ``row`` in time, if any."""
+    key = (row.started or row.finished or "", row.run_id)
+    with _connect(runs_dir) as conn:
+        r = conn.execute(
+            f"SELECT {_COLUMNS} FROM runs WHERE suite IS ? AND kind = ? AND run_id != ?"
+            f" AND (COALESCE(started, finished, ''), run_id) < (?, ?)"
+            f" ORDER BY {_NEWEST_FIRST} LIMIT 1",
+            (row.suite, row.kind, row.run_id, *key),
+        ).fetchone()
+        return _row(conn, r) if r else None
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def changes(prev: RunRow, cur: RunRow) -> Changes:
+    """Tasks that newly flip, tasks that stopped flipping, and pins that moved, from prev to cur."""
+    old_pins, new_pins = _flatten(prev.pins), _flatten(cur.pins)
+    moved = [
+        {"pin": k, "old": old_pins.get(k), "new": new_pins.get(k)}
+        for k in sorted(old_pins.keys() | new_pins.keys())
+        if old_pins.get(k) != new_pins.get(k)
+    ]
+    if prev.suite_sha != cur.suite_sha:
+        moved.insert(0, {"pin": "suite_sha", "old": prev.suite_sha, "new": cur.suite_sha})
+    return Changes(
+        previous=prev.run_id,
+        current=cur.run_id,
+        newly_flipping=sorted(cur.flipping - prev.flipping),
+        stopped_flipping=sorted(prev.flipping - cur.flipping),
+        pins_moved=moved,
+    )
+
+
+def compare_last(runs_dir: Path, run_dir: Path) -> list[str]:
+    """Tasks of ``run_dir`` that flip now and did not in the previous run of the same suite.
+
+    Records the run first (idempotent), so the answer never depends on whether the caller did.
+    No previous run: nothing is "newly" flipping, the list is empty.
+    """
+    row = record_run(runs_dir, run_dir)
+    prev = previous_run(runs_dir, row)
+    if prev is None:
+        return []
+    return changes(prev, row).newly_flipping
+
+
+# ---------------------------------------------------------------- the `history` command
+
+
+@dataclass
+class HistoryEntry:
+    row: RunRow
+    changes: Changes | None  # against the previous run of the same suite and kind; None for the first
+
+
+def history_view(runs_dir: Path, suite: str | None = None, last: int | None = None) -> list[HistoryEntry]:
+    """The rows ``crosshost history`` shows, each with what changed since its predecessor."""
+    if not index_path(runs_dir).is_file() and run_dirs(runs_dir):
+        rebuild(runs_dir)  # run dirs exist but no index yet (e.g. copied from elsewhere): build it
+    out = []
+    for row in history(runs_dir, suite, last):
+        prev = previous_run(runs_dir, row)
+        out.append(HistoryEntry(row, changes(prev, row) if prev else None))
+    return out
+
+
+def _when(ts: str | None) -> str:
+    return ts.replace("T", " ")[:16] if ts else "?"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}" if x in (0, 1) else f"{x:.1%}"
+
+
+def render_history(entries: list[HistoryEntry], console: Any) -> None:
+    """A table of runs, oldest first, then the changes of each run against its predecessor."""
+    from rich.table import Table
+
+    table = Table(title="crosshost history")
+    table.add_column("when (UTC)", no_wrap=True)
+    table.add_column("run", overflow="fold")
+    table.add_column("suite", no_wrap=True)
+    table.add_column("kind")
+    table.add_column("pass rate per host", no_wrap=True)
+    table.add_column("flip rate", justify="right")
+    table.add_column("valid")
+    for e in entries:
+        r = e.row
+        names = [str(h["name"]) for h in r.hosts] + [h for h in r.pass_rate if h not in {h["name"] for h in r.hosts}]
+        table.add_row(
+            _when(r.started or r.finished),
+            r.run_id,
+            r.suite or "?",
+            r.kind,
+            "\n".join(f"{h}: {_rate(r.pass_rate.get(h))}" for h in names),
+            _rate(r.flip_rate),
+            {True: "[green]yes[/]", False: "[red]no[/]", None: "?"}[r.valid],
+        )
+    console.print(table)
+    for e in entries:
+        c = e.changes
+        if c is None:
+            continue
+        head = f"{e.row.run_id} vs {c.previous} ({e.row.suite}):"
+        if c.empty:
+            console.print(f"{head} no change", markup=False, highlight=False)
+            continue
+        console.print(head, markup=False, highlight=False)
+        if c.newly_flipping:
+            console.print(f"  newly flipping: {', '.join(c.newly_flipping)}", markup=False, highlight=False)
+        if c.stopped_flipping:
+            console.print(f"  stopped flipping: {', '.join(c.stopped_flipping)}", markup=False, highlight=False)
+        for m in c.pins_moved:
+            console.print(f"  pin moved: {m['pin']}: {m['old']} -> {m['new']}", markup=False, highlight=False)

@@ -1,0 +1,279 @@
+"""The history index: recording, rebuild, changes between runs, concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import history
+from orchestrator.errors import InputError
+
+HOSTS = ("local", "box-b")
+
+
+def make_run_dir(
+    runs_dir: Path,
+    run_id: str,
+    *,
+    started: str,
+    suite: str = "triage",
+    suite_sha: str = "s" * 16,
+    flips: tuple[str, ...] = (),
+    tasks: tuple[str, ...] = ("t1", "t2", "t3"),
+    pins: dict[str, Any] | None = None,
+    verdicts: dict[str, dict[str, list[str]]] | None = None,
+    valid: bool = True,
+) -> Path:
+    """A finished run dir as DESIGN describes it: manifest.json + report.json (and results.jsonl).
+
+    A task in ``flips`` passes on the reference and fails on box-b; others pass on both.
+    """
+    d = runs_dir / run_id
+    (d / "hosts").mkdir(parents=True)
+    pins = pins if pins is not None else {"runner_sha": "r1", "contract_sha": "c1"}
+    manifest = {
+        "run_id": run_id,
+        "started": started,
+        "finished": started.replace(":00Z", ":30Z"),
+        "suite": {"name": suite, "sha": suite_sha},
+        "pins": pins,
+        "inventory": [{"name": h} for h in HOSTS],
+        "crosshost_version": "0.1.0",
+        "retries": [],
+    }
+    report_tasks = []
+    for t in tasks:
+        v = (verdicts or {}).get(t) or {
+            "local": ["pass", "pass"],
+            "box-b": ["fail", "fail"] if t in flips else ["pass", "pass"],
+        }
+        report_tasks.append(
+            {
+                "task": t,
+                "verdicts": v,
+                "flip": t in flips,
+                "flaky_hosts": [],
+                "classification": "host_coupling" if t in flips else "agree",
+                "action": "",
+                "shape_diff": [],
+                "leaks": [],
+            }
+        )
+    report = {
+        "run_id": run_id,
+        "suite": suite,
+        "valid": valid,
+        "invalid_reasons": [] if valid else ["pins differ"],
+        "gate": 0.1,
+        "flip_rate": len(flips) / len(tasks),
+        "reference": "local",
+        "hosts": [
+            {"name": h, "fingerprint": f"{i:016x}", "reachable": True, "error": None} for i, h in enumerate(HOSTS)
+        ],
+        "tasks": report_tasks,
+    }
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    (d / "report.json").write_text(json.dumps(report))
+    return d
+
+
+def three_runs(runs: Path) -> list[Path]:
+    """The issue's scenario: the second run introduces a flip of t2, the third removes it."""
+    return [
+        make_run_dir(runs, "r1", started="2024-05-01T10:00:00Z"),
+        make_run_dir(runs, "r2", started="2024-05-01T16:00:00Z", flips=("t2",)),
+        make_run_dir(runs, "r3", started="2024-05-01T22:00:00Z"),
+    ]
+
+
+def dump(runs: Path) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    conn = sqlite3.connect(history.index_path(runs))
+    try:
+        return (
+            conn.execute("SELECT * FROM runs ORDER BY run_id").fetchall(),
+            conn.execute("SELECT * FROM task_results ORDER BY run_id, task").fetchall(),
+        )
+    finally:
+        conn.close()
+
+
+def test_flip_appears_then_disappears(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    dirs = three_runs(runs)
+    # compare_last as replay calls it, right after each run's report is written
+    assert history.compare_last(runs, dirs[0]) == []
+    assert history.compare_last(runs, dirs[1]) == ["t2"]
+    assert history.compare_last(runs, dirs[2]) == []
+
+    rows = history.history(runs, "triage")
+    assert [r.run_id for r in rows] == ["r1", "r2", "r3"]
+    assert [sorted(r.flipping) for r in rows] == [[], ["t2"], []]
+    c12, c23 = history.changes(rows[0], rows[1]), history.changes(rows[1], rows[2])
+    assert (c12.newly_flipping, c12.stopped_flipping) == (["t2"], [])
+    assert (c23.newly_flipping, c23.stopped_flipping) == ([], ["t2"])
+    assert c12.pins_moved == [] and c23.pins_moved == []
+
+
+def test_row_contents(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    d = make_run_dir(
+        runs,
+        "r1",
+        started="2024-05-01T10:00:00Z",
+        tasks=("a", "b"),
+        flips=("a",),
+        verdicts={"a": {"local": ["pass", "pass"], "box-b": ["fail", "error"]}},
+        valid=False,
+    )
+    row = history.record_run(runs, d)
+    assert row.kind == "replay" and row.suite == "triage" and row.suite_sha == "s" * 16
+    assert row.started == "2024-05-01T10:00:00+00:00"
+    assert row.valid is False and row.flip_rate == 0.5
+    # error verdicts are the host's fault: not counted in the agent's pass rate
+    assert row.pass_rate == {"box-b": round(2 / 3, 4), "local": 1.0}  # a: 0/1 (error dropped), b: 2/2
+    assert [h["fingerprint"] for h in row.hosts] == ["0000000000000000", "0000000000000001"]
+    (stored,) = history.history(runs)
+    assert stored == row
+
+
+def test_last_and_suite_filter(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for i in range(5):
+        history.record_run(runs, make_run_dir(runs, f"r{i}", started=f"2024-05-0{i + 1}T10:00:00Z"))
+    history.record_run(runs, make_run_dir(runs, "other", started="2024-05-09T10:00:00Z", suite="other"))
+    assert [r.run_id for r in history.history(runs, "triage", last=2)] == ["r3", "r4"]
+    assert [r.run_id for r in history.history(runs, last=2)] == ["r4", "other"]
+    assert [r.run_id for r in history.history(runs, "other")] == ["other"]
+
+
+def test_previous_is_same_suite_and_pins_moved(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    a = make_run_dir(runs, "a", started="2024-05-01T10:00:00Z", pins={"runner_sha": "r1", "budget": {"max_steps": 8}})
+    make_run_dir(runs, "x", started="2024-05-01T11:00:00Z", suite="other", flips=("t1",))
+    b = make_run_dir(
+        runs, "b", started="2024-05-01T12:00:00Z", suite_sha="t" * 16,
+        pins={"runner_sha": "r2", "budget": {"max_steps": 4}}, flips=("t1",),
+    )
+    history.rebuild(runs)
+    prev = history.previous_run(runs, history.read_run(b))
+    assert prev is not None and prev.run_id == "a"
+    ch = history.changes(prev, history.read_run(b))
+    assert ch.newly_flipping == ["t1"]
+    assert {m["pin"]: (m["old"], m["new"]) for m in ch.pins_moved} == {
+        "suite_sha": ("s" * 16, "t" * 16),
+        "runner_sha": ("r1", "r2"),
+        "budget.max_steps": (8, 4),
+    }
+    assert history.previous_run(runs, history.read_run(a)) is None
+
+
+def test_rebuild_equals_incremental(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for d in three_runs(runs):
+        history.record_run(runs, d)
+    history.record_run(runs, runs / "r2")  # recording twice changes nothing
+    make_run_dir(runs, "x", started="2024-05-02T10:00:00Z", suite="other", flips=("t1", "t3"))
+    history.record_run(runs, runs / "x")
+    incremental = dump(runs)
+    assert len(incremental[0]) == 4 and len(incremental[1]) == 12
+
+    history.index_path(runs).unlink()
+    for suffix in ("-wal", "-shm"):
+        Path(str(history.index_path(runs)) + suffix).unlink(missing_ok=True)
+    assert history.rebuild(runs) == (4, [])
+    assert dump(runs) == incremental
+    # rebuild over an index with stale rows drops them
+    history.record_run(runs, runs / "x")
+    import shutil
+
+    shutil.rmtree(runs / "x")
+    history.rebuild(runs)
+    assert [r[0] for r in dump(runs)[0]] == ["r1", "r2", "r3"]
+
+
+def test_unfinished_run_is_named_and_skipped_by_rebuild(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    d = make_run_dir(runs, "r1", started="2024-05-01T10:00:00Z")
+    (d / "report.json").unlink()
+    with pytest.raises(InputError, match=r"r1/report\.json: missing"):
+        history.record_run(runs, d)
+    make_run_dir(runs, "r2", started="2024-05-01T11:00:00Z")
+    n, skipped = history.rebuild(runs)
+    assert n == 1 and len(skipped) == 1 and skipped[0].startswith("r1:")
+    (runs / "r2" / "report.json").write_text("{not json")
+    with pytest.raises(InputError, match=r"r2/report\.json: line 1"):
+        history.record_run(runs, runs / "r2")
+
+
+def _record_many(runs: str, prefix: str, n: int, barrier: Any) -> None:
+    barrier.wait()
+    for i in range(n):
+        history.record_run(Path(runs), Path(runs) / f"{prefix}{i:02d}")
+
+
+def test_concurrent_writers_leave_consistent_index(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    n = 15
+    for prefix in ("a", "b"):
+        for i in range(n):
+            make_run_dir(runs, f"{prefix}{i:02d}", started=f"2024-05-01T10:{i:02d}:00Z", flips=("t1",) * (i % 2))
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_record_many, args=(str(runs), p, n, barrier)) for p in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+    conn = sqlite3.connect(history.index_path(runs))
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (2 * n,)
+        # every run has all three of its task rows: no half-written run
+        per_run = dict(conn.execute("SELECT run_id, count(*) FROM task_results GROUP BY run_id").fetchall())
+        assert per_run == {f"{p}{i:02d}": 3 for p in ("a", "b") for i in range(n)}
+    finally:
+        conn.close()
+    incremental = dump(runs)
+    history.rebuild(runs)
+    assert dump(runs) == incremental
+
+
+def test_history_command_shows_flip_appear_and_disappear(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    runs = tmp_path / "runs"
+    for d in three_runs(runs):
+        history.record_run(runs, d)
+    make_run_dir(runs, "x", started="2024-05-02T10:00:00Z", suite="other", flips=("t1",))
+    history.record_run(runs, runs / "x")
+    cli = CliRunner()
+
+    res = cli.invoke(app, ["history", "triage", "--out", str(runs)])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert all(r in out for r in ("r1", "r2", "r3")) and "other" not in out
+    assert "local: 100%" in out and "box-b: 66.7%" in out  # r2: t2 failed twice on box-b
+    r2_part, r3_part = out.split("r2 vs r1")[1].split("r3 vs r2")
+    assert "newly flipping: t2" in r2_part and "stopped flipping" not in r2_part
+    assert "stopped flipping: t2" in r3_part and "newly flipping" not in r3_part
+
+    res = cli.invoke(app, ["history", "--last", "2", "--json", "--out", str(runs)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert [r["run_id"] for r in rows] == ["r3", "x"]
+    assert rows[0]["changes"]["stopped_flipping"] == ["t2"] and rows[1]["changes"] is None
+
+    history.index_path(runs).unlink()
+    res = cli.invoke(app, ["history", "triage", "--rebuild", "--json", "--out", str(runs)])
+    assert res.exit_code == 0, res.output
+    assert [r["run_id"] for r in json.loads(res.stdout)] == ["r1", "r2", "r3"]
