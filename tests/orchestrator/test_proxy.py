@@ -1,0 +1,178 @@
+"""ModelProxy against a real chat-completions server on loopback (tests/fake_provider.py)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import ApiKeyMissing
+from orchestrator.proxy import CALL_HEADER, ModelProxy
+from tests.fake_provider import FakeProvider, unused_port
+
+KEY = "sk-test-key-0123456789abcdef"
+ENV = {"TEST_MODEL_KEY": KEY}
+
+
+def post(
+    url: str, body: Any, *, path: str = "/chat/completions", headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+    req = urllib.request.Request(
+        url + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            status, data, hdrs = resp.status, resp.read(), resp.headers
+    except urllib.error.HTTPError as exc:
+        status, data, hdrs = exc.code, exc.read(), exc.headers
+    call = json.loads(hdrs[CALL_HEADER]) if hdrs.get(CALL_HEADER) else None
+    return status, json.loads(data), call
+
+
+def chat(model: str = "m1") -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def proxy_for(provider: FakeProvider, sleeps: list[float] | None = None, **kw: Any) -> ModelProxy:
+    kw.setdefault("model", "m1")
+    return ModelProxy(
+        provider.base_url,
+        "TEST_MODEL_KEY",
+        environ=ENV,
+        retry_wait_s=0.01,
+        retry_max_wait_s=0.05,
+        sleep=(sleeps.append if sleeps is not None else lambda s: None),
+        **kw,
+    )
+
+
+def test_key_added_and_answer_passed_through_with_call_record() -> None:
+    with (
+        FakeProvider(script=[{"content": "hello", "finish": "stop"}], key=KEY) as provider,
+        proxy_for(provider) as proxy,
+    ):
+        # A client-supplied Authorization is replaced, never forwarded.
+        status, body, call = post(proxy.url, chat(), headers={"Authorization": "Bearer from-the-host"})
+    assert status == 200
+    assert body["choices"][0]["message"]["content"] == "hello"
+    assert [r.headers["authorization"] for r in provider.requests] == [f"Bearer {KEY}"]
+    assert call is not None and call["status"] == 200 and call["retries"] == 0
+    assert call["model"] == "fake-model-1" and call["system_fingerprint"] == "fp_fake_0001"
+    assert (call["prompt_tokens"], call["completion_tokens"], call["total_tokens"]) == (11, 7, 18)
+    assert [c.status for c in proxy.calls] == [200]
+    assert proxy.summary()["total_tokens"] == 18
+
+
+def test_only_chat_completions_is_forwarded() -> None:
+    with FakeProvider(key=KEY) as provider, proxy_for(provider) as proxy:
+        s1, b1, _ = post(proxy.url, {"input": "x"}, path="/embeddings")
+        s2, b2, _ = post(proxy.url.replace("/v1", ""), chat(), path="/chat/completions")
+        with pytest.raises(urllib.error.HTTPError) as got:
+            urllib.request.urlopen(proxy.url + "/models", timeout=10)
+        s4, b4, _ = post(proxy.url, chat(model="gpt-expensive"))
+    assert (s1, s2, got.value.code, s4) == (404, 404, 405, 403)
+    assert b1["error"]["type"] == b2["error"]["type"] == b4["error"]["type"] == "crosshost_refused"
+    assert "gpt-expensive" in b4["error"]["message"]
+    assert provider.requests == []  # nothing reached the provider
+    assert len(proxy.refused_paths) == 3
+
+
+def test_request_cap_answers_budget_model() -> None:
+    with FakeProvider(mode="forever", key=KEY) as provider, proxy_for(provider, max_requests=2) as proxy:
+        answers = [post(proxy.url, chat()) for _ in range(3)]
+    assert [a[0] for a in answers] == [200, 200, 403]
+    err = answers[2][1]["error"]
+    assert err["type"] == "crosshost_budget" and err["code"] == "budget_model"
+    assert "max_requests = 2" in err["message"]
+    assert len(provider.requests) == 2
+    assert proxy.requests_used == 2
+
+
+def test_token_cap_stops_after_the_tokens_are_spent() -> None:
+    # Each fake answer costs 18 tokens: 0 < 30, 18 < 30, then 36 >= 30 is refused.
+    with FakeProvider(mode="forever", key=KEY) as provider, proxy_for(provider, max_total_tokens=30) as proxy:
+        statuses = [post(proxy.url, chat())[0] for _ in range(3)]
+    assert statuses == [200, 200, 403]
+    assert proxy.tokens_used == 36
+    assert proxy.calls[-1].error == "crosshost_budget"
+
+
+def test_429_twice_then_ok_is_retried_and_every_attempt_recorded() -> None:
+    sleeps: list[float] = []
+    with FakeProvider(key=KEY, fail_first=[429, 429]) as provider, proxy_for(provider, sleeps) as proxy:
+        status, body, call = post(proxy.url, chat())
+    assert status == 200 and body["choices"]
+    assert call is not None and call["retries"] == 2
+    assert [a["status"] for a in call["attempts"]] == [429, 429, 200]
+    assert all(a["wait_s"] is not None for a in call["attempts"][:2])
+    assert len(sleeps) == 2 and all(0 <= s <= 0.05 for s in sleeps)
+    assert len(provider.requests) == 3
+    assert proxy.summary()["retries"] == 2
+
+
+def test_5xx_until_out_of_attempts_is_a_provider_error() -> None:
+    with (
+        FakeProvider(key=KEY, fail_first=[503] * 10) as provider,
+        proxy_for(provider, retry_attempts=3) as proxy,
+    ):
+        status, body, call = post(proxy.url, chat())
+    assert status == 502
+    assert body["error"]["type"] == "crosshost_provider_error"
+    assert "HTTP 503 after 3 attempt(s)" in body["error"]["message"]
+    assert call is not None and [a["status"] for a in call["attempts"]] == [503, 503, 503]
+    assert len(provider.requests) == 3
+
+
+def test_unreachable_provider_is_a_clear_error() -> None:
+    base = f"http://127.0.0.1:{unused_port()}/v1"
+    with ModelProxy(base, "TEST_MODEL_KEY", environ=ENV, retry_attempts=2, sleep=lambda s: None) as proxy:
+        status, body, call = post(proxy.url, chat())
+    assert status == 502
+    assert body["error"]["type"] == "crosshost_provider_unreachable"
+    assert base in body["error"]["message"] and "\n" not in body["error"]["message"]
+    assert call is not None and [a["status"] for a in call["attempts"]] == [None, None]
+
+
+def test_bad_json_is_not_retried_and_is_a_clear_error() -> None:
+    with FakeProvider(mode="bad_json", key=KEY) as provider, proxy_for(provider) as proxy:
+        status, body, _ = post(proxy.url, chat())
+    assert status == 502
+    assert body["error"]["type"] == "crosshost_provider_bad_json"
+    assert "not JSON" in body["error"]["message"]
+    assert len(provider.requests) == 1
+
+
+def test_wrong_key_is_reported_without_echoing_any_key() -> None:
+    with FakeProvider(key="sk-the-right-one") as provider, proxy_for(provider) as proxy:
+        status, body, call = post(proxy.url, chat())
+    assert status == 502 and "refused the API key" in body["error"]["message"]
+    everything = json.dumps(body) + json.dumps(call) + json.dumps(proxy.summary()) + repr(proxy)
+    assert KEY not in everything and "sk-wr" not in everything
+    assert len(provider.requests) == 1  # 401 is not retried
+
+
+def test_unset_api_key_env_is_one_line_input_error() -> None:
+    with pytest.raises(ApiKeyMissing) as got:
+        ModelProxy("http://127.0.0.1:9/v1", "NO_SUCH_KEY_VAR", environ={}, where="suites/triage/suite.toml")
+    line = got.value.one_line()
+    assert got.value.exit_code == 2
+    assert "\n" not in line and "NO_SUCH_KEY_VAR" in line and "suites/triage/suite.toml" in line
+
+
+def test_records_hold_no_key_and_proxy_closes_its_port(tmp_path: Any) -> None:
+    with FakeProvider(key=KEY, script=[{"tool_calls": [{"name": "t", "args": {"a": 1}}]}]) as provider:
+        with proxy_for(provider) as proxy:
+            post(proxy.url, chat())
+            url = proxy.url
+        out = tmp_path / "model_calls.jsonl"
+        proxy.write_jsonl(out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [1] and KEY not in out.read_text()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "/chat/completions", data=b"{}", timeout=2)
