@@ -169,7 +169,7 @@ def _iso(value: Any) -> str | None:
     if value is None or value == "":
         return None
     if isinstance(value, int | float):
-        return _dt.datetime.fromtimestamp(value, _dt.UTC).isoformat(timespec="seconds")
+        return _dt.datetime.fromtimestamp(value, _dt.UTC).isoformat(timespec="microseconds")
     text = str(value)
     try:
         parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -177,7 +177,8 @@ def _iso(value: Any) -> str | None:
         return text
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=_dt.UTC)
-    return parsed.astimezone(_dt.UTC).isoformat(timespec="seconds")
+    # one fixed width (microseconds): text order must be time order, even within one second
+    return parsed.astimezone(_dt.UTC).isoformat(timespec="microseconds")
 
 
 def _suite_fields(manifest: dict[str, Any], report: dict[str, Any]) -> tuple[str | None, str | None]:

@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator import history
 from orchestrator.errors import InputError
+from orchestrator.store import HostRecord, Manifest, SuiteRef
 
 HOSTS = ("local", "box-b")
 
@@ -36,16 +37,16 @@ def make_run_dir(
     d = runs_dir / run_id
     (d / "hosts").mkdir(parents=True)
     pins = pins if pins is not None else {"runner_sha": "r1", "contract_sha": "c1"}
-    manifest = {
-        "run_id": run_id,
-        "started": started,
-        "finished": started.replace(":00Z", ":30Z"),
-        "suite": {"name": suite, "sha": suite_sha},
-        "pins": pins,
-        "inventory": [{"name": h} for h in HOSTS],
-        "crosshost_version": "0.1.0",
-        "retries": [],
-    }
+    manifest = Manifest(
+        run_id=run_id,
+        started=started,
+        finished=started.replace(":00Z", ":30Z"),
+        suite=SuiteRef(name=suite, sha=suite_sha, path=f"/suites/{suite}"),
+        pins=pins,
+        reference=HOSTS[0],
+        crosshost_version="0.1.0",
+        hosts={h: HostRecord(reachable=True, fingerprint=f"{i:016x}") for i, h in enumerate(HOSTS)},
+    ).dump()
     report_tasks = []
     for t in tasks:
         v = (verdicts or {}).get(t) or {
@@ -132,7 +133,7 @@ def test_row_contents(tmp_path: Path) -> None:
     )
     row = history.record_run(runs, d)
     assert row.kind == "replay" and row.suite == "triage" and row.suite_sha == "s" * 16
-    assert row.started == "2024-05-01T10:00:00+00:00"
+    assert row.started == "2024-05-01T10:00:00.000000+00:00"
     assert row.valid is False and row.flip_rate == 0.5
     # error verdicts are the host's fault: not counted in the agent's pass rate
     assert row.pass_rate == {"box-b": round(2 / 3, 4), "local": 1.0}  # a: 0/1 (error dropped), b: 2/2
