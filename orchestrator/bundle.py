@@ -1,0 +1,191 @@
+"""The bundle: the runner zipapp and one archive of the suite, pushed to a host as one transfer.
+
+Locally: ``suite-<sha>.tar`` (the suite directory plus the normalised ``suite.json``, reproducible:
+sorted entries, zero timestamps and owners) and ``bundle-<sha>.tar`` holding ``runner.pyz`` and
+``suite.tar``. On a host: a content-addressed cache ``<workspace_root>/bundles/<bundle_sha>/`` with
+``runner.pyz`` and ``suite/``. It is kept between runs, and a push is skipped when the host already
+holds that sha (one ``test -d``). A cache entry appears by ``mv`` of a complete temporary directory,
+so a half-pushed bundle is never mistaken for a complete one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import secrets
+import shlex
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import RunnerCrashed, SuiteError, TransferError
+from orchestrator.transport.base import Host
+
+SUITE_JSON = "suite.json"
+_SKIP_NAMES = {"__pycache__", ".git", ".DS_Store", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+_SHELL_TIMEOUT_S = 120.0
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _info(name: str, *, size: int = 0, directory: bool = False, executable: bool = False) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if directory:
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
+    else:
+        info.size = size
+        info.mode = 0o755 if executable else 0o644
+    return info
+
+
+def _suite_files(suite_dir: Path) -> list[Path]:
+    """Every file of the suite, sorted; a symlink is refused (it could pull in anything)."""
+    files: list[Path] = []
+    for root, dirs, names in os.walk(suite_dir):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_NAMES)
+        for d in dirs:
+            if (Path(root) / d).is_symlink():
+                raise SuiteError(f"{Path(root) / d}: symlinks are not shipped in a suite; copy the files in")
+        for name in sorted(names):
+            if name in _SKIP_NAMES or name.endswith(".pyc"):
+                continue
+            p = Path(root) / name
+            if p.is_symlink():
+                raise SuiteError(f"{p}: symlinks are not shipped in a suite; copy the file in")
+            if p.is_file():
+                files.append(p)
+    return sorted(files, key=lambda p: p.relative_to(suite_dir).as_posix())
+
+
+def build_suite_tar(suite_dir: Path, normalised: dict[str, Any], out_dir: Path) -> tuple[Path, str]:
+    """``suite-<sha>.tar``: the suite's files and ``suite.json``; the same input gives the same bytes."""
+    if (suite_dir / SUITE_JSON).exists():
+        raise SuiteError(f"{suite_dir / SUITE_JSON}: reserved name (crosshost writes the normalised suite there)")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for path in _suite_files(suite_dir):
+            rel = path.relative_to(suite_dir).as_posix()
+            data = path.read_bytes()
+            tar.addfile(_info(rel, size=len(data), executable=os.access(path, os.X_OK)), io.BytesIO(data))
+        doc = (json.dumps(normalised, indent=2, sort_keys=True) + "\n").encode()
+        tar.addfile(_info(SUITE_JSON, size=len(doc)), io.BytesIO(doc))
+    data = buf.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"suite-{sha}.tar"
+    if not path.exists():
+        _write_once(path, data)
+    return path, sha
+
+
+def _write_once(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path  # bundle-<sha>.tar: runner.pyz + suite.tar
+    sha: str
+    runner_sha: str
+    suite_sha: str
+    suite_name: str
+    suite_dir: Path
+    normalised: dict[str, Any]
+
+    def remote_dir(self, workspace_root: str) -> str:
+        return posixpath.join(workspace_root, "bundles", self.sha)
+
+    def remote_runner(self, workspace_root: str) -> str:
+        return posixpath.join(self.remote_dir(workspace_root), "runner.pyz")
+
+    def remote_suite(self, workspace_root: str) -> str:
+        return posixpath.join(self.remote_dir(workspace_root), "suite")
+
+
+def normalise(suite_dir: Path) -> dict[str, Any]:
+    """The runner's one suite validator; its SuiteError becomes ours (exit 2) at this boundary."""
+    from agent_runner import errors as runner_errors
+    from agent_runner.suite import normalise_suite
+
+    if not suite_dir.is_dir():
+        raise SuiteError(f"{suite_dir}: not a directory (expected a suite with suite.toml)")
+    try:
+        return normalise_suite(suite_dir)
+    except runner_errors.InputError as exc:
+        raise SuiteError(str(exc)) from exc
+
+
+def build_bundle(
+    suite_dir: Path, out_dir: Path, *, runner: Path | None = None, normalised: dict[str, Any] | None = None
+) -> Bundle:
+    """Validate the suite, build the runner zipapp (unless given) and the one bundle tar."""
+    suite_dir = suite_dir.resolve()
+    normalised = normalised if normalised is not None else normalise(suite_dir)
+    if runner is None:
+        from orchestrator.runner_zipapp import build_runner_zipapp
+
+        runner = build_runner_zipapp(out_dir)
+    suite_tar, suite_sha = build_suite_tar(suite_dir, normalised, out_dir)
+    runner_sha = sha256_file(runner)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, src in (("runner.pyz", runner), ("suite.tar", suite_tar)):
+            data = src.read_bytes()
+            tar.addfile(_info(name, size=len(data)), io.BytesIO(data))
+    data = buf.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    path = out_dir / f"bundle-{sha}.tar"
+    if not path.exists():
+        _write_once(path, data)
+    name = str(normalised.get("name") or suite_dir.name)
+    return Bundle(path, sha, runner_sha, suite_sha, name, suite_dir, normalised)
+
+
+def ensure_bundle(host: Host, bundle: Bundle, workspace_root: str) -> bool:
+    """Make ``<workspace_root>/bundles/<sha>/`` exist on ``host``; True when it was pushed now.
+
+    One exec to look, one SFTP put of one file, one exec to unpack and publish it.
+    """
+    final = bundle.remote_dir(workspace_root)
+    q = shlex.quote
+    look = host.exec(["sh", "-c", f"test -f {q(final)}/runner.pyz && test -d {q(final)}/suite"], _SHELL_TIMEOUT_S)
+    if look.ok:
+        return False
+    tmp = posixpath.join(workspace_root, "bundles", f".tmp-{bundle.sha[:12]}-{secrets.token_hex(4)}")
+    prep = host.exec(["sh", "-c", f"umask 077 && mkdir -p {q(tmp)}"], _SHELL_TIMEOUT_S)
+    if not prep.ok:
+        raise TransferError(host.name, f"cannot create {tmp}: {prep.stderr.strip() or prep.exit_code}")
+    try:
+        host.put(bundle.path, posixpath.join(tmp, "bundle.tar"))
+        # Our own archive, so plain tar is fine; ``mv -T`` publishes it atomically. If another replay
+        # published the same sha first, mv fails and the existing entry holds the same bytes.
+        script = (
+            f"cd {q(tmp)} && tar -xf bundle.tar && mkdir suite && tar -xf suite.tar -C suite "
+            f"&& rm -f bundle.tar suite.tar && chmod 755 . "
+            f"&& {{ mv -T {q(tmp)} {q(final)} 2>/dev/null || test -f {q(final)}/runner.pyz; }}"
+        )
+        unpack = host.exec(["sh", "-c", script], _SHELL_TIMEOUT_S)
+        if not unpack.ok:
+            raise RunnerCrashed(host.name, f"unpacking the bundle failed: {unpack.stderr.strip() or unpack.exit_code}")
+    finally:
+        host.exec(["rm", "-rf", tmp], _SHELL_TIMEOUT_S)
+    return True
+
