@@ -122,8 +122,9 @@ class Bundle:
 
 def normalise(suite_dir: Path) -> dict[str, Any]:
     """The runner's one suite validator; its SuiteError becomes ours (exit 2) at this boundary."""
-    from agent_runner import errors as runner_errors
     from agent_runner.suite import normalise_suite
+
+    from agent_runner import errors as runner_errors
 
     if not suite_dir.is_dir():
         raise SuiteError(f"{suite_dir}: not a directory (expected a suite with suite.toml)")
