@@ -27,5 +27,15 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/vermin -q --no-tips --violations -t=3.9- agent_runner
 
+# Real sshd test hosts for people (the tests start their own): box-b and box-c on 2222/2223, keys and
+# known_hosts where the demo inventory (hosts.toml) expects them.
+HOSTS_STATE ?= /var/tmp/crosshost-hosts
+hosts-up: $(STAMP)
+	@python3 tools/testhosts.py up --names box-b,box-c --base-port 2222 --state $(HOSTS_STATE) \
+	  --identity-out .state/keys/id_ed25519 --known-hosts-out .state/known_hosts --inventory-out .state/hosts.toml
+
+hosts-down:
+	@python3 tools/testhosts.py down --state $(HOSTS_STATE)
+
 clean:
 	rm -rf $(VENV) build *.egg-info

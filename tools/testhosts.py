@@ -1,0 +1,418 @@
+#!/usr/bin/env python3
+"""Real sshd test hosts on 127.0.0.1, each in its own UTS + mount namespace (stdlib only).
+
+    python tools/testhosts.py up --count 2 --base-port 2222 --state /var/tmp/crosshost-hosts
+    python tools/testhosts.py down --state /var/tmp/crosshost-hosts
+
+Each host gets its own hostname and its own /root, /tmp and /opt (bind-mounted from its state
+directory, which lives outside the bound paths), a generated ed25519 host key, and the fleet's
+client key in its authorized_keys. The fleet owns a known_hosts (``[127.0.0.1]:PORT key``) and can
+write an inventory for any set of its hosts. Tests import ``Fleet`` for the destructive operations
+(kill a host with all its sessions, start late, change the host key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = "/usr/sbin/sshd"
+HOST_NAME_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+SSHD_CONFIG = """\
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {dir}/hostkey
+AuthorizedKeysFile {dir}/authorized_keys
+PidFile {dir}/sshd.pid
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+StrictModes no
+UsePAM no
+AllowTcpForwarding yes
+AllowAgentForwarding no
+X11Forwarding no
+PrintMotd no
+Subsystem sftp internal-sftp
+"""
+
+
+class TestHostError(RuntimeError):
+    """A test host could not be started or stopped; the message says why (with sshd.log's tail)."""
+
+
+def default_names(count: int) -> list[str]:
+    return [f"box-{HOST_NAME_LETTERS[i]}" for i in range(count)]
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (the kernel's choice; a small race is acceptable here)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(argv: list[str]) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise TestHostError(f"{shlex.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+
+
+def _keygen(path: Path, comment: str) -> None:
+    for p in (path, path.with_name(path.name + ".pub")):
+        p.unlink(missing_ok=True)
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+
+def _uts_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+@dataclass
+class TestHost:
+    name: str
+    port: int
+    dir: Path
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "sshd.log"
+
+    @property
+    def hostkey_pub(self) -> Path:
+        return self.dir / "hostkey.pub"
+
+    @property
+    def known_hosts_name(self) -> str:
+        return f"[127.0.0.1]:{self.port}"
+
+    def known_hosts_line(self) -> str:
+        key_type, key_b64 = self.hostkey_pub.read_text().split()[:2]
+        return f"{self.known_hosts_name} {key_type} {key_b64}\n"
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no sshd.log)"
+
+    @property
+    def _ns_pid_file(self) -> Path:
+        return self.dir / "unshare.pid"
+
+    def ns_pid(self) -> int | None:
+        """The pid of the `unshare` process that holds this host's namespaces, if it still runs."""
+        try:
+            pid = int(self._ns_pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return pid if _uts_ns(pid) is not None else None
+
+    def is_running(self) -> bool:
+        return self.ns_pid() is not None
+
+
+class Fleet:
+    """A set of test hosts sharing one state directory, client key and known_hosts."""
+
+    def __init__(
+        self,
+        state: Path,
+        *,
+        identity: Path | None = None,
+        known_hosts: Path | None = None,
+    ) -> None:
+        self.state = Path(state).resolve()
+        meta = self._read_meta()
+        self.identity = Path(identity or meta.get("identity") or self.state / "id_ed25519").resolve()
+        self.known_hosts = Path(known_hosts or meta.get("known_hosts") or self.state / "known_hosts").resolve()
+        self.hosts: dict[str, TestHost] = {
+            name: TestHost(name, int(port), self.state / "hosts" / name)
+            for name, port in meta.get("hosts", {}).items()
+        }
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    @property
+    def _meta_path(self) -> Path:
+        return self.state / "fleet.json"
+
+    def _read_meta(self) -> dict:
+        try:
+            return dict(json.loads(self._meta_path.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def _write_meta(self) -> None:
+        self.state.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "identity": str(self.identity),
+            "known_hosts": str(self.known_hosts),
+            "hosts": {h.name: h.port for h in self.hosts.values()},
+        }
+        self._meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+
+    def _ensure_client_key(self) -> None:
+        if not self.identity.exists():
+            self.identity.parent.mkdir(parents=True, exist_ok=True)
+            _keygen(self.identity, "crosshost-test-client")
+            self.identity.chmod(0o600)
+
+    # -- hosts -------------------------------------------------------------------------------
+    def create(self, name: str, port: int, *, trust: bool = True) -> TestHost:
+        """Prepare a host's state directory (keys, config, private dirs); does not start it."""
+        if not name or not all(c.isalnum() or c in "-." for c in name):
+            raise TestHostError(f"bad host name {name!r}")
+        if shutil.which("ssh-keygen") is None or not Path(SSHD).exists():
+            raise TestHostError(f"{SSHD} or ssh-keygen missing: apt-get install openssh-server openssh-client")
+        self._ensure_client_key()
+        host = TestHost(name, port, self.state / "hosts" / name)
+        for sub in ("root", "tmp", "opt"):
+            (host.dir / sub).mkdir(parents=True, exist_ok=True)
+        (host.dir / "tmp").chmod(0o1777)
+        _keygen(host.dir / "hostkey", f"crosshost-test-{name}")
+        shutil.copyfile(self.identity.with_name(self.identity.name + ".pub"), host.dir / "authorized_keys")
+        (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(port=port, dir=host.dir))
+        self.hosts[name] = host
+        self._write_meta()
+        if trust:
+            self.trust(name)
+        return host
+
+    def start(self, name: str, *, delay_s: float = 0.0, wait: bool = True, wait_s: float = 15.0) -> TestHost:
+        """Start a host's sshd in fresh namespaces; ``delay_s`` makes sshd appear that much later."""
+        host = self.hosts[name]
+        if host.is_running():
+            raise TestHostError(f"{name}: already running")
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation dir
+        _run([SSHD, "-t", "-f", str(host.dir / "sshd_config")])
+        d = shlex.quote(str(host.dir))
+        script = (
+            f"{'sleep ' + repr(float(delay_s)) + ';' if delay_s > 0 else ''}"
+            f"hostname {shlex.quote(name)} && "
+            f"mount --bind {d}/root /root && mount --bind {d}/tmp /tmp && mount --bind {d}/opt /opt && "
+            f"exec {SSHD} -D -f {d}/sshd_config -E {d}/sshd.log"
+        )
+        host.log.unlink(missing_ok=True)
+        with open(host.dir / "unshare.err", "wb") as err:
+            proc = subprocess.Popen(
+                ["setsid", "unshare", "--uts", "--mount", "--fork", "sh", "-c", script],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                close_fds=True,
+            )
+        (host.dir / "unshare.pid").write_text(f"{proc.pid}\n")
+        if wait:
+            self.wait_ready(name, timeout_s=wait_s + delay_s, proc=proc)
+        return host
+
+    def wait_ready(self, name: str, *, timeout_s: float = 15.0, proc: subprocess.Popen | None = None) -> None:
+        """Return once the port accepts a connection and sends an SSH banner; raise otherwise."""
+        host = self.hosts[name]
+        deadline = time.monotonic() + timeout_s
+        last = "no attempt"
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                err = (host.dir / "unshare.err").read_text(errors="replace").strip()
+                raise TestHostError(
+                    f"{name}: sshd exited ({proc.returncode}) on port {host.port}: {err}\n{host.log_tail()}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", host.port), timeout=1.0) as s:
+                    s.settimeout(2.0)
+                    banner = s.recv(64)
+                if banner.startswith(b"SSH-2.0-"):
+                    return
+                last = f"unexpected banner {banner!r}"
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.1)
+        raise TestHostError(f"{name}: no SSH banner on 127.0.0.1:{host.port} after {timeout_s:g}s ({last})\n"
+                            f"{host.log_tail()}")
+
+    def kill(self, name: str) -> None:
+        """Kill sshd and every session of the host: all processes in its UTS namespace."""
+        host = self.hosts[name]
+        pid = host.ns_pid()
+        if pid is None:
+            return
+        ns = _uts_ns(pid)
+        if ns is None or ns == _uts_ns(os.getpid()) or ns == _uts_ns(1):
+            # A recycled pid outside any test namespace: killing "its namespace" would kill the machine.
+            (host.dir / "unshare.pid").unlink(missing_ok=True)
+            return
+        for _ in range(50):
+            victims = [p for p in _all_pids() if _uts_ns(p) == ns]
+            if not victims:
+                break
+            for p in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+            _reap(pid)
+            time.sleep(0.05)
+        else:
+            raise TestHostError(f"{name}: processes survive SIGKILL: {victims}")
+        (host.dir / "unshare.pid").unlink(missing_ok=True)
+
+    def regenerate_host_key(self, name: str) -> None:
+        """Give the host a new host key (restarting it if it runs); known_hosts keeps the old one."""
+        host = self.hosts[name]
+        running = host.is_running()
+        if running:
+            self.kill(name)
+        _keygen(host.dir / "hostkey", f"crosshost-test-{name}")
+        if running:
+            self.start(name)
+
+    def trust(self, name: str) -> None:
+        """Record the host's current key in the fleet's known_hosts (replacing any older entry)."""
+        self.forget(name)
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with self.known_hosts.open("a") as f:
+            f.write(self.hosts[name].known_hosts_line())
+
+    def forget(self, name: str) -> None:
+        """Remove the host's entries from the fleet's known_hosts (its key becomes unknown)."""
+        host = self.hosts[name]
+        try:
+            lines = self.known_hosts.read_text().splitlines(keepends=True)
+        except FileNotFoundError:
+            return
+        keep = [ln for ln in lines if ln.split(" ", 1)[0] != host.known_hosts_name]
+        self.known_hosts.write_text("".join(keep))
+
+    def remove(self, name: str) -> None:
+        """Stop the host and delete its state."""
+        self.kill(name)
+        self.forget(name)
+        host = self.hosts.pop(name)
+        shutil.rmtree(host.dir, ignore_errors=True)
+        self._write_meta()
+
+    def up(self, names: list[str], ports: list[int]) -> list[TestHost]:
+        hosts = []
+        try:
+            for name, port in zip(names, ports, strict=True):
+                self.create(name, port)
+                hosts.append(self.start(name))
+        except BaseException:
+            self.down()
+            raise
+        return hosts
+
+    def down(self) -> None:
+        for name in list(self.hosts):
+            self.kill(name)
+
+    # -- inventory ---------------------------------------------------------------------------
+    def write_inventory(
+        self,
+        path: Path,
+        names: list[str] | None = None,
+        *,
+        include_local: bool = True,
+        connect_timeout_s: float | None = None,
+        extra_defaults: dict[str, object] | None = None,
+    ) -> Path:
+        """Write a hosts.toml for ``names`` (default: every host), optionally with ``local`` first."""
+        path = Path(path)
+        names = list(self.hosts) if names is None else names
+        lines = ["# written by tools/testhosts.py", "[defaults]"]
+        lines.append(f"known_hosts = {_toml_str(str(self.known_hosts))}")
+        if connect_timeout_s is not None:
+            lines.append(f"connect_timeout_s = {connect_timeout_s}")
+        for key, value in (extra_defaults or {}).items():
+            lines.append(f"{key} = {json.dumps(value)}")
+        if include_local:
+            lines += ["", "[[hosts]]", 'name = "local"', 'transport = "local"']
+        for name in names:
+            host = self.hosts[name]
+            lines += [
+                "",
+                "[[hosts]]",
+                f"name = {_toml_str(name)}",
+                'transport = "ssh"',
+                'address = "127.0.0.1"',
+                f"port = {host.port}",
+                'user = "root"',
+                f"identity_file = {_toml_str(str(self.identity))}",
+            ]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _reap(pid: int) -> None:
+    """Collect the unshare process if it is our child (tests start hosts in-process)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="testhosts", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start test hosts")
+    up.add_argument("--count", type=int, default=2)
+    up.add_argument("--names", help="comma-separated host names (default box-a, box-b, ...)")
+    up.add_argument("--base-port", type=int, default=2222)
+    up.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-hosts"))
+    up.add_argument("--identity-out", type=Path, help="where the client key goes (default STATE/id_ed25519)")
+    up.add_argument("--known-hosts-out", type=Path, help="the known_hosts to write (default STATE/known_hosts)")
+    up.add_argument("--inventory-out", type=Path, help="the inventory to write (default STATE/hosts.toml)")
+    up.add_argument("--no-local", action="store_true", help="leave the local host out of the inventory")
+    down = sub.add_parser("down", help="stop the test hosts of a state directory")
+    down.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-hosts"))
+    args = parser.parse_args(argv)
+
+    try:
+        if args.cmd == "down":
+            fleet = Fleet(args.state)
+            fleet.down()
+            print(f"stopped {len(fleet.hosts)} test host(s) of {fleet.state}")
+            return 0
+        names = args.names.split(",") if args.names else default_names(args.count)
+        fleet = Fleet(args.state, identity=args.identity_out, known_hosts=args.known_hosts_out)
+        fleet.down()  # a second `up` replaces the previous fleet instead of colliding with it
+        for name in list(fleet.hosts):
+            if name not in names:
+                fleet.remove(name)
+        hosts = fleet.up(names, [args.base_port + i for i in range(len(names))])
+        inventory = fleet.write_inventory(
+            args.inventory_out or fleet.state / "hosts.toml", include_local=not args.no_local
+        )
+    except TestHostError as exc:
+        print(f"testhosts: error: {exc}", file=sys.stderr)
+        return 1
+    for h in hosts:
+        print(f"{h.name}: root@127.0.0.1 -p {h.port} -i {fleet.identity}")
+    print(f"known_hosts: {fleet.known_hosts}")
+    print(f"inventory: {inventory}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
