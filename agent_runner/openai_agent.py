@@ -1,0 +1,287 @@
+"""agent.kind = "openai": a chat-completions client that holds no key.
+
+The runner is given only ``CROSSHOST_MODEL_URL`` (``http://127.0.0.1:<port>/v1``): the controller's
+``ModelProxy``, reached directly on the controller or through a reverse SSH port forward on a host.
+The proxy adds the key, enforces the caps and retries; this module speaks the protocol:
+
+- ``contract_tools`` turns the contract into the ``tools`` parameter (each tool's ``parameters``
+  schema, else a built-in tool's schema, else one derived from ``required_args``);
+- ``ChatClient.complete`` POSTs ``/chat/completions`` and returns a ``ModelTurn`` (tool calls, usage,
+  latency and the proxy's ``X-Crosshost-Call`` record), or raises ``ModelError``;
+- ``Conversation`` keeps the messages: the prompt, each assistant turn, one ``tool`` message per call.
+
+``ModelError.reason`` is the trace's finish reason: ``budget_model`` when the proxy's cap is reached
+(the agent spent its allowance: judged like any other budget stop), ``agent_error`` with
+``verdict_error = True`` when the model could not be reached or answered nonsense (a harness failure,
+never the agent's ``fail``).
+
+Standard library only, Python 3.9 syntax: this travels in the runner zipapp.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+MODEL_URL_ENV = "CROSSHOST_MODEL_URL"
+CALL_HEADER = "X-Crosshost-Call"
+FINISH_BUDGET_MODEL = "budget_model"
+FINISH_AGENT_ERROR = "agent_error"
+# the proxy's error types (orchestrator/proxy.py)
+_ERR_BUDGET = "crosshost_budget"
+_MAX_ANSWER_BYTES = 16 * 1024 * 1024
+
+# Schemas of the tools the runner provides itself, used when the contract gives no `parameters`.
+BUILTIN_PARAMETERS: Dict[str, Dict[str, Any]] = {
+    "shell": {
+        "type": "object",
+        "properties": {"argv": {"type": "array", "items": {"type": "string"},
+                                "description": "the command and its arguments; no shell is involved"}},
+        "required": ["argv"],
+    },
+    "read_file": {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": "a path inside the workspace"}},
+        "required": ["path"],
+    },
+    "write_file": {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": "a path inside the workspace"},
+                       "content": {"type": "string"}},
+        "required": ["path", "content"],
+    },
+    "list_dir": {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": "a directory inside the workspace"}},
+        "required": ["path"],
+    },
+}
+
+
+class ModelError(Exception):
+    """The model could not give a turn. ``reason`` is the finish reason for the trace."""
+
+    def __init__(self, reason: str, message: str, *, verdict_error: bool, call: Optional[Dict[str, Any]] = None):
+        super().__init__(message)
+        self.reason = reason
+        self.verdict_error = verdict_error
+        self.call = call
+
+
+@dataclass
+class OpenAISettings:
+    """The sampling settings of suite.toml [agent]; they are part of the pins."""
+
+    model: str
+    temperature: Optional[float] = None
+    seed: Optional[int] = None
+    max_tokens: Optional[int] = None
+    timeout_s: float = 300.0
+
+    @classmethod
+    def from_agent(cls, agent: Dict[str, Any]) -> "OpenAISettings":
+        model = agent.get("model")
+        if not isinstance(model, str) or not model:
+            raise ValueError("[agent] kind = \"openai\" needs model = \"<name>\"")
+        return cls(model=model, temperature=agent.get("temperature"), seed=agent.get("seed"),
+                   max_tokens=agent.get("max_tokens"), timeout_s=float(agent.get("request_timeout_s", 300.0)))
+
+    def pins(self) -> Dict[str, Any]:
+        return {"model": self.model, "temperature": self.temperature, "seed": self.seed,
+                "max_tokens": self.max_tokens}
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    args: Dict[str, Any]
+    args_error: Optional[str] = None  # the model's arguments were not a JSON object
+
+
+@dataclass
+class ModelTurn:
+    """One chat completion as the agent loop needs it."""
+
+    message: Dict[str, Any]  # the assistant message, to be appended to the conversation as is
+    tool_calls: List[ToolCall]
+    content: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_ms: int = 0
+    call: Optional[Dict[str, Any]] = None  # the proxy's record: status, attempts, model, fingerprint
+
+    def model_record(self) -> Dict[str, Any]:
+        """What a trace turn keeps about the request (no prompt, no key)."""
+        call = self.call or {}
+        return {"request": call.get("id"), "status": call.get("status"), "retries": call.get("retries", 0),
+                "attempts": [{"status": a.get("status"), "latency_ms": a.get("latency_ms"),
+                              "error": a.get("error"), "wait_s": a.get("wait_s")}
+                             for a in call.get("attempts", []) if isinstance(a, dict)],
+                "model": call.get("model"), "system_fingerprint": call.get("system_fingerprint"),
+                "finish_reason": self.finish_reason}
+
+
+def contract_tools(tools: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The chat-completions ``tools`` parameter for the contract's tools."""
+    out: List[Dict[str, Any]] = []
+    for tool in tools:
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        parameters = tool.get("parameters")
+        if not isinstance(parameters, dict) or not parameters:
+            parameters = BUILTIN_PARAMETERS.get(name) or _derived_parameters(tool)
+        function: Dict[str, Any] = {"name": name, "parameters": parameters}
+        description = tool.get("description")
+        if isinstance(description, str) and description:
+            function["description"] = description
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _derived_parameters(tool: Dict[str, Any]) -> Dict[str, Any]:
+    required = [a for a in tool.get("required_args", []) if isinstance(a, str)]
+    # No type is known for a required arg, so none is claimed; the checker judges the values.
+    return {"type": "object", "properties": {a: {"description": a} for a in required}, "required": required}
+
+
+class ChatClient:
+    """POSTs to ``<CROSSHOST_MODEL_URL>/chat/completions``; never sends or holds a key."""
+
+    def __init__(self, url: str, settings: OpenAISettings) -> None:
+        self.url = url.rstrip("/") + "/chat/completions"
+        self.settings = settings
+
+    def request_body(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> Dict[str, Any]:
+        body: Dict[str, Any] = {"model": self.settings.model, "messages": messages}
+        if tools:
+            body["tools"] = tools
+        for key in ("temperature", "seed", "max_tokens"):
+            value = getattr(self.settings, key)
+            if value is not None:
+                body[key] = value
+        return body
+
+    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> ModelTurn:
+        data = json.dumps(self.request_body(messages, tools)).encode("utf-8")
+        request = urllib.request.Request(self.url, data=data, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as resp:
+                raw = resp.read(_MAX_ANSWER_BYTES + 1)
+                call = _call_header(resp.headers)
+        except urllib.error.HTTPError as exc:
+            raise _proxy_error(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ModelError(FINISH_AGENT_ERROR, f"model proxy {self.url} unreachable: {reason}",
+                             verdict_error=True) from None
+        latency_ms = int((time.monotonic() - started) * 1000)
+        return parse_completion(raw, latency_ms, call)
+
+
+def _call_header(headers: Any) -> Optional[Dict[str, Any]]:
+    value = headers.get(CALL_HEADER) if headers is not None else None
+    if not value:
+        return None
+    try:
+        call = json.loads(value)
+    except ValueError:
+        return None
+    return call if isinstance(call, dict) else None
+
+
+def _proxy_error(exc: urllib.error.HTTPError) -> ModelError:
+    call = _call_header(exc.headers)
+    try:
+        body = json.loads(exc.read(64 * 1024) if exc.fp is not None else b"")
+        err = body.get("error") if isinstance(body, dict) else None
+    except ValueError:
+        err = None
+    kind = err.get("type") if isinstance(err, dict) else None
+    message = err.get("message") if isinstance(err, dict) else None
+    text = " ".join(str(message or f"HTTP {exc.code} from the model proxy").split())
+    if kind == _ERR_BUDGET:
+        return ModelError(FINISH_BUDGET_MODEL, text, verdict_error=False, call=call)
+    return ModelError(FINISH_AGENT_ERROR, text, verdict_error=True, call=call)
+
+
+def parse_completion(raw: bytes, latency_ms: int = 0, call: Optional[Dict[str, Any]] = None) -> ModelTurn:
+    """A chat completion body -> ModelTurn; anything that is not one raises ModelError (harness error)."""
+    if len(raw) > _MAX_ANSWER_BYTES:
+        raise ModelError(FINISH_AGENT_ERROR, "model answer too large", verdict_error=True, call=call)
+    try:
+        body = json.loads(raw)
+        choice = body["choices"][0]
+        message = choice["message"]
+        if not isinstance(message, dict):
+            raise TypeError("message is not an object")
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ModelError(FINISH_AGENT_ERROR, f"model answer is not a chat completion ({exc})",
+                         verdict_error=True, call=call) from None
+    calls: List[ToolCall] = []
+    for index, item in enumerate(message.get("tool_calls") or []):
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ModelError(FINISH_AGENT_ERROR, f"model tool_calls[{index}] has no function name",
+                             verdict_error=True, call=call)
+        args, error = _parse_args(function.get("arguments"))
+        calls.append(ToolCall(id=str(item.get("id") or f"call_{index}"), name=function["name"], args=args,
+                              args_error=error))
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    content = message.get("content")
+    # Keep only what the protocol needs in the history; providers add fields the next request rejects.
+    history: Dict[str, Any] = {"role": "assistant", "content": content}
+    if message.get("tool_calls"):
+        history["tool_calls"] = message["tool_calls"]
+    return ModelTurn(message=history, tool_calls=calls, content=content if isinstance(content, str) else "",
+                     finish_reason=str(choice.get("finish_reason") or ""),
+                     prompt_tokens=_count(usage.get("prompt_tokens")),
+                     completion_tokens=_count(usage.get("completion_tokens")),
+                     latency_ms=latency_ms, call=call)
+
+
+def _parse_args(arguments: Any) -> "tuple[Dict[str, Any], Optional[str]]":
+    if isinstance(arguments, dict):
+        return arguments, None
+    if arguments in (None, ""):
+        return {}, None
+    try:
+        value = json.loads(arguments)
+    except (TypeError, ValueError):
+        return {}, "the model's arguments are not valid JSON"
+    if not isinstance(value, dict):
+        return {}, "the model's arguments are not a JSON object"
+    return value, None
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+@dataclass
+class Conversation:
+    """The messages of one attempt: the prompt, then assistant turns and tool results."""
+
+    client: ChatClient
+    tools: List[Dict[str, Any]]
+    messages: List[Dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, client: ChatClient, prompt: str, contract: List[Dict[str, Any]]) -> "Conversation":
+        return cls(client=client, tools=contract_tools(contract), messages=[{"role": "user", "content": prompt}])
+
+    def next_turn(self) -> ModelTurn:
+        turn = self.client.complete(self.messages, self.tools)
+        self.messages.append(turn.message)
+        return turn
+
+    def observe(self, call: ToolCall, content: str) -> None:
+        self.messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
