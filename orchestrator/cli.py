@@ -117,5 +117,45 @@ def history_cmd(
     return 0
 
 
+@app.command("schedule")
+@guarded
+def schedule_cmd(
+    suite: Annotated[Path, typer.Argument(help="The suite directory to replay on a schedule.")],
+    every: Annotated[str, typer.Option("--every", help="Interval: 30m, 6h, 1d, ...")] = "6h",
+    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="The hosts.toml to replay on.")] = Path(
+        "hosts.toml"
+    ),
+    out: Annotated[Path, typer.Option("--out", help="The runs directory the replays write to.")] = Path("runs"),
+    install: Annotated[
+        bool, typer.Option("--install", help="Write the systemd user units (and say how to enable them).")
+    ] = False,
+    cron: Annotated[bool, typer.Option("--cron", help="A crontab line even where systemd runs.")] = False,
+    systemd: Annotated[bool, typer.Option("--systemd", help="systemd units even where systemd is absent.")] = False,
+) -> int:
+    """Print (or --install) a systemd user timer+service, or a crontab line, running replay --compare-last."""
+    from orchestrator import schedule as _schedule
+    from orchestrator.errors import InputError
+
+    if cron and systemd:
+        raise InputError("--cron and --systemd: choose one")
+    mode: _schedule.Mode = "cron" if cron else "systemd" if systemd else "auto"
+    plan = _schedule.plan_schedule(suite, every, inventory, out, mode)
+    if plan.mode == "cron":
+        typer.echo(plan.cron_line)
+        if install:
+            typer.echo("# crosshost does not edit your crontab: add the line above with `crontab -e`", err=True)
+        return 0
+    if install:
+        for path in _schedule.install(plan):
+            typer.echo(f"wrote {path}")
+        timer = next(n for n in plan.files if n.endswith(".timer"))
+        typer.echo(f"enable it with: systemctl --user daemon-reload && systemctl --user enable --now {timer}")
+        return 0
+    unit_dir = _schedule.user_unit_dir()
+    for name, text in plan.files.items():
+        typer.echo(f"# {unit_dir / name}\n{text}")
+    return 0
+
+
 if __name__ == "__main__":
     main()
