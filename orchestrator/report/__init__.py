@@ -1,0 +1,273 @@
+"""The reports of a run: terminal table, ``report.json``, ``report.md`` and ``junit.xml``.
+
+Every renderer reads only the ``RunReport``; ``write_reports`` writes the three files atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.analysis.models import RunReport, TaskReport
+from orchestrator.store import write_bytes_atomic
+
+__all__ = [
+    "render_json",
+    "render_junit",
+    "render_markdown",
+    "render_table",
+    "report_exit_code",
+    "write_reports",
+]
+
+
+def report_exit_code(report: RunReport) -> int:
+    """DESIGN: 0 valid and within the gate, 1 otherwise (the replay adds 3 for infrastructure)."""
+    return 0 if report.valid and report.within_gate else 1
+
+
+def gate_verdict(report: RunReport) -> str:
+    state = "within" if report.within_gate else "ABOVE"
+    return (
+        f"flip_rate={report.flip_rate:.3f} ({report.flipped}/{report.comparable} comparable tasks) "
+        f"{state} gate={report.gate:.2f}"
+    )
+
+
+def validity_line(report: RunReport) -> str:
+    if report.valid:
+        return "valid"
+    return "INVALID: " + "; ".join(report.invalid_reasons)
+
+
+def _host_names(report: RunReport) -> list[str]:
+    names = [h.name for h in report.hosts]
+    for task in report.tasks:  # a host only traces know of still gets its column
+        names += [h for h in task.verdicts if h not in names]
+    return names
+
+
+def _flipped_attempts(task: TaskReport, host: str, reference: str | None) -> set[int]:
+    ref = task.verdicts.get(reference or "", [])
+    return {
+        i
+        for i, v in enumerate(task.verdicts.get(host, []))
+        if host != reference and i < len(ref) and "error" not in (v, ref[i]) and v != ref[i]
+    }
+
+
+def _errors_line(report: RunReport) -> str:
+    return f"errors: {report.error_attempts} attempt(s) in {report.error_tasks} task(s), counted apart from flips"
+
+
+# --- terminal -------------------------------------------------------------------------------------
+
+
+_STYLE = {"pass": "green", "fail": "red", "error": "yellow"}
+
+
+def render_table(report: RunReport) -> RenderableType:
+    """Tasks × hosts with flips marked, classification and action; then validity and the gate."""
+    hosts = _host_names(report)
+    table = Table(
+        title=f"crosshost run {report.run_id}" + (f" · suite {report.suite}" if report.suite else "")
+    )
+    table.add_column("task")
+    for host in hosts:
+        table.add_column(host + (" (ref)" if host == report.reference else ""))
+    table.add_column("flip")
+    table.add_column("classification")
+    table.add_column("action")
+    for task in report.tasks:
+        cells: list[Text | str] = [task.task]
+        for host in hosts:
+            flipped = _flipped_attempts(task, host, report.reference)
+            cell = Text()
+            for i, verdict in enumerate(task.verdicts.get(host, [])):
+                if i:
+                    cell.append(" ")
+                style = _STYLE.get(verdict, "")
+                cell.append(
+                    verdict + ("*" if i in flipped else ""), style=style + (" bold" if i in flipped else "")
+                )
+            cells.append(cell)
+        cells += ["<- flip" if task.flip else "", task.classification, task.action]
+        table.add_row(*cells)
+    validity = Text(validity_line(report), style="green" if report.valid else "bold red")
+    gate = Text(gate_verdict(report), style="green" if report.within_gate else "bold red")
+    parts: list[RenderableType] = [table, validity, gate]
+    if report.error_attempts:
+        parts.append(Text(_errors_line(report), style="yellow"))
+    if any(t.flip for t in report.tasks):
+        parts.append(Text("* = verdict differs from the reference's on the same attempt", style="dim"))
+    return Group(*parts)
+
+
+# --- report.json ----------------------------------------------------------------------------------
+
+
+def render_json(report: RunReport) -> str:
+    return report.model_dump_json(indent=2) + "\n"
+
+
+# --- report.md ------------------------------------------------------------------------------------
+
+
+def _md(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: RunReport) -> str:
+    hosts = _host_names(report)
+    out = [f"# crosshost run `{report.run_id}`", ""]
+    if report.suite:
+        out.append(
+            f"- suite: **{_md(report.suite)}**" + (f" (`{report.suite_sha}`)" if report.suite_sha else "")
+        )
+    out.append(f"- reference host: **{_md(report.reference)}**")
+    out.append(f"- validity: **{'valid' if report.valid else 'INVALID'}**")
+    out += [f"  - {_md(reason)}" for reason in report.invalid_reasons]
+    out.append(f"- gate: {_md(gate_verdict(report))}")
+    if report.error_attempts:
+        out.append(f"- {_errors_line(report)}")
+    out += [
+        "",
+        "## Hosts",
+        "",
+        "| host | fingerprint | reachable | error | pass rate | pass^k |",
+        "|---|---|---|---|---|---|",
+    ]
+    stats = {s.host: s for s in report.stats}
+    for h in report.hosts:
+        s = stats.get(h.name)
+        rate = f"{s.pass_rate:.3f}" if s and s.pass_rate is not None else "—"
+        pass_k = ", ".join(f"k={k}: {v:.3f}" for k, v in s.pass_k.items()) if s else ""
+        out.append(
+            f"| {_md(h.name)} | `{h.fingerprint or '—'}` | {'yes' if h.reachable else 'no'} | "
+            f"{_md(h.error or '')} | {rate} | {pass_k} |"
+        )
+    out += ["", "## Tasks", ""]
+    out.append("| task | " + " | ".join(_md(h) for h in hosts) + " | flip | classification | action |")
+    out.append("|---" * (len(hosts) + 4) + "|")
+    for task in report.tasks:
+        cells = [" ".join(task.verdicts.get(h, [])) for h in hosts]
+        out.append(
+            f"| {_md(task.task)} | "
+            + " | ".join(cells)
+            + f" | {'**flip**' if task.flip else ''} | {task.classification} | {_md(task.action)} |"
+        )
+    details = [
+        t for t in report.tasks if t.classification != "agree" or t.leaks or t.shape_diff or t.args_diff
+    ]
+    if details:
+        out += ["", "## Details"]
+    for task in details:
+        out += ["", f"### {_md(task.task)}: {task.classification} — {_md(task.action)}", ""]
+        for host, whys in task.why.items():
+            for attempt, why in enumerate(whys):
+                if why:
+                    out.append(
+                        f"- {_md(host)} attempt {attempt} ({task.verdicts[host][attempt]}): {_md(why)}"
+                    )
+        for d in task.shape_diff:
+            out.append(
+                f"- shape {d.op} on {_md(d.host)} attempt {d.attempt}: "
+                f"`{d.reference or '∅'}` (ref step {d.reference_step}) → `{d.other or '∅'}` (step {d.step})"
+            )
+        for a in task.args_diff:
+            out.append(
+                f"- argument values differ on {_md(a.host)} attempt {a.attempt} step {a.step} `{a.tool}`: "
+                f"args_fp `{a.reference_args_fp}` → `{a.args_fp}`"
+            )
+        for leak in task.leaks:
+            out.append(
+                f"- leak on {_md(leak.host)} attempt {leak.attempt} step {leak.step}: {leak.kind}: {_md(leak.message)}"
+            )
+        for f in task.findings:
+            out.append(
+                f"- contract: {_md(f.host)} attempt {f.attempt} step {f.step}: {f.kind}: {_md(f.message)}"
+            )
+        for attr in task.attribution:
+            fields = ", ".join(f"`{f.field}` ({_md(f.reference)} → {_md(f.other)})" for f in attr.fields[:15])
+            more = f" and {len(attr.fields) - 15} more" if len(attr.fields) > 15 else ""
+            out.append(
+                f"- attribution {_md(attr.reference)} vs {_md(attr.host)}: {fields or 'no differing field'}{more}"
+            )
+        out += [f"- problem: {_md(p)}" for p in task.problems]
+    return "\n".join(out) + "\n"
+
+
+# --- junit.xml ------------------------------------------------------------------------------------
+
+
+def _failure_text(task: TaskReport, report: RunReport) -> str:
+    lines = [f"{task.classification}: {task.action}"]
+    for host, verdicts in task.verdicts.items():
+        lines.append(f"{host}{' (ref)' if host == report.reference else ''}: {' '.join(verdicts)}")
+        lines += [f"  attempt {i}: {why}" for i, why in enumerate(task.why.get(host, [])) if why]
+    lines += [f"leak: {leak.host} step {leak.step}: {leak.kind}: {leak.message}" for leak in task.leaks]
+    return "\n".join(lines)
+
+
+def render_junit(report: RunReport) -> str:
+    """One test case per task; a flip or an invalid run is a failure, an ``error`` verdict an error."""
+    suite_name = report.suite or "crosshost"
+    failures = errors = 0
+    suite = ET.Element("testsuite", name=f"crosshost.{suite_name}")
+    props = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("run_id", report.run_id),
+        ("reference", report.reference or ""),
+        ("valid", str(report.valid).lower()),
+        ("flip_rate", f"{report.flip_rate:.3f}"),
+        ("gate", f"{report.gate:.2f}"),
+    ):
+        ET.SubElement(props, "property", name=name, value=value)
+    invalid = "invalid run: " + "; ".join(report.invalid_reasons) if not report.valid else ""
+    cases: list[tuple[str, TaskReport | None]] = [(t.task, t) for t in report.tasks]
+    if not cases and invalid:  # no task to carry the failure: an invalid run must still fail CI
+        cases = [("run", None)]
+    for name, task in cases:
+        case = ET.SubElement(suite, "testcase", classname=suite_name, name=name)
+        messages = []
+        if task is not None and task.flip:
+            messages.append(
+                f"flip on {', '.join(task.flipped_hosts)} vs {report.reference}: {task.classification}"
+            )
+        if invalid:
+            messages.append(invalid)
+        if messages:
+            failures += 1
+            failure = ET.SubElement(
+                case,
+                "failure",
+                message="; ".join(messages),
+                type="crosshost.flip" if task and task.flip else "crosshost.invalid",
+            )
+            failure.text = _failure_text(task, report) if task else invalid
+        elif task is not None and task.classification == "infra_error":
+            errors += 1
+            error = ET.SubElement(
+                case, "error", message=f"infra_error: {task.action}", type="crosshost.infra_error"
+            )
+            error.text = _failure_text(task, report)
+        elif task is not None and task.classification != "agree":
+            ET.SubElement(case, "system-out").text = _failure_text(task, report)
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(failures))
+    suite.set("errors", str(errors))
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_reports(run_dir: Path, report: RunReport) -> None:
+    """Write ``report.json``, ``report.md`` and ``junit.xml`` into the run directory."""
+    write_bytes_atomic(run_dir / "report.json", render_json(report).encode())
+    write_bytes_atomic(run_dir / "report.md", render_markdown(report).encode())
+    write_bytes_atomic(run_dir / "junit.xml", render_junit(report).encode())

@@ -1,0 +1,167 @@
+"""Flips, flakiness, pass rate and pass^k over verdict lists; the seed's ``flips`` table.
+
+A verdict list is indexed by attempt. A flip is a verdict that differs from the reference host's on
+the same attempt; ``error`` verdicts never count as a flip (they are counted apart) and a task is
+comparable when at least one same-attempt pair of non-error verdicts exists.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from math import comb
+from pathlib import Path
+
+from orchestrator.errors import TraceError
+
+DEFAULT_GATE = 0.10
+
+
+@dataclass
+class TaskFlip:
+    flip: bool
+    flipped_hosts: list[str]
+    comparable: bool
+
+
+def task_flip(verdicts: Mapping[str, Sequence[str]], reference: str) -> TaskFlip:
+    ref = verdicts.get(reference, ())
+    flipped: list[str] = []
+    comparable = False
+    for host, seq in verdicts.items():
+        if host == reference:
+            continue
+        for attempt, verdict in enumerate(seq):
+            if attempt >= len(ref) or "error" in (verdict, ref[attempt]):
+                continue
+            comparable = True
+            if verdict != ref[attempt] and host not in flipped:
+                flipped.append(host)
+    return TaskFlip(bool(flipped), flipped, comparable)
+
+
+def flaky_hosts(verdicts: Mapping[str, Sequence[str]]) -> list[str]:
+    """Hosts whose non-error attempts of one task disagree with each other."""
+    return [h for h, seq in verdicts.items() if len({v for v in seq if v != "error"}) > 1]
+
+
+def flip_rate(flipped: int, comparable: int) -> float:
+    return flipped / comparable if comparable else 0.0
+
+
+def pass_hat_k(outcomes: Sequence[tuple[int, int]], k: int) -> float | None:
+    """pass^k: per task C(c,k)/C(n,k) (all k drawn attempts pass), averaged over tasks with n >= k.
+
+    ``outcomes`` holds (n non-error attempts, c passes) per task.
+    """
+    scores = [comb(c, k) / comb(n, k) for n, c in outcomes if n >= k]
+    return sum(scores) / len(scores) if scores else None
+
+
+# --- the seed's results.jsonl and its flips table -------------------------------------------------
+
+
+def row_verdict(row: Mapping[str, object], where: str) -> str:
+    """A results row's verdict: ours (``verdict``) or the seed's (``passed``)."""
+    verdict = row.get("verdict")
+    if verdict in ("pass", "fail", "error"):
+        return str(verdict)
+    if verdict is not None:
+        raise TraceError(f"{where}: verdict must be pass, fail or error, not {verdict!r}")
+    passed = row.get("passed")
+    if isinstance(passed, bool):
+        return "pass" if passed else "fail"
+    raise TraceError(f"{where}: row has neither 'verdict' nor a boolean 'passed'")
+
+
+def iter_results(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
+    """Stream ``results.jsonl`` rows as (``file:line``, row); a bad line raises TraceError naming it."""
+    try:
+        fh = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    with fh:
+        for lineno, line in enumerate(fh, 1):
+            where = f"{path}:{lineno}"
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceError(f"{where}: not JSON: {exc.msg}") from exc
+            if not isinstance(row, dict):
+                raise TraceError(f"{where}: a row must be a JSON object")
+            for key in ("task", "env"):
+                if not isinstance(row.get(key), str):
+                    raise TraceError(f"{where}: row lacks the string field {key!r}")
+            yield where, row
+
+
+def row_attempt(row: Mapping[str, object], where: str) -> int:
+    attempt = row.get("attempt", 0)  # the seed's rows may carry no attempt: one run each
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+        raise TraceError(f"{where}: attempt must be a non-negative integer, not {attempt!r}")
+    return attempt
+
+
+@dataclass
+class FlipsTable:
+    env_a: str
+    env_b: str
+    gate: float
+    rows: list[tuple[str, str, str, bool]] = field(default_factory=list)
+    flips: int = 0
+    comparable: int = 0
+    errors: int = 0
+
+    @property
+    def flip_rate(self) -> float:
+        return flip_rate(self.flips, self.comparable)
+
+    @property
+    def within_gate(self) -> bool:
+        return self.flip_rate <= self.gate
+
+
+def flips_table(
+    path: Path, env_a: str, env_b: str, attempt: int = 0, gate: float = DEFAULT_GATE
+) -> FlipsTable:
+    """The flip table of two environments on one attempt of any seed-format ``results.jsonl``."""
+    seen: dict[str, dict[str, str]] = {}
+    envs: set[str] = set()
+    for where, row in iter_results(path):
+        envs.add(str(row["env"]))
+        if row["env"] not in (env_a, env_b) or row_attempt(row, where) != attempt:
+            continue
+        # a later row for the same task/env/attempt replaces an earlier one (a rerun)
+        seen.setdefault(str(row["task"]), {})[str(row["env"])] = row_verdict(row, where)
+    for env in (env_a, env_b):
+        if env not in envs:
+            present = ", ".join(sorted(envs)) or "none"
+            raise TraceError(f"{path}: no rows for env {env!r} (envs present: {present})")
+    table = FlipsTable(env_a, env_b, gate)
+    for task in sorted(seen):
+        a = seen[task].get(env_a, "-")
+        b = seen[task].get(env_b, "-")
+        if "error" in (a, b):
+            table.errors += 1
+        result = task_flip({env_a: [a], env_b: [b]}, env_a) if "-" not in (a, b) else None
+        flip = bool(result and result.flip)
+        if result and result.comparable:
+            table.comparable += 1
+        table.flips += flip
+        table.rows.append((task, a, b, flip))
+    return table
+
+
+def format_flips(table: FlipsTable) -> str:
+    """The seed's layout: ``<task> <a> <b>[ <- flip]`` per task, then the summary line."""
+    lines = [f"{task} {a} {b}" + (" <- flip" if flip else "") for task, a, b, flip in table.rows]
+    summary = (
+        f"tasks={len(table.rows)} flips={table.flips} flip_rate={table.flip_rate:.3f} gate={table.gate:.2f}"
+    )
+    if table.errors:  # only when there are any, so a seed file prints exactly the seed's line
+        summary += f" errors={table.errors}"
+    lines.append(summary)
+    return "\n".join(lines)

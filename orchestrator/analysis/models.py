@@ -1,0 +1,144 @@
+"""The report models: ``RunReport`` serialises to ``report.json`` exactly as in DESIGN, plus extras.
+
+DESIGN fields come first in each model; everything after the ``# extras`` comment is ours.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+# The decision table of DESIGN: classification -> action.
+ACTIONS: dict[str, str] = {
+    "host_coupling": "quarantine the agent",
+    "laptop_contamination": "clean local secrets",
+    "unstable_contract": "pin tools, rerun",
+    "honest_bug": "fix the tool",
+    "flaky": "fix the test first",
+    "same_host": "use a real second machine",
+    "infra_error": "fix the host, rerun",
+    "agree": "—",
+}
+
+# Highest first. A task gets the first classification that applies (see verdict.classify_task).
+PRECEDENCE: tuple[str, ...] = (
+    "infra_error",
+    "same_host",
+    "flaky",
+    "host_coupling",
+    "laptop_contamination",
+    "unstable_contract",
+    "honest_bug",
+    "agree",
+)
+
+VERDICTS = ("pass", "fail", "error")
+
+
+class HostEntry(BaseModel):
+    name: str
+    fingerprint: str | None = None
+    reachable: bool = True
+    error: str | None = None
+    # extras
+    replayed: bool = False
+
+
+class Leak(BaseModel):
+    host: str
+    step: int | None = None
+    kind: str
+    # extras
+    attempt: int = 0
+    tool: str | None = None
+    message: str = ""
+
+
+class ShapeDiff(BaseModel):
+    """One differing step of the (tool, sorted argument keys, value types) sequence."""
+
+    host: str
+    attempt: int
+    op: str  # "changed" | "missing" (reference has it, host lacks it) | "extra" (host only)
+    reference_step: int | None = None
+    step: int | None = None
+    reference: str | None = None
+    other: str | None = None
+
+
+class ArgsDiff(BaseModel):
+    """Same shape at a step, different argument values (compared by ``args_fp``)."""
+
+    host: str
+    attempt: int
+    step: int
+    tool: str
+    reference_args_fp: str
+    args_fp: str
+
+
+class FieldDiff(BaseModel):
+    field: str
+    reference: str | None = None
+    other: str | None = None
+
+
+class Attribution(BaseModel):
+    """The fingerprint fields that differ between the reference and a host: the first lead."""
+
+    host: str
+    reference: str
+    fields: list[FieldDiff] = Field(default_factory=list)
+
+
+class TaskReport(BaseModel):
+    task: str
+    verdicts: dict[str, list[str]]
+    flip: bool
+    flaky_hosts: list[str] = Field(default_factory=list)
+    classification: str
+    action: str
+    shape_diff: list[ShapeDiff] = Field(default_factory=list)
+    leaks: list[Leak] = Field(default_factory=list)
+    # extras
+    flipped_hosts: list[str] = Field(default_factory=list)
+    comparable: bool = False
+    errors: int = 0
+    why: dict[str, list[str]] = Field(default_factory=dict)
+    args_diff: list[ArgsDiff] = Field(default_factory=list)
+    findings: list[Leak] = Field(default_factory=list)  # contract findings that are not leaks
+    attribution: list[Attribution] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)
+
+
+class HostStats(BaseModel):
+    """Pass rate and pass^k of one host; ``error`` attempts are counted apart, not as failures."""
+
+    host: str
+    attempts: int = 0
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    pass_rate: float | None = None
+    pass_k: dict[str, float] = Field(default_factory=dict)
+
+
+class RunReport(BaseModel):
+    run_id: str
+    suite: str | None = None
+    valid: bool
+    invalid_reasons: list[str] = Field(default_factory=list)
+    gate: float
+    flip_rate: float
+    reference: str | None = None
+    hosts: list[HostEntry] = Field(default_factory=list)
+    tasks: list[TaskReport] = Field(default_factory=list)
+    # extras
+    suite_sha: str | None = None
+    within_gate: bool = True
+    flipped: int = 0
+    comparable: int = 0
+    error_attempts: int = 0
+    error_tasks: int = 0
+    interrupted: bool = False
+    stats: list[HostStats] = Field(default_factory=list)
+    problems: list[str] = Field(default_factory=list)

@@ -1,0 +1,403 @@
+"""``analyse_run``: a run directory in, a ``RunReport`` out (the content of ``report.json``).
+
+One streaming pass over every trace builds a small ``AttemptSummary`` per attempt; everything after
+that works on summaries. Per-step data is re-read from disk only for the shape diff of a task whose
+shapes (or argument values) actually differ, one pair of traces at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from orchestrator.analysis.attempts import AttemptSummary, iter_steps, summarise_trace
+from orchestrator.analysis.flips import flaky_hosts, flip_rate, pass_hat_k, task_flip
+from orchestrator.analysis.models import (
+    ACTIONS,
+    ArgsDiff,
+    Attribution,
+    FieldDiff,
+    HostEntry,
+    HostStats,
+    Leak,
+    RunReport,
+    ShapeDiff,
+    TaskReport,
+)
+from orchestrator.analysis.rundir import AttemptKey, RunDir, effective_gate, load_run
+from orchestrator.analysis.shapes import args_differences, shape_edits
+from orchestrator.analysis.verdict import classify_task, same_fingerprint
+
+MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
+MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json
+MAX_ARGS_DIFFS = 20
+MAX_FIELD_VALUE = 200
+MAX_LEAK_EXAMPLES = 3
+
+
+def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
+    """Analyse ``runs/<run_id>/``; ``gate`` (``--gate``) overrides the suite's flip-rate gate."""
+    run = load_run(run_dir)
+    contract = run.contract
+    fingerprints = list(run.fingerprints.values())
+
+    summaries: dict[AttemptKey, AttemptSummary] = {}
+    for (host, task, attempt), path in run.trace_files():
+        if host not in run.hosts:
+            run.hosts.append(host)
+        summaries[(host, task, attempt)] = summarise_trace(path, host, task, attempt, contract, fingerprints)
+    rows = run.results()
+
+    tasks = list(dict.fromkeys([*run.tasks, *sorted({k[1] for k in (*summaries, *rows)})]))
+    fp_ids = {host: _fingerprint_id(run, host, summaries) for host in run.hosts}
+    reference = run.reference or (run.hosts[0] if run.hosts else "")
+
+    attempts_of: dict[str, int] = {}
+    for _, task, attempt in (*summaries, *rows):
+        attempts_of[task] = max(attempts_of.get(task, 0), attempt + 1)
+
+    task_reports: list[TaskReport] = []
+    attribution_cache: dict[str, Attribution] = {}
+    for task in tasks:
+        n_attempts = max(run.repeat, attempts_of.get(task, 0))
+        for host in run.hosts:
+            for attempt in range(n_attempts):
+                key = (host, task, attempt)
+                if key not in summaries:
+                    summaries[key] = _missing_attempt(run, key, rows)
+        task_reports.append(
+            _task_report(run, task, n_attempts, summaries, reference, fp_ids, attribution_cache)
+        )
+
+    flipped = sum(t.flip for t in task_reports)
+    comparable = sum(t.comparable for t in task_reports)
+    rate = flip_rate(flipped, comparable)
+    gate_value = effective_gate(run, gate)
+    reasons = _invalid_reasons(run, summaries, tasks, reference, fp_ids)
+    hosts = [
+        HostEntry(
+            name=h,
+            fingerprint=fp_ids.get(h),
+            reachable=_reachable(run, h, summaries),
+            error=_host_error(run, h),
+            replayed=any(s.path is not None for k, s in summaries.items() if k[0] == h),
+        )
+        for h in run.hosts
+    ]
+    return RunReport(
+        run_id=run.run_id,
+        suite=run.suite_name,
+        valid=not reasons,
+        invalid_reasons=reasons,
+        gate=gate_value,
+        flip_rate=round(rate, 3),
+        reference=reference or None,
+        hosts=hosts,
+        tasks=task_reports,
+        suite_sha=run.suite_sha,
+        within_gate=rate <= gate_value,
+        flipped=flipped,
+        comparable=comparable,
+        error_attempts=sum(s.verdict == "error" for s in summaries.values()),
+        error_tasks=sum(t.errors > 0 for t in task_reports),
+        interrupted=run.interrupted,
+        stats=[_host_stats(h, tasks, summaries) for h in run.hosts],
+        problems=run.problems,
+    )
+
+
+# --- per attempt / per host helpers ---------------------------------------------------------------
+
+
+def _fingerprint_id(run: RunDir, host: str, summaries: Mapping[AttemptKey, AttemptSummary]) -> str | None:
+    """The host's fingerprint id: from the manifest, else fingerprint.json, else its trace headers."""
+    meta = run.host_meta.get(host, {}).get("fingerprint")
+    if isinstance(meta, str) and meta:
+        return meta
+    stored = run.fingerprints.get(host, {})
+    for key in ("id", "fingerprint", "sha"):
+        if isinstance(stored.get(key), str) and stored[key]:
+            return str(stored[key])
+    for (h, _, _), summary in summaries.items():
+        if h == host and summary.fingerprint:
+            return summary.fingerprint
+    return None
+
+
+def _host_error(run: RunDir, host: str) -> str | None:
+    error = run.host_meta.get(host, {}).get("error")
+    return str(error) if error else None
+
+
+def _reachable(run: RunDir, host: str, summaries: Mapping[AttemptKey, AttemptSummary]) -> bool:
+    meta = run.host_meta.get(host, {}).get("reachable")
+    if isinstance(meta, bool):
+        return meta
+    return any(s.path is not None for k, s in summaries.items() if k[0] == host)
+
+
+def _missing_attempt(run: RunDir, key: AttemptKey, rows: Mapping[AttemptKey, Any]) -> AttemptSummary:
+    """An attempt without a trace is an ``error``: nothing of it can be checked."""
+    host, task, attempt = key
+    summary = AttemptSummary(host, task, attempt, None)
+    trace = run.host_dir(host) / "traces" / f"{task}.{attempt}.jsonl"
+    row = rows.get(key)
+    host_error = _host_error(run, host)
+    if row is not None and row.verdict == "error" and row.reason:
+        summary.why = row.reason
+    elif host_error:
+        summary.why = f"{host}: {host_error}"
+    else:
+        summary.why = f"{trace}: missing"
+    return summary
+
+
+def _host_stats(host: str, tasks: Iterable[str], summaries: Mapping[AttemptKey, AttemptSummary]) -> HostStats:
+    per_task: dict[str, tuple[int, int]] = {t: (0, 0) for t in tasks}
+    stats = HostStats(host=host)
+    for (h, task, _), s in summaries.items():
+        if h != host:
+            continue
+        stats.attempts += 1
+        if s.verdict == "error":
+            stats.errors += 1
+            continue
+        n, c = per_task.get(task, (0, 0))
+        per_task[task] = (n + 1, c + (s.verdict == "pass"))
+        stats.passed += s.verdict == "pass"
+        stats.failed += s.verdict == "fail"
+    judged = stats.passed + stats.failed
+    stats.pass_rate = round(stats.passed / judged, 4) if judged else None
+    outcomes = list(per_task.values())
+    for k in range(1, max((n for n, _ in outcomes), default=0) + 1):
+        value = pass_hat_k(outcomes, k)
+        if value is not None:
+            stats.pass_k[str(k)] = round(value, 4)
+    return stats
+
+
+# --- per task -------------------------------------------------------------------------------------
+
+
+def _task_report(
+    run: RunDir,
+    task: str,
+    n_attempts: int,
+    summaries: Mapping[AttemptKey, AttemptSummary],
+    reference: str,
+    fp_ids: Mapping[str, str | None],
+    attribution_cache: dict[str, Attribution],
+) -> TaskReport:
+    attempts = {h: [summaries[(h, task, a)] for a in range(n_attempts)] for h in run.hosts}
+    verdicts = {h: [s.verdict for s in seq] for h, seq in attempts.items()}
+    flip = task_flip(verdicts, reference)
+    report = TaskReport(
+        task=task,
+        verdicts=verdicts,
+        flip=flip.flip,
+        flaky_hosts=flaky_hosts(verdicts),
+        classification="agree",
+        action=ACTIONS["agree"],
+        flipped_hosts=flip.flipped_hosts,
+        comparable=flip.comparable,
+        errors=sum(v == "error" for seq in verdicts.values() for v in seq),
+        why={h: [s.why[:300] for s in seq] for h, seq in attempts.items()},
+    )
+    for seq in attempts.values():
+        for s in seq:
+            report.problems.extend(s.problems)
+            for f in s.findings:
+                entry = Leak(
+                    host=s.host, step=f.step, kind=f.kind, attempt=s.attempt, tool=f.tool, message=f.message
+                )
+                (report.leaks if f.is_leak else report.findings).append(entry)
+
+    shapes_differ: dict[str, bool] = {}
+    for host, seq in attempts.items():
+        if host == reference:
+            continue
+        shapes_differ[host] = _compare_shapes(report, host, attempts.get(reference, []), seq)
+
+    report.classification = classify_task(verdicts, reference, fp_ids, shapes_differ)
+    report.action = ACTIONS[report.classification]
+    for host in report.flipped_hosts:
+        if host not in attribution_cache:
+            attribution_cache[host] = attribution(
+                reference, run.fingerprints.get(reference), host, run.fingerprints.get(host)
+            )
+        report.attribution.append(attribution_cache[host])
+    return report
+
+
+def _compare_shapes(
+    report: TaskReport, host: str, reference: list[AttemptSummary], other: list[AttemptSummary]
+) -> bool:
+    """Whether the host's shapes differ from the reference's on any attempt; fills the task's diffs."""
+    differ = False
+    args_done = False
+    for ref, oth in zip(reference, other, strict=False):
+        if not (ref.has_trace and oth.has_trace):
+            continue
+        if ref.shape_hash != oth.shape_hash:
+            if not differ:  # one diff per host and task: later attempts usually repeat it
+                report.shape_diff.extend(_shape_diff(ref, oth))
+            differ = True
+        elif ref.values_hash != oth.values_hash and not args_done:
+            report.args_diff.extend(_args_diff(ref, oth))
+            args_done = True
+    return differ
+
+
+def _shape_diff(ref: AttemptSummary, oth: AttemptSummary) -> list[ShapeDiff]:
+    assert ref.path is not None and oth.path is not None
+    left = list(islice(iter_steps(ref.path), MAX_DIFF_STEPS))
+    right = list(islice(iter_steps(oth.path), MAX_DIFF_STEPS))
+    return [
+        ShapeDiff(
+            host=oth.host,
+            attempt=oth.attempt,
+            op=e.op,
+            reference_step=e.reference.step if e.reference else None,
+            step=e.other.step if e.other else None,
+            reference=e.reference.describe() if e.reference else None,
+            other=e.other.describe() if e.other else None,
+        )
+        for e in shape_edits(left, right)[:MAX_SHAPE_DIFFS]
+    ]
+
+
+def _args_diff(ref: AttemptSummary, oth: AttemptSummary) -> list[ArgsDiff]:
+    assert ref.path is not None and oth.path is not None
+    pairs = args_differences(iter_steps(ref.path), iter_steps(oth.path))  # streamed pairwise
+    return [
+        ArgsDiff(
+            host=oth.host,
+            attempt=oth.attempt,
+            step=o.step,
+            tool=o.tool,
+            reference_args_fp=r.args_fp,
+            args_fp=o.args_fp,
+        )
+        for r, o in pairs[:MAX_ARGS_DIFFS]
+    ]
+
+
+# --- attribution ----------------------------------------------------------------------------------
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    else:
+        text = obj if isinstance(obj, str) else json.dumps(obj, sort_keys=True)
+        out[prefix] = text[:MAX_FIELD_VALUE]
+    return out
+
+
+# The id summarises every other field; listing it as a difference would say nothing.
+_ID_FIELDS = {"id", "fingerprint", "sha"}
+
+
+def attribution(
+    reference: str, ref_fp: Mapping[str, Any] | None, host: str, host_fp: Mapping[str, Any] | None
+) -> Attribution:
+    """The fingerprint fields (flattened, dotted) that differ between the reference and ``host``."""
+    left = _flatten({k: v for k, v in (ref_fp or {}).items() if k not in _ID_FIELDS})
+    right = _flatten({k: v for k, v in (host_fp or {}).items() if k not in _ID_FIELDS})
+    fields = [
+        FieldDiff(field=key, reference=left.get(key), other=right.get(key))
+        for key in sorted(left.keys() | right.keys())
+        if left.get(key) != right.get(key)
+    ]
+    return Attribution(host=host, reference=reference, fields=fields)
+
+
+# --- validity -------------------------------------------------------------------------------------
+
+
+def _flat_pins(pins: Mapping[str, Any]) -> dict[str, str]:
+    return _flatten(dict(pins))
+
+
+def _invalid_reasons(
+    run: RunDir,
+    summaries: Mapping[AttemptKey, AttemptSummary],
+    tasks: list[str],
+    reference: str,
+    fp_ids: Mapping[str, str | None],
+) -> list[str]:
+    """Every reason the run is not valid, in the order of DESIGN's rule; empty means valid."""
+    reasons: list[str] = []
+    if run.interrupted:
+        reasons.append("run interrupted: not every host finished")
+    for host in run.hosts:
+        if host not in run.fingerprints:
+            why = run.fingerprint_problems.get(host, "missing")
+            reasons.append(f"fingerprint not stored for {host}: {why}")
+    if run.contract is None:
+        reasons.append(f"contract not stored: {run.contract_problem}")
+
+    replayed = [h for h in run.hosts if any(s.path is not None for k, s in summaries.items() if k[0] == h)]
+    if len(replayed) < 2:
+        reasons.append(f"fewer than two hosts replayed ({', '.join(replayed) or 'none'})")
+    else:
+        distinct = [
+            h
+            for h in replayed
+            if not any(same_fingerprint(fp_ids.get(h), fp_ids.get(g)) for g in replayed if g < h)
+        ]
+        if len(distinct) < 2:
+            same = ", ".join(h for h in replayed if h != replayed[0])
+            reasons.append(
+                f"no two replayed hosts have different fingerprints ({same} same as {replayed[0]})"
+            )
+
+    reasons.extend(_pin_reasons(run, summaries, tasks, reference))
+
+    for host in run.hosts:
+        leaks = [(k, s) for k, s in summaries.items() if k[0] == host and s.n_leaks]
+        if not leaks:
+            continue
+        total = sum(s.n_leaks for _, s in leaks)
+        examples: list[str] = []
+        for (_, task, attempt), s in leaks:
+            for f in s.findings:
+                if f.is_leak and len(examples) < MAX_LEAK_EXAMPLES:
+                    examples.append(f"{task}.{attempt} step {f.step}: {f.kind}: {f.message}")
+        reasons.append(f"host leakage: {total} finding(s) in traces from {host} ({'; '.join(examples)})")
+    return reasons
+
+
+def _pin_reasons(
+    run: RunDir, summaries: Mapping[AttemptKey, AttemptSummary], tasks: list[str], reference: str
+) -> list[str]:
+    """``pins differ: <pin> on <host>`` for each pin a host ran with a value other than the reference's."""
+    differing: dict[tuple[str, str], list[str]] = {}  # (host, pin) -> tasks
+    by_task: dict[str, list[AttemptSummary]] = {}
+    for (_, task, _), s in summaries.items():
+        if s.pins is not None:
+            by_task.setdefault(task, []).append(s)
+    for task in tasks:
+        seq = sorted(by_task.get(task, []), key=lambda s: (s.host != reference, s.attempt))
+        if not seq:
+            continue
+        base = _flat_pins(seq[0].pins or {})
+        for s in seq[1:]:
+            pins = _flat_pins(s.pins or {})
+            for pin in sorted(base.keys() | pins.keys()):
+                if base.get(pin) != pins.get(pin):
+                    tasks_of = differing.setdefault((s.host, pin), [])
+                    if task not in tasks_of:
+                        tasks_of.append(task)
+    order = {h: i for i, h in enumerate(run.hosts)}
+    return [
+        f"pins differ: {pin} on {host} (tasks: {', '.join(tasks_of)})"
+        for (host, pin), tasks_of in sorted(
+            differing.items(), key=lambda kv: (order.get(kv[0][0], 0), kv[0][1])
+        )
+    ]

@@ -1,0 +1,145 @@
+"""Tool-call shapes: per step (tool name, sorted argument keys, argument value types).
+
+The final message's wording is not part of a shape. Argument values are compared apart, by
+``args_fp``. A whole trace's shape is kept as a running hash (``ShapeHasher``) so the analysis holds
+no per-step data; the per-step tuples are re-read from the trace only for the diff of one task.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agent_runner.trace import fp
+
+
+def json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+@dataclass(frozen=True)
+class Step:
+    """One tool call as seen by the shape diff."""
+
+    step: int
+    tool: str
+    keys: tuple[str, ...]
+    types: tuple[str, ...]
+    args_fp: str
+
+    @property
+    def shape(self) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        return (self.tool, self.keys, self.types)
+
+    def describe(self) -> str:
+        """``tool(key: type, ...)`` — one line of the unified shape diff."""
+        return (
+            f"{self.tool}(" + ", ".join(f"{k}: {t}" for k, t in zip(self.keys, self.types, strict=True)) + ")"
+        )
+
+
+def step_of(turn: Mapping[str, object]) -> Step | None:
+    """The shape step of a trace turn, or None for a turn without a tool call."""
+    tool = turn.get("tool")
+    if not isinstance(tool, str) or not tool:
+        return None
+    raw_args = turn.get("args")
+    args: Mapping[str, object] = raw_args if isinstance(raw_args, dict) else {}
+    keys = tuple(sorted(args))
+    args_fp = turn.get("args_fp")
+    step = turn.get("step")
+    return Step(
+        step=step if isinstance(step, int) else 0,
+        tool=tool,
+        keys=keys,
+        types=tuple(json_type(args[k]) for k in keys),
+        args_fp=args_fp if isinstance(args_fp, str) else fp(dict(args)),
+    )
+
+
+class ShapeHasher:
+    """Running hashes of a trace's shape and of its argument values, fed one step at a time."""
+
+    def __init__(self) -> None:
+        self._shape = hashlib.sha256()
+        self._values = hashlib.sha256()
+        self.steps = 0
+
+    def add(self, step: Step) -> None:
+        self._shape.update(json.dumps(step.shape).encode() + b"\n")
+        self._values.update(step.args_fp.encode() + b"\n")
+        self.steps += 1
+
+    @property
+    def shape_hash(self) -> str:
+        return self._shape.hexdigest()[:16]
+
+    @property
+    def values_hash(self) -> str:
+        return self._values.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Edit:
+    op: str  # "changed" | "missing" | "extra"
+    reference: Step | None
+    other: Step | None
+
+
+def shape_edits(reference: Sequence[Step], other: Sequence[Step]) -> list[Edit]:
+    """The steps where two shape sequences differ, aligned by difflib (insertions don't cascade)."""
+    a = [s.shape for s in reference]
+    b = [s.shape for s in other]
+    edits: list[Edit] = []
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        left, right = list(reference[i1:i2]), list(other[j1:j2])
+        for n in range(max(len(left), len(right))):
+            ref_step = left[n] if n < len(left) else None
+            other_step = right[n] if n < len(right) else None
+            op = "changed" if ref_step and other_step else ("missing" if ref_step else "extra")
+            edits.append(Edit(op, ref_step, other_step))
+    return edits
+
+
+def args_differences(reference: Iterable[Step], other: Iterable[Step]) -> list[tuple[Step, Step]]:
+    """Same-shape steps, paired in order, whose argument values differ (by ``args_fp``)."""
+    return [
+        (r, o)
+        for r, o in zip(reference, other, strict=False)
+        if r.shape == o.shape and r.args_fp != o.args_fp
+    ]
+
+
+def unified_shape_diff(
+    reference: Sequence[Step], other: Sequence[Step], ref_label: str, other_label: str
+) -> list[str]:
+    """A readable unified diff of two shape sequences (one line per tool call)."""
+    return list(
+        difflib.unified_diff(
+            [s.describe() for s in reference],
+            [s.describe() for s in other],
+            fromfile=ref_label,
+            tofile=other_label,
+            lineterm="",
+        )
+    )

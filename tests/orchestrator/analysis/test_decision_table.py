@@ -1,0 +1,130 @@
+"""Every row of DESIGN's decision table, built from real traces in a run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.analysis import analyse_run
+from tests.orchestrator.analysis.builder import HEALTHY, Attempt, RunSpec, build_run, fingerprint, two_hosts
+
+EXTRA_CALL = [*HEALTHY, ("http_get_health", {"url": "http://127.0.0.1/health"})]
+OTHER_KEYS = [("read_unit_status", {"unit": "nginx.service", "verbose": True}), HEALTHY[1]]
+
+
+def _run(tmp_path: Path, local: list[Attempt], box_b: list[Attempt], hosts=None):
+    attempts = {("local", "t", i): a for i, a in enumerate(local)}
+    attempts.update({("box-b", "t", i): a for i, a in enumerate(box_b)})
+    run = build_run(tmp_path, RunSpec(hosts=hosts or two_hosts(), attempts=attempts))
+    report = analyse_run(run)
+    assert [t.task for t in report.tasks] == ["t"]
+    return report, report.tasks[0]
+
+
+@pytest.mark.parametrize(
+    ("local", "box_b", "classification", "action", "flip"),
+    [
+        ([Attempt("pass")], [Attempt("fail")], "host_coupling", "quarantine the agent", True),
+        ([Attempt("fail")], [Attempt("pass")], "laptop_contamination", "clean local secrets", True),
+        (
+            [Attempt("pass")],
+            [Attempt("pass", calls=EXTRA_CALL)],
+            "unstable_contract",
+            "pin tools, rerun",
+            False,
+        ),
+        (
+            [Attempt("pass")],
+            [Attempt("pass", calls=OTHER_KEYS)],
+            "unstable_contract",
+            "pin tools, rerun",
+            False,
+        ),
+        ([Attempt("fail")], [Attempt("fail")], "honest_bug", "fix the tool", False),
+        (
+            [Attempt("pass"), Attempt("pass")],
+            [Attempt("pass"), Attempt("fail")],
+            "flaky",
+            "fix the test first",
+            True,
+        ),
+        ([Attempt("pass")], [Attempt("error")], "infra_error", "fix the host, rerun", False),
+        ([Attempt("pass")], [Attempt("pass")], "agree", "—", False),
+    ],
+    ids=[
+        "host_coupling",
+        "laptop_contamination",
+        "unstable_contract_extra_call",
+        "unstable_contract_keys",
+        "honest_bug",
+        "flaky",
+        "infra_error",
+        "agree",
+    ],
+)
+def test_decision_table_row(tmp_path, local, box_b, classification, action, flip):
+    report, task = _run(tmp_path, local, box_b)
+    assert (task.classification, task.action, task.flip) == (classification, action, flip)
+
+
+def test_same_host_when_fingerprints_are_identical(tmp_path):
+    same = fingerprint("devbox-ref", "a" * 16)
+    hosts = {"local": same, "box-b": dict(same)}
+    report, task = _run(tmp_path, [Attempt("pass")], [Attempt("fail")], hosts=hosts)
+    assert (task.classification, task.action) == ("same_host", "use a real second machine")
+    assert not report.valid
+    assert any("different fingerprints" in r for r in report.invalid_reasons)
+
+
+def test_flaky_reference_host_is_flaky(tmp_path):
+    _, task = _run(tmp_path, [Attempt("pass"), Attempt("fail")], [Attempt("pass"), Attempt("pass")])
+    assert task.classification == "flaky"
+    assert task.flaky_hosts == ["local"]
+
+
+def test_error_is_counted_apart_and_never_a_flip(tmp_path):
+    report, task = _run(tmp_path, [Attempt("pass"), Attempt("pass")], [Attempt("error"), Attempt("pass")])
+    assert task.classification == "infra_error"
+    assert not task.flip and task.comparable  # attempt 1 compared, attempt 0 excluded
+    assert task.errors == 1 and report.error_attempts == 1 and report.error_tasks == 1
+
+
+def test_both_fail_in_different_ways_is_not_an_honest_bug(tmp_path):
+    _, task = _run(tmp_path, [Attempt("fail")], [Attempt("fail", calls=EXTRA_CALL)])
+    assert task.classification == "unstable_contract"
+
+
+def test_precedence_host_coupling_beats_agree_across_hosts(tmp_path):
+    hosts = {**two_hosts(), "box-c": fingerprint("box-c", "c" * 16)}
+    attempts = {
+        ("local", "t", 0): Attempt("pass"),
+        ("box-b", "t", 0): Attempt("pass"),
+        ("box-c", "t", 0): Attempt("fail"),
+    }
+    report = analyse_run(build_run(tmp_path, RunSpec(hosts=hosts, attempts=attempts)))
+    task = report.tasks[0]
+    assert task.classification == "host_coupling"
+    assert task.flipped_hosts == ["box-c"]
+
+
+def test_values_differing_are_reported_apart_from_shapes(tmp_path):
+    other_values = [("read_unit_status", {"unit": "app.service"}), HEALTHY[1]]
+    _, task = _run(tmp_path, [Attempt("pass")], [Attempt("pass", calls=other_values)])
+    assert task.classification == "agree"
+    assert task.shape_diff == []
+    assert [(d.host, d.step, d.tool) for d in task.args_diff] == [("box-b", 1, "read_unit_status")]
+
+
+def test_shape_diff_names_the_extra_step(tmp_path):
+    _, task = _run(tmp_path, [Attempt("pass")], [Attempt("pass", calls=EXTRA_CALL)])
+    assert [(d.op, d.step, d.other) for d in task.shape_diff] == [("extra", 3, "http_get_health(url: str)")]
+
+
+def test_flip_attribution_lists_differing_fingerprint_fields(tmp_path):
+    _, task = _run(tmp_path, [Attempt("pass")], [Attempt("fail")])
+    [attr] = task.attribution
+    fields = {f.field: (f.reference, f.other) for f in attr.fields}
+    assert fields["python.version"] == ("3.11.2", "3.11.9")
+    assert fields["hostname"] == ("devbox-ref", "box-b")
+    assert "cwd" in fields and "locale" not in fields and "id" not in fields
