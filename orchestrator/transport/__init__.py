@@ -1,5 +1,80 @@
-"""One transport abstraction: ``Host`` with exec/put/get/close; one module per backend."""
+"""One transport abstraction: ``Host`` with exec/put/get/close; one module per backend.
 
+``open_host(cfg)`` is the one way the controller gets a Host for an inventory entry: LocalHost for
+``transport = "local"``, SshHost for ``"ssh"`` with retries on transient connect errors only.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Callable
+from typing import Any
+
+import tenacity
+
+from orchestrator.errors import HostUnreachable
+from orchestrator.inventory import HostConfig
 from orchestrator.transport.base import ExecResult, Host
+from orchestrator.transport.local import LocalHost
+from orchestrator.transport.ssh import SshHost
 
-__all__ = ["ExecResult", "Host"]
+__all__ = ["ExecResult", "Host", "LocalHost", "SshHost", "open_host", "CONNECT_ATTEMPTS"]
+
+#: connect attempts per host before it is reported unreachable
+CONNECT_ATTEMPTS = 5
+#: the whole retry sequence (attempts + waits) stays within this many connect timeouts
+_BUDGET_CONNECT_TIMEOUTS = 2.0
+
+RetryCallback = Callable[[dict[str, Any]], None]
+
+
+def open_host(
+    cfg: HostConfig,
+    *,
+    accept_new: bool = False,
+    on_retry: RetryCallback | None = None,
+) -> Host:
+    """Connect to ``cfg``'s host.
+
+    Only ``HostUnreachable`` (refused, timed out, reset, no banner) is retried, with jittered
+    exponential backoff, at most ``CONNECT_ATTEMPTS`` times and within ~2 x connect_timeout_s in
+    total. Host-key and authentication errors are raised at once: retrying them hides a problem.
+    Every retry is reported to ``on_retry`` as ``{"host", "attempt", "error", "wait_s", "at"}``,
+    because a hidden retry is a hidden measurement (the replay writes them to the manifest).
+    """
+    if cfg.transport == "local":
+        return LocalHost(cfg.name)
+
+    budget_s = cfg.connect_timeout_s * _BUDGET_CONNECT_TIMEOUTS
+    started = time.monotonic()
+
+    def report(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        wait_s = state.next_action.sleep if state.next_action is not None else 0.0
+        if on_retry is not None:
+            on_retry(
+                {
+                    "host": cfg.name,
+                    "attempt": state.attempt_number,
+                    "error": exc.one_line() if isinstance(exc, HostUnreachable) else repr(exc),
+                    "wait_s": round(float(wait_s), 3),
+                    "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
+                }
+            )
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(HostUnreachable),
+        stop=tenacity.stop_after_attempt(CONNECT_ATTEMPTS) | tenacity.stop_before_delay(budget_s),
+        wait=tenacity.wait_random_exponential(multiplier=0.5, max=max(1.0, cfg.connect_timeout_s / 2)),
+        before_sleep=report,
+        reraise=True,
+    )
+    try:
+        host: Host = retrying(SshHost, cfg, accept_new=accept_new)
+    except HostUnreachable as exc:
+        attempts = retrying.statistics.get("attempt_number", 1)
+        raise HostUnreachable(
+            cfg.name, f"{exc} (gave up after {attempts} attempt(s) in {time.monotonic() - started:.1f}s)"
+        ) from exc
+    return host
