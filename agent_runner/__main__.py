@@ -1,0 +1,105 @@
+"""``python -m agent_runner`` (and ``python3 runner.pyz``): fingerprint, run, check, normalise, version.
+
+Exit codes: 0 ok/PASS, 1 FAIL (check), 2 bad input (the message names file/key), 3 internal failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from typing import List, Optional
+
+from . import __version__
+from .errors import InputError, RunnerError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent_runner", description="The crosshost runner (stdlib only).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    fp = sub.add_parser("fingerprint", help="print this host's fingerprint as JSON")
+    fp.add_argument("--cwd", help="the working directory to describe (default: the current one)")
+    fp.add_argument("--tools", help="tools.json: record the versions of the commands it allows")
+
+    run = sub.add_parser("run", help="replay a suite's tasks on this host")
+    run.add_argument("--suite", required=True, help="suite directory (suite.toml or suite.json)")
+    run.add_argument("--out", required=True, help="output directory (fingerprint.json, traces/, results.jsonl)")
+    run.add_argument("--host", help="the host's name in results (default: its hostname)")
+    run.add_argument("--run-id", help="run id (default: generated)")
+    run.add_argument("--tasks", help="comma-separated task ids (default: all)")
+    run.add_argument("--repeat", type=int, help="attempts per task (default: the suite's repeat)")
+    run.add_argument("--workspace-root", help="where disposable attempt workspaces go (default: a temp dir)")
+    run.add_argument("--env-allow", help="comma-separated environment keys the agent may see "
+                     "(default: PATH,LANG,LC_ALL,TZ)")
+
+    check = sub.add_parser("check", help="check a trace against a contract: PASS or FAIL, one reason a line")
+    check.add_argument("contract")
+    check.add_argument("trace")
+    check.add_argument("fingerprint", help="fingerprint JSON (an object, or a list of them)")
+
+    norm = sub.add_parser("normalise", help="print a suite directory as the normalised suite.json")
+    norm.add_argument("suite")
+
+    sub.add_parser("version", help="print the runner version and runner_sha")
+    return parser
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "fingerprint":
+        from .fingerprint import collect, commands_of
+        from .tools import load_policy
+
+        commands: List[str] = commands_of(load_policy(args.tools)) if args.tools else []
+        print(json.dumps(collect(cwd=args.cwd, allowed_commands=commands), indent=2, sort_keys=True))
+        return 0
+    if args.command == "check":
+        from .checker import check_files
+
+        return check_files(args.contract, args.trace, args.fingerprint, sys.stdout)
+    if args.command == "normalise":
+        from .suite import normalise_suite
+
+        print(json.dumps(normalise_suite(args.suite), indent=2, sort_keys=True))
+        return 0
+    if args.command == "version":
+        from .pins import runner_sha
+
+        print(json.dumps({"version": __version__, "runner_sha": runner_sha()}))
+        return 0
+    if args.command == "run":
+        from .runner import RunOptions, run_suite
+
+        options = RunOptions(
+            suite=args.suite, out=args.out, host=args.host, run_id=args.run_id,
+            tasks=[t for t in args.tasks.split(",") if t] if args.tasks else None,
+            repeat=args.repeat, workspace_root=args.workspace_root,
+            env_allow=[k for k in args.env_allow.split(",") if k] if args.env_allow is not None else None,
+        )
+        return run_suite(options)
+    raise RunnerError(f"unknown command {args.command!r}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except RunnerError as exc:
+        print(f"runner error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the last line of defence: one line plus the traceback on stderr
+        traceback.print_exc(file=sys.stderr)
+        print(f"runner internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

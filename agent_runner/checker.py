@@ -1,0 +1,231 @@
+"""The contract checker: tool shapes against ``contract.json`` and the host-leak invariants.
+
+``check_turns`` is the one implementation; the runner scores each attempt with it and the controller
+imports it. Leak invariants are checked against every fingerprint given (hostname, home, cwd), so a
+trace replayed on box-b that still carries the reference host's hostname is caught too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, TextIO, Tuple
+
+from .errors import ContractError, InputError
+from .trace import read_trace
+
+INVARIANTS = ("no_absolute_local_paths", "no_home_directory_strings", "no_hostname_in_tool_args")
+SHAPE_KINDS = ("unknown_tool", "missing_args", "forbidden_args")
+LEAK_KINDS = ("absolute_local_path", "home_directory", "hostname")
+_INVARIANT_KIND = {
+    "no_absolute_local_paths": "absolute_local_path",
+    "no_home_directory_strings": "home_directory",
+    "no_hostname_in_tool_args": "hostname",
+}
+
+# An absolute path under a root that only exists on a machine (POSIX), or a drive path (Windows).
+# The look-behind keeps URL paths ("https://h/home/x") and relative paths ("a/tmp/b") out.
+_ABSOLUTE_LOCAL = re.compile(
+    r"(?<![\w.~/:\-])/(?:Users|home|root|tmp|var|private|opt|mnt|srv|Volumes|etc|usr|run|media|"
+    r"workspace|workspaces|data|proc|dev|nix|snap)(?=/|$|[\s\"'`,;)\]}])[^\s\"'`,;)\]}]*"
+    r"|(?<![A-Za-z0-9])[A-Za-z]:\\[^\s\"'`,;]*"
+    r"|(?<![A-Za-z0-9])[A-Za-z]:/(?!/)[^\s\"'`,;]*"
+)
+_HOME_STRING = re.compile(
+    r"(?<![\w.~/\-])~(?:[A-Za-z_][\w\-]*)?(?=/|\\|$|\s)"
+    r"|\$HOME\b|\$\{HOME\}|%USERPROFILE%|%HOMEPATH%"
+    r"|(?<![\w.~/:\-])/(?:Users|home)/[^/\s\"'`]+"
+    r"|(?<![A-Za-z0-9])[A-Za-z]:\\Users\\[^\\\s\"'`]+"
+)
+
+
+@dataclass
+class Finding:
+    kind: str
+    message: str
+    step: Optional[int] = None
+    tool: Optional[str] = None
+
+    @property
+    def is_leak(self) -> bool:
+        return self.kind in LEAK_KINDS
+
+    def line(self) -> str:
+        where = f"step {self.step}" if self.step is not None else "trace"
+        tool = f" {self.tool}" if self.tool else ""
+        return f"{where}{tool}: {self.kind}: {self.message}"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "step": self.step, "tool": self.tool}
+
+
+def _string_list(value: Any, where: str) -> List[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ContractError(f"{where} must be a list of strings")
+    return list(value)
+
+
+def validate_contract(contract: Any, source: str) -> Dict[str, Any]:
+    """Check a parsed contract; ``source`` names the file in every message."""
+    if not isinstance(contract, dict):
+        raise ContractError(f"{source}: the contract must be a JSON object with 'tools'")
+    tools = contract.get("tools")
+    if not isinstance(tools, list):
+        raise ContractError(f"{source}: 'tools' must be a list of tool objects")
+    seen: Set[str] = set()
+    for index, tool in enumerate(tools):
+        where = f"{source}: tools[{index}]"
+        if not isinstance(tool, dict):
+            raise ContractError(f"{where} must be an object with a 'name'")
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise ContractError(f"{where} has no 'name'")
+        if name in seen:
+            raise ContractError(f"{where}: tool {name!r} is listed twice")
+        seen.add(name)
+        for key in ("required_args", "forbidden_args", "result_shape"):
+            if key in tool:
+                _string_list(tool[key], f"{where} ({name}).{key}")
+        if "parameters" in tool and not isinstance(tool["parameters"], dict):
+            raise ContractError(f"{where} ({name}).parameters must be a JSON schema object")
+    invariants = _string_list(contract.get("invariants", []), f"{source}: 'invariants'")
+    for invariant in invariants:
+        if invariant not in INVARIANTS:
+            raise ContractError(f"{source}: unknown invariant {invariant!r} (known: {', '.join(INVARIANTS)})")
+    return contract
+
+
+def load_contract(path: "str | os.PathLike[str]") -> Dict[str, Any]:
+    """Read and validate ``contract.json``; ContractError names the file and what is wrong."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as exc:
+        raise ContractError(f"{name}: cannot read contract: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise ContractError(f"{name}: not valid JSON: {exc}") from exc
+    return validate_contract(data, name)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def _path_in(text: str, path: str) -> bool:
+    """``path`` occurs in ``text`` as a whole path (``/root`` in ``/root/x``, not in ``/rootfs``)."""
+    return re.search(r"(?<![\w.\-])" + re.escape(path.rstrip("/")) + r"(?![\w.\-])", text) is not None
+
+
+def _word_in(text: str, word: str) -> bool:
+    return re.search(r"(?<![\w\-])" + re.escape(word) + r"(?![\w\-])", text, re.IGNORECASE) is not None
+
+
+def _host_facts(fingerprints: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[str], List[str]]:
+    hostnames: List[str] = []
+    homes: List[str] = []
+    cwds: List[str] = []
+    for fingerprint in fingerprints:
+        hostname = fingerprint.get("hostname")
+        if isinstance(hostname, str) and hostname and hostname.lower() != "localhost":
+            for name in (hostname, hostname.split(".")[0]):
+                if len(name) >= 2 and name not in hostnames:
+                    hostnames.append(name)
+        home = fingerprint.get("home")
+        if isinstance(home, str) and len(home.rstrip("/")) > 1 and home not in homes:
+            homes.append(home)
+        cwd = fingerprint.get("cwd")
+        if isinstance(cwd, str) and len(cwd.rstrip("/")) > 1 and cwd not in cwds:
+            cwds.append(cwd)
+    return hostnames, homes, cwds
+
+
+def _leaks(text: str, invariants: Set[str], hostnames: List[str], homes: List[str],
+           cwds: List[str]) -> Iterator[Tuple[str, str, str]]:
+    """(kind, matched value, message) for every leak in one argument string."""
+    if "no_absolute_local_paths" in invariants:
+        for cwd in cwds:
+            if _path_in(text, cwd):
+                yield "absolute_local_path", cwd, f"a host's working directory {cwd!r} in an argument"
+        for match in _ABSOLUTE_LOCAL.finditer(text):
+            yield "absolute_local_path", match.group(0), f"absolute local path {match.group(0)!r}"
+    if "no_home_directory_strings" in invariants:
+        for home in homes:
+            if _path_in(text, home):
+                yield "home_directory", home, f"a host's home directory {home!r} in an argument"
+        for match in _HOME_STRING.finditer(text):
+            yield "home_directory", match.group(0), f"home directory string {match.group(0)!r}"
+    if "no_hostname_in_tool_args" in invariants:
+        for hostname in hostnames:
+            if _word_in(text, hostname):
+                yield "hostname", hostname.lower(), f"hostname {hostname!r} in an argument"
+
+
+def check_turns(contract: Dict[str, Any], turns: Iterable[Dict[str, Any]],
+                fingerprints: Sequence[Dict[str, Any]]) -> List[Finding]:
+    """Every contract violation and host leak in ``turns`` (dicts with "step", "tool", "args")."""
+    tools = {t["name"]: t for t in contract.get("tools", []) if isinstance(t, dict) and "name" in t}
+    invariants = set(contract.get("invariants", []))
+    hostnames, homes, cwds = _host_facts(fingerprints)
+    findings: List[Finding] = []
+    for turn in turns:
+        step = turn.get("step")
+        name = str(turn.get("tool"))
+        raw_args = turn.get("args")
+        args: Dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+        spec = tools.get(name)
+        if spec is None:
+            findings.append(Finding("unknown_tool", f"{name!r} is not in contract "
+                                    f"{contract.get('contract_id', '?')}", step, name))
+        else:
+            for arg in spec.get("required_args", []):
+                if arg not in args:
+                    findings.append(Finding("missing_args", f"required argument {arg!r} is missing", step, name))
+            for arg in spec.get("forbidden_args", []):
+                if arg in args:
+                    findings.append(Finding("forbidden_args", f"forbidden argument {arg!r} is present", step, name))
+        seen: Set[Tuple[str, str]] = set()
+        for text in _strings(args):
+            for kind, what, message in _leaks(text, invariants, hostnames, homes, cwds):
+                if (kind, what) not in seen:
+                    seen.add((kind, what))
+                    findings.append(Finding(kind, message, step, name))
+    return findings
+
+
+def load_fingerprints(path: "str | os.PathLike[str]") -> List[Dict[str, Any]]:
+    """A fingerprint JSON object, or a list of them (e.g. one per host of a run)."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as exc:
+        raise InputError(f"{name}: cannot read fingerprint: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise InputError(f"{name}: not valid JSON: {exc}") from exc
+    items = data if isinstance(data, list) else [data]
+    if not items or not all(isinstance(item, dict) for item in items):
+        raise InputError(f"{name}: a fingerprint must be a JSON object (or a list of them)")
+    return items
+
+
+def check_files(contract_path: str, trace_path: str, fingerprint_path: str, out: TextIO) -> int:
+    """The ``check`` command: PASS or FAIL and one reason a line; 0 pass, 1 fail (2 is raised)."""
+    contract = load_contract(contract_path)
+    fingerprints = load_fingerprints(fingerprint_path)
+    trace = read_trace(trace_path)
+    findings = check_turns(contract, trace.turns, fingerprints)
+    reasons = [f.line() for f in findings] + [f"trace: {p}" for p in trace.problems]
+    out.write(("FAIL" if reasons else "PASS") + "\n")
+    for reason in reasons:
+        out.write(reason + "\n")
+    return 1 if reasons else 0

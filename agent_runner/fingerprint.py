@@ -1,0 +1,130 @@
+"""The host fingerprint: what a host is, as far as an agent run can tell, plus its isolation findings.
+
+``fingerprint`` (16 hex) digests every field but ``captured_at``. Environment values are never read
+into it, only key names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import locale
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .redact import secret_env_keys
+
+VERSION_TIMEOUT_S = 5
+# Shell bookkeeping that says nothing about the host; left out so a fingerprint does not move with it.
+_SHELL_NOISE_KEYS = {"_", "OLDPWD", "SHLVL", "PWD"}
+
+
+def _version_of(command: str, env: Mapping[str, str]) -> Optional[str]:
+    path = shutil.which(command, path=env.get("PATH", os.defpath))
+    if path is None:
+        return None
+    try:
+        done = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=VERSION_TIMEOUT_S, env=dict(env))
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
+    return lines[0][:200] if lines else "unknown"
+
+
+def _locale_facts(env: Mapping[str, str]) -> Dict[str, Any]:
+    facts: Dict[str, Any] = {"LANG": env.get("LANG"), "LC_ALL": env.get("LC_ALL"),
+                             "preferred_encoding": locale.getpreferredencoding(False)}
+    try:
+        saved = locale.setlocale(locale.LC_CTYPE)
+        try:
+            facts["resolved"] = locale.setlocale(locale.LC_CTYPE, "")
+        finally:
+            locale.setlocale(locale.LC_CTYPE, saved)
+    except locale.Error as exc:
+        facts["resolved"] = f"error: {exc}"
+    return facts
+
+
+def isolation_findings(env: Mapping[str, str], home: str, uid: Optional[int]) -> List[Dict[str, str]]:
+    """What makes this box dirty for an agent run; ``action`` is burn (do not use as is) or keep."""
+    findings: List[Dict[str, str]] = []
+
+    def add(kind: str, detail: str, action: str, meaning: str) -> None:
+        findings.append({"kind": kind, "detail": detail, "action": action, "meaning": meaning})
+
+    ssh_dir = os.path.join(home, ".ssh")
+    if os.path.isdir(ssh_dir):
+        add("ssh_dir", ssh_dir, "burn", "private keys are readable by an agent run as this user; "
+            "use a user or box without ~/.ssh")
+    config_dir = os.path.join(home, ".config")
+    if os.path.isdir(config_dir):
+        add("config_dir", config_dir, "keep", "tool configuration (and maybe tokens) is visible; "
+            "the runner points HOME at an empty directory, so keep the box but check what is there")
+    if os.path.exists("/var/run/docker.sock"):
+        add("docker_socket", "/var/run/docker.sock", "burn", "the docker socket is root on the host; "
+            "an agent could escape any workspace")
+    for key in secret_env_keys(env):
+        add("secret_env_key", key, "burn", f"{key} is visible in the environment; run the runner "
+            f"through env -i with an allowlist (the runner refuses to start while it can see it)")
+    if uid == 0:
+        homes = []
+        for base in ("/home", "/Users"):
+            try:
+                homes += [os.path.join(base, n) for n in os.listdir(base)]
+            except OSError:
+                continue
+        if homes:
+            add("root_with_user_homes", ", ".join(sorted(homes)[:5]), "burn", "running as root with "
+                "other users' homes visible; use an unprivileged user or a box without them")
+    return findings
+
+
+def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
+            env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """The fingerprint of this host as seen from ``cwd`` (default: the process's working directory)."""
+    env = dict(os.environ if env is None else env)
+    cwd = os.path.abspath(cwd or os.getcwd())
+    home = os.path.expanduser("~")
+    getuid = getattr(os, "getuid", None)
+    uid = getuid() if getuid else None
+    now = time.localtime()
+    home_norm = home.rstrip("/")
+    data: Dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "python_executable": sys.executable,
+        "cwd": cwd,
+        "cwd_exists": os.path.isdir(cwd),
+        "user_home_in_cwd": bool(home_norm) and (cwd == home_norm or cwd.startswith(home_norm + "/")),
+        "env_keys": sorted(k for k in env if k not in _SHELL_NOISE_KEYS),
+        "has_local_dotenv": os.path.isfile(os.path.join(cwd, ".env")),
+        "cpu_count": os.cpu_count(),
+        "locale": _locale_facts(env),
+        "tz": {"TZ": env.get("TZ"), "tzname": list(time.tzname), "utc_offset_s": now.tm_gmtoff},
+        "uid": uid,
+        "home": home,
+        "tool_versions": {c: _version_of(c, env) for c in sorted(set(allowed_commands))},
+        "findings": isolation_findings(env, home, uid),
+    }
+    data["fingerprint"] = digest(data)
+    data["captured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return data
+
+
+def digest(data: Mapping[str, Any]) -> str:
+    stable = {k: v for k, v in data.items() if k not in ("fingerprint", "captured_at")}
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def commands_of(policy: Mapping[str, Sequence[Sequence[str]]]) -> List[str]:
+    """The program names a tools.json policy allows (whose versions the fingerprint records)."""
+    return sorted({os.path.basename(entry[0]) for entry in policy.get("allow", []) if entry})

@@ -1,0 +1,430 @@
+"""Suite input: a suite directory (suite.toml + tasks/<id>/task.toml) or its normalised ``suite.json``.
+
+There is exactly one validator (``suite_from_dict``). ``normalise_suite(dir)`` reads the TOML layout
+into the JSON-able dict the controller ships as ``suite.json``; ``load_suite(dir)`` reads either form
+and returns dataclasses. Every problem is a ``SuiteError`` whose message names the file and what is
+wrong. Files that stay files (``tasks/<id>/repo/``, ``agent/``) live next to ``suite.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from .checker import validate_contract
+from .errors import ContractError, SuiteError
+from .trace import FINISH_REASONS
+
+try:  # Python 3.11+; on a host the suite arrives as suite.json and TOML is never read.
+    import tomllib as _toml  # novm (guarded: falls back below)
+except ImportError:  # pragma: no cover - only on Python < 3.11
+    _toml = None  # type: ignore[assignment]
+
+SCHEMA = "crosshost.suite/1"
+AGENT_KINDS = ("scripted", "command", "openai", "none")
+TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
+DEFAULT_BUDGET = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
+SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate"}
+TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent"}
+BUDGET_KEYS = set(DEFAULT_BUDGET)
+GATE_KEYS = {"flip_rate"}
+
+Where = Callable[[Optional[str], str], str]  # (task id or None, part) -> "file: location"
+
+
+@dataclass
+class Budget:
+    max_steps: int = 8
+    max_bytes: int = 32768
+    timeout_s: float = 120
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"max_steps": self.max_steps, "max_bytes": self.max_bytes, "timeout_s": self.timeout_s}
+
+
+@dataclass
+class AgentSpec:
+    kind: str
+    command: Optional[List[str]] = None
+    options: Dict[str, Any] = field(default_factory=dict)  # kind-specific keys (e.g. model, api_key_env)
+
+    def to_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"kind": self.kind}
+        if self.command is not None:
+            out["command"] = list(self.command)
+        out.update(self.options)
+        return out
+
+
+@dataclass
+class Task:
+    id: str
+    prompt: str
+    agent: AgentSpec
+    budget: Budget
+    script: Optional[List[Dict[str, Any]]] = None
+    fixtures: Dict[str, Any] = field(default_factory=dict)
+    expect_tools: List[str] = field(default_factory=list)
+    forbid_tools: List[str] = field(default_factory=list)
+    must_finish: Optional[str] = "stop"
+    repo_dir: Optional[Path] = None
+
+    @property
+    def predicate(self) -> Optional[Path]:
+        if self.repo_dir is None:
+            return None
+        path = self.repo_dir / "run_tests.sh"
+        return path if path.is_file() else None
+
+
+@dataclass
+class Suite:
+    name: str
+    root: Path
+    repeat: int
+    agent: AgentSpec
+    budget: Budget
+    gate: Dict[str, Any]
+    contract: Dict[str, Any]
+    tools: Dict[str, List[List[str]]]
+    tasks: List[Task]
+    data: Dict[str, Any]  # the normalised dict (what suite.json holds)
+
+    def task(self, task_id: str) -> Task:
+        for task in self.tasks:
+            if task.id == task_id:
+                return task
+        raise SuiteError(f"{self.root}: no task {task_id!r} (tasks: {', '.join(t.id for t in self.tasks)})")
+
+
+# --- reading files ---------------------------------------------------------------------------------
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SuiteError(f"{path}: missing ({what})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SuiteError(f"{path}: cannot read {what}: {exc}") from exc
+
+
+def _read_json(path: Path, what: str) -> Any:
+    text = _read_text(path, what)
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise SuiteError(f"{path}: not valid JSON: {exc}") from exc
+
+
+def _read_toml(path: Path) -> Dict[str, Any]:
+    text = _read_text(path, "TOML")
+    if _toml is None:
+        raise SuiteError(f"{path}: reading TOML needs Python 3.11+ (tomllib); ship the suite normalised "
+                         f"as suite.json (crosshost does this in the bundle)")
+    try:
+        return _toml.loads(text)
+    except _toml.TOMLDecodeError as exc:
+        raise SuiteError(f"{path}: broken TOML: {exc}") from exc
+
+
+def _inside(root: Path, rel: Any, where: str) -> Path:
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in Path(rel).parts:
+        raise SuiteError(f"{where} must be a relative path inside the suite, got {rel!r}")
+    return root / rel
+
+
+def normalise_suite(directory: "str | os.PathLike[str]") -> Dict[str, Any]:
+    """Read a suite directory (TOML layout) into the normalised, JSON-able dict (validated)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise SuiteError(f"{root}: not a suite directory")
+    if not (root / "suite.toml").is_file() and (root / "suite.json").is_file():
+        shipped = _read_json(root / "suite.json", "normalised suite")
+        return suite_from_dict(shipped, root, _json_where(root)).data
+    suite_toml = root / "suite.toml"
+    raw = _read_toml(suite_toml)
+    unknown = sorted(set(raw) - SUITE_KEYS)
+    if unknown:
+        raise SuiteError(f"{suite_toml}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(SUITE_KEYS))})")
+    contract_path = _inside(root, raw.get("contract", "contract.json"), f"{suite_toml}: contract")
+    tools_path = _inside(root, raw.get("tools", "tools.json"), f"{suite_toml}: tools")
+    contract = _read_json(contract_path, "the tool-shape contract")
+    try:
+        validate_contract(contract, str(contract_path))
+    except ContractError as exc:
+        raise SuiteError(str(exc)) from None
+    tools = _read_json(tools_path, "the shell allow/deny list")
+    data: Dict[str, Any] = {
+        "schema": SCHEMA,
+        "name": raw.get("name", root.name),
+        "repeat": raw.get("repeat", 1),
+        "agent": raw.get("agent", {"kind": "scripted"}),
+        "budget": raw.get("budget", {}),
+        "gate": raw.get("gate", {}),
+        "contract": contract,
+        "tools": tools,
+        "tasks": [],
+    }
+    if "description" in raw:
+        data["description"] = raw["description"]
+    tasks_dir = root / "tasks"
+    if not tasks_dir.is_dir():
+        raise SuiteError(f"{tasks_dir}: missing (a suite needs tasks/<task_id>/)")
+    for task_dir in sorted(tasks_dir.iterdir()):
+        if not task_dir.is_dir():
+            continue
+        task_id = task_dir.name
+        if not TASK_ID.match(task_id):
+            raise SuiteError(f"{task_dir}: task id {task_id!r} must be letters, digits, '-' or '_' "
+                             f"(no '/', '.' or '..'), at most 64 characters")
+        task_toml = task_dir / "task.toml"
+        traw = _read_toml(task_toml)
+        unknown = sorted(set(traw) - TASK_KEYS)
+        if unknown:
+            raise SuiteError(f"{task_toml}: unknown key(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(sorted(TASK_KEYS))})")
+        task: Dict[str, Any] = {
+            "id": task_id,
+            "prompt": _read_text(task_dir / "prompt.md", "the task's prompt"),
+            "script": None,
+            "fixtures": traw.get("fixtures", {}),
+            "expect_tools": traw.get("expect_tools", []),
+            "forbid_tools": traw.get("forbid_tools", []),
+            "must_finish": traw.get("must_finish", "stop"),
+            "budget": traw.get("budget", {}),
+            "agent": traw.get("agent", {}),
+        }
+        if "description" in traw:
+            task["description"] = traw["description"]
+        kind = task["agent"].get("kind") if isinstance(task["agent"], dict) else None
+        if kind is None and isinstance(data["agent"], dict):
+            kind = data["agent"].get("kind")
+        script_path = task_dir / "script.json"
+        if kind == "scripted" or script_path.exists():
+            task["script"] = _read_json(script_path, "the scripted agent's turns")
+        data["tasks"].append(task)
+    return suite_from_dict(data, root, _toml_where(root)).data
+
+
+def _toml_where(root: Path) -> Where:
+    def where(task_id: Optional[str], part: str) -> str:
+        if task_id is None:
+            if part.startswith("contract"):
+                return f"{root / 'contract.json'}: {part}"
+            if part.startswith("tools"):
+                return f"{root / 'tools.json'}: {part}"
+            return f"{root / 'suite.toml'}: {part}"
+        base = root / "tasks" / task_id
+        if part.startswith("script"):
+            return f"{base / 'script.json'}: {part}"
+        if part.startswith("prompt"):
+            return f"{base / 'prompt.md'}"
+        return f"{base / 'task.toml'}: {part}"
+
+    return where
+
+
+def _json_where(root: Path) -> Where:
+    def where(task_id: Optional[str], part: str) -> str:
+        prefix = f"tasks[{task_id}]." if task_id is not None else ""
+        return f"{root / 'suite.json'}: {prefix}{part}"
+
+    return where
+
+
+# --- the one validator -----------------------------------------------------------------------------
+
+
+def _str_list(value: Any, where: str) -> List[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise SuiteError(f"{where} must be a list of non-empty strings")
+    return list(value)
+
+
+def _budget(raw: Any, base: Dict[str, Any], where: str) -> Dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise SuiteError(f"{where} must be a table of {', '.join(sorted(BUDGET_KEYS))}")
+    unknown = sorted(set(raw) - BUDGET_KEYS)
+    if unknown:
+        raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(BUDGET_KEYS))})")
+    merged = dict(base)
+    for key, value in raw.items():
+        if key == "timeout_s":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        if not ok:
+            raise SuiteError(f"{where}.{key} must be a positive {'number' if key == 'timeout_s' else 'integer'}, "
+                             f"got {value!r}")
+        merged[key] = value
+    return merged
+
+
+def _agent(raw: Any, base: Optional[Dict[str, Any]], where: str) -> AgentSpec:
+    if not isinstance(raw, dict):
+        raise SuiteError(f"{where} must be a table with 'kind'")
+    merged = dict(base or {})
+    if "kind" in raw and raw.get("kind") != merged.get("kind"):
+        merged = {}  # a different kind brings its own options
+    merged.update(raw)
+    kind = merged.get("kind")
+    if kind not in AGENT_KINDS:
+        raise SuiteError(f"{where}.kind: unknown agent kind {kind!r} (known: {', '.join(AGENT_KINDS)})")
+    command = merged.pop("command", None)
+    merged.pop("kind")
+    if kind == "command":
+        if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
+            raise SuiteError(f"{where}.command must be a non-empty list of strings for kind = \"command\"")
+    elif command is not None:
+        raise SuiteError(f"{where}.command is only for kind = \"command\" (kind is {kind!r})")
+    return AgentSpec(kind=kind, command=command, options=merged)
+
+
+def _script(raw: Any, where: str) -> List[Dict[str, Any]]:
+    if not isinstance(raw, list):
+        raise SuiteError(f"{where} must be a JSON list of turns, got a {type(raw).__name__}")
+    for index, turn in enumerate(raw):
+        at = f"{where}[{index}]"
+        if not isinstance(turn, dict):
+            raise SuiteError(f"{at} must be an object with 'tool_calls' or 'finish'")
+        if "tool_calls" in turn:
+            calls = turn["tool_calls"]
+            if not isinstance(calls, list) or not calls:
+                raise SuiteError(f"{at}.tool_calls must be a non-empty list")
+            for n, call in enumerate(calls):
+                if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+                    raise SuiteError(f"{at}.tool_calls[{n}] must be an object with a 'name'")
+                if not isinstance(call.get("args", {}), dict):
+                    raise SuiteError(f"{at}.tool_calls[{n}].args must be an object")
+        elif "finish" in turn or "content" in turn:
+            if turn.get("finish", "stop") != "stop":
+                raise SuiteError(f"{at}.finish must be \"stop\" (the runner sets the other reasons)")
+            if not isinstance(turn.get("content", ""), str):
+                raise SuiteError(f"{at}.content must be a string")
+        else:
+            raise SuiteError(f"{at} must have 'tool_calls' or 'content'/'finish'")
+    return raw
+
+
+def parse_tools_policy(raw: Any, where: str) -> Dict[str, List[List[str]]]:
+    if not isinstance(raw, dict) or set(raw) - {"allow", "deny"}:
+        raise SuiteError(f"{where} must be an object with only 'allow' and 'deny' lists")
+    policy: Dict[str, List[List[str]]] = {}
+    for key in ("allow", "deny"):
+        entries = raw.get(key, [])
+        if not isinstance(entries, list):
+            raise SuiteError(f"{where}.{key} must be a list of commands")
+        parsed: List[List[str]] = []
+        for index, entry in enumerate(entries):
+            if isinstance(entry, str):
+                try:
+                    tokens = shlex.split(entry)
+                except ValueError as exc:
+                    raise SuiteError(f"{where}.{key}[{index}]: {exc}") from None
+            elif isinstance(entry, list) and all(isinstance(t, str) for t in entry):
+                tokens = list(entry)
+            else:
+                tokens = []
+            if not tokens:
+                raise SuiteError(f"{where}.{key}[{index}] must be a command string or a non-empty argv list")
+            parsed.append(tokens)
+        policy[key] = parsed
+    return policy
+
+
+def suite_from_dict(data: Any, root: Path, where: Where) -> Suite:
+    """Validate a normalised suite dict and build the dataclasses. The only suite validator."""
+    if not isinstance(data, dict):
+        raise SuiteError(where(None, "the suite must be a JSON object"))
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise SuiteError(where(None, "name must be a non-empty string"))
+    repeat = data.get("repeat", 1)
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or not 1 <= repeat <= 1000:
+        raise SuiteError(where(None, f"repeat must be an integer from 1 to 1000, got {repeat!r}"))
+    agent_raw = data.get("agent", {"kind": "scripted"})
+    suite_agent = _agent(agent_raw, None, where(None, "[agent]"))
+    budget = _budget(data.get("budget", {}), DEFAULT_BUDGET, where(None, "[budget]"))
+    gate = data.get("gate", {})
+    if not isinstance(gate, dict) or set(gate) - GATE_KEYS:
+        raise SuiteError(where(None, f"[gate] may only hold {', '.join(sorted(GATE_KEYS))}"))
+    rate = gate.get("flip_rate", 0.1)
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate <= 1:
+        raise SuiteError(where(None, f"[gate].flip_rate must be a number from 0 to 1, got {rate!r}"))
+    gate = {"flip_rate": rate}
+    try:
+        contract = validate_contract(data.get("contract"), where(None, "contract"))
+    except ContractError as exc:
+        raise SuiteError(str(exc)) from None
+    tools = parse_tools_policy(data.get("tools", {}), where(None, "tools"))
+    raw_tasks = data.get("tasks")
+    if not isinstance(raw_tasks, list) or not raw_tasks:
+        raise SuiteError(where(None, "the suite has no tasks (tasks/<task_id>/ with task.toml and prompt.md)"))
+    tasks: List[Task] = []
+    seen = set()
+    for index, raw in enumerate(raw_tasks):
+        if not isinstance(raw, dict):
+            raise SuiteError(where(None, f"tasks[{index}] must be an object"))
+        task_id = raw.get("id")
+        if not isinstance(task_id, str) or not TASK_ID.match(task_id):
+            raise SuiteError(where(None, f"tasks[{index}].id {task_id!r} must be letters, digits, '-' or '_' "
+                                         f"(no '/', '.' or '..'), at most 64 characters"))
+        if task_id in seen:
+            raise SuiteError(where(None, f"task id {task_id!r} appears twice"))
+        seen.add(task_id)
+        prompt = raw.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise SuiteError(where(task_id, "prompt is missing or empty"))
+        agent = _agent(raw.get("agent") or {}, suite_agent.to_dict(), where(task_id, "[agent]"))
+        task_budget = _budget(raw.get("budget") or {}, budget, where(task_id, "[budget]"))
+        script = raw.get("script")
+        if agent.kind == "scripted" or script is not None:
+            script = _script(script, where(task_id, "script"))
+        fixtures = raw.get("fixtures", {})
+        if not isinstance(fixtures, dict):
+            raise SuiteError(where(task_id, "[fixtures] must be a table of tool name -> observation"))
+        for tool, value in fixtures.items():
+            if isinstance(value, dict):
+                if not all(isinstance(v, str) for v in value.values()):
+                    raise SuiteError(where(task_id, f"[fixtures].{tool}: every observation must be a string"))
+            elif not isinstance(value, str):
+                raise SuiteError(where(task_id, f"[fixtures].{tool} must be a string, or a table of "
+                                                f"argument value -> string"))
+        must_finish = raw.get("must_finish", "stop")
+        if must_finish is not None and must_finish not in FINISH_REASONS:
+            raise SuiteError(where(task_id, f"must_finish {must_finish!r} is not one of {', '.join(FINISH_REASONS)}"))
+        repo = root / "tasks" / task_id / "repo"
+        tasks.append(Task(
+            id=task_id,
+            prompt=prompt,
+            agent=agent,
+            budget=Budget(**task_budget),
+            script=script,
+            fixtures=dict(fixtures),
+            expect_tools=_str_list(raw.get("expect_tools", []), where(task_id, "expect_tools")),
+            forbid_tools=_str_list(raw.get("forbid_tools", []), where(task_id, "forbid_tools")),
+            must_finish=must_finish,
+            repo_dir=repo if repo.is_dir() else None,
+        ))
+    normalised = dict(data)
+    normalised["tools"] = tools
+    return Suite(name=name, root=root, repeat=repeat, agent=suite_agent, budget=Budget(**budget), gate=gate,
+                 contract=contract, tools=tools, tasks=tasks, data=normalised)
+
+
+def load_suite(directory: "str | os.PathLike[str]") -> Suite:
+    """A suite from a directory holding suite.toml (TOML layout) or suite.json (normalised)."""
+    root = Path(directory).resolve()
+    if not root.is_dir():
+        raise SuiteError(f"{directory}: not a suite directory (no such directory)")
+    if (root / "suite.toml").is_file():
+        return suite_from_dict(normalise_suite(root), root, _toml_where(root))
+    if (root / "suite.json").is_file():
+        return suite_from_dict(_read_json(root / "suite.json", "normalised suite"), root, _json_where(root))
+    raise SuiteError(f"{root}: not a suite (neither suite.toml nor suite.json)")

@@ -1,0 +1,210 @@
+"""The tools an agent may call: fixture tools, and the built-ins confined to the attempt's workspace.
+
+Every call is checked against the contract first. A tool outside the contract, a forbidden argument,
+a missing required argument, a shell command outside tools.json, or a path out of the workspace gets
+an error observation and starts no process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .errors import ContractError, SuiteError
+from .suite import parse_tools_policy
+
+BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
+MAX_OUTPUT_BYTES = 64 * 1024  # per tool call; the budget's max_bytes caps the total
+
+
+@dataclass
+class ToolResult:
+    observation: str
+    error: Optional[str] = None
+    started_process: bool = False
+
+
+def _error(message: str) -> ToolResult:
+    return ToolResult(observation=f"error: {message}", error=message)
+
+
+def load_policy(path: "str | os.PathLike[str]") -> Dict[str, List[List[str]]]:
+    """Read tools.json ({"allow": [...], "deny": [...]}); ContractError names the file."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except OSError as exc:
+        raise ContractError(f"{name}: cannot read tools.json: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise ContractError(f"{name}: not valid JSON: {exc}") from exc
+    try:
+        return parse_tools_policy(raw, name)
+    except SuiteError as exc:
+        raise ContractError(str(exc)) from None
+
+
+def _prefix(argv: Sequence[str], entry: Sequence[str], by_basename: bool) -> bool:
+    if len(argv) < len(entry):
+        return False
+    head = os.path.basename(argv[0]) if by_basename else argv[0]
+    want = os.path.basename(entry[0]) if by_basename else entry[0]
+    return head == want and list(argv[1:len(entry)]) == list(entry[1:])
+
+
+def shell_verdict(argv: Sequence[str], policy: Mapping[str, Sequence[Sequence[str]]]) -> Optional[str]:
+    """None when tools.json lets ``argv`` run, else why not. Deny wins and matches by program basename,
+    so "/bin/rm" is as denied as "rm"; allow matches the program exactly as written."""
+    for entry in policy.get("deny", []):
+        if _prefix(argv, entry, by_basename=True):
+            return f"denied by tools.json deny entry {' '.join(entry)!r}"
+    for entry in policy.get("allow", []):
+        if _prefix(argv, entry, by_basename=False):
+            return None
+    return f"{' '.join(argv)!r} is not allowed by tools.json"
+
+
+def _cap(data: bytes, limit: int = MAX_OUTPUT_BYTES) -> str:
+    text = data[:limit].decode("utf-8", "replace")
+    if len(data) > limit:
+        text += f"\n[truncated {len(data) - limit} bytes]"
+    return text
+
+
+def kill_group(pid: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+class ToolBox:
+    def __init__(self, contract: Mapping[str, Any], policy: Mapping[str, Sequence[Sequence[str]]],
+                 fixtures: Mapping[str, Any], workspace: Path, env: Mapping[str, str]) -> None:
+        self.tools = {t["name"]: t for t in contract.get("tools", [])}
+        self.contract_id = contract.get("contract_id", "?")
+        self.policy = policy
+        self.fixtures = fixtures
+        self.workspace = Path(os.path.realpath(workspace))
+        self.env = dict(env)
+        self.processes_started = 0
+
+    def call(self, name: str, args: Any, timeout_s: float) -> ToolResult:
+        spec = self.tools.get(name)
+        if spec is None:
+            return _error(f"unknown tool {name!r}: it is not in contract {self.contract_id}")
+        if not isinstance(args, dict):
+            return _error(f"{name}: arguments must be a JSON object")
+        forbidden = [a for a in spec.get("forbidden_args", []) if a in args]
+        if forbidden:
+            return _error(f"{name}: forbidden argument(s) {', '.join(forbidden)}")
+        missing = [a for a in spec.get("required_args", []) if a not in args]
+        if missing:
+            return _error(f"{name}: missing required argument(s) {', '.join(missing)}")
+        if name in self.fixtures:
+            return self._fixture(name, args)
+        if name == "shell":
+            return self._shell(args, timeout_s)
+        if name == "read_file":
+            return self._read_file(args)
+        if name == "write_file":
+            return self._write_file(args)
+        if name == "list_dir":
+            return self._list_dir(args)
+        return _error(f"{name}: this task has no fixture for it")
+
+    # --- fixtures ---
+
+    def _fixture(self, name: str, args: Dict[str, Any]) -> ToolResult:
+        value = self.fixtures[name]
+        if isinstance(value, dict):  # keyed by an argument value, "*" = any other
+            for arg in args.values():
+                if isinstance(arg, (str, int, float)) and not isinstance(arg, bool) and str(arg) in value:
+                    value = value[str(arg)]
+                    break
+            else:
+                if "*" not in value:
+                    shown = json.dumps(args, sort_keys=True)
+                    return _error(f"{name}: no such target {shown}")
+                value = value["*"]
+        text = str(value)
+        if text.startswith("error:"):
+            return ToolResult(observation=text, error=text[len("error:"):].strip() or "error")
+        return ToolResult(observation=text)
+
+    # --- built-ins ---
+
+    def _path(self, raw: Any) -> Path:
+        """A path inside the workspace, or ValueError saying why not."""
+        if not isinstance(raw, str) or not raw:
+            raise ValueError("'path' must be a non-empty string")
+        if ".." in Path(raw).parts:
+            raise ValueError(f"path {raw!r} may not contain '..'")
+        candidate = Path(raw) if os.path.isabs(raw) else self.workspace / raw
+        resolved = Path(os.path.realpath(candidate))
+        if resolved != self.workspace and self.workspace not in resolved.parents:
+            raise ValueError(f"path {raw!r} is outside the workspace")
+        return resolved
+
+    def _read_file(self, args: Dict[str, Any]) -> ToolResult:
+        try:
+            path = self._path(args.get("path"))
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_OUTPUT_BYTES + 1)
+        except ValueError as exc:
+            return _error(f"read_file: {exc}")
+        except OSError as exc:
+            return _error(f"read_file: {exc.strerror or exc}")
+        return ToolResult(observation=_cap(data))
+
+    def _write_file(self, args: Dict[str, Any]) -> ToolResult:
+        content = args.get("content")
+        if not isinstance(content, str):
+            return _error("write_file: 'content' must be a string")
+        try:
+            path = self._path(args.get("path"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content, encoding="utf-8")
+        except ValueError as exc:
+            return _error(f"write_file: {exc}")
+        except OSError as exc:
+            return _error(f"write_file: {exc.strerror or exc}")
+        return ToolResult(observation=f"wrote {len(content.encode('utf-8'))} bytes")
+
+    def _list_dir(self, args: Dict[str, Any]) -> ToolResult:
+        try:
+            path = self._path(args.get("path", "."))
+            names = sorted(n + ("/" if (path / n).is_dir() else "") for n in os.listdir(path))
+        except ValueError as exc:
+            return _error(f"list_dir: {exc}")
+        except OSError as exc:
+            return _error(f"list_dir: {exc.strerror or exc}")
+        return ToolResult(observation="\n".join(names))
+
+    def _shell(self, args: Dict[str, Any], timeout_s: float) -> ToolResult:
+        argv = args.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
+            return _error("shell: 'argv' must be a non-empty list of strings")
+        refused = shell_verdict(argv, self.policy)
+        if refused:
+            return _error(f"shell: {refused}")
+        try:
+            proc = subprocess.Popen(argv, cwd=str(self.workspace), env=self.env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            return _error(f"shell: cannot start {argv[0]!r}: {exc.strerror or exc}")
+        self.processes_started += 1
+        try:
+            output, _ = proc.communicate(timeout=max(timeout_s, 0.01))
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            output, _ = proc.communicate()
+            return ToolResult(observation=f"error: timed out\n{_cap(output)}", error="timed out",
+                              started_process=True)
+        finally:
+            kill_group(proc.pid)  # whatever it left running in the background dies with it
+        return ToolResult(observation=f"exit {proc.returncode}\n{_cap(output)}", started_process=True)

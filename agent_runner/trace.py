@@ -1,0 +1,264 @@
+"""The trace format of DESIGN.md: one JSONL file per task attempt per host.
+
+Reading is streaming and forgiving: ``iter_records`` yields ``(line_number, record)`` one line at a time
+(bounded memory, a million-line trace is fine). A line that is not a JSON object does not raise: it is
+yielded as ``{"type": "corrupt", "error": "<what is wrong>", "text": "<first 200 chars>"}`` so callers
+see exactly where a trace is damaged. ``read_trace`` turns those (and records that break the schema)
+into ``Trace.problems``, each ``"<file>:<line>: <what is wrong>"``; it raises ``TraceError`` only when
+the file cannot be read or holds no trace at all. It also accepts the seed article's JSON form
+``{"tool_calls": [{"name": ..., "args": ...}]}`` (turns get step 1..n).
+
+Writing goes through ``TraceWriter``, which redacts every record before it touches the disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import IO, Any, Dict, Iterator, List, Optional, Tuple, Union
+
+from .errors import TraceError
+from .redact import redact
+
+PathArg = Union[str, "os.PathLike[str]"]
+SCHEMA = "crosshost.trace/1"
+FINISH_REASONS = ("stop", "budget_steps", "budget_bytes", "timeout", "agent_error")
+VERDICTS = ("pass", "fail", "error")
+# The seed's single JSON document is loaded whole; JSONL is streamed. Bigger JSON documents are refused.
+_MAX_JSON_DOCUMENT = 64 * 1024 * 1024
+
+
+def fp(obj: Any) -> str:
+    """The 12-hex fingerprint of a JSON-able value (args_fp, obs_fp)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _open(path: PathArg) -> IO[str]:
+    try:
+        return open(path, encoding="utf-8", errors="replace", newline="")
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
+
+
+def iter_records(path: PathArg) -> Iterator[Tuple[int, Dict[str, Any]]]:
+    """Stream ``(line_number, record)``; a damaged line becomes a record of type ``"corrupt"``."""
+    with _open(path) as handle:
+        for number, line in enumerate(handle, start=1):
+            text = line.strip()
+            if not text:
+                continue
+            try:
+                record = json.loads(text)
+            except ValueError as exc:
+                yield number, {"type": "corrupt", "error": f"not JSON ({exc.args[0] if exc.args else exc})",
+                               "text": text[:200]}
+                continue
+            if not isinstance(record, dict):
+                yield number, {"type": "corrupt", "error": f"a JSON {type(record).__name__}, not an object",
+                               "text": text[:200]}
+                continue
+            yield number, record
+
+
+@dataclass
+class Trace:
+    path: str
+    header: Optional[Dict[str, Any]] = None
+    turns: List[Dict[str, Any]] = field(default_factory=list)
+    finish: Optional[Dict[str, Any]] = None
+    problems: List[str] = field(default_factory=list)
+    form: str = "jsonl"  # "jsonl" (ours) or "seed" ({"tool_calls": [...]})
+
+
+def _turn_problem(record: Dict[str, Any]) -> Optional[str]:
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        return "turn without a positive integer 'step'"
+    if not isinstance(record.get("tool"), str) or not record.get("tool"):
+        return f"turn {step} without a 'tool' name"
+    if not isinstance(record.get("args"), dict):
+        return f"turn {step}: 'args' is not an object"
+    return None
+
+
+def _seed_turns(doc: Dict[str, Any], path: str, problems: List[str]) -> List[Dict[str, Any]]:
+    calls = doc.get("tool_calls")
+    if not isinstance(calls, list):
+        raise TraceError(f"{path}: 'tool_calls' is not a list")
+    turns: List[Dict[str, Any]] = []
+    for index, call in enumerate(calls):
+        if not isinstance(call, dict):
+            problems.append(f"{path}:tool_calls[{index}]: not an object")
+            continue
+        name = call.get("name", call.get("tool"))
+        args = call.get("args", call.get("arguments", {}))
+        if isinstance(args, str):  # OpenAI-style arguments arrive as a JSON string
+            try:
+                args = json.loads(args)
+            except ValueError:
+                problems.append(f"{path}:tool_calls[{index}]: 'arguments' is not JSON")
+                args = {}
+        if not isinstance(name, str) or not name:
+            problems.append(f"{path}:tool_calls[{index}]: no tool name")
+            continue
+        if not isinstance(args, dict):
+            problems.append(f"{path}:tool_calls[{index}]: args is not an object")
+            args = {}
+        turns.append({"type": "turn", "step": len(turns) + 1, "tool": name, "args": args})
+    return turns
+
+
+def _looks_like_seed(path: str) -> Optional[Dict[str, Any]]:
+    """The seed's JSON form, if that is what the file holds (it may span many lines)."""
+    with _open(path) as handle:
+        first = handle.readline()
+        try:
+            doc = json.loads(first)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            return doc if "tool_calls" in doc and "type" not in doc else None
+        if not first.lstrip().startswith("{"):
+            return None
+        try:
+            if os.path.getsize(path) > _MAX_JSON_DOCUMENT:
+                return None
+        except OSError:
+            return None
+        handle.seek(0)
+        try:
+            doc = json.load(handle)
+        except ValueError:
+            return None
+    return doc if isinstance(doc, dict) and "tool_calls" in doc else None
+
+
+def read_trace(path: PathArg) -> Trace:
+    """Read a trace without ever crashing on a damaged line; see the module docstring."""
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise TraceError(f"{name}: is a directory, not a trace file")
+    seed = _looks_like_seed(name)
+    if seed is not None:
+        trace = Trace(path=name, form="seed")
+        trace.turns = _seed_turns(seed, name, trace.problems)
+        return trace
+
+    trace = Trace(path=name)
+    recognised = 0
+    for number, record in iter_records(name):
+        kind = record.get("type")
+        where = f"{name}:{number}"
+        if kind == "corrupt":
+            trace.problems.append(f"{where}: {record['error']}")
+        elif kind == "header":
+            recognised += 1
+            if trace.header is not None:
+                trace.problems.append(f"{where}: a second header")
+            elif trace.turns or trace.finish is not None:
+                trace.problems.append(f"{where}: the header is not the first record")
+                trace.header = record
+            else:
+                trace.header = record
+            if record.get("schema") != SCHEMA:
+                trace.problems.append(f"{where}: schema {record.get('schema')!r}, expected {SCHEMA!r}")
+        elif kind == "turn":
+            recognised += 1
+            problem = _turn_problem(record)
+            if problem:
+                trace.problems.append(f"{where}: {problem}")
+                continue
+            if trace.finish is not None:
+                trace.problems.append(f"{where}: a turn after the finish record")
+            expected = len(trace.turns) + 1
+            if record["step"] != expected:
+                trace.problems.append(f"{where}: step {record['step']}, expected {expected}")
+            trace.turns.append(record)
+        elif kind == "finish":
+            recognised += 1
+            if trace.finish is not None:
+                trace.problems.append(f"{where}: a second finish record")
+                continue
+            if record.get("reason") not in FINISH_REASONS:
+                trace.problems.append(f"{where}: finish reason {record.get('reason')!r} is not one of "
+                                      f"{', '.join(FINISH_REASONS)}")
+            if record.get("verdict") not in VERDICTS:
+                trace.problems.append(f"{where}: verdict {record.get('verdict')!r} is not one of "
+                                      f"{', '.join(VERDICTS)}")
+            trace.finish = record
+        else:
+            trace.problems.append(f"{where}: unknown record type {kind!r}")
+    if recognised == 0:
+        raise TraceError(f"{name}: not a trace (no header, turn or finish record, and not the "
+                         f"{{\"tool_calls\": [...]}} form)")
+    if trace.header is None:
+        trace.problems.append(f"{name}: no header record")
+    if trace.finish is None:
+        trace.problems.append(f"{name}: no finish record (the attempt was cut short)")
+    return trace
+
+
+class TraceWriter:
+    """Writes header/turn/finish records in the DESIGN format, redacting each one first.
+
+    Raw observations go to the sidecar ``<task>.<attempt>.obs.jsonl`` (records of type ``"obs"``), so
+    the trace itself stays small and ``crosshost repro`` can answer fixture tools from it.
+    """
+
+    def __init__(self, path: PathArg, obs_path: Optional[PathArg] = None) -> None:
+        self.path = os.fspath(path)
+        # Open for the writer's lifetime; close() (or the with-block) releases them.
+        self._handle: IO[str] = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        self._obs: Optional[IO[str]] = (
+            open(obs_path, "w", encoding="utf-8") if obs_path else None  # noqa: SIM115
+        )
+        self.steps = 0
+
+    def _write(self, handle: IO[str], record: Dict[str, Any]) -> None:
+        handle.write(json.dumps(redact(record), sort_keys=False, ensure_ascii=False) + "\n")
+        handle.flush()
+
+    def header(self, *, run_id: str, host: str, task: str, attempt: int, fingerprint: str,
+               pins: Dict[str, Any], **extra: Any) -> None:
+        record = {"type": "header", "schema": SCHEMA, "run_id": run_id, "host": host, "task": task,
+                  "attempt": attempt, "fingerprint": fingerprint, "pins": pins}
+        record.update(extra)
+        self._write(self._handle, record)
+
+    def turn(self, *, tool: str, args: Dict[str, Any], observation: str, error: Optional[str],
+             prompt_tokens: int = 0, completion_tokens: int = 0, latency_ms: int = 0,
+             reason: str = "tool_calls") -> Dict[str, Any]:
+        """Write one turn; returns the record as written (redacted), which is what the checker reads."""
+        self.steps += 1
+        safe_args = redact(args)
+        safe_obs = redact(observation)
+        error = redact(error)
+        record = {"type": "turn", "step": self.steps, "role": "assistant", "tool": tool, "args": safe_args,
+                  "args_fp": fp(safe_args), "obs_fp": fp(safe_obs), "error": error,
+                  "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "latency_ms": latency_ms, "reason": reason}
+        self._write(self._handle, record)
+        if self._obs is not None:
+            self._write(self._obs, {"type": "obs", "step": self.steps, "tool": tool, "content": safe_obs})
+        return record  # args and observation fingerprints are already of the redacted values
+
+    def finish(self, *, reason: str, final: str, predicate_exit: Optional[int], verdict: str, why: str,
+               wall_ms: int, **extra: Any) -> Dict[str, Any]:
+        record = {"type": "finish", "reason": reason, "final": final, "predicate_exit": predicate_exit,
+                  "verdict": verdict, "why": why, "wall_ms": wall_ms}
+        record.update(extra)
+        self._write(self._handle, record)
+        return record
+
+    def close(self) -> None:
+        self._handle.close()
+        if self._obs is not None:
+            self._obs.close()
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
