@@ -20,7 +20,6 @@ from orchestrator.testing import FakeHost
 from orchestrator.transport import Host, LocalHost, open_host
 from orchestrator.transport.base import ExecResult
 
-
 #: starts a sleeper that does not hold the command's output open, and prints its pid
 DETACHED_SLEEPER = "sleep 30 >/dev/null 2>&1 & echo $!"
 #: exit 0 iff the process whose pid is in {pidfile} still runs (a zombie awaiting its reaper is dead)
