@@ -157,5 +157,89 @@ def schedule_cmd(
     return 0
 
 
+# --- analysis: flips, check, report, diff (issue 4) -----------------------------------------------
+
+
+@app.command("flips")
+@guarded
+def flips_cmd(
+    results: Annotated[Path, typer.Argument(help="A results.jsonl in the seed's row format.")],
+    env_a: Annotated[str, typer.Argument(help="The reference env (host).")],
+    env_b: Annotated[str, typer.Argument(help="The env compared with it.")],
+    attempt: Annotated[int, typer.Option("--attempt", min=0, help="Which attempt to compare.")] = 0,
+    gate: Annotated[float, typer.Option("--gate", min=0.0, help="Highest flip rate that passes.")] = 0.10,
+) -> int:
+    """The flip table of two envs: `<task> <a> <b> [<- flip]`, then the totals; exit 1 above the gate."""
+    from orchestrator.analysis.flips import flips_table, format_flips
+
+    table = flips_table(results, env_a, env_b, attempt, gate)
+    typer.echo(format_flips(table))
+    return 0 if table.within_gate else 1
+
+
+@app.command("check")
+@guarded
+def check_cmd(
+    contract: Annotated[Path, typer.Argument(help="contract.json")],
+    trace: Annotated[Path, typer.Argument(help="A trace (.jsonl) or the seed's {\"tool_calls\": [...]} JSON.")],
+    fingerprint: Annotated[Path, typer.Argument(help="fingerprint.json (or a JSON list of fingerprints).")],
+) -> int:
+    """Check a trace against a contract and host fingerprints: PASS, or FAIL and one reason a line."""
+    import sys
+
+    from agent_runner.checker import check_files
+    from agent_runner.errors import InputError as RunnerInputError
+    from orchestrator.errors import InputError
+
+    try:
+        return check_files(str(contract), str(trace), str(fingerprint), sys.stdout)
+    except RunnerInputError as exc:
+        raise InputError(str(exc)) from None
+
+
+@app.command("report")
+@guarded
+def report_cmd(
+    run: Annotated[Path, typer.Argument(help="A run directory, runs/<run_id>/.")],
+    fmt: Annotated[str, typer.Option("--format", help="table, md, json or junit.")] = "table",
+    gate: Annotated[float | None, typer.Option("--gate", min=0.0, help="Override the suite's gate.")] = None,
+) -> int:
+    """Re-analyse a run, rewrite report.json/report.md/junit.xml, print one; exit 0 valid and within gate."""
+    from orchestrator import report as _report
+    from orchestrator.analysis import analyse_run
+    from orchestrator.errors import InputError
+
+    renderers = {"md": _report.render_markdown, "json": _report.render_json, "junit": _report.render_junit}
+    if fmt not in (*renderers, "table"):
+        raise InputError(f"--format {fmt!r}: choose table, md, json or junit")
+    result = analyse_run(run, gate)
+    _report.write_reports(run, result)
+    if fmt == "table":
+        from rich.console import Console
+
+        Console().print(_report.render_table(result))
+    else:
+        typer.echo(renderers[fmt](result), nl=False)
+    return _report.report_exit_code(result)
+
+
+@app.command("diff")
+@guarded
+def diff_cmd(
+    run: Annotated[Path, typer.Argument(help="A run directory, runs/<run_id>/.")],
+    hosts: Annotated[
+        tuple[str, str] | None, typer.Option("--hosts", help="Two hosts (default: the reference vs each other).")
+    ] = None,
+    task: Annotated[str | None, typer.Option("--task", help="Only this task.")] = None,
+) -> int:
+    """Tool-call shapes (tool, argument keys, value types) as a unified diff; exit 1 when shapes differ."""
+    from orchestrator.analysis.diff import run_diff
+
+    result = run_diff(run, hosts, task)
+    for line in result.lines:
+        typer.echo(line)
+    return 1 if result.differs else 0
+
+
 if __name__ == "__main__":
     main()

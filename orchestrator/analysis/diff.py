@@ -1,0 +1,96 @@
+"""``crosshost diff``: the tool-call shape diff of a run as readable unified diffs.
+
+One pair of traces is loaded at a time (capped), so a long run never sits in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+
+from orchestrator.analysis.attempts import iter_steps
+from orchestrator.analysis.rundir import load_run
+from orchestrator.analysis.shapes import args_differences, unified_shape_diff
+from orchestrator.errors import InputError
+
+MAX_STEPS = 20_000
+
+
+@dataclass
+class DiffOutput:
+    lines: list[str] = field(default_factory=list)
+    differs: bool = False
+
+
+def run_diff(run_dir: Path, hosts: tuple[str, str] | None = None, task: str | None = None) -> DiffOutput:
+    """Shape diff of ``hosts`` (default: the reference against every other host) for one or all tasks."""
+    run = load_run(run_dir)
+    traces: dict[tuple[str, str], dict[int, Path]] = {}  # (host, task) -> attempt -> trace
+    for (host, task_id, attempt), path in run.trace_files():
+        traces.setdefault((host, task_id), {})[attempt] = path
+        if host not in run.hosts:
+            run.hosts.append(host)
+    known = ", ".join(run.hosts) or "none"
+    if hosts is not None:
+        for host in hosts:
+            if host not in run.hosts:
+                raise InputError(f"{run_dir}: no host {host!r} in this run (hosts: {known})")
+        pairs = [hosts]
+    else:
+        reference = run.reference or (run.hosts[0] if run.hosts else "")
+        pairs = [(reference, h) for h in run.hosts if h != reference]
+    tasks = sorted({t for _, t in traces})
+    if task is not None:
+        if task not in tasks:
+            raise InputError(f"{run_dir}: no traces of task {task!r} (tasks: {', '.join(tasks) or 'none'})")
+        tasks = [task]
+
+    out = DiffOutput()
+    for task_id in tasks:
+        for left_host, right_host in pairs:
+            _diff_pair(run_dir, out, task_id, left_host, right_host, traces)
+    return out
+
+
+def _diff_pair(
+    run_dir: Path,
+    out: DiffOutput,
+    task: str,
+    left_host: str,
+    right_host: str,
+    traces: dict[tuple[str, str], dict[int, Path]],
+) -> None:
+    left, right = traces.get((left_host, task), {}), traces.get((right_host, task), {})
+    same: list[int] = []
+    for attempt in sorted(left.keys() | right.keys()):
+        if attempt not in left or attempt not in right:
+            missing = left_host if attempt not in left else right_host
+            out.lines.append(f"# {task} attempt {attempt}: no trace on {missing}")
+            continue
+        a = list(islice(iter_steps(left[attempt]), MAX_STEPS))
+        b = list(islice(iter_steps(right[attempt]), MAX_STEPS))
+        diff = unified_shape_diff(
+            a,
+            b,
+            str(left[attempt].relative_to(run_dir)),
+            str(right[attempt].relative_to(run_dir)),
+        )
+        values = args_differences(a, b)
+        if not diff and not values:
+            same.append(attempt)
+            continue
+        out.differs = out.differs or bool(diff)
+        out.lines.append(f"# {task} attempt {attempt}: {left_host} -> {right_host}")
+        out.lines.extend(diff or [f"  (same shape, {len(a)} steps)"])
+        out.lines.extend(
+            f"  step {o.step} {o.tool}: argument values differ (args_fp {r.args_fp} -> {o.args_fp})"
+            for r, o in values
+        )
+        if len(a) == MAX_STEPS or len(b) == MAX_STEPS:
+            out.lines.append(f"  (only the first {MAX_STEPS} steps compared)")
+    if same:
+        attempts = ", ".join(str(n) for n in same)
+        out.lines.append(
+            f"# {task}: same shapes and values on {left_host} and {right_host} (attempts {attempts})"
+        )
