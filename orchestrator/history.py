@@ -485,7 +485,9 @@ def render_history(entries: list[HistoryEntry], console: Any) -> None:
     table.add_column("valid")
     for e in entries:
         r = e.row
-        names = [str(h["name"]) for h in r.hosts] + [h for h in r.pass_rate if h not in {h["name"] for h in r.hosts}]
+        names = [str(h["name"]) for h in r.hosts] + [
+            h for h in r.pass_rate if h not in {h["name"] for h in r.hosts}
+        ]
         table.add_row(
             _when(r.started or r.finished),
             r.run_id,
@@ -508,6 +510,8 @@ def render_history(entries: list[HistoryEntry], console: Any) -> None:
         if c.newly_flipping:
             console.print(f"  newly flipping: {', '.join(c.newly_flipping)}", markup=False, highlight=False)
         if c.stopped_flipping:
-            console.print(f"  stopped flipping: {', '.join(c.stopped_flipping)}", markup=False, highlight=False)
+            console.print(
+                f"  stopped flipping: {', '.join(c.stopped_flipping)}", markup=False, highlight=False
+            )
         for m in c.pins_moved:
             console.print(f"  pin moved: {m['pin']}: {m['old']} -> {m['new']}", markup=False, highlight=False)

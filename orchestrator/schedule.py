@@ -140,7 +140,9 @@ def replay_command(suite_dir: Path, inventory: Path, out: Path) -> list[str]:
     ]
 
 
-def _systemd_units(stem: str, suite_name: str, every: Interval, command: list[str], workdir: Path) -> dict[str, str]:
+def _systemd_units(
+    stem: str, suite_name: str, every: Interval, command: list[str], workdir: Path
+) -> dict[str, str]:
     service = "\n".join(
         [
             "[Unit]",

@@ -74,7 +74,8 @@ def make_run_dir(
         "flip_rate": len(flips) / len(tasks),
         "reference": "local",
         "hosts": [
-            {"name": h, "fingerprint": f"{i:016x}", "reachable": True, "error": None} for i, h in enumerate(HOSTS)
+            {"name": h, "fingerprint": f"{i:016x}", "reachable": True, "error": None}
+            for i, h in enumerate(HOSTS)
         ],
         "tasks": report_tasks,
     }
@@ -154,11 +155,17 @@ def test_last_and_suite_filter(tmp_path: Path) -> None:
 
 def test_previous_is_same_suite_and_pins_moved(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    a = make_run_dir(runs, "a", started="2024-05-01T10:00:00Z", pins={"runner_sha": "r1", "budget": {"max_steps": 8}})
+    a = make_run_dir(
+        runs, "a", started="2024-05-01T10:00:00Z", pins={"runner_sha": "r1", "budget": {"max_steps": 8}}
+    )
     make_run_dir(runs, "x", started="2024-05-01T11:00:00Z", suite="other", flips=("t1",))
     b = make_run_dir(
-        runs, "b", started="2024-05-01T12:00:00Z", suite_sha="t" * 16,
-        pins={"runner_sha": "r2", "budget": {"max_steps": 4}}, flips=("t1",),
+        runs,
+        "b",
+        started="2024-05-01T12:00:00Z",
+        suite_sha="t" * 16,
+        pins={"runner_sha": "r2", "budget": {"max_steps": 4}},
+        flips=("t1",),
     )
     history.rebuild(runs)
     prev = history.previous_run(runs, history.read_run(b))
@@ -222,7 +229,9 @@ def test_concurrent_writers_leave_consistent_index(tmp_path: Path) -> None:
     n = 15
     for prefix in ("a", "b"):
         for i in range(n):
-            make_run_dir(runs, f"{prefix}{i:02d}", started=f"2024-05-01T10:{i:02d}:00Z", flips=("t1",) * (i % 2))
+            make_run_dir(
+                runs, f"{prefix}{i:02d}", started=f"2024-05-01T10:{i:02d}:00Z", flips=("t1",) * (i % 2)
+            )
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
     procs = [ctx.Process(target=_record_many, args=(str(runs), p, n, barrier)) for p in ("a", "b")]

@@ -80,7 +80,10 @@ def test_systemd_pair(project: Path, every: str) -> None:
             # the calendar expression must fire exactly every interval
             out = subprocess.run(
                 ["systemd-analyze", "calendar", "--iterations=3", cal],
-                capture_output=True, text=True, check=True, env={**os.environ, "TZ": "UTC"},
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "TZ": "UTC"},
             ).stdout
             stamps = re.findall(r"\w{3} (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC", out)
             times = [dt.datetime.strptime(s, "%Y-%m-%d %H:%M:%S") for s in stamps]
@@ -102,7 +105,9 @@ def test_systemd_analyze_verify(project: Path) -> None:
     # and verify does catch a broken unit, so the pass above means something
     broken = unit_dir / "crosshost-broken.timer"
     broken.write_text(files[1].read_text().replace("OnCalendar=", "OnCalendar=every now and then "))
-    v = subprocess.run(["systemd-analyze", "verify", str(files[0]), str(broken)], capture_output=True, text=True)
+    v = subprocess.run(
+        ["systemd-analyze", "verify", str(files[0]), str(broken)], capture_output=True, text=True
+    )
     assert v.returncode != 0
 
 
@@ -153,6 +158,11 @@ def test_bad_input_exits_2(project: Path, args: list[str], message: str) -> None
 
 def test_auto_falls_back_to_cron_without_systemd(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(schedule, "systemd_available", lambda: False)
-    assert schedule.plan_schedule(Path("suites/tri age"), "6h", Path("hosts.toml"), Path("runs")).mode == "cron"
+    assert (
+        schedule.plan_schedule(Path("suites/tri age"), "6h", Path("hosts.toml"), Path("runs")).mode == "cron"
+    )
     monkeypatch.setattr(schedule, "systemd_available", lambda: True)
-    assert schedule.plan_schedule(Path("suites/tri age"), "6h", Path("hosts.toml"), Path("runs")).mode == "systemd"
+    assert (
+        schedule.plan_schedule(Path("suites/tri age"), "6h", Path("hosts.toml"), Path("runs")).mode
+        == "systemd"
+    )
