@@ -241,5 +241,50 @@ def diff_cmd(
     return 1 if result.differs else 0
 
 
+@app.command("repro")
+@guarded
+def repro_cmd(
+    trace: Annotated[Path, typer.Argument(help="The recorded trace (ours, or the seed's {\"tool_calls\": [...]}).")],
+    host: Annotated[str, typer.Option("--host", help="The host the incident happened on (inventory name).")],
+    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="The hosts.toml.")] = Path("hosts.toml"),
+    against: Annotated[
+        str | None, typer.Option("--against", help="The good host to compare with (default: the reference).")
+    ] = None,
+    fixtures_from_trace: Annotated[
+        bool, typer.Option("--fixtures-from-trace", help="Answer every tool from the recorded observations.")
+    ] = False,
+    suite: Annotated[
+        Path | None, typer.Option("--suite", help="Take the contract and tools.json from this suite.")
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="The runs directory.")] = Path("runs"),
+    accept_new: Annotated[bool, typer.Option("--accept-new", help="Trust unknown host keys (recorded).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print repro.json instead of the table.")] = False,
+) -> int:
+    """Replay a recorded trace on HOST and a good host; show the first step where they part."""
+    import json as _json
+
+    from rich.console import Console
+
+    from orchestrator import repro as _repro
+
+    outcome = _repro.repro(
+        _repro.ReproRequest(
+            trace=trace,
+            host=host,
+            inventory_path=inventory,
+            against=against,
+            fixtures_from_trace=fixtures_from_trace,
+            suite_dir=suite,
+            out=out,
+            accept_new=accept_new,
+        )
+    )
+    if as_json:
+        typer.echo(_json.dumps(outcome.record, indent=2))
+    else:
+        _repro.render_repro(outcome, Console())
+    return outcome.exit_code
+
+
 if __name__ == "__main__":
     main()
