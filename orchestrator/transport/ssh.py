@@ -278,20 +278,26 @@ def _pipe(chan: paramiko.Channel, local_port: int, connect_timeout: float) -> No
         return
     try:
         sock.settimeout(None)
-        while True:
-            readable, _, _ = select.select([sock, chan], [], [], 1.0)
-            if chan.closed:
-                break
+        # Half-close aware: an EOF on one side is passed on as a shutdown of the other side's write
+        # direction, and the answer still flows back (a client that sends, then shuts down, then reads).
+        from_sock = from_chan = True
+        while from_sock or from_chan:
+            watch = [s for s, open_ in ((sock, from_sock), (chan, from_chan)) if open_]
+            readable, _, _ = select.select(watch, [], [], 1.0)
             if sock in readable:
                 data = sock.recv(_BUF)
-                if not data:
-                    break
-                chan.sendall(data)
+                if data:
+                    chan.sendall(data)
+                else:
+                    from_sock = False
+                    chan.shutdown_write()
             if chan in readable:
                 data = chan.recv(_BUF)
-                if not data:
-                    break
-                sock.sendall(data)
+                if data:
+                    sock.sendall(data)
+                else:
+                    from_chan = False
+                    sock.shutdown(socket.SHUT_WR)
     except OSError:
         pass
     finally:
