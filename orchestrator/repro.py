@@ -30,6 +30,8 @@ BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 OBS_SHOWN_CHARS = 800  # an observation shown side by side is cut here (the full one is in the traces)
 OBS_SHOWN_LINES = 20
+# fingerprint.json keys that are not facts about the host: when it was taken, and the digest itself
+_NOT_HOST_FACTS = {"captured_at", "fingerprint"}
 MISSING_OBS = "(no recorded observation: the trace has no .obs.jsonl sidecar for this step)"
 
 
@@ -281,7 +283,8 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]]:
     """field -> [value on a, value on b], for every fingerprint field whose values differ."""
     fa, fb = _flatten(a), _flatten(b)
-    return {k: [fa.get(k), fb.get(k)] for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)}
+    keys = sorted((fa.keys() | fb.keys()) - _NOT_HOST_FACTS)
+    return {k: [fa.get(k), fb.get(k)] for k in keys if fa.get(k) != fb.get(k)}
 
 
 @dataclass
