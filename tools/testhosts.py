@@ -53,6 +53,8 @@ Subsystem sftp internal-sftp
 class TestHostError(RuntimeError):
     """A test host could not be started or stopped; the message says why (with sshd.log's tail)."""
 
+    __test__ = False  # not a pytest test class, despite the name
+
 
 def default_names(count: int) -> list[str]:
     return [f"box-{HOST_NAME_LETTERS[i]}" for i in range(count)]
@@ -86,6 +88,8 @@ def _uts_ns(pid: int) -> str | None:
 
 @dataclass
 class TestHost:
+    __test__ = False  # not a pytest test class, despite the name
+
     name: str
     port: int
     dir: Path
