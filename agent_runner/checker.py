@@ -123,10 +123,14 @@ def _strings(value: Any) -> Iterator[str]:
 
 def _path_in(text: str, path: str) -> bool:
     """``path`` occurs in ``text`` as a whole path (``/root`` in ``/root/x``, not in ``/rootfs``)."""
+    if path.rstrip("/") not in text:  # fast path: most arguments hold no host path at all
+        return False
     return re.search(r"(?<![\w.\-])" + re.escape(path.rstrip("/")) + r"(?![\w.\-])", text) is not None
 
 
 def _word_in(text: str, word: str) -> bool:
+    if word.lower() not in text.lower():  # fast path before the regex; hostnames are ASCII
+        return False
     return re.search(r"(?<![\w\-])" + re.escape(word) + r"(?![\w\-])", text, re.IGNORECASE) is not None
 
 

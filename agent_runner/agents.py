@@ -1,0 +1,283 @@
+"""Agents and their registry (kind -> factory).
+
+An agent is driven by the runner's loop (``loop.py``), never the other way round: the runner asks
+``next_action(observation, timeout_s)`` and enforces every budget itself. A factory takes the
+``AgentSpec`` (the suite's ``[agent]`` merged with the task's) and returns an ``Agent``.
+
+Plugging in a kind: ``register("openai", factory)`` from ``agent_runner/openai_agent.py``; this module
+imports that file when it exists. Until then ``openai`` is refused with a clear message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Dict, List, Optional
+
+from .errors import InputError
+from .suite import AgentSpec, Task
+
+MAX_LINE_BYTES = 1024 * 1024  # one protocol message from a command agent
+
+
+class AgentFailed(Exception):
+    """The agent crashed or broke the protocol: the attempt finishes with ``agent_error``."""
+
+
+class AgentTimeout(Exception):
+    """The agent did not answer within the time left: the attempt finishes with ``timeout``."""
+
+
+@dataclass
+class Action:
+    kind: str  # "tool_call" or "final"
+    name: str = ""
+    args: Dict[str, Any] = field(default_factory=dict)
+    content: str = ""
+    finish: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Observation:
+    content: str
+    error: Optional[str] = None
+
+
+@dataclass
+class AgentContext:
+    task: Task
+    prompt: str
+    tools: List[Dict[str, Any]]  # the contract's tool entries
+    workspace: Path  # the agent's working directory
+    env: Dict[str, str]  # the allowlisted environment (HOME points into the attempt)
+    suite_dir: Path
+    scratch: Path  # a directory of the attempt outside the workspace (e.g. agent stderr)
+
+
+class Agent:
+    def start(self, ctx: AgentContext) -> None:
+        raise NotImplementedError
+
+    def next_action(self, observation: Optional[Observation], timeout_s: float) -> Action:
+        """The agent's next move, given the observation of its previous tool call (None at first)."""
+        raise NotImplementedError
+
+    def abort(self, reason: str) -> None:
+        """Tell the agent the runner stopped it (budget); best effort."""
+
+    def close(self) -> None:
+        """Release everything; must not raise and must leave no process behind."""
+
+
+Factory = Callable[[AgentSpec], Agent]
+_REGISTRY: Dict[str, Factory] = {}
+_PLUGINS_LOADED = False
+
+
+def register(kind: str, factory: Factory) -> None:
+    _REGISTRY[kind] = factory
+
+
+def _load_plugins() -> None:
+    global _PLUGINS_LOADED
+    if _PLUGINS_LOADED:
+        return
+    _PLUGINS_LOADED = True
+    if importlib.util.find_spec(f"{__package__}.openai_agent") is not None:
+        importlib.import_module(f"{__package__}.openai_agent")
+
+
+def check_available(kind: str, where: str = "") -> None:
+    """InputError when this runner cannot build agents of ``kind``."""
+    _load_plugins()
+    if kind not in _REGISTRY:
+        prefix = f"{where}: " if where else ""
+        if kind == "openai":
+            raise InputError(f"{prefix}agent kind 'openai' is not available in this runner yet; "
+                             f"use kind = \"scripted\", \"command\" or \"none\"")
+        raise InputError(f"{prefix}unknown agent kind {kind!r} (available: {', '.join(sorted(_REGISTRY))})")
+
+
+def make_agent(spec: AgentSpec) -> Agent:
+    check_available(spec.kind)
+    return _REGISTRY[spec.kind](spec)
+
+
+# --- none: the environment probe ---------------------------------------------------------------------
+
+
+class NoneAgent(Agent):
+    """No model at all: the attempt runs the predicate only, which holds the model fixed."""
+
+    def start(self, ctx: AgentContext) -> None:
+        pass
+
+    def next_action(self, observation: Optional[Observation], timeout_s: float) -> Action:
+        return Action(kind="final", content="", finish="stop")
+
+
+# --- scripted ----------------------------------------------------------------------------------------
+
+
+class ScriptedAgent(Agent):
+    """Replays script.json: each tool call is one action; a content/finish turn ends the attempt."""
+
+    def __init__(self) -> None:
+        self._actions: List[Action] = []
+
+    def start(self, ctx: AgentContext) -> None:
+        for turn in ctx.task.script or []:
+            for call in turn.get("tool_calls", []):
+                self._actions.append(Action(kind="tool_call", name=call["name"], args=dict(call.get("args", {}))))
+            if "tool_calls" not in turn:
+                self._actions.append(Action(kind="final", content=turn.get("content", ""), finish="stop"))
+                break
+        self._actions.reverse()
+
+    def next_action(self, observation: Optional[Observation], timeout_s: float) -> Action:
+        if not self._actions:
+            return Action(kind="final", content="(script ended)", finish="stop")
+        return self._actions.pop()
+
+
+# --- command: the JSON-lines protocol of DESIGN -----------------------------------------------------
+
+
+class CommandAgent(Agent):
+    def __init__(self, spec: AgentSpec) -> None:
+        self.spec = spec
+        self._proc: Optional["subprocess.Popen[bytes]"] = None
+        self._lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
+        self._stderr: Optional[IO[bytes]] = None
+        self._stderr_path: Optional[Path] = None
+        self._tokens = [0, 0]
+
+    def start(self, ctx: AgentContext) -> None:
+        argv = [a.replace("{suite}", str(ctx.suite_dir)) for a in self.spec.command or []]
+        self._stderr_path = ctx.scratch / "agent.stderr"
+        self._stderr = open(self._stderr_path, "wb")  # noqa: SIM115 - closed in close()
+        try:
+            self._proc = subprocess.Popen(argv, cwd=str(ctx.workspace), env=ctx.env, stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=self._stderr, start_new_session=True)
+        except OSError as exc:
+            raise AgentFailed(f"cannot start the agent {argv[0]!r}: {exc.strerror or exc}") from exc
+        threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()
+        self._send({"type": "task", "prompt": ctx.prompt, "tools": ctx.tools})
+
+    def _read(self, stream: Optional[IO[bytes]]) -> None:
+        if stream is None:
+            self._lines.put(None)
+            return
+        try:
+            while True:
+                line = stream.readline(MAX_LINE_BYTES)
+                if not line:
+                    break
+                self._lines.put(line)
+        except (OSError, ValueError):
+            pass
+        self._lines.put(None)
+
+    def _send(self, message: Dict[str, Any]) -> None:
+        if self._proc is None or self._proc.stdin is None:
+            raise AgentFailed("the agent is not running")
+        try:
+            self._proc.stdin.write((json.dumps(message) + "\n").encode("utf-8"))
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            raise AgentFailed(f"the agent stopped reading its input{self._exit_note()}") from None
+
+    def _exit_note(self) -> str:
+        code = self._proc.poll() if self._proc else None
+        tail = ""
+        if self._stderr_path is not None and self._stderr_path.exists():
+            if self._stderr is not None:
+                self._stderr.flush()
+            data = self._stderr_path.read_bytes()[-400:].decode("utf-8", "replace").strip()
+            tail = f"; stderr: {data.splitlines()[-1]}" if data else ""
+        return (f" (exit {code})" if code is not None else "") + tail
+
+    def next_action(self, observation: Optional[Observation], timeout_s: float) -> Action:
+        if observation is not None:
+            self._send({"type": "observation", "content": observation.content, "error": observation.error})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AgentTimeout("the agent did not answer in time")
+            try:
+                line = self._lines.get(timeout=remaining)
+            except queue.Empty:
+                raise AgentTimeout("the agent did not answer in time") from None
+            if line is None:
+                if self._proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self._proc.wait(timeout=1)
+                raise AgentFailed(f"the agent ended without a final message{self._exit_note()}")
+            if not line.strip():
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError:
+                raise AgentFailed(f"the agent wrote a line that is not JSON: {line[:120]!r}") from None
+            if not isinstance(message, dict):
+                raise AgentFailed(f"the agent wrote a JSON {type(message).__name__}, not a message object")
+            kind = message.get("type")
+            if kind == "usage":
+                self._tokens[0] += int(message.get("prompt_tokens") or 0)
+                self._tokens[1] += int(message.get("completion_tokens") or 0)
+                continue
+            prompt_tokens, completion_tokens = self._tokens
+            self._tokens = [0, 0]
+            if kind == "tool_call":
+                name, args = message.get("name"), message.get("args", {})
+                if not isinstance(name, str) or not name:
+                    raise AgentFailed("the agent sent a tool_call without a 'name'")
+                return Action(kind="tool_call", name=name, args=args if isinstance(args, dict) else args,
+                              prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+            if kind == "final":
+                content = message.get("content", "")
+                return Action(kind="final", content=content if isinstance(content, str) else json.dumps(content),
+                              finish="stop", prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+            raise AgentFailed(f"the agent sent an unknown message type {kind!r}")
+
+    def abort(self, reason: str) -> None:
+        with contextlib.suppress(AgentFailed):
+            self._send({"type": "abort", "reason": reason})
+
+    def close(self) -> None:
+        proc = self._proc
+        if proc is not None:
+            for stream in (proc.stdin,):
+                try:
+                    if stream is not None:
+                        stream.close()
+                except OSError:
+                    pass
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.5)
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the agent's children die with it
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+
+
+register("none", lambda spec: NoneAgent())
+register("scripted", lambda spec: ScriptedAgent())
+register("command", CommandAgent)

@@ -1,0 +1,301 @@
+"""``run``: replay every task x attempt of a suite on this host.
+
+Per attempt: a fresh workspace (a copy of the task's repo/, or empty) under the workspace root, HOME and
+TMPDIR pointed at empty directories of the attempt, only the allowlisted environment, the agent under
+the runner's budget, the predicate run from a pristine copy of run_tests.sh, golden scoring and the
+contract check, one trace and one results.jsonl row. The attempt's directory is removed afterwards,
+whatever happened.
+
+Exit: 0 every attempt ran (verdicts are data), 2 bad input or a visible secret-shaped key, 3 the
+runner itself failed (an attempt raised, or a workspace could not be removed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import agents, golden
+from .checker import check_turns
+from .errors import InputError, RunnerError, SecretVisible, SuiteError
+from .fingerprint import collect, commands_of
+from .loop import LoopOutcome, drive
+from .pins import env_sha, task_pins
+from .redact import redact, secret_env_keys
+from .suite import Suite, Task, load_suite
+from .tools import ToolBox, kill_group
+from .trace import TraceWriter
+
+DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
+PREDICATE = "run_tests.sh"
+
+
+@dataclass
+class RunOptions:
+    suite: str
+    out: str
+    host: Optional[str] = None
+    run_id: Optional[str] = None
+    tasks: Optional[List[str]] = None
+    repeat: Optional[int] = None
+    workspace_root: Optional[str] = None
+    env_allow: Optional[List[str]] = None
+
+
+@dataclass
+class AttemptResult:
+    task: str
+    attempt: int
+    verdict: str
+    reason: str
+    why: str
+    predicate_exit: Optional[int]
+    wall_ms: int
+    steps: int
+    env_sha: str
+    internal_error: bool = False
+
+
+class _Terminated(BaseException):
+    """SIGTERM, turned into an exception so every workspace is still removed on the way out."""
+
+
+def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
+    raise _Terminated()
+
+
+def refuse_visible_secrets(environ: Dict[str, str]) -> None:
+    keys = secret_env_keys(environ)
+    if keys:
+        raise SecretVisible(f"refusing to start: secret-shaped environment key {keys[0]} is visible to the "
+                            f"runner{' (and ' + ', '.join(keys[1:]) + ')' if keys[1:] else ''}; run it through "
+                            f"env -i with an allowlist (crosshost does)")
+
+
+def _remove_tree(path: Path) -> None:
+    def retry(func: Any, target: str, exc_info: Any) -> None:
+        try:  # a read-only directory an agent left behind
+            os.chmod(os.path.dirname(target), stat.S_IRWXU)
+            os.chmod(target, stat.S_IRWXU)
+        except OSError:
+            pass
+        func(target)
+
+    if path.exists():
+        shutil.rmtree(path, onerror=retry)
+
+
+class Runner:
+    def __init__(self, suite: Suite, options: RunOptions, out: Path, workspace_root: Path,
+                 fingerprint: Dict[str, Any], host: str, run_id: str, env_allow: List[str]) -> None:
+        self.suite = suite
+        self.options = options
+        self.out = out
+        self.workspace_root = workspace_root
+        self.fingerprint = fingerprint
+        self.host = host
+        self.run_id = run_id
+        self.env_allow = env_allow
+
+    def attempt_env(self, work: Path, home: Path, tmp: Path) -> Dict[str, str]:
+        env = {k: os.environ[k] for k in self.env_allow if k in os.environ}
+        env.setdefault("PATH", os.defpath)
+        env.update(HOME=str(home), TMPDIR=str(tmp), PWD=str(work))
+        return env
+
+    def run_attempt(self, task: Task, attempt: int) -> AttemptResult:
+        started = time.monotonic()
+        pins = task_pins(self.suite, task)
+        this_env_sha = env_sha(self.fingerprint["fingerprint"], pins)
+        trace_path = self.out / "traces" / f"{task.id}.{attempt}.jsonl"
+        obs_path = self.out / "traces" / f"{task.id}.{attempt}.obs.jsonl"
+        attempt_dir = Path(tempfile.mkdtemp(prefix=f"{task.id}.{attempt}.", dir=str(self.workspace_root)))
+        writer: Optional[TraceWriter] = None
+        try:
+            work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))
+            if task.repo_dir is not None:
+                shutil.copytree(str(task.repo_dir), str(work), symlinks=True)
+            else:
+                work.mkdir()
+            for directory in (home, tmp, scratch):
+                directory.mkdir()
+            # The predicate is read now, before the agent runs, and restored right before it is run.
+            pristine = task.predicate.read_bytes() if task.predicate is not None else None
+            env = self.attempt_env(work, home, tmp)
+            writer = TraceWriter(trace_path, obs_path)
+            writer.header(run_id=self.run_id, host=self.host, task=task.id, attempt=attempt,
+                          fingerprint=self.fingerprint["fingerprint"], pins=pins, env_sha=this_env_sha,
+                          agent=task.agent.kind)
+            outcome = self._run_agent(task, work, env, scratch, writer, started)
+            predicate_exit, predicate_said, predicate_error = self._run_predicate(task, pristine, work, env)
+            checked = [self.fingerprint, {"cwd": str(attempt_dir), "home": str(home)}]
+            findings = check_turns(self.suite.contract, outcome.turns, checked)
+            reasons = golden.score(task, outcome.turns, outcome.reason)
+            reasons += [f"contract: {f.line()}" for f in findings]
+            if predicate_error is not None:
+                verdict, why = "error", predicate_error
+            else:
+                if predicate_exit not in (None, 0):
+                    said = f" ({predicate_said})" if predicate_said else ""
+                    reasons.insert(0, f"predicate {PREDICATE} exited {predicate_exit}{said}")
+                verdict, why = ("fail", "; ".join(reasons)) if reasons else ("pass", "ok")
+            wall_ms = int((time.monotonic() - started) * 1000)
+            writer.finish(reason=outcome.reason, final=outcome.final, predicate_exit=predicate_exit,
+                          verdict=verdict, why=why, wall_ms=wall_ms, steps=len(outcome.turns),
+                          findings=[f.to_dict() for f in findings])
+            return AttemptResult(task.id, attempt, verdict, outcome.reason, why, predicate_exit, wall_ms,
+                                 len(outcome.turns), this_env_sha)
+        except Exception as exc:  # a runner bug in one attempt is recorded; the others still run
+            wall_ms = int((time.monotonic() - started) * 1000)
+            why = f"runner internal error: {type(exc).__name__}: {exc}"
+            if writer is not None:
+                with contextlib.suppress(OSError):
+                    writer.finish(reason="agent_error", final="", predicate_exit=None, verdict="error",
+                                  why=why, wall_ms=wall_ms, steps=writer.steps, findings=[])
+            return AttemptResult(task.id, attempt, "error", "agent_error", why, None, wall_ms,
+                                 writer.steps if writer else 0, this_env_sha, internal_error=True)
+        finally:
+            if writer is not None:
+                writer.close()
+            _remove_tree(attempt_dir)
+
+    def _run_agent(self, task: Task, work: Path, env: Dict[str, str], scratch: Path, writer: TraceWriter,
+                   started: float) -> LoopOutcome:
+        agent = agents.make_agent(task.agent)
+        deadline = started + task.budget.timeout_s
+        toolbox = ToolBox(self.suite.contract, self.suite.tools, task.fixtures, work, env)
+        ctx = agents.AgentContext(task=task, prompt=task.prompt, tools=list(self.suite.contract.get("tools", [])),
+                                  workspace=work, env=env, suite_dir=self.suite.root, scratch=scratch)
+        try:
+            try:
+                agent.start(ctx)
+            except agents.AgentFailed as exc:
+                return LoopOutcome(reason="agent_error", final=str(exc))
+            return drive(agent, toolbox, task.budget, writer, deadline)
+        finally:
+            agent.close()
+
+    def _run_predicate(self, task: Task, pristine: Optional[bytes], work: Path,
+                       env: Dict[str, str]) -> Tuple[Optional[int], str, Optional[str]]:
+        """(exit code, last output line, harness error). An agent that rewrote run_tests.sh gets the
+        pristine one back before it runs."""
+        if pristine is None:
+            return None, "", None
+        target = work / PREDICATE
+        try:
+            if target.is_dir() and not target.is_symlink():
+                _remove_tree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            target.write_bytes(pristine)
+            target.chmod(0o755)
+        except OSError as exc:
+            return None, "", f"could not restore the pristine {PREDICATE}: {exc}"
+        try:
+            proc = subprocess.Popen(["sh", PREDICATE], cwd=str(work), env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            return None, "", f"the predicate could not start: {exc.strerror or exc}"
+        try:
+            output, _ = proc.communicate(timeout=task.budget.timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc.pid)
+            proc.communicate()
+            return 124, "timed out", None  # like timeout(1): a predicate that hangs fails
+        finally:
+            kill_group(proc.pid)
+        lines = output[-2000:].decode("utf-8", "replace").strip().splitlines()
+        return proc.returncode, (lines[-1][:200] if lines else ""), None
+
+
+def _select_tasks(suite: Suite, wanted: Optional[List[str]]) -> List[Task]:
+    if not wanted:
+        return list(suite.tasks)
+    return [suite.task(task_id) for task_id in wanted]
+
+
+def run_suite(options: RunOptions) -> int:
+    refuse_visible_secrets(dict(os.environ))
+    suite = load_suite(options.suite)
+    tasks = _select_tasks(suite, options.tasks)
+    repeat = suite.repeat if options.repeat is None else options.repeat
+    if repeat < 1:
+        raise InputError(f"--repeat must be at least 1, got {repeat}")
+    for task in tasks:
+        agents.check_available(task.agent.kind, where=f"{suite.root}: task {task.id}")
+        if task.agent.kind == "command" and not (suite.root / "agent").exists() and any(
+                "{suite}/agent" in a for a in task.agent.command or []):
+            raise SuiteError(f"{suite.root / 'agent'}: missing (the command agent of task {task.id} lives there)")
+    env_allow = list(DEFAULT_ENV_ALLOW if options.env_allow is None else options.env_allow)
+    out = Path(options.out)
+    try:
+        (out / "traces").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot create the output directory: {exc.strerror or exc}") from exc
+    own_root = options.workspace_root is None
+    if own_root:
+        workspace_root = Path(tempfile.mkdtemp(prefix="crosshost-ws-"))
+    else:
+        workspace_root = Path(options.workspace_root or "")
+        try:
+            workspace_root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"{workspace_root}: cannot create the workspace root: {exc.strerror or exc}") from exc
+    workspace_root = workspace_root.resolve()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    try:
+        # The fingerprint describes where agents work: the configured workspace root (stable across runs).
+        fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
+                              allowed_commands=commands_of(suite.tools))
+        (out / "fingerprint.json").write_text(json.dumps(redact(fingerprint), indent=2, sort_keys=True) + "\n")
+        host = options.host or fingerprint["hostname"]
+        run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow)
+        failed = False
+        with open(out / "results.jsonl", "w", encoding="utf-8") as results:
+            for task in tasks:
+                for attempt in range(repeat):
+                    result = runner.run_attempt(task, attempt)
+                    failed = failed or result.internal_error
+                    row = {"run_id": run_id, "task": task.id, "env": host, "env_sha": result.env_sha,
+                           "attempt": attempt, "exit_code": result.predicate_exit,
+                           "passed": result.verdict == "pass", "wall_ms": result.wall_ms,
+                           "verdict": result.verdict, "reason": result.reason,
+                           "fingerprint": fingerprint["fingerprint"], "why": result.why}
+                    results.write(json.dumps(redact(row)) + "\n")
+                    results.flush()
+                    print(f"[{host}] {task.id}.{attempt} {result.verdict} ({result.reason}, {result.steps} "
+                          f"steps, {result.wall_ms} ms){'' if result.verdict == 'pass' else ': ' + result.why[:160]}",
+                          file=sys.stderr, flush=True)
+        leftovers = sorted(p.name for p in workspace_root.iterdir()) if workspace_root.exists() else []
+        if leftovers and not own_root:
+            raise RunnerError(f"{workspace_root}: attempt workspaces left behind: {', '.join(leftovers[:5])}")
+        return 3 if failed else 0
+    except _Terminated:
+        print("terminated: workspaces removed", file=sys.stderr)
+        return 143
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        if own_root:
+            _remove_tree(workspace_root)
+
+
+def default_host() -> str:
+    return socket.gethostname()
