@@ -17,6 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent_runner.trace import SCHEMA, fp
 
@@ -124,6 +125,7 @@ def count_trace_lines(run_dir: Path) -> int:
 _CHILD_ANALYSE = """
 import json, resource, sys, time
 from pathlib import Path
+from typing import Any
 from orchestrator.analysis.run import analyse_run
 t0 = time.perf_counter()
 report = analyse_run(Path(sys.argv[1]))
@@ -135,6 +137,7 @@ print(json.dumps({"seconds": dt, "peak_rss_mb": resource.getrusage(resource.RUSA
 _CHILD_JSON_LIMIT = """
 import json, resource, sys, time
 from pathlib import Path
+from typing import Any
 paths = sorted(Path(sys.argv[1]).glob("hosts/*/traces/*.jsonl"))
 t0 = time.perf_counter()
 n = 0
@@ -157,7 +160,7 @@ def _child(code: str, run_dir: Path) -> dict[str, float]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def measure(run_dir: Path, reps: int = 1) -> dict[str, object]:
+def measure(run_dir: Path, reps: int = 1) -> dict[str, Any]:
     """Best-of-``reps`` time and peak RSS for analyse_run and for the json-parse limit."""
     analyse = [_child(_CHILD_ANALYSE, run_dir) for _ in range(reps)]
     limit = [_child(_CHILD_JSON_LIMIT, run_dir) for _ in range(reps)]

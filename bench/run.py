@@ -1,0 +1,385 @@
+"""``make bench``: crosshost against the limit, a naive scp/ssh loop and Ansible, on real sshd hosts.
+
+Starts its own fleet (tools/testhosts.py; ports 2400+, state under /var/tmp/crosshost-bench), runs the
+grid (H hosts, T tasks, S ms per predicate), the analysis benchmark, prints the ratio table and writes
+``bench/results/<timestamp>.json`` and ``.md``. Stops the fleet on every exit path.
+
+Time budget: crosshost and the limit are measured ``--reps`` times at every point first; then the
+analysis; then the slow baselines, in the order that decides the targets (pipelined Ansible at every
+point, naive at T=100, naive elsewhere, default Ansible), each once; then further repetitions of them
+while the budget lasts. A measurement whose estimated cost does not fit the remaining budget is
+skipped and shown as skipped, never guessed. ``--budget-s 0`` means no budget (everything, all reps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import analysis_bench
+from bench.baselines import BaselineError, BenchHost, ansible_bin, run_ansible, run_limit, run_naive
+from bench.gen_suite import BenchSuite, generate_suite
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tools/ is a plain directory, not an installed package
+from tools.testhosts import Fleet, TestHostError  # noqa: E402
+
+GRID = ((2, 12), (2, 100), (8, 12))
+SLEEPS = (0, 50)
+TOOLS = ("limit", "crosshost", "naive", "ansible", "ansible_pipelined")
+Point = tuple[int, int, int]  # (hosts, tasks, sleep_ms)
+
+
+@dataclass
+class Cell:
+    """All measurements of one tool at one grid point."""
+
+    seconds: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    skipped: str | None = None
+    extra: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        s = sorted(self.seconds)
+        return {
+            "n": len(s), "seconds": [round(x, 3) for x in self.seconds],
+            "median": round(statistics.median(s), 3) if s else None,
+            "min": round(s[0], 3) if s else None, "max": round(s[-1], 3) if s else None,
+            "errors": self.errors, "skipped": self.skipped if not s else None, "extra": self.extra,
+        }
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.seconds) if self.seconds else None
+
+
+def machine_info() -> dict[str, Any]:
+    mem_kb = 0
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    ssh_v = subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+    host_py = subprocess.run(["/usr/bin/python3", "--version"], capture_output=True, text=True).stdout.strip()
+    try:
+        ans = subprocess.run([str(ansible_bin()), "--version"], capture_output=True, text=True).stdout
+        ansible_v = ans.splitlines()[0] if ans else None
+    except BaselineError:
+        ansible_v = None
+    return {
+        "nproc": os.cpu_count(), "mem_gib": round(mem_kb / 1024 / 1024, 1),
+        "cpu": _cpu_model(), "kernel": platform.release(), "python": platform.python_version(),
+        "host_python": host_py, "openssh": ssh_v, "ansible": ansible_v,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.deadline = time.monotonic() + args.budget_s if args.budget_s > 0 else math.inf
+        self.cells: dict[tuple[Point, str], Cell] = {}
+        self.scratch = Path(tempfile.mkdtemp(prefix="crosshost-bench-"))
+        self.fleet = Fleet(args.state)
+        self.names = [f"bench-{chr(ord('a') + i)}" for i in range(max(h for h, _ in args.grid))]
+        self.suites: dict[Point, BenchSuite] = {}
+        self.unit_cost: dict[str, float] = {"naive": 0.75, "ansible": 0.35, "ansible_pipelined": 0.3}
+
+    # -- hosts and inputs -------------------------------------------------------------------
+    def hosts(self, count: int) -> list[BenchHost]:
+        return [BenchHost(n, "127.0.0.1", self.fleet.hosts[n].port, "root", self.fleet.identity,
+                          self.fleet.known_hosts) for n in self.names[:count]]
+
+    def inventory(self, count: int) -> Path:
+        path = self.scratch / f"hosts-{count}.toml"
+        if not path.exists():
+            self.fleet.write_inventory(path, self.names[:count], include_local=False)
+        return path
+
+    def suite(self, point: Point) -> BenchSuite:
+        if point not in self.suites:
+            _, tasks, sleep_ms = point
+            self.suites[point] = generate_suite(self.scratch / f"suite-T{tasks}-S{sleep_ms}", tasks, sleep_ms,
+                                                name=f"bench-t{tasks}-s{sleep_ms}")
+        return self.suites[point]
+
+    # -- one measurement ----------------------------------------------------------------------
+    def work_units(self, tool: str, point: Point) -> float:
+        h, t, _ = point
+        if tool == "naive":
+            return h * t
+        return t * math.ceil(h / 5) + 10  # Ansible: forks 5; a loop item per task; ~10 fixed module calls
+
+    def estimate(self, tool: str, point: Point) -> float:
+        if tool in ("limit", "crosshost"):
+            return 5.0
+        return self.unit_cost[tool] * self.work_units(tool, point)
+
+    def measure(self, point: Point, tool: str) -> None:
+        cell = self.cells.setdefault((point, tool), Cell())
+        left = self.deadline - time.monotonic()
+        est = self.estimate(tool, point)
+        if est > left:
+            if not cell.seconds:
+                cell.skipped = f"time budget (estimated {est:.0f} s, {max(left, 0):.0f} s left)"
+            return
+        h, t, s = point
+        suite, hosts = self.suite(point), self.hosts(h)
+        scratch = self.scratch / f"{tool}-H{h}-T{t}-S{s}-{len(cell.seconds) + len(cell.errors)}"
+        runners: dict[str, Callable[[], float]] = {
+            "limit": lambda: run_limit(suite, hosts),
+            "naive": lambda: run_naive(suite, hosts, scratch),
+            "ansible": lambda: run_ansible(suite, hosts, scratch, pipelined=False),
+            "ansible_pipelined": lambda: run_ansible(suite, hosts, scratch, pipelined=True),
+            "crosshost": lambda: self.run_crosshost(point, scratch, cell),
+        }
+        try:
+            seconds = runners[tool]()
+        except (BaselineError, OSError) as exc:
+            cell.errors.append(str(exc)[:500])
+            print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  FAILED: {str(exc)[:300]}", flush=True)
+            return
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        cell.seconds.append(seconds)
+        if tool in self.unit_cost:
+            self.unit_cost[tool] = seconds / self.work_units(tool, point)
+        print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  {seconds:7.2f} s", flush=True)
+
+    def run_crosshost(self, point: Point, scratch: Path, cell: Cell) -> float:
+        """``crosshost replay SUITE -i hosts.toml``: the whole command, as a user runs it."""
+        h, t, _ = point
+        suite = self.suite(point)
+        runs = scratch / "runs"
+        exe = Path(sys.executable).with_name("crosshost")
+        argv = [str(exe), "replay", str(suite.root), "-i", str(self.inventory(h)), "--out", str(runs)]
+        start = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=scratch.parent)
+        seconds = time.perf_counter() - start
+        if proc.returncode not in (0, 1):
+            raise BaselineError(f"crosshost replay exit {proc.returncode}: {proc.stderr.strip()[-400:]}")
+        run_dirs = [p for p in runs.iterdir() if p.is_dir()] if runs.exists() else []
+        if len(run_dirs) != 1:
+            raise BaselineError(f"crosshost replay left {len(run_dirs)} run directories in {runs}")
+        rows = [json.loads(x) for x in (run_dirs[0] / "results.jsonl").read_text().splitlines() if x.strip()]
+        bad = [r for r in rows if r.get("verdict") != "pass"]
+        if len(rows) != h * t or bad:
+            raise BaselineError(f"crosshost replay: {len(rows)} result rows (want {h * t}), "
+                                f"{len(bad)} not pass, e.g. {bad[:1]}; exit {proc.returncode}")
+        manifest = json.loads((run_dirs[0] / "manifest.json").read_text())
+        cell.extra.append({"exit": proc.returncode,
+                           "stages": {n: r.get("stages") for n, r in manifest.get("hosts", {}).items()}})
+        return seconds
+
+    # -- the plan -----------------------------------------------------------------------------
+    def points(self) -> list[Point]:
+        return [(h, t, s) for h, t in self.args.grid for s in self.args.sleeps]
+
+    def run(self) -> dict[str, Any]:
+        info = machine_info()
+        print(f"machine: {info['nproc']} cores, {info['mem_gib']} GiB, Python {info['python']}, "
+              f"kernel {info['kernel']}, load {info['loadavg_at_start']}", flush=True)
+        started = time.monotonic()
+        tools = self.args.tools
+        fast = [x for x in ("limit", "crosshost") if x in tools]
+        for rep in range(self.args.reps):
+            for point in self.points():
+                for tool in fast if rep % 2 == 0 else fast[::-1]:  # alternate order: no tool always goes first
+                    self.measure(point, tool)
+        analysis: dict[str, Any] | None = None
+        if self.args.analysis_lines > 0:
+            analysis = self.run_analysis()
+        slow_order: list[tuple[Point, str]] = []
+        if "ansible_pipelined" in tools:
+            slow_order += [(p, "ansible_pipelined") for p in self.points()]
+        if "naive" in tools:
+            slow_order += sorted(((p, "naive") for p in self.points()), key=lambda x: (x[0][1] != 100, -x[0][2]))
+        if "ansible" in tools:
+            slow_order += [(p, "ansible") for p in self.points()]
+        for _ in range(self.args.slow_reps):
+            for point, tool in slow_order:
+                self.measure(point, tool)
+        return self.result(info, analysis, time.monotonic() - started)
+
+    def run_analysis(self) -> dict[str, Any]:
+        lines = self.args.analysis_lines
+        print(f"  analysis: writing a run of {lines} trace lines ...", flush=True)
+        run_dir = analysis_bench.make_run_dir(self.scratch / "analysis", lines)
+        out = analysis_bench.measure(run_dir, reps=self.args.analysis_reps)
+        shutil.rmtree(self.scratch / "analysis", ignore_errors=True)
+        print(f"  analysis: analyse_run {out['analyse_median_s']:.2f} s vs json-parse "
+              f"{out['json_limit_median_s']:.2f} s, peak RSS {out['analyse_peak_rss_mb']:.0f} MB", flush=True)
+        return out
+
+    # -- results ------------------------------------------------------------------------------
+    def result(self, info: dict[str, Any], analysis: dict[str, Any] | None, wall_s: float) -> dict[str, Any]:
+        points = []
+        for point in self.points():
+            h, t, s = point
+            med = {tool: (self.cells[(point, tool)].median if (point, tool) in self.cells else None)
+                   for tool in TOOLS}
+            points.append({
+                "hosts": h, "tasks": t, "sleep_ms": s,
+                "tools": {tool: self.cells[(point, tool)].summary() for tool in TOOLS if (point, tool) in self.cells},
+                "ratios": ratios(med), "targets": targets(point, med),
+            })
+        return {
+            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "machine": info, "wall_s": round(wall_s, 1),
+            "settings": {"reps": self.args.reps, "slow_reps": self.args.slow_reps,
+                         "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},
+            "points": points, "analysis": analysis,
+        }
+
+    def close(self) -> None:
+        self.fleet.down()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
+
+
+def ratios(med: Mapping[str, float | None]) -> dict[str, float | None]:
+    c = med.get("crosshost")
+    return {"crosshost/limit": _ratio(c, med.get("limit")), "naive/crosshost": _ratio(med.get("naive"), c),
+            "ansible/crosshost": _ratio(med.get("ansible"), c),
+            "ansible_pipelined/crosshost": _ratio(med.get("ansible_pipelined"), c)}
+
+
+def targets(point: Point, med: Mapping[str, float | None]) -> dict[str, bool | None]:
+    """None: not measured at this point (or not a target here)."""
+    c, lim = med.get("crosshost"), med.get("limit")
+    out: dict[str, bool | None] = {
+        "within_1.3x_limit_plus_1s": (c <= 1.3 * lim + 1.0) if c is not None and lim is not None else None,
+    }
+    naive = med.get("naive")
+    out["5x_faster_than_naive"] = (naive >= 5 * c if c is not None and naive is not None else None) \
+        if point[1] == 100 else None
+    ans = [med.get("ansible"), med.get("ansible_pipelined")]
+    measured = [a for a in ans if a is not None]
+    out["faster_than_ansible"] = all(c < a for a in measured) if c is not None and measured else None
+    return out
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    return "—" if x is None else f"{x:.2f}{unit}"
+
+
+def _mark(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "MISSED")
+
+
+def render_table(result: dict[str, Any]) -> str:
+    """The Markdown table printed by make bench and pasted into BENCHMARKS.md."""
+    lines = [
+        "| H | T | S ms | limit s | crosshost s | naive s | ansible s | ansible pipelined s "
+        "| crosshost/limit | naive/crosshost | ansible/crosshost | ansible-pipelined/crosshost "
+        "| ≤1.3×limit+1s | ≥5× naive (T=100) | < Ansible |",
+        "|" + "---|" * 15,
+    ]
+    for p in result["points"]:
+        tools = p["tools"]
+
+        def cell(tool: str, tools: dict[str, Any] = tools) -> str:
+            c = tools.get(tool)
+            if not c or c["median"] is None:
+                return "skipped" if c and c.get("skipped") else ("failed" if c and c["errors"] else "—")
+            spread = f" ({c['min']:.2f}–{c['max']:.2f}, n={c['n']})" if c["n"] > 1 else " (n=1)"
+            return f"{c['median']:.2f}{spread}"
+
+        r, tg = p["ratios"], p["targets"]
+        lines.append(
+            f"| {p['hosts']} | {p['tasks']} | {p['sleep_ms']} | {cell('limit')} | {cell('crosshost')} "
+            f"| {cell('naive')} | {cell('ansible')} | {cell('ansible_pipelined')} "
+            f"| {_fmt(r['crosshost/limit'], '×')} | {_fmt(r['naive/crosshost'], '×')} "
+            f"| {_fmt(r['ansible/crosshost'], '×')} | {_fmt(r['ansible_pipelined/crosshost'], '×')} "
+            f"| {_mark(tg['within_1.3x_limit_plus_1s'])} | {_mark(tg['5x_faster_than_naive'])} "
+            f"| {_mark(tg['faster_than_ansible'])} |"
+        )
+    a = result.get("analysis")
+    if a:
+        lines += [
+            "",
+            "| analysis | lines | analyse_run s | json-parse limit s | ratio | peak RSS MB | ≤2× limit, RSS<300 MB |",
+            "|---|---|---|---|---|---|---|",
+            f"| analyse_run | {a['lines']:,} | {a['analyse_median_s']:.2f} | {a['json_limit_median_s']:.2f} "
+            f"| {_fmt(a['ratio'], '×')} | {a['analyse_peak_rss_mb']:.0f} | {_mark(a['met'])} |",
+        ]
+    return "\n".join(lines)
+
+
+def _grid(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        h, _, t = item.partition("x")
+        out.append((int(h), int(t)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--grid", type=_grid, default=list(GRID), help="HxT,HxT,... (default 2x12,2x100,8x12)")
+    p.add_argument("--sleeps", type=lambda s: [int(x) for x in s.split(",")], default=list(SLEEPS))
+    p.add_argument("--tools", type=lambda s: s.split(","), default=list(TOOLS))
+    p.add_argument("--reps", type=int, default=3, help="repetitions of crosshost and the limit")
+    p.add_argument("--slow-reps", type=int, default=3, help="repetitions of naive/Ansible, budget permitting")
+    p.add_argument("--budget-s", type=float, default=510, help="measurement budget in seconds; 0: none")
+    p.add_argument("--analysis-lines", type=int, default=1_000_000)
+    p.add_argument("--analysis-reps", type=int, default=1)
+    p.add_argument("--base-port", type=int, default=2400)
+    p.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-bench"))
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = p.parse_args(argv)
+    unknown = set(args.tools) - set(TOOLS)
+    if unknown:
+        p.error(f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS)}")
+
+    bench = Bench(args)
+    try:
+        bench.fleet.down()
+        print(f"starting {len(bench.names)} sshd hosts on 127.0.0.1:{args.base_port}+ ...", flush=True)
+        bench.fleet.up(bench.names, [args.base_port + i for i in range(len(bench.names))])
+        result = bench.run()
+    except TestHostError as exc:
+        print(f"bench: error: test hosts: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        bench.close()
+    table = render_table(result)
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{stamp}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"{stamp}.md").write_text(table + "\n")
+    print()
+    print(table)
+    print(f"\nwall {result['wall_s']:.0f} s; results: {args.out / (stamp + '.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

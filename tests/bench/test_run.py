@@ -1,0 +1,33 @@
+from typing import Any
+
+from bench.run import Cell, ratios, render_table, targets
+
+
+def test_targets_follow_the_issue() -> None:
+    med: dict[str, float | None] = {"limit": 1.0, "crosshost": 2.2, "naive": 11.5, "ansible": 5.0,
+                                    "ansible_pipelined": 2.0}
+    t = targets((2, 100, 0), med)
+    assert t["within_1.3x_limit_plus_1s"] is True  # 2.2 <= 1.3 + 1
+    assert t["5x_faster_than_naive"] is True  # 11.5 >= 11
+    assert t["faster_than_ansible"] is False  # pipelined Ansible 2.0 beats 2.2
+    med["crosshost"] = 2.4
+    t = targets((2, 100, 0), med)
+    assert t["within_1.3x_limit_plus_1s"] is False
+    assert t["5x_faster_than_naive"] is False
+    assert targets((2, 12, 0), med)["5x_faster_than_naive"] is None  # only a target at T=100
+    assert targets((2, 12, 0), {"crosshost": 1.0})["faster_than_ansible"] is None
+    assert ratios(med)["naive/crosshost"] == 4.79
+
+
+def test_table_shows_skipped_and_failed_cells() -> None:
+    skipped = Cell(skipped="time budget")
+    failed = Cell(errors=["boom"])
+    ok = Cell(seconds=[1.0, 3.0, 2.0])
+    tools: dict[str, Any] = {"limit": ok.summary(), "crosshost": ok.summary(), "naive": skipped.summary(),
+                             "ansible": failed.summary()}
+    meds = {k: 2.0 for k in ("limit", "crosshost")}
+    result = {"points": [{"hosts": 2, "tasks": 12, "sleep_ms": 0, "tools": tools, "ratios": ratios(meds),
+                          "targets": targets((2, 12, 0), meds)}], "analysis": None}
+    row = render_table(result).splitlines()[2]
+    assert "2.00 (1.00–3.00, n=3)" in row
+    assert "skipped" in row and "failed" in row
