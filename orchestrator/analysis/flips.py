@@ -47,7 +47,8 @@ def flaky_hosts(verdicts: Mapping[str, Sequence[str]]) -> list[str]:
 
 
 def flip_rate(flipped: int, comparable: int) -> float:
-    return flipped / comparable if comparable else 0.0
+    """Rounded to the 3 decimals every report prints, so the number shown is the number judged."""
+    return round(flipped / comparable, 3) if comparable else 0.0
 
 
 def pass_hat_k(outcomes: Sequence[tuple[int, int]], k: int) -> float | None:

@@ -93,7 +93,7 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
         valid=not reasons,
         invalid_reasons=reasons,
         gate=gate_value,
-        flip_rate=round(rate, 3),
+        flip_rate=rate,
         reference=reference or None,
         hosts=hosts,
         tasks=task_reports,
@@ -299,8 +299,8 @@ def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
-# The id summarises every other field; listing it as a difference would say nothing.
-_ID_FIELDS = {"id", "fingerprint", "sha"}
+# The id summarises every other field and the capture time always differs: neither is a lead.
+_ID_FIELDS = {"id", "fingerprint", "sha", "captured_at"}
 
 
 def attribution(

@@ -169,7 +169,7 @@ def render_markdown(report: RunReport) -> str:
         out += ["", f"### {_md(task.task)}: {task.classification} — {_md(task.action)}", ""]
         for host, whys in task.why.items():
             for attempt, why in enumerate(whys):
-                if why:
+                if why and task.verdicts[host][attempt] != "pass":
                     out.append(
                         f"- {_md(host)} attempt {attempt} ({task.verdicts[host][attempt]}): {_md(why)}"
                     )

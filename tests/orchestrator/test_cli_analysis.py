@@ -74,6 +74,13 @@ def test_flips_within_the_gate_exits_0(tmp_path):
     assert out.output.splitlines()[-1] == "tasks=6 flips=1 flip_rate=0.167 gate=0.20"
 
 
+def test_flips_at_the_gate_is_within_it(tmp_path):
+    rows = [(f"t{i}", True, i != 0) for i in range(10)]  # 1 flip in 10 tasks: flip_rate == gate
+    out = runner.invoke(app, ["flips", str(_seed_results(tmp_path / "r.jsonl", rows)), "laptop", "ci-box"])
+    assert out.output.splitlines()[-1] == "tasks=10 flips=1 flip_rate=0.100 gate=0.10"
+    assert out.exit_code == 0
+
+
 def test_flips_picks_the_attempt_and_counts_errors_apart(tmp_path):
     rows = [
         {"task": "a", "env": "x", "attempt": 0, "passed": True},

@@ -166,3 +166,21 @@ def test_pass_rate_and_pass_hat_k_hand_computed(tmp_path):
     assert local.pass_k == pytest.approx({"1": 0.8889, "2": 0.6667, "3": 0.5}, abs=1e-4)
     box_b = next(s for s in report.stats if s.host == "box-b")
     assert box_b.pass_k == {"1": 1.0, "2": 1.0, "3": 1.0}
+
+
+def test_leak_deep_in_a_long_trace_is_found_at_its_step(tmp_path):
+    # more turns than one checker batch: the leak sits in the second batch
+    calls = [("read_unit_status", {"unit": f"u{i}.service"}) for i in range(299)]
+    calls.append(("read_unit_status", {"unit": "nginx", "note": "/root/.ssh/id_ed25519"}))
+    report = analyse_run(build_run(tmp_path, _spec(attempts={("box-b", "t1", 0): Attempt("pass", calls=calls)})))
+    task = next(t for t in report.tasks if t.task == "t1")
+    assert {(leak.step, leak.kind) for leak in task.leaks} >= {(300, "absolute_local_path"), (300, "home_directory")}
+
+
+def test_a_pass_row_without_its_trace_is_an_error(tmp_path):
+    run = build_run(tmp_path, _spec())
+    trace = run / "hosts" / "box-b" / "traces" / "t2.0.jsonl"
+    trace.unlink()
+    task = next(t for t in analyse_run(run).tasks if t.task == "t2")
+    assert task.verdicts["box-b"] == ["error"]
+    assert task.why["box-b"] == [f"{trace}: missing"]
