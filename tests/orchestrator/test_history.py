@@ -287,3 +287,81 @@ def test_history_command_shows_flip_appear_and_disappear(tmp_path: Path) -> None
     res = cli.invoke(app, ["history", "triage", "--rebuild", "--json", "--out", str(runs)])
     assert res.exit_code == 0, res.output
     assert [r["run_id"] for r in json.loads(res.stdout)] == ["r1", "r2", "r3"]
+
+
+def _replay_and_record(request: Any, bundle: Any, barrier: Any) -> None:
+    from orchestrator.replay import replay
+
+    barrier.wait()
+    outcome = replay(request, bundle=bundle)
+    history.record_run(request.out, outcome.run_dir.path)  # what `replay` does after its report
+
+
+def test_two_concurrent_replays(tmp_path: Path) -> None:
+    """Two replays of one suite at the same moment: two complete run dirs, one consistent index."""
+    import shutil
+    import sys
+    import zipapp
+
+    from agent_runner.trace import TraceWriter
+    from orchestrator import repro
+    from orchestrator.bundle import build_bundle
+    from orchestrator.replay import ReplayRequest
+
+    trace = tmp_path / "t.0.jsonl"
+    with TraceWriter(trace) as w:
+        w.header(run_id="x", host="a", task="t", attempt=0, fingerprint="0" * 16, pins={})
+        w.turn(tool="shell", args={"argv": ["echo", "hi"]}, observation="exit 0\nhi\n", error=None)
+        w.finish(reason="stop", final="ok", predicate_exit=None, verdict="pass", why="", wall_ms=1)
+    suite = repro.build_suite(trace, tmp_path / "suite").path
+    src = tmp_path / "runner-src"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "agent_runner", src / "agent_runner")
+    pyz = tmp_path / "runner.pyz"
+    zipapp.create_archive(src, pyz, main="agent_runner.__main__:main")
+    bundle = build_bundle(suite, tmp_path / "cache", runner=pyz)
+    inv = tmp_path / "hosts.toml"
+    inv.write_text(
+        f'[defaults]\npython = "{sys.executable}"\n'
+        + "".join(
+            f'[[hosts]]\nname = "{n}"\ntransport = "local"\nworkspace_root = "{tmp_path}/roots/{n}"\n'
+            f'env = {{ TZ = "{tz}" }}\n'
+            for n, tz in (("a", "UTC"), ("b", "Asia/Tokyo"))
+        )
+    )
+    runs = tmp_path / "runs"
+    request = ReplayRequest(suite_dir=suite, inventory_path=inv, out=runs)
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_replay_and_record, args=(request, bundle, barrier)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+    dirs = history.run_dirs(runs)
+    assert len(dirs) == 2
+    for d in dirs:
+        manifest = json.loads((d / "manifest.json").read_text())
+        assert manifest["finished"] and {h: r["reachable"] for h, r in manifest["hosts"].items()} == {
+            "a": True,
+            "b": True,
+        }
+        assert (d / "report.json").is_file()
+        assert {
+            (r["env"], r["task"]) for r in map(json.loads, (d / "results.jsonl").read_text().splitlines())
+        } == {
+            ("a", "t"),
+            ("b", "t"),
+        }
+        for h in ("a", "b"):
+            assert (d / "hosts" / h / "traces" / "t.0.jsonl").is_file()
+    rows = history.history(runs)
+    assert sorted(r.run_id for r in rows) == sorted(d.name for d in dirs)
+    assert all(
+        r.tasks == {"t": {"classification": r.tasks["t"]["classification"], "flip": False}} for r in rows
+    )
+    incremental = dump(runs)
+    history.index_path(runs).unlink()
+    history.rebuild(runs)
+    assert dump(runs) == incremental
