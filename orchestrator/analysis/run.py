@@ -35,7 +35,7 @@ MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
 MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json
 MAX_ARGS_DIFFS = 20
 MAX_FIELD_VALUE = 200
-MAX_LEAK_EXAMPLES = 3
+MAX_LEAK_EXAMPLES = 1  # the rest are in each task's leaks
 
 
 def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
@@ -368,8 +368,9 @@ def _invalid_reasons(
         for (_, task, attempt), s in leaks:
             for f in s.findings:
                 if f.is_leak and len(examples) < MAX_LEAK_EXAMPLES:
-                    examples.append(f"{task}.{attempt} step {f.step}: {f.kind}: {f.message}")
-        reasons.append(f"host leakage: {total} finding(s) in traces from {host} ({'; '.join(examples)})")
+                    message = f.message if len(f.message) <= 100 else f.message[:97] + "..."
+                    examples.append(f"{task}.{attempt} step {f.step}: {f.kind}: {message}")
+        reasons.append(f"host leakage: {total} finding(s) in traces from {host} (first: {'; '.join(examples)})")
     return reasons
 
 

@@ -39,9 +39,10 @@ def gate_verdict(report: RunReport) -> str:
 
 
 def validity_line(report: RunReport) -> str:
+    """``valid``, or ``INVALID`` and one indented reason a line."""
     if report.valid:
         return "valid"
-    return "INVALID: " + "; ".join(report.invalid_reasons)
+    return "\n".join(["INVALID", *(f"  - {reason}" for reason in report.invalid_reasons)])
 
 
 def _host_names(report: RunReport) -> list[str]:
