@@ -1,0 +1,70 @@
+"""Commands crosshost runs on a host, built in one place and quoted with shlex.
+
+The runner's environment is built here, never by fabric's ``env=`` (sshd's ``AcceptEnv`` drops it
+silently): ``env -i`` empties it, then each allowlisted key gets either the value the inventory pins
+(a shlex-quoted literal) or the host's OWN value, expanded by the host's shell
+(``${PATH+"PATH=$PATH"}`` passes PATH only when the host has it). Nothing of the controller's
+environment is ever part of a command.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+q = shlex.quote
+
+
+def env_assignments(allowlist: Sequence[str], pinned: Mapping[str, str]) -> str:
+    """The ``K=v`` words after ``env -i``, for the host's shell to expand."""
+    words: list[str] = []
+    for key in allowlist:
+        if not _ENV_KEY.match(key):
+            raise ValueError(f"env_allowlist: {key!r} is not an environment variable name")
+        if key in pinned:
+            words.append(q(f"{key}={pinned[key]}"))
+        else:
+            words.append(f'${{{key}+"{key}=${key}"}}')
+    return " ".join(words)
+
+
+def clean_env_command(allowlist: Sequence[str], pinned: Mapping[str, str], argv: Sequence[str]) -> str:
+    """``env -i <allowlisted> argv...`` as shell text."""
+    return " ".join(w for w in ("env -i", env_assignments(allowlist, pinned), shlex.join(argv)) if w)
+
+
+def run_script(
+    workspace: str,
+    allowlist: Sequence[str],
+    pinned: Mapping[str, str],
+    argv: Sequence[str],
+    kill_after_s: int,
+) -> str:
+    """The runner's command line: in its workspace, under ``timeout -s KILL``, with a clean env.
+
+    ``timeout`` puts itself and the runner in a new process group; its pid (= the group id) is
+    written to ``pid`` so an interrupted run can be killed as a whole (``kill_script``).
+    """
+    return (
+        f"cd {q(workspace)} && echo $$ > pid && "
+        f"exec timeout -s KILL {int(kill_after_s)} {clean_env_command(allowlist, pinned, argv)}"
+    )
+
+
+def kill_script(workspace: str) -> str:
+    """Kill the runner's process group. Its pid file may lag the start by a moment: wait up to 5 s
+    for it (only while the workspace exists, i.e. the run has not been cleaned up)."""
+    ws = q(workspace)
+    pid = f"{ws}/pid"
+    return (
+        f"i=0; while test -d {ws} && ! test -s {pid} && test $i -lt 50; do sleep 0.1; i=$((i+1)); done; "
+        f'test -s {pid} && kill -s KILL -- -"$(cat {pid})" 2>/dev/null; true'
+    )
+
+
+def remove_script(workspace: str) -> str:
+    """Remove the workspace, then prove it is gone (exit 0 only when nothing is left)."""
+    return f"rm -rf {q(workspace)}; ! test -e {q(workspace)}"

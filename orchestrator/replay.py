@@ -1,0 +1,711 @@
+"""``crosshost replay``: one suite, every host of the inventory, every trace brought home.
+
+Per host, in a bounded pool (``fanout``): connect (transient failures retried by the transport and
+each retry recorded here), push the bundle (skipped when cached), fingerprint, run the runner under
+``timeout -s KILL`` with a clean environment, pull its ``out/`` back as one tar (read by ``archive``),
+and — always, in ``finally`` — remove the run's workspace and verify it is gone. One host failing is
+that host's result; the run directory is complete without the analysis, which runs last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import posixpath
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator import __version__, remote
+from orchestrator.archive import read_archive
+from orchestrator.bundle import Bundle, build_bundle
+from orchestrator.errors import (
+    AuthenticationFailed,
+    CrosshostError,
+    HostError,
+    HostKeyRejected,
+    HostUnreachable,
+    RunnerCrashed,
+    SuiteError,
+    WorkspaceLeft,
+)
+from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
+from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, read_jsonl, utc_now, write_json_atomic
+from orchestrator.transport.base import ExecResult, Host
+
+STAGES = ("connect", "push", "fingerprint", "run", "pull", "clean")
+#: on top of timeout_s x attempts: start-up, fingerprint and writing out/
+RUN_MARGIN_S = 60
+SHORT_TIMEOUT_S = 120.0
+#: connection-level failures: the host is unreachable, not merely failing
+_UNREACHABLE = (HostUnreachable, HostKeyRejected, AuthenticationFailed)
+
+
+class HostConfigLike(Protocol):
+    name: str
+    transport: str
+    env_allowlist: list[str]
+    env: dict[str, str]
+    workspace_root: str
+    timeout_s: float
+    python: str
+
+
+Opener = Callable[..., Host]
+#: (host, stage, detail): stage is one of STAGES, or "retry", "done", "failed"
+EventSink = Callable[[str, str, str], None]
+
+
+def default_opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+    from orchestrator.transport import open_host
+
+    host: Host = open_host(cfg, accept_new=accept_new, on_retry=on_retry)
+    return host
+
+
+@dataclass
+class ReplayRequest:
+    suite_dir: Path
+    inventory_path: Path = Path("hosts.toml")
+    hosts: list[str] | None = None
+    tasks: list[str] | None = None
+    repeat: int | None = None
+    out: Path = Path("runs")
+    jobs: int | None = None
+    gate: float | None = None
+    accept_new: bool = False
+    cache_dir: Path | None = None
+
+
+@dataclass
+class ReplayOutcome:
+    run_dir: RunDir
+    manifest: Manifest
+    exit_code: int
+    report: Any = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------- suite
+
+
+def suite_tasks(normalised: dict[str, Any]) -> list[str]:
+    tasks = normalised.get("tasks") or []
+    if isinstance(tasks, dict):
+        return list(tasks)
+    ids: list[str] = []
+    for t in tasks:
+        ids.append(str(t.get("id") or t.get("task_id") or t.get("name")) if isinstance(t, dict) else str(t))
+    return ids
+
+
+def suite_gate(normalised: dict[str, Any]) -> float | None:
+    gate = normalised.get("gate")
+    if isinstance(gate, dict):
+        gate = gate.get("flip_rate")
+    return float(gate) if isinstance(gate, int | float) and not isinstance(gate, bool) else None
+
+
+def _contract_bytes(bundle: Bundle) -> bytes:
+    contract = bundle.normalised.get("contract")
+    if isinstance(contract, dict):
+        return (json.dumps(contract, indent=2, sort_keys=True) + "\n").encode()
+    name = contract if isinstance(contract, str) else "contract.json"
+    path = bundle.suite_dir / name
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise SuiteError(f"{path}: cannot read the contract ({exc.strerror or exc})") from exc
+
+
+def _tools_file(bundle: Bundle) -> str | None:
+    tools = bundle.normalised.get("tools")
+    if isinstance(tools, str) and (bundle.suite_dir / tools).is_file():
+        return tools
+    return "tools.json" if (bundle.suite_dir / "tools.json").is_file() else None
+
+
+# ----------------------------------------------------------------------------------------- per host
+
+
+class _Shared:
+    """State the host workers share: the retry log and the runs in flight (for Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.retries: list[dict[str, Any]] = []
+        self.running: dict[str, tuple[Host, str]] = {}  # host -> (connection, workspace)
+        self.cancel = threading.Event()
+
+
+@dataclass
+class _Plan:
+    run_dir: RunDir
+    bundle: Bundle
+    tasks: list[str]
+    all_tasks: bool
+    repeat: int
+    shared: _Shared
+    opener: Opener
+    accept_new: bool
+    emit: EventSink
+
+
+def _fingerprint_digest(fp: dict[str, Any]) -> str | None:
+    for key in ("fingerprint", "digest", "sha", "env_sha"):
+        v = fp.get(key)
+        if isinstance(v, str) and v:
+            return v
+    return None
+
+
+def _python_version(fp: dict[str, Any]) -> str | None:
+    py = fp.get("python")
+    if isinstance(py, dict):
+        py = py.get("version") or py.get("implementation_version")
+    if isinstance(py, str):
+        return py.split()[0]
+    v = fp.get("python_version")
+    return str(v) if v else None
+
+
+def _tail(text: str, n: int = 300) -> str:
+    text = " ".join(text.strip().split())
+    return text if len(text) <= n else "…" + text[-n:]
+
+
+class HostJob:
+    """Everything one host does in one replay; ``__call__`` never leaves the run's workspace behind."""
+
+    def __init__(self, cfg: Any, plan: _Plan) -> None:
+        self.cfg = cfg
+        self.plan = plan
+        self.record = HostRecord()
+        self.fingerprint: dict[str, Any] | None = None
+        self.cleanup_error: str | None = None
+        self.workspace = posixpath.join(cfg.workspace_root, "runs", plan.run_dir.run_id)
+        self.host_dir = plan.run_dir.host_dir(cfg.name)
+
+    # The stages -------------------------------------------------------------------------------
+
+    def __call__(self, _name: str) -> HostRecord:
+        host: Host | None = None
+        created = False
+        run_started = run_finished = False
+        error: BaseException | None = None
+        try:
+            host = self._stage("connect", self._connect)
+            self.record.reachable = True
+            self._check_cancel()
+            self.record.bundle_pushed = self._stage("push", lambda: self._push(host))
+            created = True
+            self._check_cancel()
+            self._stage("fingerprint", lambda: self._fingerprint(host))
+            self._check_cancel()
+            run_started = True
+            result = self._stage("run", lambda: self._run(host))
+            run_finished = True
+            self.record.runner_exit = result.exit_code
+            pulled = self._stage("pull", lambda: self._pull(host))
+            self._check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
+            self._judge(result, pulled)
+        except BaseException as exc:
+            error = exc
+            if created and run_started and not run_finished and host is not None:
+                # Partial results: whatever the runner wrote before it was stopped.
+                with contextlib.suppress(Exception):  # the host may be gone; the first error counts
+                    self._pull(host)
+            raise
+        finally:
+            self._write_fingerprint_if_missing()
+            if host is not None:
+                self._clean(host, created, run_started and not run_finished, error)
+                host.close()
+        self.plan.emit(self.cfg.name, "done", self._done_detail())
+        return self.record
+
+    def _stage(self, stage: str, fn: Callable[[], Any]) -> Any:
+        self.plan.emit(self.cfg.name, stage, "")
+        t0 = time.monotonic()
+        try:
+            return fn()
+        finally:
+            self.record.stages[stage] = round(time.monotonic() - t0, 3)
+
+    def _check_cancel(self) -> None:
+        if self.plan.shared.cancel.is_set():
+            raise Interrupted("interrupted")
+
+    def _connect(self) -> Host:
+        name = self.cfg.name
+
+        def on_retry(info: dict[str, Any]) -> None:
+            entry = {"host": name, "at": utc_now(), **info}
+            with self.plan.shared.lock:
+                self.plan.shared.retries.append(entry)
+            self.plan.emit(name, "retry", str(info.get("error") or info))
+
+        host: Host = self.plan.opener(self.cfg, accept_new=self.plan.accept_new, on_retry=on_retry)
+        return host
+
+    def _exec(self, host: Host, script: str, timeout: float = SHORT_TIMEOUT_S) -> ExecResult:
+        return host.exec(["sh", "-c", script], timeout)
+
+    def _push(self, host: Host) -> bool:
+        from orchestrator.bundle import ensure_bundle
+
+        pushed = ensure_bundle(host, self.plan.bundle, self.cfg.workspace_root)
+        ws = remote.q(self.workspace)
+        runs = remote.q(posixpath.dirname(self.workspace))
+        made = self._exec(host, f"mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {ws}/work")
+        if not made.ok:
+            raise RunnerCrashed(self.cfg.name, f"cannot create {self.workspace}: {_tail(made.stderr)}")
+        return pushed
+
+    def _runner_argv(self, *args: str) -> list[str]:
+        return [self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), *args]
+
+    def _fingerprint(self, host: Host) -> None:
+        args = ["fingerprint", "--cwd", posixpath.join(self.workspace, "work")]
+        tools = _tools_file(self.plan.bundle)
+        if tools:
+            args += ["--tools", posixpath.join(self.plan.bundle.remote_suite(self.cfg.workspace_root), tools)]
+        cmd = remote.clean_env_command(self.cfg.env_allowlist, self.cfg.env, self._runner_argv(*args))
+        res = self._exec(host, f"cd {remote.q(self.workspace)} && exec timeout -s KILL 60 {cmd}", 90)
+        if not res.ok:
+            raise RunnerCrashed(
+                self.cfg.name, f"fingerprint failed (exit {res.exit_code}): {_tail(res.stderr or res.stdout)}"
+            )
+        try:
+            fp = json.loads(res.stdout)
+        except json.JSONDecodeError as exc:
+            raise RunnerCrashed(self.cfg.name, f"fingerprint printed no JSON: {_tail(res.stdout)}") from exc
+        if not isinstance(fp, dict):
+            raise RunnerCrashed(self.cfg.name, "fingerprint printed JSON that is not an object")
+        self.fingerprint = fp
+        self.record.fingerprint = _fingerprint_digest(fp)
+        self.record.python = _python_version(fp)
+
+    def kill_after_s(self) -> int:
+        attempts = max(1, len(self.plan.tasks)) * max(1, self.plan.repeat)
+        return int(math.ceil(self.cfg.timeout_s * attempts)) + RUN_MARGIN_S
+
+    def _run(self, host: Host) -> ExecResult:
+        suite = self.plan.bundle.remote_suite(self.cfg.workspace_root)
+        args = [
+            "run", "--suite", suite, "--out", posixpath.join(self.workspace, "out"),
+            "--host", self.cfg.name, "--run-id", self.plan.run_dir.run_id,
+            "--workspace-root", posixpath.join(self.workspace, "work"),
+        ]  # fmt: skip
+        if not self.plan.all_tasks:
+            args += ["--tasks", ",".join(self.plan.tasks)]
+        args += ["--repeat", str(self.plan.repeat)]
+        script = remote.run_script(
+            self.workspace, self.cfg.env_allowlist, self.cfg.env, self._runner_argv(*args), self.kill_after_s()
+        )
+        with self.plan.shared.lock:
+            # Checked under the lock Ctrl-C's snapshot takes: a run is either seen and killed, or
+            # never started.
+            self._check_cancel()
+            self.plan.shared.running[self.cfg.name] = (host, self.workspace)
+        try:
+            return self._exec(host, script, self.kill_after_s() + 30)
+        finally:
+            with self.plan.shared.lock:
+                self.plan.shared.running.pop(self.cfg.name, None)
+
+    def _pull(self, host: Host) -> int:
+        """Bring ``out/`` home as one tar; return the number of files accepted."""
+        ws = remote.q(self.workspace)
+        made = self._exec(host, f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar .")
+        if not made.ok:
+            return 0
+        with tempfile.TemporaryDirectory(prefix=".pull-", dir=self.plan.run_dir.path) as tmp:
+            local = Path(tmp) / f"{self.cfg.name}.out.tar"
+            host.get(posixpath.join(self.workspace, "out.tar"), local)
+            written = read_archive(local, self.host_dir, host=self.cfg.name)
+        return len(written)
+
+    def _judge(self, result: ExecResult, pulled: int) -> None:
+        name = self.cfg.name
+        if result.timed_out or result.exit_code in (137, -9):  # 128+KILL via a shell, -KILL directly
+            raise RunnerCrashed(name, f"runner killed after {self.kill_after_s()} s (timeout_s x attempts + margin)")
+        if result.exit_code == 2:
+            raise RunnerCrashed(name, f"runner refused its input: {_tail(result.stderr or result.stdout)}")
+        if result.exit_code != 0:
+            raise RunnerCrashed(
+                name, f"runner exited {result.exit_code}: {_tail(result.stderr or result.stdout) or 'no output'}"
+            )
+        if not (self.host_dir / "results.jsonl").is_file():
+            raise RunnerCrashed(name, f"runner exited 0 but sent no results.jsonl ({pulled} files pulled)")
+
+    def _write_fingerprint_if_missing(self) -> None:
+        """The runner's own fingerprint.json wins; the pre-run one is kept when the run wrote none."""
+        path = self.host_dir / "fingerprint.json"
+        if self.fingerprint is not None and not path.exists():
+            write_json_atomic(path, self.fingerprint)
+        elif path.is_file():
+            try:
+                fp = json.loads(path.read_text())
+                self.record.fingerprint = _fingerprint_digest(fp) or self.record.fingerprint
+                self.record.python = _python_version(fp) or self.record.python
+            except (OSError, ValueError):
+                pass
+
+    def _clean(self, host: Host, created: bool, kill_first: bool, error: BaseException | None) -> None:
+        """Remove the run's workspace and verify it is gone; record the answer, never hide a failure."""
+        with contextlib.suppress(BaseException):  # a progress hook must never stop the cleanup
+            self.plan.emit(self.cfg.name, "clean", "")
+        t0 = time.monotonic()
+        try:
+            script = remote.remove_script(self.workspace)
+            if kill_first:
+                script = f"{remote.kill_script(self.workspace)}; {script}"
+            res = self._exec(host, script)
+            self.record.workspace_removed = res.ok
+            if not res.ok and error is None:
+                raise WorkspaceLeft(
+                    self.cfg.name, f"{self.workspace} is still there after rm -rf: {_tail(res.stderr)}"
+                )
+        except HostError as exc:
+            self.record.workspace_removed = False
+            if error is None:
+                raise
+            if not isinstance(error, _UNREACHABLE):
+                self.cleanup_error = exc.one_line()
+        finally:
+            self.record.stages["clean"] = round(time.monotonic() - t0, 3)
+        if not created and self.record.workspace_removed is None:
+            self.record.workspace_removed = True
+
+    def _done_detail(self) -> str:
+        fp = self.record.fingerprint or "?"
+        return f"fingerprint {fp}, bundle {'pushed' if self.record.bundle_pushed else 'cached'}"
+
+
+# ------------------------------------------------------------------------------------------- the run
+
+
+def _stop_running(shared: _Shared) -> None:
+    """Ctrl-C: kill every runner in flight (its process group); the workers then clean up."""
+    with shared.lock:
+        shared.cancel.set()
+        running = list(shared.running.values())
+
+    def kill(host: Host, ws: str) -> None:
+        with contextlib.suppress(Exception):  # a dead host cannot be helped; its worker records it
+            host.exec(["sh", "-c", remote.kill_script(ws)], 30)
+
+    threads = [threading.Thread(target=kill, args=item, daemon=True) for item in running]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=35)
+
+
+def _error_line(exc: BaseException) -> str:
+    if isinstance(exc, CrosshostError):
+        return exc.one_line()
+    if isinstance(exc, Interrupted):
+        return "interrupted"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _merge_results(
+    run_dir: RunDir, hosts: list[str], tasks: list[str], repeat: int, records: dict[str, HostRecord]
+) -> list[dict[str, Any]]:
+    """results.jsonl: every host's rows in inventory order, plus an ``error`` row for each
+    task x attempt a host did not deliver (unreachable, crashed, interrupted): an error is never
+    silently a missing row, and never the agent's failure."""
+    rows: list[dict[str, Any]] = []
+    for name in hosts:
+        path = run_dir.host_dir(name) / "results.jsonl"
+        got = read_jsonl(path) if path.is_file() else []
+        path.unlink(missing_ok=True)  # the run's results.jsonl is the one place rows live
+        rows.extend(got)
+        have = {(str(r.get("task")), int(r.get("attempt", -1))) for r in got}
+        rec = records[name]
+        reason = rec.error or "no result"
+        for task in tasks:
+            for attempt in range(repeat):
+                if (task, attempt) in have:
+                    continue
+                rows.append(
+                    {
+                        "run_id": run_dir.run_id, "task": task, "env": name, "env_sha": None,
+                        "attempt": attempt, "exit_code": None, "passed": False, "wall_ms": 0,
+                        "verdict": "error", "reason": reason, "fingerprint": rec.fingerprint,
+                    }
+                )  # fmt: skip
+    return rows
+
+
+def _pins(run_dir: RunDir, hosts: list[str]) -> dict[str, Any]:
+    """Per task, the pins of the first host (reference first) whose trace header has them."""
+    pins: dict[str, Any] = {}
+    for name in hosts:
+        traces = run_dir.host_dir(name) / "traces"
+        if not traces.is_dir():
+            continue
+        for path in sorted(traces.glob("*.jsonl")):
+            if path.name.endswith(".obs.jsonl"):
+                continue
+            try:
+                with path.open(encoding="utf-8") as fh:
+                    header = json.loads(fh.readline() or "{}")
+            except (OSError, ValueError):
+                continue
+            task = header.get("task") if isinstance(header, dict) else None
+            if isinstance(task, str) and task not in pins and isinstance(header.get("pins"), dict):
+                pins[task] = header["pins"]
+    return pins
+
+
+def _resolve_hosts(request: ReplayRequest) -> tuple[Any, list[Any]]:
+    from orchestrator.inventory import load_inventory
+
+    inventory = load_inventory(request.inventory_path)
+    selected = inventory.select(request.hosts) if request.hosts else list(inventory.hosts)
+    return inventory, selected
+
+
+def _resolve_tasks(bundle: Bundle, wanted: list[str] | None) -> tuple[list[str], bool]:
+    every = suite_tasks(bundle.normalised)
+    if not wanted:
+        return every, True
+    unknown = [t for t in wanted if t not in every]
+    if unknown:
+        raise SuiteError(
+            f"{bundle.suite_dir}: --tasks names unknown task(s) {', '.join(unknown)} (tasks: {', '.join(every)})"
+        )
+    return [t for t in every if t in wanted], False
+
+
+def _cache_dir(request: ReplayRequest) -> Path:
+    if request.cache_dir is not None:
+        return request.cache_dir
+    return request.out / ".bundles"
+
+
+def replay(
+    request: ReplayRequest,
+    *,
+    opener: Opener | None = None,
+    on_event: EventSink | None = None,
+    bundle: Bundle | None = None,
+    with_analysis: bool = True,
+) -> ReplayOutcome:
+    """Run the replay and write ``runs/<run_id>/``; the exit code follows DESIGN.md."""
+    if request.repeat is not None and request.repeat < 1:
+        raise SuiteError("--repeat must be at least 1")
+    if request.jobs is not None and request.jobs < 1:
+        raise SuiteError("--jobs must be at least 1")
+    inventory, selected = _resolve_hosts(request)
+    bundle = bundle or build_bundle(request.suite_dir, _cache_dir(request))
+    tasks, all_tasks = _resolve_tasks(bundle, request.tasks)
+    repeat = request.repeat or int(bundle.normalised.get("repeat") or 1)
+    gate = request.gate if request.gate is not None else suite_gate(bundle.normalised)
+    names = [h.name for h in selected]
+    emit = on_event or (lambda host, stage, detail: None)
+
+    run_dir = RunDir.create(request.out)
+    run_dir.write_contract(_contract_bytes(bundle))
+    shared = _Shared()
+    manifest = Manifest(
+        run_id=run_dir.run_id,
+        started=utc_now(),
+        suite=SuiteRef(name=bundle.suite_name, sha=bundle.suite_sha, path=str(bundle.suite_dir)),
+        bundle_sha=bundle.sha,
+        runner_sha=bundle.runner_sha,
+        gate=gate,
+        tasks=tasks,
+        repeat=repeat,
+        inventory={"path": str(Path(request.inventory_path).resolve()), "hosts": [h.public_dict() for h in selected]},
+        reference=names[0],
+        crosshost_version=__version__,
+        hosts={n: HostRecord() for n in names},
+    )
+    run_dir.write_manifest(manifest)  # a crash from here on still leaves a readable record
+
+    plan = _Plan(run_dir, bundle, tasks, all_tasks, repeat, shared, opener or default_opener, request.accept_new, emit)
+    jobs = {h.name: HostJob(h, plan) for h in selected}
+    fan: FanoutResult[HostRecord] = FanoutResult()
+    try:
+        fan = fan_out(
+            names,
+            lambda n: jobs[n](n),
+            jobs=request.jobs or default_jobs(len(names)),
+            cancel=shared.cancel,
+            on_interrupt=lambda: _stop_running(shared),
+            on_waiting=lambda: emit("*", "waiting", "cleaning remote workspaces; please wait"),
+        )
+    finally:
+        errors: dict[str, str] = {}
+        for name, job in jobs.items():
+            rec = job.record
+            host_outcome = fan.outcomes.get(name)
+            exc = host_outcome.error if host_outcome is not None else None
+            if exc is not None:
+                rec.error = _error_line(exc)
+                if job.cleanup_error:
+                    rec.error += f" (cleanup: {job.cleanup_error})"
+                if isinstance(exc, _UNREACHABLE):
+                    rec.reachable = False
+                errors[name] = rec.error
+                emit(name, "failed", rec.error)
+            manifest.hosts[name] = rec
+        manifest.retries = list(shared.retries)
+        manifest.interrupted = fan.interrupted or outcome_interrupted(fan)
+        rows = _merge_results(run_dir, names, tasks, repeat, manifest.hosts)
+        run_dir.write_results(rows)
+        manifest.pins = _pins(run_dir, names)
+        manifest.finished = utc_now()
+        run_dir.write_manifest(manifest)
+
+    outcome = ReplayOutcome(run_dir, manifest, 0, results=rows, errors=errors)
+    if manifest.interrupted:
+        outcome.exit_code = 130
+        return outcome
+    outcome.report = analyse(run_dir, gate) if with_analysis else None
+    outcome.exit_code = exit_code(manifest, outcome.report, gate)
+    return outcome
+
+
+def outcome_interrupted(fan: FanoutResult[HostRecord]) -> bool:
+    return any(isinstance(o.error, Interrupted) for o in fan.outcomes.values())
+
+
+def analyse(run_dir: RunDir, gate: float | None) -> Any:
+    """The analysis and its reports, when that part of crosshost is installed (its own issue)."""
+    try:
+        from orchestrator.analysis import analyse_run
+        from orchestrator.report import write_reports
+    except ImportError:
+        return None
+    report = analyse_run(run_dir.path, gate=gate)
+    write_reports(run_dir.path, report)
+    return report
+
+
+def exit_code(manifest: Manifest, report: Any, gate: float | None) -> int:
+    """DESIGN: 3 infrastructure (a host unreachable or a runner crashed), 1 invalid or over the
+    gate, 0 valid and within it. Without the analysis, a run is judged on its fingerprints only."""
+    if any(rec.error for rec in manifest.hosts.values()):
+        return 3
+    if report is None:
+        fps = {rec.fingerprint for rec in manifest.hosts.values() if rec.fingerprint}
+        return 0 if len(fps) >= 2 else 1
+    if not getattr(report, "valid", False):
+        return 1
+    rate = getattr(report, "flip_rate", None)
+    limit = getattr(report, "gate", None)
+    limit = gate if limit is None else limit
+    if rate is not None and limit is not None and rate > limit:
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ rendering
+
+
+class ProgressView:
+    """Per-host progress: a live table on a terminal, one line per event otherwise (CI, pipes)."""
+
+    def __init__(self, hosts: list[str], console: Any) -> None:
+        self.hosts = hosts
+        self.console = console
+        self.state: dict[str, tuple[str, str]] = {h: ("waiting", "") for h in hosts}
+        self.retries: dict[str, int] = dict.fromkeys(hosts, 0)
+        self.failed_at: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.live: Any = None
+
+    def __enter__(self) -> ProgressView:
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.__exit__(None, None, None)
+
+    def __call__(self, host: str, stage: str, detail: str) -> None:
+        with self.lock:
+            if stage == "retry":
+                self.retries[host] = self.retries.get(host, 0) + 1
+            elif host in self.state:
+                if stage in STAGES and stage != "clean":
+                    self.failed_at[host] = stage  # where a failure reported later happened
+                self.state[host] = (stage, detail)
+            if self.live is not None:
+                self.live.update(self._table())
+            else:
+                text = f"{host:>12}  {stage}" + (f": {detail}" if detail else "")
+                self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def _table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title="replay", show_edge=False)
+        table.add_column("host")
+        for stage in STAGES:
+            table.add_column(stage, justify="center")
+        table.add_column("note", overflow="fold")
+        for host in self.hosts:
+            stage, detail = self.state[host]
+            failed = stage == "failed"
+            at = self.failed_at.get(host, "connect") if failed else stage
+            reached = STAGES.index(at) if at in STAGES else (len(STAGES) if at == "done" else -1)
+            cells = []
+            for i, _ in enumerate(STAGES):
+                if i < reached:
+                    cells.append("[green]✓[/]")
+                elif i == reached:
+                    cells.append("[red]✗[/]" if failed else "[yellow]…[/]")
+                else:
+                    cells.append("")
+            note = detail
+            if self.retries.get(host):
+                note = f"{self.retries[host]} connect retr{'y' if self.retries[host] == 1 else 'ies'}; {note}"
+            table.add_row(host, *cells, note)
+        return table
+
+
+def summary_table(outcome: ReplayOutcome) -> Any:
+    """One row per host: reachable, fingerprint, python, verdict counts, retries, cleanup, error."""
+    from rich.table import Table
+
+    m = outcome.manifest
+    table = Table(title=f"run {m.run_id}  suite {m.suite.name}  ({len(m.tasks)} task(s) x {m.repeat})")
+    for col in ("host", "reachable", "fingerprint", "python", "pass", "fail", "error", "retries", "cleaned"):
+        table.add_column(col, justify="right" if col in {"pass", "fail", "error", "retries"} else "left")
+    table.add_column("problem", overflow="fold")
+    for name, rec in m.hosts.items():
+        rows = [r for r in outcome.results if r.get("env") == name]
+        count = {v: sum(1 for r in rows if r.get("verdict") == v) for v in ("pass", "fail", "error")}
+        retries = sum(1 for r in m.retries if r.get("host") == name)
+        label = f"{name} (ref)" if name == m.reference else name
+        cleaned = {True: "yes", False: "[red]NO[/]", None: "-"}[rec.workspace_removed]
+        table.add_row(
+            label,
+            "yes" if rec.reachable else "[red]no[/]",
+            rec.fingerprint or "-",
+            rec.python or "-",
+            str(count["pass"]),
+            str(count["fail"]),
+            str(count["error"]),
+            str(retries),
+            cleaned,
+            rec.error or "",
+        )
+    return table

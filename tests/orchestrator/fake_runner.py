@@ -1,0 +1,64 @@
+"""A stand-in for runner.pyz in unit tests (run as ``python3 fake_runner.py ...``; stdlib only).
+
+It speaks the runner's CLI (fingerprint / run) and writes the runner's out/ layout. What it does on a
+host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "ok"}.
+"""
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+
+def fingerprint(cwd):
+    digest = hashlib.sha256(cwd.encode()).hexdigest()[:16]
+    return {"fingerprint": digest, "python": {"version": sys.version.split()[0]}, "env_keys": sorted(os.environ)}
+
+
+def arg(args, name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "fingerprint":
+        print(json.dumps(fingerprint(arg(args, "--cwd", os.getcwd()))))
+        return 0
+    suite, out, host = arg(args, "--suite"), arg(args, "--out"), arg(args, "--host")
+    with open(os.path.join(suite, "suite.json")) as fh:
+        normalised = json.load(fh)
+    with open(os.path.join(suite, "behaviour.json")) as fh:
+        behaviour = json.load(fh).get(host, "ok")
+    tasks = [t["id"] for t in normalised["tasks"]]
+    if arg(args, "--tasks"):
+        tasks = arg(args, "--tasks").split(",")
+    repeat = int(arg(args, "--repeat", "1"))
+    fp = fingerprint(arg(args, "--workspace-root"))
+    os.makedirs(os.path.join(out, "traces"), exist_ok=True)
+    with open(os.path.join(out, "fingerprint.json"), "w") as fh:
+        json.dump(fp, fh)
+    rows = []
+    for task in tasks:
+        for attempt in range(repeat):
+            header = {"type": "header", "host": host, "task": task, "attempt": attempt,
+                      "fingerprint": fp["fingerprint"], "pins": {"prompt_sha": "p" + task},
+                      "env": dict(os.environ)}
+            with open(os.path.join(out, "traces", f"{task}.{attempt}.jsonl"), "w") as fh:
+                fh.write(json.dumps(header) + "\n")
+            rows.append({"run_id": arg(args, "--run-id"), "task": task, "env": host, "attempt": attempt,
+                         "verdict": "pass", "passed": True, "fingerprint": fp["fingerprint"]})
+            if behaviour == "sleep":
+                time.sleep(30)
+            if behaviour == "crash":
+                sys.stderr.write("Traceback: boom\n")
+                return 3
+    if behaviour == "symlink":
+        os.symlink("/etc/passwd", os.path.join(out, "traces", "evil.jsonl"))
+    with open(os.path.join(out, "results.jsonl"), "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    return 0
+
+
+sys.exit(main())

@@ -1,0 +1,181 @@
+"""replay end to end on LocalHost "hosts" with a stand-in runner: the run directory, failures that
+stay one host's, retries in the manifest, Ctrl-C, the clean environment, and no workspace left."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.bundle import Bundle, build_bundle
+from orchestrator.errors import HostUnreachable
+from orchestrator.replay import ReplayRequest, replay
+from orchestrator.store import load_manifest, read_jsonl
+from orchestrator.transport.base import Host
+from orchestrator.transport.local import LocalHost
+
+FAKE_RUNNER = Path(__file__).with_name("fake_runner.py")
+NORMALISED = {"name": "mini", "repeat": 2, "tasks": [{"id": "t1"}, {"id": "t2"}], "gate": {"flip_rate": 0.1}}
+
+
+def _setup(tmp_path: Path, hosts: list[str], behaviour: dict[str, str] | None = None) -> tuple[Path, Bundle]:
+    suite = tmp_path / "mini"
+    suite.mkdir()
+    (suite / "suite.toml").write_text('name = "mini"\n')
+    (suite / "contract.json").write_text('{"contract_id": "c.v1", "tools": []}\n')
+    (suite / "behaviour.json").write_text(json.dumps(behaviour or {}))
+    # A real interpreter, not a pyenv shim (a shim adds its own PYENV_* variables).
+    lines = [f'[defaults]\nenv_allowlist = ["PATH", "TZ", "LANG"]\ntimeout_s = 5\npython = "{sys.executable}"\n']
+    for name in hosts:
+        lines.append(
+            f'[[hosts]]\nname = "{name}"\ntransport = "local"\nworkspace_root = "{tmp_path}/roots/{name}"\n'
+        )
+    lines.append('[hosts.env]\nTZ = "Pinned/Zone"\n')  # the last host pins TZ
+    inv = tmp_path / "hosts.toml"
+    inv.write_text("\n".join(lines))
+    bundle = build_bundle(suite, tmp_path / "cache", runner=FAKE_RUNNER, normalised=NORMALISED)
+    return inv, bundle
+
+
+def _local_opener(down: dict[str, int] | None = None) -> Callable[..., Host]:
+    """LocalHost per inventory entry; hosts in ``down`` report that many retries, then fail."""
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        if down and cfg.name in down:
+            for attempt in range(1, down[cfg.name] + 1):
+                on_retry({"attempt": attempt, "error": "connection refused", "wait_s": 0.0})
+            raise HostUnreachable(cfg.name, "127.0.0.1:1: connection refused (gave up)")
+        return LocalHost(cfg.name)
+
+    return opener
+
+
+def _left(tmp_path: Path, host: str) -> list[str]:
+    """Everything of a run left under a host's workspace_root (the bundle cache is kept on purpose)."""
+    runs = tmp_path / "roots" / host / "runs"
+    return [p.name for p in runs.iterdir()] if runs.exists() else []
+
+
+def _req(tmp_path: Path, inv: Path, **kw: Any) -> ReplayRequest:
+    return ReplayRequest(suite_dir=tmp_path / "mini", inventory_path=inv, out=tmp_path / "runs", **kw)
+
+
+def test_replay_writes_a_complete_run_directory(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    rd = out.run_dir.path
+    m = load_manifest(rd)
+    assert m.kind == "replay" and m.finished and not m.interrupted
+    assert m.suite.name == "mini" and m.suite.sha == bundle.suite_sha and m.reference == "local"
+    assert m.gate == 0.1 and m.tasks == ["t1", "t2"] and m.repeat == 2
+    assert [h["name"] for h in m.inventory["hosts"]] == ["local", "box-b"]
+    assert (rd / "contract.json").read_text() == '{"contract_id": "c.v1", "tools": []}\n'
+    fps = set()
+    for host in ("local", "box-b"):
+        rec = m.hosts[host]
+        assert rec.reachable and rec.error is None and rec.workspace_removed is True and rec.bundle_pushed
+        fp = json.loads((rd / "hosts" / host / "fingerprint.json").read_text())
+        assert rec.fingerprint == fp["fingerprint"]
+        fps.add(rec.fingerprint)
+        traces = sorted(p.name for p in (rd / "hosts" / host / "traces").iterdir())
+        assert traces == ["t1.0.jsonl", "t1.1.jsonl", "t2.0.jsonl", "t2.1.jsonl"]
+        assert _left(tmp_path, host) == []
+        assert (tmp_path / "roots" / host / "bundles" / bundle.sha / "runner.pyz").is_file()
+    assert len(fps) == 2
+    rows = read_jsonl(rd / "results.jsonl")
+    assert len(rows) == 8 and {r["env"] for r in rows} == {"local", "box-b"}
+    assert m.pins == {"t1": {"prompt_sha": "pt1"}, "t2": {"prompt_sha": "pt2"}}
+    assert out.exit_code == 0  # two different fingerprints, no host error (no analysis here)
+    # The second replay finds the bundle on each host and pushes nothing.
+    again = replay(_req(tmp_path, inv, tasks=["t2"], repeat=1), opener=_local_opener(), bundle=bundle,
+                   with_analysis=False)  # fmt: skip
+    assert all(r.bundle_pushed is False for r in again.manifest.hosts.values())
+    assert again.run_dir.path != rd
+    assert len(read_jsonl(again.run_dir.results_path)) == 2
+
+
+def test_unreachable_host_is_a_result_with_its_retries(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b", "box-c"])
+    out = replay(_req(tmp_path, inv), opener=_local_opener({"box-b": 2}), bundle=bundle, with_analysis=False)
+    m = out.manifest
+    assert out.exit_code == 3
+    assert m.hosts["box-b"].reachable is False
+    assert m.hosts["box-b"].error == "box-b: HostUnreachable: 127.0.0.1:1: connection refused (gave up)"
+    assert [(r["host"], r["attempt"]) for r in m.retries] == [("box-b", 1), ("box-b", 2)]
+    for ok in ("local", "box-c"):
+        assert m.hosts[ok].error is None and m.hosts[ok].workspace_removed
+    rows = read_jsonl(out.run_dir.results_path)
+    b_rows = [r for r in rows if r["env"] == "box-b"]
+    assert len(b_rows) == 4 and all(r["verdict"] == "error" for r in b_rows)
+    assert "HostUnreachable" in b_rows[0]["reason"]
+    assert sum(1 for r in rows if r["verdict"] == "pass") == 8
+    assert load_manifest(out.run_dir.path) == m
+
+
+def test_runner_crash_is_exit_3_and_the_workspace_still_goes(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "crash"})
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    rec = out.manifest.hosts["box-b"]
+    assert out.exit_code == 3
+    assert rec.reachable and rec.runner_exit == 3
+    assert rec.error and "RunnerCrashed" in rec.error and "boom" in rec.error
+    assert rec.workspace_removed and _left(tmp_path, "box-b") == []
+    # What it wrote before crashing was pulled: its first trace is there.
+    assert (out.run_dir.path / "hosts" / "box-b" / "traces" / "t1.0.jsonl").is_file()
+
+
+def test_unsafe_archive_from_a_host_is_refused(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "symlink"})
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    rec = out.manifest.hosts["box-b"]
+    assert out.exit_code == 3 and rec.error and "ArchiveRejected" in rec.error
+    assert not (out.run_dir.path / "hosts" / "box-b" / "traces").exists()
+    assert _left(tmp_path, "box-b") == []
+
+
+def test_only_allowlisted_env_reaches_the_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CROSSHOST_TEST_TOKEN", "s3cr3t-token-value")
+    monkeypatch.setenv("TZ", "Controller/Zone")
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    for host in ("local", "box-b"):
+        header = json.loads((out.run_dir.path / "hosts" / host / "traces" / "t1.0.jsonl").read_text())
+        assert set(header["env"]) <= {"PATH", "TZ", "LANG"}
+        assert header["env"]["PATH"] == os.environ["PATH"]  # the host's own value
+    assert json.loads((out.run_dir.path / "hosts/box-b/traces/t1.0.jsonl").read_text())["env"]["TZ"] == "Pinned/Zone"
+    for path in out.run_dir.path.rglob("*"):
+        if path.is_file():
+            assert b"s3cr3t-token-value" not in path.read_bytes(), path
+
+
+def test_ctrl_c_from_a_hook_cleans_every_host_and_exits_130(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"local": "sleep", "box-b": "sleep"})
+    local_running = threading.Event()
+
+    def hook(host: str, stage: str, detail: str) -> None:
+        if host == "local" and stage == "run":
+            local_running.set()
+        # box-b presses Ctrl-C once local's runner is under way.
+        if host == "box-b" and stage == "run":
+            assert local_running.wait(10)
+            raise KeyboardInterrupt
+
+    out = replay(_req(tmp_path, inv, jobs=2), opener=_local_opener(), bundle=bundle, on_event=hook, with_analysis=False)
+    m = load_manifest(out.run_dir.path)
+    assert out.exit_code == 130 and m.interrupted and m.finished
+    for host in ("local", "box-b"):
+        assert m.hosts[host].workspace_removed is True, host
+        assert _left(tmp_path, host) == []
+    # local's runner was killed (not waited out: it sleeps 30 s per attempt).
+    assert m.hosts["local"].stages["run"] < 20
+    assert m.hosts["local"].error == "interrupted"
+    # Partial results: the trace local wrote before it was stopped came home.
+    assert (out.run_dir.path / "hosts" / "local" / "traces" / "t1.0.jsonl").is_file()
+    rows = read_jsonl(out.run_dir.results_path)
+    assert len(rows) == 8 and all(r["verdict"] == "error" and r["reason"] == "interrupted" for r in rows)
