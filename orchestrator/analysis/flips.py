@@ -71,7 +71,7 @@ def row_verdict(row: Mapping[str, object], where: str) -> str:
     if verdict is not None:
         raise TraceError(f"{where}: verdict must be pass, fail or error, not {verdict!r}")
     passed = row.get("passed")
-    if isinstance(passed, bool):
+    if isinstance(passed, bool) or passed in (0, 1):  # other tools write 0/1
         return "pass" if passed else "fail"
     raise TraceError(f"{where}: row has neither 'verdict' nor a boolean 'passed'")
 

@@ -87,7 +87,7 @@ def test_flips_picks_the_attempt_and_counts_errors_apart(tmp_path):
         {"task": "a", "env": "y", "attempt": 0, "passed": True},
         {"task": "a", "env": "x", "attempt": 1, "passed": True},
         {"task": "a", "env": "y", "attempt": 1, "passed": False},
-        {"task": "b", "env": "x", "attempt": 1, "passed": True},
+        {"task": "b", "env": "x", "attempt": 1, "passed": 1},  # another tool's 0/1
         {"task": "b", "env": "y", "attempt": 1, "passed": False, "verdict": "error"},
     ]
     results = tmp_path / "r.jsonl"
@@ -108,6 +108,14 @@ def test_flips_bad_line_exits_2_naming_file_and_line(tmp_path):
     out = runner.invoke(app, ["flips", str(results), "laptop", "ci-box"])
     assert out.exit_code == 2
     assert f"{results}:13: not JSON" in out.output
+
+
+def test_flips_row_without_a_verdict_exits_2(tmp_path):
+    results = tmp_path / "r.jsonl"
+    results.write_text('{"task": "a", "env": "x", "passed": true}\n{"task": "a", "env": "y"}\n')
+    out = runner.invoke(app, ["flips", str(results), "x", "y"])
+    assert out.exit_code == 2
+    assert f"{results}:2: row has neither 'verdict' nor a boolean 'passed'" in out.output
 
 
 def test_flips_unknown_env_exits_2(tmp_path):
