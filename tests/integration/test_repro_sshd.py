@@ -18,10 +18,8 @@ from typer.testing import CliRunner
 from agent_runner.trace import TraceWriter
 from orchestrator import history
 from orchestrator.cli import app
-from tests.orchestrator.test_repro_local import runner_pyz  # noqa: F401  (fixture)
 
-# runner_pyz: the runner zipapp for the bundle (the real builder once it is wired in)
-pytestmark = [pytest.mark.sshd, pytest.mark.usefixtures("runner_pyz")]
+pytestmark = pytest.mark.sshd
 
 # as the runner records them: a shell observation is "exit N\n<output>"
 INCIDENT = [

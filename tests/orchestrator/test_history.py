@@ -299,9 +299,7 @@ def _replay_and_record(request: Any, bundle: Any, barrier: Any) -> None:
 
 def test_two_concurrent_replays(tmp_path: Path) -> None:
     """Two replays of one suite at the same moment: two complete run dirs, one consistent index."""
-    import shutil
     import sys
-    import zipapp
 
     from agent_runner.trace import TraceWriter
     from orchestrator import repro
@@ -314,11 +312,7 @@ def test_two_concurrent_replays(tmp_path: Path) -> None:
         w.turn(tool="shell", args={"argv": ["echo", "hi"]}, observation="exit 0\nhi\n", error=None)
         w.finish(reason="stop", final="ok", predicate_exit=None, verdict="pass", why="", wall_ms=1)
     suite = repro.build_suite(trace, tmp_path / "suite").path
-    src = tmp_path / "runner-src"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "agent_runner", src / "agent_runner")
-    pyz = tmp_path / "runner.pyz"
-    zipapp.create_archive(src, pyz, main="agent_runner.__main__:main")
-    bundle = build_bundle(suite, tmp_path / "cache", runner=pyz)
+    bundle = build_bundle(suite, tmp_path / "cache")  # built once: both replays push the same bundle
     inv = tmp_path / "hosts.toml"
     inv.write_text(
         f'[defaults]\npython = "{sys.executable}"\n'

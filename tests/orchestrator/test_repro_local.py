@@ -8,43 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
-import zipapp
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-import orchestrator.replay as replay_mod
 from agent_runner.trace import TraceWriter
 from orchestrator import history
-from orchestrator.bundle import build_bundle
 from orchestrator.cli import app
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture()
-def runner_pyz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Replay with a runner zipapp built from this tree (the bundle's builder may not be wired yet)."""
-    try:
-        import orchestrator.runner_zipapp  # noqa: F401
-
-        return  # the real builder exists: use it
-    except ImportError:
-        pass
-    src = tmp_path / "runner-src"
-    import shutil
-
-    shutil.copytree(ROOT / "agent_runner", src / "agent_runner", ignore=shutil.ignore_patterns("__pycache__"))
-    pyz = tmp_path / "runner.pyz"
-    zipapp.create_archive(src, pyz, main="agent_runner.__main__:main")
-
-    def bundle_with_runner(suite_dir: Path, out_dir: Path, **kw: Any) -> Any:
-        kw["runner"] = kw.get("runner") or pyz
-        return build_bundle(suite_dir, out_dir, **kw)
-
-    monkeypatch.setattr(replay_mod, "build_bundle", bundle_with_runner)
 
 
 def inventory(tmp_path: Path, tz_bad: str) -> Path:
@@ -91,7 +62,7 @@ def repro_cli(*args: str) -> tuple[int, str]:
     return res.exit_code, res.output
 
 
-def test_repro_parts_at_the_tz_step(runner_pyz: None, incident: Path, tmp_path: Path) -> None:
+def test_repro_parts_at_the_tz_step(incident: Path, tmp_path: Path) -> None:
     out = tmp_path / "runs"
     code, output = repro_cli(str(incident), "--host", "bad", "-i", str(inventory(tmp_path, "Asia/Tokyo")),
                              "--out", str(out), "--json")  # fmt: skip
@@ -112,7 +83,7 @@ def test_repro_parts_at_the_tz_step(runner_pyz: None, incident: Path, tmp_path: 
     assert (row.run_id, row.kind) == (record["run_id"], "repro")
 
 
-def test_repro_same_behaviour_exits_0(runner_pyz: None, incident: Path, tmp_path: Path) -> None:
+def test_repro_same_behaviour_exits_0(incident: Path, tmp_path: Path) -> None:
     code, output = repro_cli(str(incident), "--host", "bad", "--against", "good",
                              "-i", str(inventory(tmp_path, "UTC")), "--out", str(tmp_path / "runs"))  # fmt: skip
     assert code == 0, output
