@@ -515,3 +515,37 @@ def render_history(entries: list[HistoryEntry], console: Any) -> None:
             )
         for m in c.pins_moved:
             console.print(f"  pin moved: {m['pin']}: {m['old']} -> {m['new']}", markup=False, highlight=False)
+
+
+# ---------------------------------------------------------------- the hook `replay` calls
+
+
+@dataclass
+class AfterReplay:
+    newly_flipping: list[str]
+    warning: str | None = None  # the index could not be written; the run dir is intact
+
+    def exit_code(self, replay_code: int) -> int:
+        """``--compare-last``: a newly flipping task makes a passing replay exit 1, even under the gate."""
+        return 1 if replay_code == 0 and self.newly_flipping else replay_code
+
+    def message(self, suite: str | None) -> str | None:
+        if not self.newly_flipping:
+            return None
+        return f"newly flipping against the previous run of {suite or 'this suite'}: {', '.join(self.newly_flipping)}"
+
+
+def after_replay(run_dir: Path, *, compare: bool = False) -> AfterReplay:
+    """Record a finished replay in ``<its parent>/index.sqlite``; with ``compare``, what newly flips.
+
+    An index failure never costs the run: the run dir is the source of truth and ``history --rebuild``
+    recovers the index, so it comes back as a warning.
+    """
+    runs_dir = Path(run_dir).parent
+    try:
+        if compare:
+            return AfterReplay(compare_last(runs_dir, run_dir))
+        record_run(runs_dir, run_dir)
+        return AfterReplay([])
+    except CrosshostError as exc:
+        return AfterReplay([], warning=f"history index not updated: {exc}")

@@ -359,3 +359,25 @@ def test_two_concurrent_replays(tmp_path: Path) -> None:
     history.index_path(runs).unlink()
     history.rebuild(runs)
     assert dump(runs) == incremental
+
+
+def test_after_replay_compare_last_exit_codes(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    r1, r2, r3 = three_runs(runs)
+    first = history.after_replay(r1, compare=True)
+    assert first.newly_flipping == [] and first.exit_code(0) == 0
+    second = history.after_replay(r2, compare=True)
+    assert second.exit_code(0) == 1  # under the gate (exit 0), yet t2 newly flips
+    assert second.exit_code(3) == 3  # an infrastructure failure keeps its own code
+    assert second.message("triage") == "newly flipping against the previous run of triage: t2"
+    third = history.after_replay(r3, compare=True)
+    assert third.exit_code(0) == 0 and third.message("triage") is None
+    assert [r.run_id for r in history.history(runs)] == ["r1", "r2", "r3"]
+
+
+def test_after_replay_index_failure_is_a_warning(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    (d,) = three_runs(runs)[:1]
+    history.index_path(runs).mkdir()  # something in the way of the index file
+    res = history.after_replay(d, compare=True)
+    assert res.newly_flipping == [] and res.warning and "history index not updated" in res.warning
