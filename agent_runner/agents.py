@@ -34,8 +34,21 @@ class AgentFailed(Exception):
     """The agent crashed or broke the protocol: the attempt finishes with ``agent_error``."""
 
 
+class AgentInfraError(AgentFailed):
+    """Not the agent's fault (e.g. the model provider is down): ``agent_error`` with verdict ``error``."""
+
+
 class AgentTimeout(Exception):
     """The agent did not answer within the time left: the attempt finishes with ``timeout``."""
+
+
+class AgentStopped(Exception):
+    """A budget kept outside the runner (the proxy's model caps) stopped the agent; ``reason`` is the
+    finish reason (``budget_model``), judged like any other budget stop."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -47,6 +60,7 @@ class Action:
     finish: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    model: Optional[Dict[str, Any]] = None  # the model request behind this action (openai), for the trace
 
 
 @dataclass
@@ -76,6 +90,10 @@ class Agent:
 
     def abort(self, reason: str) -> None:
         """Tell the agent the runner stopped it (budget); best effort."""
+
+    def finish_record(self) -> Dict[str, Any]:
+        """Extra fields for the attempt's finish record (the openai agent's per-request accounting)."""
+        return {}
 
     def close(self) -> None:
         """Release everything; must not raise and must leave no process behind."""

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .agents import Agent, AgentFailed, AgentTimeout, Observation
+from .agents import Agent, AgentFailed, AgentInfraError, AgentTimeout, Observation
 from .suite import Budget
 from .tools import ToolBox
 from .trace import TraceWriter
@@ -20,6 +20,7 @@ class LoopOutcome:
     final: str = ""
     turns: List[Dict[str, Any]] = field(default_factory=list)
     observation_bytes: int = 0
+    infra_error: Optional[str] = None  # set when the failure is the harness's, not the agent's
 
 
 def drive(agent: Agent, toolbox: ToolBox, budget: Budget, writer: TraceWriter, deadline: float) -> LoopOutcome:
@@ -37,6 +38,9 @@ def drive(agent: Agent, toolbox: ToolBox, budget: Budget, writer: TraceWriter, d
             action = agent.next_action(observation, remaining)
         except AgentTimeout as exc:
             outcome.reason, outcome.final = "timeout", str(exc)
+            return outcome
+        except AgentInfraError as exc:
+            outcome.reason, outcome.final, outcome.infra_error = "agent_error", str(exc)[:MAX_FINAL_CHARS], str(exc)
             return outcome
         except AgentFailed as exc:
             outcome.reason, outcome.final = "agent_error", str(exc)[:MAX_FINAL_CHARS]

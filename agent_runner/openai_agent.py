@@ -21,16 +21,31 @@ Standard library only, Python 3.9 syntax: this travels in the runner zipapp.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from .agents import (
+    Action,
+    Agent,
+    AgentContext,
+    AgentInfraError,
+    AgentStopped,
+    AgentTimeout,
+    Observation,
+    register,
+)
+from .suite import AgentSpec
+
 MODEL_URL_ENV = "CROSSHOST_MODEL_URL"
 CALL_HEADER = "X-Crosshost-Call"
 FINISH_BUDGET_MODEL = "budget_model"
 FINISH_AGENT_ERROR = "agent_error"
+FINISH_TIMEOUT = "timeout"
 # the proxy's error types (orchestrator/proxy.py)
 _ERR_BUDGET = "crosshost_budget"
 _MAX_ANSWER_BYTES = 16 * 1024 * 1024
@@ -168,19 +183,23 @@ class ChatClient:
                 body[key] = value
         return body
 
-    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> ModelTurn:
+    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]],
+                 timeout_s: Optional[float] = None) -> ModelTurn:
+        timeout_s = self.settings.timeout_s if timeout_s is None else max(0.1, min(timeout_s, self.settings.timeout_s))
         data = json.dumps(self.request_body(messages, tools)).encode("utf-8")
         request = urllib.request.Request(self.url, data=data, method="POST",
                                          headers={"Content-Type": "application/json"})
         started = time.monotonic()
         try:
-            with urllib.request.urlopen(request, timeout=self.settings.timeout_s) as resp:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
                 raw = resp.read(_MAX_ANSWER_BYTES + 1)
                 call = _call_header(resp.headers)
         except urllib.error.HTTPError as exc:
             raise _proxy_error(exc) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, (socket.timeout, TimeoutError)):
+                raise ModelError(FINISH_TIMEOUT, f"no model answer within {timeout_s:.0f} s", verdict_error=False) from None
             raise ModelError(FINISH_AGENT_ERROR, f"model proxy {self.url} unreachable: {reason}",
                              verdict_error=True) from None
         latency_ms = int((time.monotonic() - started) * 1000)
@@ -278,10 +297,96 @@ class Conversation:
     def start(cls, client: ChatClient, prompt: str, contract: List[Dict[str, Any]]) -> "Conversation":
         return cls(client=client, tools=contract_tools(contract), messages=[{"role": "user", "content": prompt}])
 
-    def next_turn(self) -> ModelTurn:
-        turn = self.client.complete(self.messages, self.tools)
+    def next_turn(self, timeout_s: Optional[float] = None) -> ModelTurn:
+        turn = self.client.complete(self.messages, self.tools, timeout_s)
         self.messages.append(turn.message)
         return turn
 
     def observe(self, call: ToolCall, content: str) -> None:
         self.messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+
+
+class OpenAIAgent(Agent):
+    """The runner's agent for ``kind = "openai"``: one model request per turn, one action per tool call.
+
+    A turn with several tool calls becomes several actions (the first carries the turn's tokens and
+    request record); their observations go back as ``tool`` messages before the next request.
+    """
+
+    def __init__(self, spec: AgentSpec) -> None:
+        try:
+            self.settings = OpenAISettings.from_agent(spec.options)
+        except ValueError as exc:
+            raise AgentInfraError(str(exc)) from None
+        self._conversation: Optional[Conversation] = None
+        self._pending: List[ToolCall] = []
+        self._asked: Optional[ToolCall] = None
+        self._requests: List[Dict[str, Any]] = []
+        self._tokens = [0, 0]
+
+    def start(self, ctx: AgentContext) -> None:
+        # The runner's own environment (env -i + allowlist), not the attempt's: tools never see it.
+        url = os.environ.get(MODEL_URL_ENV) or ctx.env.get(MODEL_URL_ENV)
+        if not url:
+            raise AgentInfraError(f"{MODEL_URL_ENV} is not set: an openai agent reaches the model only through "
+                                  f"the controller's proxy (crosshost replay sets it)")
+        self._conversation = Conversation.start(ChatClient(url, self.settings), ctx.prompt, ctx.tools)
+
+    def next_action(self, observation: Optional[Observation], timeout_s: float) -> Action:
+        conversation = self._conversation
+        if conversation is None:
+            raise AgentInfraError("the openai agent was not started")
+        if self._asked is not None:
+            content = observation.content if observation is not None else ""
+            if observation is not None and observation.error and not content:
+                content = f"error: {observation.error}"
+            conversation.observe(self._asked, content)
+            self._asked = None
+        if self._pending:
+            return self._action(self._pending.pop(0), None)
+        try:
+            turn = conversation.next_turn(timeout_s)
+        except ModelError as exc:
+            if exc.call is not None:
+                self._requests.append(_error_record(exc))
+            if exc.reason == FINISH_TIMEOUT:
+                raise AgentTimeout(str(exc)) from None
+            if exc.verdict_error:
+                raise AgentInfraError(str(exc)) from None
+            raise AgentStopped(exc.reason, str(exc)) from None
+        record = turn.model_record()
+        self._requests.append(record)
+        self._tokens[0] += turn.prompt_tokens
+        self._tokens[1] += turn.completion_tokens
+        if not turn.tool_calls:
+            # "stop", or "length"/"content_filter" without a call: the model is done talking.
+            return Action(kind="final", content=turn.content, finish="stop", prompt_tokens=turn.prompt_tokens,
+                          completion_tokens=turn.completion_tokens, model=record)
+        self._pending = list(turn.tool_calls)
+        return self._action(self._pending.pop(0), turn)
+
+    def _action(self, call: ToolCall, turn: Optional[ModelTurn]) -> Action:
+        self._asked = call
+        model: Optional[Dict[str, Any]] = turn.model_record() if turn is not None else None
+        if call.args_error:
+            model = dict(model or {}, args_error=call.args_error)
+        return Action(kind="tool_call", name=call.name, args=call.args,
+                      prompt_tokens=turn.prompt_tokens if turn is not None else 0,
+                      completion_tokens=turn.completion_tokens if turn is not None else 0, model=model)
+
+    def finish_record(self) -> Dict[str, Any]:
+        retries = sum(int(r.get("retries") or 0) for r in self._requests)
+        return {"model": {"settings": self.settings.pins(), "requests": len(self._requests), "retries": retries,
+                          "prompt_tokens": self._tokens[0], "completion_tokens": self._tokens[1],
+                          "calls": self._requests}}
+
+
+def _error_record(exc: ModelError) -> Dict[str, Any]:
+    call = exc.call or {}
+    return {"request": call.get("id"), "status": call.get("status"), "retries": call.get("retries", 0),
+            "attempts": [{"status": a.get("status"), "latency_ms": a.get("latency_ms"), "error": a.get("error"),
+                          "wait_s": a.get("wait_s")} for a in call.get("attempts", []) if isinstance(a, dict)],
+            "error": call.get("error"), "message": str(exc)}
+
+
+register("openai", OpenAIAgent)

@@ -147,8 +147,8 @@ class Runner:
             findings = check_turns(self.suite.contract, outcome.turns, checked)
             reasons = golden.score(task, outcome.turns, outcome.reason)
             reasons += [f"contract: {f.line()}" for f in findings]
-            if predicate_error is not None:
-                verdict, why = "error", predicate_error
+            if outcome.infra_error is not None or predicate_error is not None:
+                verdict, why = "error", outcome.infra_error or predicate_error or ""
             else:
                 if predicate_exit not in (None, 0):
                     said = f" ({predicate_said})" if predicate_said else ""
@@ -184,6 +184,8 @@ class Runner:
         try:
             try:
                 agent.start(ctx)
+            except agents.AgentInfraError as exc:
+                return LoopOutcome(reason="agent_error", final=str(exc), infra_error=str(exc))
             except agents.AgentFailed as exc:
                 return LoopOutcome(reason="agent_error", final=str(exc))
             return drive(agent, toolbox, task.budget, writer, deadline)

@@ -1,0 +1,72 @@
+"""Build small suites on disk and run the runner as a user would (a subprocess, its real CLI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TRIAGE = REPO / "examples" / "suites" / "triage"
+
+CONTRACT: dict[str, Any] = {
+    "contract_id": "test.v1",
+    "tools": [
+        {"name": "flaky", "required_args": []},
+        {"name": "lookup", "required_args": ["q"], "forbidden_args": ["secret_path"]},
+        {"name": "shell", "required_args": ["argv"]},
+        {"name": "read_file", "required_args": ["path"]},
+        {"name": "write_file", "required_args": ["path", "content"]},
+        {"name": "list_dir"},
+    ],
+    "invariants": ["no_absolute_local_paths", "no_home_directory_strings", "no_hostname_in_tool_args"],
+}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment a controller gives the runner: an allowlist, nothing secret-shaped."""
+    env = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra)
+    return env
+
+
+def write_suite(root: Path, tasks: dict[str, dict[str, Any]], *, suite_toml: str | None = None,
+                contract: dict[str, Any] | None = None, tools: dict[str, Any] | None = None,
+                agent_files: dict[str, str] | None = None) -> Path:
+    """tasks: id -> {"toml": str, "prompt": str|None, "script": list|str|None, "repo": {path: text}}."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "suite.toml").write_text(suite_toml if suite_toml is not None else (
+        'name = "t"\nrepeat = 1\n[agent]\nkind = "scripted"\n[budget]\nmax_steps = 8\ntimeout_s = 10\n'))
+    (root / "contract.json").write_text(json.dumps(contract or CONTRACT))
+    (root / "tools.json").write_text(json.dumps(tools or {"allow": ["sh run_tests.sh", "touch"], "deny": ["rm"]}))
+    for name, text in (agent_files or {}).items():
+        (root / "agent").mkdir(exist_ok=True)
+        (root / "agent" / name).write_text(text)
+    for task_id, spec in tasks.items():
+        task_dir = root / "tasks" / task_id
+        task_dir.mkdir(parents=True)
+        (task_dir / "task.toml").write_text(spec.get("toml", ""))
+        if spec.get("prompt", "do it") is not None:
+            (task_dir / "prompt.md").write_text(spec.get("prompt", "do it"))
+        script = spec.get("script")
+        if script is not None:
+            (task_dir / "script.json").write_text(script if isinstance(script, str) else json.dumps(script))
+        for rel, text in spec.get("repo", {}).items():
+            path = task_dir / "repo" / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    return root
+
+
+def run_runner(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent_runner", *args], capture_output=True, text=True,
+                          env=env if env is not None else clean_env(), cwd=cwd or REPO, timeout=timeout)
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
