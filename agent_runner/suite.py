@@ -163,7 +163,9 @@ def normalise_suite(directory: "str | os.PathLike[str]") -> Dict[str, Any]:
     data: Dict[str, Any] = {
         "schema": SCHEMA,
         "name": raw.get("name", root.name),
-        "repeat": raw.get("repeat", 1),
+        # A live model is sampled: three attempts per task unless the suite says otherwise.
+        "repeat": raw.get("repeat", 3 if isinstance(raw.get("agent"), dict) and raw["agent"].get("kind") == "openai"
+                          else 1),
         "agent": raw.get("agent", {"kind": "scripted"}),
         "budget": raw.get("budget", {}),
         "gate": raw.get("gate", {}),
@@ -283,7 +285,50 @@ def _agent(raw: Any, base: Optional[Dict[str, Any]], where: str) -> AgentSpec:
             raise SuiteError(f"{where}.command must be a non-empty list of strings for kind = \"command\"")
     elif command is not None:
         raise SuiteError(f"{where}.command is only for kind = \"command\" (kind is {kind!r})")
+    if kind == "openai":
+        _openai_options(merged, where)
     return AgentSpec(kind=kind, command=command, options=merged)
+
+
+# [agent] keys of kind = "openai": name -> (required, check, what it must be). The caps are enforced by
+# the controller's model proxy; model/temperature/seed/max_tokens are sampling pins (in agent_sha).
+_OPENAI_KEYS: Dict[str, Any] = {
+    "model": (True, lambda v: isinstance(v, str) and bool(v), "a model name"),
+    "base_url": (True, lambda v: isinstance(v, str) and v.startswith(("http://", "https://")),
+                 "an http:// or https:// URL"),
+    "api_key_env": (True, lambda v: isinstance(v, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v) is not None,
+                    "the NAME of an environment variable on the controller (never the key itself)"),
+    "temperature": (False, lambda v: _number(v) and 0 <= v <= 2, "a number from 0 to 2"),
+    "seed": (False, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "max_tokens": (False, lambda v: _positive_int(v), "a positive integer"),
+    "max_requests": (False, lambda v: _positive_int(v), "a positive integer (model requests per run per host)"),
+    "max_total_tokens": (False, lambda v: _positive_int(v), "a positive integer (tokens per run per host)"),
+    "request_timeout_s": (False, lambda v: _number(v) and v > 0, "a positive number of seconds"),
+}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _positive_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _openai_options(options: Dict[str, Any], where: str) -> None:
+    unknown = sorted(set(options) - set(_OPENAI_KEYS))
+    if unknown:
+        raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)} for kind = \"openai\" "
+                         f"(known: {', '.join(sorted(_OPENAI_KEYS))})")
+    for key, (required, ok, what) in _OPENAI_KEYS.items():
+        if key not in options:
+            if required:
+                raise SuiteError(f"{where}.{key} is required for kind = \"openai\" ({what})")
+            continue
+        if not ok(options[key]):
+            # api_key_env may hold a pasted key by mistake: never echo its value.
+            shown = "" if key == "api_key_env" else f", got {options[key]!r}"
+            raise SuiteError(f"{where}.{key} must be {what}{shown}")
 
 
 def _script(raw: Any, where: str) -> List[Dict[str, Any]]:
