@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .agents import Agent, AgentFailed, AgentInfraError, AgentTimeout, Observation
+from .agents import Agent, AgentFailed, AgentInfraError, AgentStopped, AgentTimeout, Observation
 from .suite import Budget
 from .tools import ToolBox
 from .trace import TraceWriter
@@ -21,6 +21,7 @@ class LoopOutcome:
     turns: List[Dict[str, Any]] = field(default_factory=list)
     observation_bytes: int = 0
     infra_error: Optional[str] = None  # set when the failure is the harness's, not the agent's
+    agent_record: Dict[str, Any] = field(default_factory=dict)  # Agent.finish_record(), for the finish record
 
 
 def drive(agent: Agent, toolbox: ToolBox, budget: Budget, writer: TraceWriter, deadline: float) -> LoopOutcome:
@@ -38,6 +39,9 @@ def drive(agent: Agent, toolbox: ToolBox, budget: Budget, writer: TraceWriter, d
             action = agent.next_action(observation, remaining)
         except AgentTimeout as exc:
             outcome.reason, outcome.final = "timeout", str(exc)
+            return outcome
+        except AgentStopped as exc:  # a cap kept outside the runner (the model proxy's): budget_model
+            outcome.reason, outcome.final = exc.reason, str(exc)[:MAX_FINAL_CHARS]
             return outcome
         except AgentInfraError as exc:
             outcome.reason, outcome.final, outcome.infra_error = "agent_error", str(exc)[:MAX_FINAL_CHARS], str(exc)
@@ -57,7 +61,7 @@ def drive(agent: Agent, toolbox: ToolBox, budget: Budget, writer: TraceWriter, d
         record = writer.turn(tool=action.name, args=action.args if isinstance(action.args, dict) else {},
                              observation=result.observation, error=result.error,
                              prompt_tokens=action.prompt_tokens, completion_tokens=action.completion_tokens,
-                             latency_ms=int((time.monotonic() - asked) * 1000))
+                             latency_ms=int((time.monotonic() - asked) * 1000), model=action.model)
         outcome.turns.append(record)
         size = len(result.observation.encode("utf-8"))
         if outcome.observation_bytes + size > budget.max_bytes:

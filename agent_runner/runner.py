@@ -157,7 +157,7 @@ class Runner:
             wall_ms = int((time.monotonic() - started) * 1000)
             writer.finish(reason=outcome.reason, final=outcome.final, predicate_exit=predicate_exit,
                           verdict=verdict, why=why, wall_ms=wall_ms, steps=len(outcome.turns),
-                          findings=[f.to_dict() for f in findings])
+                          findings=[f.to_dict() for f in findings], **outcome.agent_record)
             return AttemptResult(task.id, attempt, verdict, outcome.reason, why, predicate_exit, wall_ms,
                                  len(outcome.turns), this_env_sha)
         except Exception as exc:  # a runner bug in one attempt is recorded; the others still run
@@ -188,7 +188,9 @@ class Runner:
                 return LoopOutcome(reason="agent_error", final=str(exc), infra_error=str(exc))
             except agents.AgentFailed as exc:
                 return LoopOutcome(reason="agent_error", final=str(exc))
-            return drive(agent, toolbox, task.budget, writer, deadline)
+            outcome = drive(agent, toolbox, task.budget, writer, deadline)
+            outcome.agent_record = agent.finish_record()
+            return outcome
         finally:
             agent.close()
 

@@ -24,7 +24,7 @@ from .redact import redact
 
 PathArg = Union[str, "os.PathLike[str]"]
 SCHEMA = "crosshost.trace/1"
-FINISH_REASONS = ("stop", "budget_steps", "budget_bytes", "timeout", "agent_error")
+FINISH_REASONS = ("stop", "budget_steps", "budget_bytes", "budget_model", "timeout", "agent_error")
 VERDICTS = ("pass", "fail", "error")
 # The seed's single JSON document is loaded whole; JSONL is streamed. Bigger JSON documents are refused.
 _MAX_JSON_DOCUMENT = 64 * 1024 * 1024
@@ -229,7 +229,7 @@ class TraceWriter:
 
     def turn(self, *, tool: str, args: Dict[str, Any], observation: str, error: Optional[str],
              prompt_tokens: int = 0, completion_tokens: int = 0, latency_ms: int = 0,
-             reason: str = "tool_calls") -> Dict[str, Any]:
+             reason: str = "tool_calls", model: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Write one turn; returns the record as written (redacted), which is what the checker reads."""
         self.steps += 1
         safe_args = redact(args)
@@ -239,6 +239,8 @@ class TraceWriter:
                   "args_fp": fp(safe_args), "obs_fp": fp(safe_obs), "error": error,
                   "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "latency_ms": latency_ms, "reason": reason}
+        if model is not None:  # the openai agent's request: status, retries, provider model/fingerprint
+            record["model"] = model
         self._write(self._handle, record)
         if self._obs is not None:
             self._write(self._obs, {"type": "obs", "step": self.steps, "tool": tool, "content": safe_obs})

@@ -182,6 +182,27 @@ class ModelProxy:
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
+    @classmethod
+    def from_agent(
+        cls,
+        agent: Mapping[str, Any],
+        *,
+        where: str = "suite.toml",
+        environ: Mapping[str, str] | None = None,
+        **kw: Any,
+    ) -> ModelProxy:
+        """A proxy for a normalised suite's ``[agent]`` table of ``kind = "openai"`` (not started)."""
+        return cls(
+            str(agent.get("base_url", "")),
+            str(agent.get("api_key_env", "")),
+            model=agent.get("model"),
+            max_requests=agent.get("max_requests"),
+            max_total_tokens=agent.get("max_total_tokens"),
+            environ=environ,
+            where=where,
+            **kw,
+        )
+
     def __repr__(self) -> str:  # never the key
         return f"ModelProxy(base_url={self.base_url!r}, port={self.port if self._server else None})"
 
@@ -195,7 +216,10 @@ class ModelProxy:
         self._server = server
         self._thread = threading.Thread(
             # a short poll so stop() returns promptly at the end of every host's run
-            target=server.serve_forever, args=(0.05,), name="crosshost-model-proxy", daemon=True
+            target=server.serve_forever,
+            args=(0.05,),
+            name="crosshost-model-proxy",
+            daemon=True,
         )
         self._thread.start()
         return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from agent_runner.openai_agent import (
     parse_completion,
 )
 from orchestrator.proxy import ModelProxy
+from tests.agent_runner.helpers import clean_env, records, run_runner, write_suite
 from tests.fake_provider import FakeProvider, unused_port
 
 KEY = "sk-agent-test-key-0123456789"
@@ -125,3 +127,124 @@ def test_bad_tool_arguments_are_flagged_not_crashed() -> None:
     assert turn.tool_calls[0].args == {} and "not valid JSON" in (turn.tool_calls[0].args_error or "")
     with pytest.raises(ModelError):
         parse_completion(b'{"choices": []}')
+
+
+# --- the real runner CLI, an openai suite, the proxy and the provider on loopback ----------------------
+
+OPENAI_SUITE = """name = "live"
+[agent]
+kind = "openai"
+model = "m1"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "CROSSHOST_TEST_MODEL_KEY"
+temperature = 0
+seed = 7
+max_tokens = 256
+[budget]
+max_steps = 6
+timeout_s = 30
+"""
+ANSWER_SCRIPT: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "lookup", "args": {"q": "answer"}}]},
+    {"tool_calls": [{"name": "write_file", "args": {"path": "answer.txt", "content": "42"}}]},
+    {"content": "wrote it", "finish": "stop"},
+]
+
+
+def openai_suite(root: Path) -> Path:
+    return write_suite(
+        root,
+        {
+            "t1": {
+                "toml": '[fixtures]\nlookup = "the answer is 42"\n',
+                "prompt": "find the answer, write it",
+                "repo": {"run_tests.sh": 'test "$(cat answer.txt)" = 42\n'},
+            }
+        },
+        suite_toml=OPENAI_SUITE,
+    )
+
+
+def run_openai(
+    tmp_path: Path, model_url: str | None, *extra: str
+) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
+    suite, out = openai_suite(tmp_path / "suite"), tmp_path / "out"
+    env = clean_env(**({"CROSSHOST_MODEL_URL": model_url} if model_url else {}))
+    done = run_runner(
+        "run",
+        "--suite",
+        str(suite),
+        "--out",
+        str(out),
+        "--host",
+        "local",
+        "--workspace-root",
+        str(tmp_path / "ws"),
+        *extra,
+        env=env,
+    )
+    rows = records(out / "results.jsonl") if (out / "results.jsonl").exists() else []
+    trace = records(out / "traces" / "t1.0.jsonl") if (out / "traces" / "t1.0.jsonl").exists() else []
+    everything = "".join(p.read_text() for p in out.rglob("*") if p.is_file())
+    assert KEY not in everything + done.stdout + done.stderr
+    return done, rows, trace
+
+
+def test_runner_passes_an_openai_task_three_times_by_default(tmp_path: Path) -> None:
+    with FakeProvider(script=ANSWER_SCRIPT, key=KEY) as provider, proxy(provider.base_url) as p:
+        done, rows, trace = run_openai(tmp_path, p.url)
+    assert done.returncode == 0, done.stderr
+    assert [(r["attempt"], r["verdict"], r["reason"]) for r in rows] == [
+        (a, "pass", "stop") for a in range(3)
+    ]
+    turns = [r for r in trace if r["type"] == "turn"]
+    assert [t["tool"] for t in turns] == ["lookup", "write_file"]
+    assert turns[0]["prompt_tokens"] == 11 and turns[0]["completion_tokens"] == 7
+    assert turns[0]["model"]["system_fingerprint"] == "fp_fake_0001" and turns[0]["model"]["status"] == 200
+    finish = trace[-1]
+    assert finish["model"]["requests"] == 3 and finish["model"]["completion_tokens"] == 21
+    assert finish["model"]["settings"] == {"model": "m1", "temperature": 0, "seed": 7, "max_tokens": 256}
+    assert len(provider.requests) == 9 == len(p.calls)  # 3 requests x 3 attempts, all through the proxy
+
+
+def test_a_model_that_never_stops_is_stopped_by_the_proxy_cap(tmp_path: Path) -> None:
+    with (
+        FakeProvider(mode="forever", forever_tool="lookup", key=KEY) as provider,
+        proxy(provider.base_url, max_requests=3) as p,
+    ):
+        done, rows, trace = run_openai(tmp_path, p.url, "--repeat", "1")
+    assert done.returncode == 0, done.stderr
+    assert (rows[0]["reason"], rows[0]["verdict"]) == ("budget_model", "fail")
+    assert len([r for r in trace if r["type"] == "turn"]) == 3  # below max_steps = 6: the cap stopped it
+    assert "max_requests = 3" in trace[-1]["final"]
+    assert len(provider.requests) == 3
+
+
+def test_429_twice_is_retried_and_the_trace_shows_both_retries(tmp_path: Path) -> None:
+    with (
+        FakeProvider(script=ANSWER_SCRIPT, key=KEY, fail_first=[429, 429]) as provider,
+        proxy(provider.base_url) as p,
+    ):
+        done, rows, trace = run_openai(tmp_path, p.url, "--repeat", "1")
+    assert done.returncode == 0, done.stderr
+    assert rows[0]["verdict"] == "pass"
+    first = [r for r in trace if r["type"] == "turn"][0]["model"]
+    assert first["retries"] == 2 and [a["status"] for a in first["attempts"]] == [429, 429, 200]
+    assert trace[-1]["model"]["retries"] == 2
+    assert len(provider.requests) == 5
+
+
+@pytest.mark.parametrize("case", ["unreachable", "bad_json", "no_model_url"])
+def test_provider_failures_are_error_verdicts_never_fail(tmp_path: Path, case: str) -> None:
+    with FakeProvider(mode="bad_json", key=KEY) as provider:
+        base = provider.base_url if case == "bad_json" else f"http://127.0.0.1:{unused_port()}/v1"
+        with proxy(base, retry_attempts=2) as p:
+            done, rows, trace = run_openai(
+                tmp_path, None if case == "no_model_url" else p.url, "--repeat", "1"
+            )
+    assert done.returncode == 0, done.stderr
+    assert (rows[0]["verdict"], rows[0]["reason"]) == ("error", "agent_error")
+    expected = {"unreachable": "unreachable", "bad_json": "not JSON", "no_model_url": "CROSSHOST_MODEL_URL"}[
+        case
+    ]
+    assert expected in rows[0]["why"] and "\n" not in rows[0]["why"]

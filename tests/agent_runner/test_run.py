@@ -227,7 +227,9 @@ def test_openai_kind_is_refused_before_any_task(tmp_path: Path, monkeypatch: pyt
     monkeypatch.delitem(agents._REGISTRY, "openai", raising=False)  # as before the openai issue landed
     for key in [k for k in os.environ if is_secret_env_key(k)]:
         monkeypatch.delenv(key)
-    suite = write_suite(tmp_path / "s", {"a": {"script": []}, "b": {"toml": '[agent]\nkind = "openai"\n'}})
+    # A complete [agent] of kind "openai" (suite.py validates its keys), refused by the registry alone.
+    openai_agent_toml = '[agent]\nkind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\napi_key_env = "K"\n'
+    suite = write_suite(tmp_path / "s", {"a": {"script": []}, "b": {"toml": openai_agent_toml}})
     with pytest.raises(InputError, match="openai' is not available"):
         run_suite(RunOptions(suite=str(suite), out=str(tmp_path / "out")))
     assert not (tmp_path / "out" / "results.jsonl").exists()
