@@ -1,0 +1,108 @@
+"""Reading traces never crashes on a damaged line; writing redacts first."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from agent_runner.errors import TraceError
+from agent_runner.trace import TraceWriter, fp, iter_records, read_trace
+
+
+def _write_trace(path: Path) -> None:
+    with TraceWriter(path) as writer:
+        writer.header(run_id="r", host="h", task="t", attempt=0, fingerprint="f" * 16, pins={"budget": {}})
+        writer.turn(tool="lookup", args={"q": "a"}, observation="found", error=None)
+        writer.turn(tool="lookup", args={"q": "b"}, observation="error: no", error="no")
+        writer.finish(reason="stop", final="done", predicate_exit=None, verdict="pass", why="ok", wall_ms=3)
+
+
+def test_fp_is_the_first_12_hex_of_sha256_of_sorted_json() -> None:
+    obj = {"b": 1, "a": [1, "x"]}
+    assert fp(obj) == hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+    assert fp({"a": [1, "x"], "b": 1}) == fp(obj)
+
+
+def test_written_trace_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "t.0.jsonl"
+    _write_trace(path)
+    trace = read_trace(path)
+    assert trace.problems == []
+    assert trace.header is not None and trace.header["schema"] == "crosshost.trace/1"
+    assert [(t["step"], t["args"]) for t in trace.turns] == [(1, {"q": "a"}), (2, {"q": "b"})]
+    assert trace.turns[0]["args_fp"] == fp({"q": "a"}) and trace.turns[0]["obs_fp"] == fp("found")
+    assert trace.finish is not None and trace.finish["verdict"] == "pass"
+
+
+def test_corrupt_lines_become_problems_with_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    _write_trace(path)
+    lines = path.read_text().splitlines()
+    lines.insert(2, '{"type": "turn", "step": 2, "tool": "lookup", "ar')  # cut mid-write
+    lines.insert(3, "[1, 2]")
+    path.write_text("\n".join(lines[:-1]) + "\n")  # and the finish record is lost
+    kinds = [r["type"] for _, r in iter_records(path)]
+    assert kinds == ["header", "turn", "corrupt", "corrupt", "turn"]
+    trace = read_trace(path)
+    assert len(trace.turns) == 2
+    assert any(p.startswith(f"{path}:3: not JSON") for p in trace.problems)
+    assert any(p.startswith(f"{path}:4: a JSON list") for p in trace.problems)
+    assert any("no finish record" in p for p in trace.problems)
+
+
+def test_seed_json_form_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "seed.json"
+    path.write_text(json.dumps({"tool_calls": [
+        {"name": "add_label", "args": {"repo": "r", "issue_id": 1, "label": "bug"}},
+        {"name": "open", "arguments": "{\"x\": 1}"},
+    ]}, indent=2))
+    trace = read_trace(path)
+    assert trace.form == "seed" and trace.problems == []
+    assert [(t["step"], t["tool"], t["args"]) for t in trace.turns] == [
+        (1, "add_label", {"repo": "r", "issue_id": 1, "label": "bug"}), (2, "open", {"x": 1})]
+
+
+@pytest.mark.parametrize("content", ["", "hello\nworld\n", '{"a": 1}\n', "[]"])
+def test_not_a_trace_raises_trace_error(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_text(content)
+    with pytest.raises(TraceError, match="not a trace"):
+        read_trace(path)
+
+
+def test_unreadable_trace_raises_trace_error_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="missing.jsonl"):
+        read_trace(tmp_path / "missing.jsonl")
+
+
+def test_iter_records_streams_in_bounded_memory(tmp_path: Path) -> None:
+    path = tmp_path / "big.jsonl"
+    line = json.dumps({"type": "turn", "step": 1, "tool": "t", "args": {"k": "v" * 40}}) + "\n"
+    with open(path, "w") as handle:
+        handle.write(line * 200_000)  # ~17 MB
+    tracemalloc.start()
+    count = sum(1 for _ in iter_records(path))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert count == 200_000
+    assert peak < 2_000_000
+
+
+def test_writer_redacts_before_writing(tmp_path: Path) -> None:
+    path, obs = tmp_path / "t.jsonl", tmp_path / "t.obs.jsonl"
+    pem = "-----BEGIN OPENSSH PRIVATE KEY-----\nabc\n-----END OPENSSH PRIVATE KEY-----"
+    with TraceWriter(path, obs) as writer:
+        writer.header(run_id="r", host="h", task="t", attempt=0, fingerprint="f", pins={})
+        writer.turn(tool="x", args={"token": "plain-value", "note": "AKIAABCDEFGHIJKLMNOP"},
+                    observation=f"key:\n{pem}", error=None, prompt_tokens=5)
+        writer.finish(reason="stop", final="sk-ant-0123456789abcdefXYZ", predicate_exit=0, verdict="pass",
+                      why="ok", wall_ms=1)
+    text = path.read_text() + obs.read_text()
+    for secret in ("plain-value", "AKIAABCDEFGHIJKLMNOP", "abc\n", "BEGIN OPENSSH", "sk-ant-0123"):
+        assert secret not in text
+    turn = read_trace(path).turns[0]
+    assert turn["args"] == {"token": "[REDACTED]", "note": "[REDACTED]"} and turn["prompt_tokens"] == 5
