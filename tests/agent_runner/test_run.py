@@ -82,6 +82,16 @@ def test_command_agent_gets_abort_and_budget_steps_without_cooperating(tmp_path:
     assert trace[-1]["reason"] == "budget_steps"
 
 
+def test_observation_bytes_budget_stops_the_attempt(tmp_path: Path) -> None:
+    script = [{"tool_calls": [{"name": "lookup", "args": {"q": str(i)}}]} for i in range(5)]
+    toml = '[budget]\nmax_bytes = 250\n[fixtures]\nlookup = "' + "x" * 100 + '"\n'
+    suite = write_suite(tmp_path / "s", {"t": {"script": script, "toml": toml}})
+    assert run_runner("run", "--suite", str(suite), "--out", str(tmp_path / "out")).returncode == 0
+    trace = records(tmp_path / "out" / "traces" / "t.0.jsonl")
+    assert [r["type"] for r in trace] == ["header", "turn", "turn", "turn", "finish"]  # 3rd obs: 300 > 250
+    assert trace[-1]["reason"] == "budget_bytes" and trace[-1]["verdict"] == "fail"
+
+
 def test_unknown_tool_and_refused_shell_get_an_error_and_start_no_process(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     script = [

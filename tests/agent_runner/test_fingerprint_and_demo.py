@@ -1,0 +1,67 @@
+"""The fingerprint's fields and findings, and the demo's host-dependent tasks on a host that differs:
+/opt/crosshost-demo present (a private mount namespace, as box-b) and no UTF-8 locale."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.agent_runner.helpers import REPO, TRIAGE, clean_env, records, run_runner
+
+
+def test_fingerprint_fields_cwd_tools_and_findings(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / ".env").write_text("X=1\n")
+    done = run_runner("fingerprint", "--cwd", str(tmp_path / "work"), "--tools", str(TRIAGE / "tools.json"),
+                      env=clean_env(HOME=str(home), TZ="UTC"))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    for key in ("hostname", "platform", "python", "cwd", "cwd_exists", "user_home_in_cwd", "env_keys",
+                "has_local_dotenv", "cpu_count", "locale", "tz", "uid", "home", "tool_versions", "findings"):
+        assert key in data, key
+    assert data["cwd"] == str(tmp_path / "work") and data["cwd_exists"] and data["has_local_dotenv"]
+    assert data["home"] == str(home) and not data["user_home_in_cwd"]
+    assert data["tz"]["TZ"] == "UTC" and "TZ" in data["env_keys"]
+    assert data["tool_versions"]["git"].startswith("git version")
+    assert set(data["tool_versions"]) == {"cat", "git", "grep", "ls", "sh"}
+    ssh = [f for f in data["findings"] if f["kind"] == "ssh_dir"]
+    assert ssh and ssh[0]["action"] == "burn" and ssh[0]["detail"] == str(home / ".ssh")
+    # stable: the same host twice gives the same 16-hex digest, though capture time moves
+    again = json.loads(run_runner("fingerprint", "--cwd", str(tmp_path / "work"), "--tools",
+                                  str(TRIAGE / "tools.json"), env=clean_env(HOME=str(home), TZ="UTC")).stdout)
+    assert again["fingerprint"] == data["fingerprint"] and len(data["fingerprint"]) == 16
+    moved = json.loads(run_runner("fingerprint", "--cwd", str(home), env=clean_env(HOME=str(home))).stdout)
+    assert moved["user_home_in_cwd"] and moved["fingerprint"] != data["fingerprint"]
+
+
+def _run_demo(out: Path, env: dict[str, str], with_flag: bool, tmp_path: Path) -> None:
+    tasks = "feature-flag-probe,locale-probe,shape-shifter"
+    argv = [sys.executable, "-m", "agent_runner", "run", "--suite", str(TRIAGE), "--out", str(out), "--tasks",
+            tasks, "--repeat", "1"]
+    if with_flag:  # a private /opt, as on box-b: the host's own /opt is untouched
+        opt = tmp_path / "opt"
+        (opt / "crosshost-demo").mkdir(parents=True)
+        (opt / "crosshost-demo" / "feature.flag").write_text("on\n")
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f'mount --bind "{opt}" /opt && exec "$@"', "sh", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_demo_host_facts_flip_the_probes_and_change_the_agents_shape(tmp_path: Path) -> None:
+    here, there = tmp_path / "here", tmp_path / "there"
+    _run_demo(here, clean_env(LANG="C.UTF-8"), with_flag=False, tmp_path=tmp_path)
+    without_lang = {k: v for k, v in clean_env().items() if k not in ("LANG", "LC_ALL")}
+    _run_demo(there, without_lang, with_flag=True, tmp_path=tmp_path)
+    verdict = {(d.name, r["task"]): r["verdict"] for d in (here, there) for r in records(d / "results.jsonl")}
+    assert verdict[("here", "feature-flag-probe")] == "pass" and verdict[("there", "feature-flag-probe")] == "fail"
+    assert verdict[("here", "locale-probe")] == "pass" and verdict[("there", "locale-probe")] == "fail"
+    # shape-shifter passes on both hosts, but its restart_unit call has another argument set on box-b
+    assert verdict[("here", "shape-shifter")] == verdict[("there", "shape-shifter")] == "pass"
+    restart = [[t["args"] for t in records(d / "traces" / "shape-shifter.0.jsonl")
+                if t.get("tool") == "restart_unit"] for d in (here, there)]
+    assert restart == [[{"unit": "nginx.service"}], [{"unit": "nginx.service", "grace_s": 30}]]
