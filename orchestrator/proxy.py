@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,8 +42,10 @@ from typing import Any
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
-from orchestrator.errors import ApiKeyMissing, InputError
+from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
+from orchestrator.transport.base import Host
 
+MODEL_URL_ENV = "CROSSHOST_MODEL_URL"  # the only thing a runner learns about the model's whereabouts
 CHAT_PATH = "/v1/chat/completions"
 CALL_HEADER = "X-Crosshost-Call"
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
@@ -58,6 +60,39 @@ ERR_BAD_JSON = "crosshost_provider_bad_json"
 
 # Provider error messages may quote a masked key ("sk-ab***yz"); never relay anything key-shaped.
 _KEYISH = re.compile(r"\b(sk|pk|rk|key)[-_][A-Za-z0-9_\-*.]{4,}", re.IGNORECASE)
+
+
+def openai_agent_config(
+    normalised: Mapping[str, Any], tasks: list[str] | None = None
+) -> dict[str, Any] | None:
+    """The proxy's settings for a normalised suite whose (selected) tasks use ``kind = "openai"``.
+
+    None when no selected task talks to a model. One proxy serves a host's whole run, so every such
+    task must agree on ``base_url`` and ``api_key_env``; ``model`` is pinned only when they agree on it.
+    """
+    raw_agent = normalised.get("agent")
+    suite_agent: dict[str, Any] = raw_agent if isinstance(raw_agent, dict) else {}
+    agents: list[dict[str, Any]] = []
+    for task in normalised.get("tasks") or []:
+        if not isinstance(task, dict) or (tasks is not None and task.get("id") not in tasks):
+            continue
+        raw_own = task.get("agent")
+        own: dict[str, Any] = raw_own if isinstance(raw_own, dict) else {}
+        merged = (
+            dict(suite_agent) if own.get("kind", suite_agent.get("kind")) == suite_agent.get("kind") else {}
+        )
+        merged.update(own)
+        if merged.get("kind") == "openai":
+            agents.append(merged)
+    if not agents:
+        return None
+    config = dict(agents[0])
+    for key in ("base_url", "api_key_env", "max_requests", "max_total_tokens"):
+        if len({json.dumps(a.get(key)) for a in agents}) > 1:
+            raise SuiteError(f"[agent] {key}: every openai task of a suite must use the same {key}")
+    if len({a.get("model") for a in agents}) > 1:
+        config["model"] = None
+    return config
 
 
 def require_api_key(
@@ -537,3 +572,37 @@ def _int(value: Any) -> int:
 
 def _str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+@contextlib.contextmanager
+def model_route(
+    host: Host, agent: Mapping[str, Any] | None, record_dir: Path | None = None
+) -> Iterator[dict[str, str]]:
+    """Serve the model to one host's run: yields the runner's extra environment (``CROSSHOST_MODEL_URL``).
+
+    The local host (and a FakeHost) reaches the proxy on the controller's loopback; a host with
+    ``forward_remote`` (SshHost) gets a reverse forward on its own 127.0.0.1, on the same SSH transport,
+    closed when the run ends. ``record_dir/model_calls.jsonl`` gets every request. ``agent`` None: no
+    model, nothing started, nothing added.
+    """
+    if agent is None:
+        yield {}
+        return
+    proxy = ModelProxy.from_agent(agent)
+    with proxy:
+        forward = getattr(host, "forward_remote", None) if host.kind not in ("local", "fake") else None
+        port: int | None = None
+        try:
+            if forward is not None:
+                port = int(forward(proxy.port))
+                url = ModelProxy.url_for_port(port)
+            else:
+                url = proxy.url
+            yield {MODEL_URL_ENV: url}
+        finally:
+            if port is not None:
+                host.cancel_forward(port)  # type: ignore[attr-defined]
+            if record_dir is not None:
+                with contextlib.suppress(OSError):
+                    record_dir.mkdir(parents=True, exist_ok=True)
+                    proxy.write_jsonl(record_dir / "model_calls.jsonl")

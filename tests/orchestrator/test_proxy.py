@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import ApiKeyMissing
-from orchestrator.proxy import CALL_HEADER, ModelProxy
+from orchestrator.errors import ApiKeyMissing, SuiteError
+from orchestrator.proxy import CALL_HEADER, ModelProxy, model_route, openai_agent_config
+from orchestrator.transport.local import LocalHost
 from tests.fake_provider import FakeProvider, unused_port
 
 KEY = "sk-test-key-0123456789abcdef"
@@ -176,3 +177,44 @@ def test_records_hold_no_key_and_proxy_closes_its_port(tmp_path: Any) -> None:
     assert [r["id"] for r in rows] == [1] and KEY not in out.read_text()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "/chat/completions", data=b"{}", timeout=2)
+
+
+def test_openai_agent_config_merges_suite_and_tasks_and_selects_only_model_tasks() -> None:
+    agent = {
+        "kind": "openai",
+        "model": "m1",
+        "base_url": "http://x/v1",
+        "api_key_env": "K",
+        "max_requests": 5,
+    }
+    suite = {
+        "agent": agent,
+        "tasks": [{"id": "a"}, {"id": "b", "agent": {"model": "m2"}}, {"id": "p", "agent": {"kind": "none"}}],
+    }
+    both = openai_agent_config(suite)
+    assert both is not None and both["max_requests"] == 5 and both["model"] is None  # two models: no pin
+    only_a = openai_agent_config(suite, ["a", "p"])
+    assert only_a is not None and only_a["model"] == "m1"
+    assert openai_agent_config(suite, ["p"]) is None
+    assert openai_agent_config({"agent": {"kind": "scripted"}, "tasks": [{"id": "a"}]}) is None
+    split = {"agent": agent, "tasks": [{"id": "a"}, {"id": "b", "agent": {"base_url": "http://y/v1"}}]}
+    with pytest.raises(SuiteError, match="base_url"):
+        openai_agent_config(split)
+
+
+def test_model_route_serves_the_local_host_directly_and_records_calls(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("TEST_MODEL_KEY", KEY)
+    agent = {"kind": "openai", "model": "m1", "api_key_env": "TEST_MODEL_KEY"}
+    with FakeProvider(key=KEY) as provider:
+        agent["base_url"] = provider.base_url
+        with model_route(LocalHost(), agent, tmp_path) as env:
+            status, _, _ = post(env["CROSSHOST_MODEL_URL"], chat())
+        with model_route(LocalHost(), None, tmp_path) as nothing:
+            assert nothing == {}
+    assert status == 200 and set(env) == {"CROSSHOST_MODEL_URL"}
+    assert env["CROSSHOST_MODEL_URL"].startswith("http://127.0.0.1:")
+    assert [
+        json.loads(line)["status"] for line in (tmp_path / "model_calls.jsonl").read_text().splitlines()
+    ] == [200]
