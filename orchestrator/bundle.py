@@ -53,6 +53,10 @@ def _info(name: str, *, size: int = 0, directory: bool = False, executable: bool
     return info
 
 
+#: replaced by suite.json in the bundle: a runner reads suite.toml first, and a host may lack tomllib
+_REPLACED_BY_SUITE_JSON = "suite.toml"
+
+
 def _suite_files(suite_dir: Path) -> list[Path]:
     """Every file of the suite, sorted; a symlink is refused (it could pull in anything)."""
     files: list[Path] = []
@@ -64,6 +68,8 @@ def _suite_files(suite_dir: Path) -> list[Path]:
         for name in sorted(names):
             if name in _SKIP_NAMES or name.endswith(".pyc"):
                 continue
+            if name == _REPLACED_BY_SUITE_JSON and Path(root) == suite_dir:
+                continue
             p = Path(root) / name
             if p.is_symlink():
                 raise SuiteError(f"{p}: symlinks are not shipped in a suite; copy the file in")
@@ -73,7 +79,9 @@ def _suite_files(suite_dir: Path) -> list[Path]:
 
 
 def build_suite_tar(suite_dir: Path, normalised: dict[str, Any], out_dir: Path) -> tuple[Path, str]:
-    """``suite-<sha>.tar``: the suite's files and ``suite.json``; the same input gives the same bytes."""
+    """``suite-<sha>.tar``: the suite's files with ``suite.json`` in place of ``suite.toml``.
+
+    The same input gives the same bytes (and so the same sha)."""
     if (suite_dir / SUITE_JSON).exists():
         raise SuiteError(f"{suite_dir / SUITE_JSON}: reserved name (crosshost writes the normalised suite there)")
     buf = io.BytesIO()
@@ -122,9 +130,8 @@ class Bundle:
 
 def normalise(suite_dir: Path) -> dict[str, Any]:
     """The runner's one suite validator; its SuiteError becomes ours (exit 2) at this boundary."""
-    from agent_runner.suite import normalise_suite
-
     from agent_runner import errors as runner_errors
+    from agent_runner.suite import normalise_suite
 
     if not suite_dir.is_dir():
         raise SuiteError(f"{suite_dir}: not a directory (expected a suite with suite.toml)")

@@ -84,6 +84,46 @@ def version() -> int:
     return 0
 
 
+@app.command("replay")
+@guarded
+def replay_cmd(
+    suite: Annotated[Path, typer.Argument(help="The suite directory (suite.toml, tasks/).")],
+    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="The hosts.toml to use.")] = Path("hosts.toml"),
+    hosts: Annotated[str | None, typer.Option("--hosts", help="Only these hosts (comma-separated).")] = None,
+    tasks: Annotated[str | None, typer.Option("--tasks", help="Only these tasks (comma-separated).")] = None,
+    repeat: Annotated[int | None, typer.Option("--repeat", min=1, help="Attempts per task per host.")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Where run directories are written.")] = Path("runs"),
+    jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Hosts at once (default min(8, hosts)).")] = None,
+    gate: Annotated[float | None, typer.Option("--gate", min=0, max=1, help="Flip-rate gate (default: the suite's).")] = None,
+    accept_new: Annotated[bool, typer.Option("--accept-new", help="Trust unknown host keys (first use).")] = False,
+) -> int:
+    """Replay SUITE on every host of the inventory; write runs/<run_id>/; exit 0/1/2/3 as DESIGN says."""
+    from orchestrator.replay import ReplayRequest, run_and_render
+
+    def split(v: str | None) -> list[str] | None:
+        return [x.strip() for x in v.split(",") if x.strip()] if v else None
+
+    request = ReplayRequest(
+        suite_dir=suite, inventory_path=inventory, hosts=split(hosts), tasks=split(tasks), repeat=repeat,
+        out=out, jobs=jobs, gate=gate, accept_new=accept_new,
+    )  # fmt: skip
+    return run_and_render(request)
+
+
+@app.command("hosts")
+@guarded
+def hosts_cmd(
+    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="The hosts.toml to use.")] = Path("hosts.toml"),
+    accept_new: Annotated[
+        bool, typer.Option("--accept-new", help="Record unknown host keys in the tool-owned known_hosts.")
+    ] = False,
+) -> int:
+    """Per host: reachable, python version, fingerprint digest, isolation findings."""
+    from orchestrator.probe import probe_and_render
+
+    return probe_and_render(inventory, accept_new=accept_new)
+
+
 @app.command("history")
 @guarded
 def history_cmd(

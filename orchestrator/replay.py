@@ -157,7 +157,7 @@ class _Plan:
     emit: EventSink
 
 
-def _fingerprint_digest(fp: dict[str, Any]) -> str | None:
+def fingerprint_digest(fp: dict[str, Any]) -> str | None:
     for key in ("fingerprint", "digest", "sha", "env_sha"):
         v = fp.get(key)
         if isinstance(v, str) and v:
@@ -165,17 +165,14 @@ def _fingerprint_digest(fp: dict[str, Any]) -> str | None:
     return None
 
 
-def _python_version(fp: dict[str, Any]) -> str | None:
-    py = fp.get("python")
+def python_version(fp: dict[str, Any]) -> str | None:
+    py = fp.get("python")  # "CPython 3.11.2"
     if isinstance(py, dict):
-        py = py.get("version") or py.get("implementation_version")
-    if isinstance(py, str):
-        return py.split()[0]
-    v = fp.get("python_version")
-    return str(v) if v else None
+        py = py.get("version")
+    return str(py) if py else None
 
 
-def _tail(text: str, n: int = 300) -> str:
+def tail(text: str, n: int = 300) -> str:
     text = " ".join(text.strip().split())
     return text if len(text) <= n else "…" + text[-n:]
 
@@ -265,7 +262,7 @@ class HostJob:
         runs = remote.q(posixpath.dirname(self.workspace))
         made = self._exec(host, f"mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {ws}/work")
         if not made.ok:
-            raise RunnerCrashed(self.cfg.name, f"cannot create {self.workspace}: {_tail(made.stderr)}")
+            raise RunnerCrashed(self.cfg.name, f"cannot create {self.workspace}: {tail(made.stderr)}")
         return pushed
 
     def _runner_argv(self, *args: str) -> list[str]:
@@ -280,17 +277,17 @@ class HostJob:
         res = self._exec(host, f"cd {remote.q(self.workspace)} && exec timeout -s KILL 60 {cmd}", 90)
         if not res.ok:
             raise RunnerCrashed(
-                self.cfg.name, f"fingerprint failed (exit {res.exit_code}): {_tail(res.stderr or res.stdout)}"
+                self.cfg.name, f"fingerprint failed (exit {res.exit_code}): {tail(res.stderr or res.stdout)}"
             )
         try:
             fp = json.loads(res.stdout)
         except json.JSONDecodeError as exc:
-            raise RunnerCrashed(self.cfg.name, f"fingerprint printed no JSON: {_tail(res.stdout)}") from exc
+            raise RunnerCrashed(self.cfg.name, f"fingerprint printed no JSON: {tail(res.stdout)}") from exc
         if not isinstance(fp, dict):
             raise RunnerCrashed(self.cfg.name, "fingerprint printed JSON that is not an object")
         self.fingerprint = fp
-        self.record.fingerprint = _fingerprint_digest(fp)
-        self.record.python = _python_version(fp)
+        self.record.fingerprint = fingerprint_digest(fp)
+        self.record.python = python_version(fp)
 
     def kill_after_s(self) -> int:
         attempts = max(1, len(self.plan.tasks)) * max(1, self.plan.repeat)
@@ -302,6 +299,7 @@ class HostJob:
             "run", "--suite", suite, "--out", posixpath.join(self.workspace, "out"),
             "--host", self.cfg.name, "--run-id", self.plan.run_dir.run_id,
             "--workspace-root", posixpath.join(self.workspace, "work"),
+            "--env-allow", ",".join(self.cfg.env_allowlist),
         ]  # fmt: skip
         if not self.plan.all_tasks:
             args += ["--tasks", ",".join(self.plan.tasks)]
@@ -337,10 +335,10 @@ class HostJob:
         if result.timed_out or result.exit_code in (137, -9):  # 128+KILL via a shell, -KILL directly
             raise RunnerCrashed(name, f"runner killed after {self.kill_after_s()} s (timeout_s x attempts + margin)")
         if result.exit_code == 2:
-            raise RunnerCrashed(name, f"runner refused its input: {_tail(result.stderr or result.stdout)}")
+            raise RunnerCrashed(name, f"runner refused its input: {tail(result.stderr or result.stdout)}")
         if result.exit_code != 0:
             raise RunnerCrashed(
-                name, f"runner exited {result.exit_code}: {_tail(result.stderr or result.stdout) or 'no output'}"
+                name, f"runner exited {result.exit_code}: {tail(result.stderr or result.stdout) or 'no output'}"
             )
         if not (self.host_dir / "results.jsonl").is_file():
             raise RunnerCrashed(name, f"runner exited 0 but sent no results.jsonl ({pulled} files pulled)")
@@ -353,8 +351,8 @@ class HostJob:
         elif path.is_file():
             try:
                 fp = json.loads(path.read_text())
-                self.record.fingerprint = _fingerprint_digest(fp) or self.record.fingerprint
-                self.record.python = _python_version(fp) or self.record.python
+                self.record.fingerprint = fingerprint_digest(fp) or self.record.fingerprint
+                self.record.python = python_version(fp) or self.record.python
             except (OSError, ValueError):
                 pass
 
@@ -371,7 +369,7 @@ class HostJob:
             self.record.workspace_removed = res.ok
             if not res.ok and error is None:
                 raise WorkspaceLeft(
-                    self.cfg.name, f"{self.workspace} is still there after rm -rf: {_tail(res.stderr)}"
+                    self.cfg.name, f"{self.workspace} is still there after rm -rf: {tail(res.stderr)}"
                 )
         except HostError as exc:
             self.record.workspace_removed = False
@@ -709,3 +707,31 @@ def summary_table(outcome: ReplayOutcome) -> Any:
             rec.error or "",
         )
     return table
+
+
+def run_and_render(request: ReplayRequest, *, err_console: Any = None, out_console: Any = None) -> int:
+    """What ``crosshost replay`` does: progress on stderr, the summary and report on stdout."""
+    from rich.console import Console
+
+    from orchestrator.inventory import load_inventory
+
+    err_console = err_console or Console(stderr=True)
+    out_console = out_console or Console()
+    inventory = load_inventory(request.inventory_path)
+    names = [h.name for h in (inventory.select(request.hosts) if request.hosts else inventory.hosts)]
+    with ProgressView(names, err_console) as view:
+        outcome = replay(request, on_event=view)
+    out_console.print(summary_table(outcome))
+    if outcome.report is not None:
+        from orchestrator.report import render_table
+
+        out_console.print(render_table(outcome.report))
+    elif not outcome.manifest.interrupted:
+        out_console.print("analysis not available: the run directory is complete, reports are not written")
+    for err in outcome.errors.values():
+        if err != "interrupted":
+            err_console.print(err, markup=False, highlight=False, soft_wrap=True)
+    if outcome.manifest.interrupted:
+        err_console.print("interrupted: remote workspaces removed, partial results written", markup=False)
+    out_console.print(f"run directory: {outcome.run_dir.path}  (exit {outcome.exit_code})", markup=False)
+    return outcome.exit_code

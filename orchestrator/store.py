@@ -49,8 +49,8 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+def write_json_atomic(path: Path, obj: Any, *, sort_keys: bool = True) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n").encode())
 
 
 class SuiteRef(BaseModel):
@@ -137,7 +137,8 @@ class RunDir:
         return self.path / "hosts" / host
 
     def write_manifest(self, manifest: Manifest) -> None:
-        write_json_atomic(self.manifest_path, manifest.dump())
+        # Unsorted: ``hosts`` keeps inventory order (the first is the reference).
+        write_json_atomic(self.manifest_path, manifest.dump(), sort_keys=False)
 
     def write_contract(self, contract_json: bytes) -> None:
         write_bytes_atomic(self.path / "contract.json", contract_json)

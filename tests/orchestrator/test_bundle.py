@@ -38,17 +38,18 @@ def _runner(root: Path) -> Path:
 def test_suite_tar_is_reproducible_and_carries_suite_json(tmp_path: Path) -> None:
     s = _suite(tmp_path)
     a, sha_a = build_suite_tar(s, NORMALISED, tmp_path / "out1")
-    os.utime(s / "suite.toml", (1, 1))  # a timestamp must not change the hash
+    os.utime(s / "contract.json", (1, 1))  # a timestamp must not change the hash
     b, sha_b = build_suite_tar(s, NORMALISED, tmp_path / "out2")
     assert sha_a == sha_b and a.read_bytes() == b.read_bytes()
     assert a.name == f"suite-{sha_a}.tar" and sha256_file(a) == sha_a
     with tarfile.open(a) as tar:
         names = tar.getnames()
         assert "suite.json" in names and "tasks/t1/repo/run_tests.sh" in names
+        assert "suite.toml" not in names  # replaced by suite.json: the runner reads TOML first
         assert not any("__pycache__" in n for n in names)
         assert tar.getmember("tasks/t1/repo/run_tests.sh").mode == 0o755
     # Content changes the hash.
-    (s / "suite.toml").write_text('name = "mini2"\n')
+    (s / "contract.json").write_text("{}\n")
     _, sha_c = build_suite_tar(s, NORMALISED, tmp_path / "out3")
     assert sha_c != sha_a
 

@@ -1,0 +1,140 @@
+"""``crosshost hosts``: can each host be used, and what is it? One row per host.
+
+Per host (in the same bounded pool as a replay): connect (``--accept-new`` records an unknown key in
+the tool-owned known_hosts; a changed key is refused even then), push the runner zipapp into a
+throw-away directory under ``workspace_root``, run its ``fingerprint`` under the same clean
+environment a replay uses, then remove the directory and verify it is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import secrets
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import remote
+from orchestrator.errors import CrosshostError, HostError, RunnerCrashed, TransferError, WorkspaceLeft
+from orchestrator.fanout import default_jobs, fan_out
+from orchestrator.replay import Opener, default_opener, fingerprint_digest, python_version, tail
+from orchestrator.transport.base import Host
+
+_TIMEOUT_S = 90.0
+
+
+@dataclass
+class ProbeResult:
+    name: str
+    transport: str
+    reachable: bool = False
+    python: str | None = None
+    fingerprint: str | None = None
+    hostname: str | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    retries: int = 0
+    cleaned: bool | None = None
+    error: str | None = None
+
+
+def probe_host(cfg: Any, runner: Path, *, opener: Opener, accept_new: bool) -> ProbeResult:
+    result = ProbeResult(cfg.name, cfg.transport)
+
+    def on_retry(_info: dict[str, Any]) -> None:
+        result.retries += 1
+
+    host: Host = opener(cfg, accept_new=accept_new, on_retry=on_retry)
+    result.reachable = True
+    probe_dir = posixpath.join(cfg.workspace_root, f"probe-{secrets.token_hex(6)}")
+    q = remote.q
+    try:
+        made = host.exec(["sh", "-c", f"mkdir -p {q(cfg.workspace_root)} && mkdir -m 700 {q(probe_dir)}"], _TIMEOUT_S)
+        if not made.ok:
+            raise TransferError(cfg.name, f"cannot create {probe_dir}: {tail(made.stderr)}")
+        host.put(runner, posixpath.join(probe_dir, "runner.pyz"))
+        argv = [cfg.python, posixpath.join(probe_dir, "runner.pyz"), "fingerprint", "--cwd", probe_dir]
+        cmd = remote.clean_env_command(cfg.env_allowlist, cfg.env, argv)
+        res = host.exec(["sh", "-c", f"cd {q(probe_dir)} && exec {cmd}"], _TIMEOUT_S)
+        if not res.ok:
+            raise RunnerCrashed(
+                cfg.name, f"fingerprint failed (exit {res.exit_code}): {tail(res.stderr or res.stdout)}"
+            )
+        try:
+            fp = json.loads(res.stdout)
+        except json.JSONDecodeError as exc:
+            raise RunnerCrashed(cfg.name, f"fingerprint printed no JSON: {tail(res.stdout)}") from exc
+        result.fingerprint = fingerprint_digest(fp)
+        result.python = python_version(fp)
+        result.hostname = fp.get("hostname")
+        result.findings = [f for f in fp.get("findings", []) if isinstance(f, dict)]
+    finally:
+        try:
+            gone = host.exec(["sh", "-c", remote.remove_script(probe_dir)], _TIMEOUT_S)
+            result.cleaned = gone.ok
+        except HostError:
+            result.cleaned = False
+        host.close()
+    if not result.cleaned:
+        raise WorkspaceLeft(cfg.name, f"{probe_dir} could not be removed")
+    return result
+
+
+def probe(inventory_path: Path, *, accept_new: bool = False, opener: Opener | None = None) -> list[ProbeResult]:
+    from orchestrator.inventory import load_inventory
+    from orchestrator.runner_zipapp import build_runner_zipapp
+
+    inventory = load_inventory(inventory_path)
+    configs = {h.name: h for h in inventory.hosts}
+    with tempfile.TemporaryDirectory(prefix="crosshost-probe-") as tmp:
+        runner = build_runner_zipapp(Path(tmp))
+        fan = fan_out(
+            list(configs),
+            lambda n: probe_host(configs[n], runner, opener=opener or default_opener, accept_new=accept_new),
+            jobs=default_jobs(len(configs)),
+        )
+    results: list[ProbeResult] = []
+    for name, outcome in fan.outcomes.items():
+        if outcome.value is not None:
+            results.append(outcome.value)
+            continue
+        exc = outcome.error
+        line = exc.one_line() if isinstance(exc, CrosshostError) else f"{type(exc).__name__}: {exc}"
+        res = ProbeResult(name, configs[name].transport, error=line)
+        res.reachable = not isinstance(exc, HostError) or isinstance(exc, RunnerCrashed | WorkspaceLeft)
+        results.append(res)
+    return results
+
+
+def _findings_text(findings: list[dict[str, Any]]) -> str:
+    if not findings:
+        return "none"
+    return "\n".join(f"{f.get('action', '?')}: {f.get('kind', '?')} {f.get('detail', '')}".rstrip() for f in findings)
+
+
+def probe_and_render(inventory_path: Path, *, accept_new: bool = False) -> int:
+    """``crosshost hosts``: the table; exit 0 when every host answered, 3 otherwise."""
+    from rich.console import Console
+    from rich.table import Table
+
+    results = probe(inventory_path, accept_new=accept_new)
+    table = Table(title=f"hosts in {inventory_path}")
+    for col in ("host", "transport", "reachable", "hostname", "python", "fingerprint", "isolation findings"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        table.add_row(
+            r.name,
+            r.transport,
+            "yes" if r.reachable else "[red]no[/]",
+            r.hostname or "-",
+            r.python or "-",
+            r.fingerprint or "-",
+            _findings_text(r.findings) if r.error is None else f"[red]{r.error}[/]",
+        )
+    Console().print(table)
+    err = Console(stderr=True)
+    for r in results:
+        if r.error:
+            err.print(r.error, markup=False, highlight=False, soft_wrap=True)
+    return 0 if all(r.error is None for r in results) else 3

@@ -1,0 +1,195 @@
+"""crosshost replay against real sshd hosts (each in its own UTS + mount namespace).
+
+What a user relies on: the run directory is complete with different fingerprints; a host that dies
+mid-run is that host's failure only (exit 3, no hang); nothing of the controller's environment
+reaches a runner; and after success, failure, Ctrl-C and a host's death nothing of the run is left
+under workspace_root on any host that can still be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.replay import ReplayRequest, replay
+from orchestrator.store import load_manifest, read_jsonl
+from orchestrator.transport import open_host
+
+pytestmark = pytest.mark.sshd
+
+REPO = Path(__file__).resolve().parents[2]
+TRIAGE = REPO / "examples" / "suites" / "triage"
+SECRET = "crosshost-test-token-3c1f9a"
+
+
+def _slow_suite(root: Path, *, tasks: int, sleep_s: float) -> Path:
+    """A suite of predicate-only tasks, each sleeping ``sleep_s``: long enough to be killed mid-run."""
+    suite = root / "slow"
+    suite.mkdir()
+    shutil.copy(TRIAGE / "contract.json", suite / "contract.json")
+    shutil.copy(TRIAGE / "tools.json", suite / "tools.json")
+    (suite / "suite.toml").write_text(
+        'name = "slow"\nrepeat = 1\ncontract = "contract.json"\ntools = "tools.json"\n'
+        '[agent]\nkind = "none"\n[budget]\nmax_steps = 2\nmax_bytes = 4096\ntimeout_s = 30\n'
+    )
+    for i in range(tasks):
+        task = suite / "tasks" / f"sleep-{i}"
+        (task / "repo").mkdir(parents=True)
+        (task / "task.toml").write_text('description = "sleeps, then passes"\n[agent]\nkind = "none"\n')
+        (task / "prompt.md").write_text("nothing to do\n")
+        script = task / "repo" / "run_tests.sh"
+        script.write_text(f"#!/bin/sh\nsleep {sleep_s}\necho ok\n")
+        script.chmod(0o755)
+    return suite
+
+
+def _left_of_run(inventory_path: Path, run_id: str, skip: set[str] = frozenset()) -> dict[str, str]:
+    """Per reachable host: what is left of this run under its workspace_root ('' when nothing)."""
+    from orchestrator.inventory import load_inventory
+
+    left: dict[str, str] = {}
+    for cfg in load_inventory(inventory_path).hosts:
+        if cfg.name in skip:
+            continue
+        host = open_host(cfg)
+        try:
+            res = host.exec(
+                ["sh", "-c", f"ls -d {cfg.workspace_root}/runs/{run_id} {cfg.workspace_root}/probe-* "
+                 f"{cfg.workspace_root}/bundles/.tmp-* 2>/dev/null; true"],
+                30,
+            )  # fmt: skip
+            left[cfg.name] = res.stdout.strip()
+        finally:
+            host.close()
+    return left
+
+
+def test_replay_on_local_and_two_sshd_hosts(sshd_hosts: Any, tmp_path: Path) -> None:
+    req = ReplayRequest(
+        suite_dir=TRIAGE, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs",
+        tasks=["feature-flag-probe", "restart-unhealthy-only", "locale-probe"], repeat=1,
+    )  # fmt: skip
+    out = replay(req)
+    rd = out.run_dir.path
+    m = load_manifest(rd)
+    assert out.exit_code in (0, 1), m.hosts  # no infrastructure failure
+    assert list(m.hosts) == ["local", "box-a", "box-b"] and m.reference == "local"
+    fingerprints = {}
+    for name in ("local", "box-a", "box-b"):
+        rec = m.hosts[name]
+        assert rec.reachable and rec.error is None and rec.workspace_removed is True, (name, rec)
+        fp = json.loads((rd / "hosts" / name / "fingerprint.json").read_text())
+        fingerprints[name] = fp["fingerprint"]
+        if name != "local":
+            assert fp["hostname"] == name  # its own UTS namespace
+        traces = sorted(p.name for p in (rd / "hosts" / name / "traces").glob("*.jsonl"))
+        assert "feature-flag-probe.0.jsonl" in traces and "locale-probe.0.jsonl" in traces
+    assert len(set(fingerprints.values())) == 3
+    rows = read_jsonl(rd / "results.jsonl")
+    assert len(rows) == 9 and {r["env"] for r in rows} == {"local", "box-a", "box-b"}
+    assert all(r["verdict"] in ("pass", "fail") for r in rows)
+    assert json.loads((rd / "contract.json").read_text())["contract_id"] == "issue.triage.v3"
+    assert not any("identity_file" in h for h in m.inventory["hosts"])  # no key paths in the record
+    assert _left_of_run(sshd_hosts.inventory_path, m.run_id) == {"local": "", "box-a": "", "box-b": ""}
+    # A second replay finds the bundle cached on every host.
+    again = replay(ReplayRequest(suite_dir=TRIAGE, inventory_path=sshd_hosts.inventory_path,
+                                 out=tmp_path / "runs", tasks=["locale-probe"], repeat=1))  # fmt: skip
+    assert all(rec.bundle_pushed is False for rec in again.manifest.hosts.values())
+
+
+def test_controller_secret_reaches_no_runner_and_no_pulled_file(
+    sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CROSSHOST_TEST_TOKEN", SECRET)
+    # A real interpreter everywhere: a pyenv shim (the controller's python3 here) adds PYENV_* itself.
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text(
+        sshd_hosts.inventory_path.read_text().replace("[defaults]\n", '[defaults]\npython = "/usr/bin/python3"\n', 1)
+    )
+    req = ReplayRequest(suite_dir=TRIAGE, inventory_path=inventory, out=tmp_path / "runs",
+                        tasks=["locale-probe", "leaky-workdir"], repeat=1)  # fmt: skip
+    out = replay(req, with_analysis=False)
+    rd = out.run_dir.path
+    allow = set(sshd_hosts.config("box-a").env_allowlist)
+    for name in ("local", "box-a", "box-b"):
+        assert out.manifest.hosts[name].error is None, out.manifest.hosts[name]
+        fp = json.loads((rd / "hosts" / name / "fingerprint.json").read_text())
+        # The runner's own view of its environment: allowlisted keys (those the host has) only.
+        assert "CROSSHOST_TEST_TOKEN" not in fp["env_keys"]
+        assert "PATH" in fp["env_keys"]
+        # LC_CTYPE: Python itself sets it under the C locale (PEP 538 locale coercion).
+        assert set(fp["env_keys"]) - allow <= {"LC_CTYPE"}, fp["env_keys"]
+    files = [p for p in rd.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".jsonl" for p in files)
+    for path in files:
+        assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_host_killed_mid_run_others_finish_exit_3(fresh_sshd_host: Any, tmp_path: Path) -> None:
+    suite = _slow_suite(tmp_path, tasks=3, sleep_s=2)
+    fleet = fresh_sshd_host.fleet
+    killed = threading.Event()
+
+    def hook(host: str, stage: str, detail: str) -> None:
+        if host == "box-c" and stage == "run" and not killed.is_set():
+            killed.set()
+            threading.Timer(2.5, fleet.kill, args=["box-c"]).start()
+
+    started = time.monotonic()
+    out = replay(
+        ReplayRequest(suite_dir=suite, inventory_path=fresh_sshd_host.inventory_path, out=tmp_path / "runs"),
+        on_event=hook, with_analysis=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    m = load_manifest(out.run_dir.path)
+    assert killed.is_set()
+    assert out.exit_code == 3
+    assert m.hosts["box-c"].reachable is False
+    assert m.hosts["box-c"].error and "box-c: HostUnreachable" in m.hosts["box-c"].error
+    assert m.hosts["local"].error is None and m.hosts["local"].workspace_removed is True
+    rows = read_jsonl(out.run_dir.results_path)
+    local_rows = [r for r in rows if r["env"] == "local"]
+    assert len(local_rows) == 3 and all(r["verdict"] == "pass" for r in local_rows)
+    assert [r["verdict"] for r in rows if r["env"] == "box-c"] == ["error"] * 3
+    assert elapsed < 60, f"took {elapsed:.0f}s"  # bounded by the connect/keepalive timeouts, not the run's
+    assert _left_of_run(fresh_sshd_host.inventory_path, m.run_id, skip={"box-c"}) == {"local": ""}
+
+
+def test_ctrl_c_and_failure_leave_nothing_behind(sshd_hosts: Any, tmp_path: Path) -> None:
+    suite = _slow_suite(tmp_path, tasks=4, sleep_s=3)
+    box_b_running = threading.Event()
+
+    def hook(host: str, stage: str, detail: str) -> None:
+        if host == "box-b" and stage == "run":
+            box_b_running.set()
+        if host == "box-a" and stage == "run":
+            assert box_b_running.wait(20)
+            time.sleep(1.0)  # box-b's runner is now well under way
+            raise KeyboardInterrupt
+
+    started = time.monotonic()
+    out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs",
+                               jobs=3), on_event=hook, with_analysis=False)  # fmt: skip
+    m = load_manifest(out.run_dir.path)
+    assert out.exit_code == 130 and m.interrupted
+    assert time.monotonic() - started < 30  # runners were killed, not waited out (4 x 3 s each)
+    for name in ("local", "box-a", "box-b"):
+        assert m.hosts[name].workspace_removed is not False, (name, m.hosts[name])
+    assert _left_of_run(sshd_hosts.inventory_path, m.run_id) == {"local": "", "box-a": "", "box-b": ""}
+
+    # A failing runner (an interpreter that exits 1) is exit 3, and its workspace goes too.
+    text = sshd_hosts.inventory_path.read_text()
+    broken = tmp_path / "broken.toml"
+    broken.write_text(text.replace('name = "box-b"', 'name = "box-b"\npython = "/bin/false"'))
+    out = replay(ReplayRequest(suite_dir=suite, inventory_path=broken, out=tmp_path / "runs", hosts=["box-b"]),
+                 with_analysis=False)  # fmt: skip
+    rec = out.manifest.hosts["box-b"]
+    assert out.exit_code == 3 and rec.reachable and rec.error and "RunnerCrashed" in rec.error
+    assert rec.workspace_removed is True
+    assert _left_of_run(broken, out.manifest.run_id) == {"local": "", "box-a": "", "box-b": ""}
