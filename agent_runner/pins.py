@@ -24,7 +24,8 @@ def sha(obj: Any) -> str:
 
 
 def tree_sha(root: Path) -> str:
-    """Digest of a directory: every entry's relative path, kind, executable bit and content."""
+    """Digest of a directory: every entry's relative path, kind and content. File modes are left out:
+    an archive or umask may change them, and the predicate runs through ``sh`` anyway."""
     digest = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -35,10 +36,9 @@ def tree_sha(root: Path) -> str:
             if stat.S_ISLNK(info.st_mode):
                 digest.update(f"L {rel} -> {os.readlink(path)}\n".encode())
             else:
-                executable = "x" if info.st_mode & 0o111 else "-"
                 with open(path, "rb") as handle:
                     content = hashlib.sha256(handle.read()).hexdigest()
-                digest.update(f"F {rel} {executable} {content}\n".encode())
+                digest.update(f"F {rel} {content}\n".encode())
     return digest.hexdigest()
 
 

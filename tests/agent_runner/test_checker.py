@@ -9,7 +9,7 @@ import pytest
 
 from agent_runner.checker import Finding, check_turns, load_contract
 from agent_runner.errors import ContractError
-from tests.agent_runner.helpers import run_runner
+from tests.agent_runner.helpers import TRIAGE, run_runner
 
 SEED_CONTRACT = {
     "contract_id": "issue.triage.v3",
@@ -107,3 +107,16 @@ def test_load_contract_names_the_file_and_what_is_wrong(tmp_path: Path, content:
     with pytest.raises(ContractError, match=message) as info:
         load_contract(path)
     assert str(path) in str(info.value)
+
+
+def test_check_reads_the_runners_own_traces(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_runner("run", "--suite", str(TRIAGE), "--out", str(out), "--repeat", "1", "--tasks",
+                      "seed-leaked-label,restart-unhealthy-only")
+    assert done.returncode == 0, done.stderr
+    contract, fingerprint = str(TRIAGE / "contract.json"), str(out / "fingerprint.json")
+    leaked = run_runner("check", contract, str(out / "traces" / "seed-leaked-label.0.jsonl"), fingerprint)
+    assert leaked.returncode == 1 and leaked.stdout.startswith("FAIL\n")
+    assert "step 1 add_label: forbidden_args" in leaked.stdout
+    clean = run_runner("check", contract, str(out / "traces" / "restart-unhealthy-only.0.jsonl"), fingerprint)
+    assert (clean.returncode, clean.stdout) == (0, "PASS\n")
