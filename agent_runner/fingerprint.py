@@ -87,8 +87,11 @@ def isolation_findings(env: Mapping[str, str], home: str, uid: Optional[int]) ->
 
 
 def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
-            env: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
-    """The fingerprint of this host as seen from ``cwd`` (default: the process's working directory)."""
+            env: Optional[Mapping[str, str]] = None, run_id: Optional[str] = None) -> Dict[str, Any]:
+    """The fingerprint of this host as seen from ``cwd`` (default: the process's working directory).
+
+    ``run_id``: when the cwd contains it (a per-run workspace), the digest sees "{run_id}" instead, so
+    the same host gives the same fingerprint on every run; ``cwd`` itself stays the real path."""
     env = dict(os.environ if env is None else env)
     cwd = os.path.abspath(cwd or os.getcwd())
     home = os.path.expanduser("~")
@@ -115,7 +118,10 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
         "tool_versions": {c: _version_of(c, env) for c in sorted(set(allowed_commands))},
         "findings": isolation_findings(env, home, uid),
     }
-    data["fingerprint"] = digest(data)
+    stable = dict(data)
+    if run_id:
+        stable["cwd"] = cwd.replace(run_id, "{run_id}")
+    data["fingerprint"] = digest(stable)
     data["captured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return data
 

@@ -265,11 +265,11 @@ def run_suite(options: RunOptions) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         # The fingerprint describes where agents work: the configured workspace root (stable across runs).
+        run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
-                              allowed_commands=commands_of(suite.tools))
+                              allowed_commands=commands_of(suite.tools), run_id=run_id)
         (out / "fingerprint.json").write_text(json.dumps(redact(fingerprint), indent=2, sort_keys=True) + "\n")
         host = options.host or fingerprint["hostname"]
-        run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow)
         failed = False
         with open(out / "results.jsonl", "w", encoding="utf-8") as results:

@@ -243,3 +243,17 @@ def test_openai_kind_is_refused_before_any_task(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(InputError, match="openai' is not available"):
         run_suite(RunOptions(suite=str(suite), out=str(tmp_path / "out")))
     assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+def test_same_host_same_fingerprint_and_env_sha_across_runs_with_per_run_workspaces(tmp_path: Path) -> None:
+    """The controller puts workspaces under .../runs/<run_id>/work: that must not move the fingerprint."""
+    rows = []
+    for run_id in ("run-a", "run-b"):
+        out = tmp_path / run_id / "out"
+        done = run_runner("run", "--suite", str(TRIAGE), "--out", str(out), "--run-id", run_id, "--tasks",
+                          "healthy-no-writes", "--repeat", "1", "--workspace-root", str(tmp_path / run_id / "work"))
+        assert done.returncode == 0, done.stderr
+        assert json.loads((out / "fingerprint.json").read_text())["cwd"] == str(tmp_path / run_id / "work")
+        rows.append(records(out / "results.jsonl")[0])
+    assert rows[0]["fingerprint"] == rows[1]["fingerprint"]
+    assert rows[0]["env_sha"] == rows[1]["env_sha"]
