@@ -27,6 +27,26 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/vermin -q --no-tips --violations -t=3.9- agent_runner
 
+# The demo: the triage suite on this machine (local, the reference) and box-b, a real sshd host in its
+# own UTS + mount namespace on 127.0.0.1:2222 whose private /opt holds a feature flag this machine
+# lacks. Exit 1 (flips over the gate / invalid) is the demo's finding, not a failure of `make`.
+DEMO_STATE ?= /var/tmp/crosshost-demo
+demo: $(STAMP)
+	@set -u; \
+	down() { $(PY) tools/testhosts.py down --state $(DEMO_STATE) >/dev/null 2>&1 || true; }; \
+	trap down EXIT; \
+	echo "== starting box-b (sshd on 127.0.0.1:2222, own hostname, /root, /tmp, /opt)"; \
+	$(PY) tools/testhosts.py up --names box-b --base-port 2222 --state $(DEMO_STATE) --no-local \
+	  --identity-out .state/keys/id_ed25519 --known-hosts-out .state/known_hosts \
+	  --inventory-out $(DEMO_STATE)/hosts.toml || { echo "error: box-b did not start (is port 2222 taken? try make hosts-down)" >&2; exit 1; }; \
+	mkdir -p $(DEMO_STATE)/hosts/box-b/opt/crosshost-demo; \
+	touch $(DEMO_STATE)/hosts/box-b/opt/crosshost-demo/feature.flag; \
+	echo "== box-b: /opt/crosshost-demo/feature.flag created (inside box-b only)"; \
+	echo "== crosshost replay examples/suites/triage -i hosts.toml"; \
+	rc=0; $(VENV)/bin/crosshost replay examples/suites/triage -i hosts.toml || rc=$$?; \
+	echo "== crosshost replay exited $$rc (0 valid, within the gate; 1 invalid or flips over the gate; 2 bad input; 3 a host failed)"; \
+	case $$rc in 0|1) exit 0;; *) exit $$rc;; esac
+
 # Real sshd test hosts for people (the tests start their own): box-b and box-c on 2222/2223, keys and
 # known_hosts where the demo inventory (hosts.toml) expects them.
 HOSTS_STATE ?= /var/tmp/crosshost-hosts

@@ -96,6 +96,9 @@ def replay_cmd(
     jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Hosts at once (default min(8, hosts)).")] = None,
     gate: Annotated[float | None, typer.Option("--gate", min=0, max=1, help="Flip-rate gate (default: the suite's).")] = None,
     accept_new: Annotated[bool, typer.Option("--accept-new", help="Trust unknown host keys (first use).")] = False,
+    compare_last: Annotated[
+        bool, typer.Option("--compare-last", help="Exit 1 when a task newly flips against the previous run.")
+    ] = False,
 ) -> int:
     """Replay SUITE on every host of the inventory; write runs/<run_id>/; exit 0/1/2/3 as DESIGN says."""
     from orchestrator.replay import ReplayRequest, run_and_render
@@ -105,7 +108,7 @@ def replay_cmd(
 
     request = ReplayRequest(
         suite_dir=suite, inventory_path=inventory, hosts=split(hosts), tasks=split(tasks), repeat=repeat,
-        out=out, jobs=jobs, gate=gate, accept_new=accept_new,
+        out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last,
     )  # fmt: skip
     return run_and_render(request)
 

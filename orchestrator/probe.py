@@ -110,7 +110,10 @@ def probe(inventory_path: Path, *, accept_new: bool = False, opener: Opener | No
 def _findings_text(findings: list[dict[str, Any]]) -> str:
     if not findings:
         return "none"
-    return "\n".join(f"{f.get('action', '?')}: {f.get('kind', '?')} {f.get('detail', '')}".rstrip() for f in findings)
+    return "\n".join(
+        f"{f.get('action', '?')}: {f.get('kind', '?')}" + (f" ({f['detail']})" if f.get("detail") else "")
+        for f in findings
+    )
 
 
 def probe_and_render(inventory_path: Path, *, accept_new: bool = False) -> int:
@@ -121,18 +124,18 @@ def probe_and_render(inventory_path: Path, *, accept_new: bool = False) -> int:
     results = probe(inventory_path, accept_new=accept_new)
     table = Table(title=f"hosts in {inventory_path}")
     for col in ("host", "transport", "reachable", "hostname", "python", "fingerprint", "isolation findings"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in {"host", "python", "fingerprint"})
     for r in results:
         table.add_row(
             r.name,
             r.transport,
             "yes" if r.reachable else "[red]no[/]",
             r.hostname or "-",
-            r.python or "-",
+            (r.python or "-").removeprefix("CPython "),
             r.fingerprint or "-",
             _findings_text(r.findings) if r.error is None else f"[red]{r.error}[/]",
         )
-    Console().print(table)
+    Console(width=None if Console().is_terminal else 120).print(table)
     err = Console(stderr=True)
     for r in results:
         if r.error:

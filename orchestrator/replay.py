@@ -35,6 +35,7 @@ from orchestrator.errors import (
     WorkspaceLeft,
 )
 from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
+from orchestrator.proxy import model_route, openai_agent_config, require_api_key
 from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, read_jsonl, utc_now, write_json_atomic
 from orchestrator.transport.base import ExecResult, Host
 
@@ -80,6 +81,7 @@ class ReplayRequest:
     gate: float | None = None
     accept_new: bool = False
     cache_dir: Path | None = None
+    compare_last: bool = False  # exit 1 when a task newly flips against the previous run (history)
 
 
 @dataclass
@@ -155,6 +157,8 @@ class _Plan:
     opener: Opener
     accept_new: bool
     emit: EventSink
+    #: the model proxy's settings when a task uses agent.kind = "openai" (orchestrator/proxy.py)
+    model: dict[str, Any] | None = None
 
 
 def fingerprint_digest(fp: dict[str, Any]) -> str | None:
@@ -304,19 +308,26 @@ class HostJob:
         if not self.plan.all_tasks:
             args += ["--tasks", ",".join(self.plan.tasks)]
         args += ["--repeat", str(self.plan.repeat)]
-        script = remote.run_script(
-            self.workspace, self.cfg.env_allowlist, self.cfg.env, self._runner_argv(*args), self.kill_after_s()
-        )
-        with self.plan.shared.lock:
-            # Checked under the lock Ctrl-C's snapshot takes: a run is either seen and killed, or
-            # never started.
-            self._check_cancel()
-            self.plan.shared.running[self.cfg.name] = (host, self.workspace)
-        try:
-            return self._exec(host, script, self.kill_after_s() + 30)
-        finally:
+        # A live model: the controller's proxy (key added there), reached through a reverse forward on
+        # an SSH host; the runner itself gets CROSSHOST_MODEL_URL only (not in --env-allow: tools never see it).
+        with model_route(host, self.plan.model, self.host_dir) as model_env:
+            script = remote.run_script(
+                self.workspace,
+                [*self.cfg.env_allowlist, *model_env],
+                {**self.cfg.env, **model_env},
+                self._runner_argv(*args),
+                self.kill_after_s(),
+            )
             with self.plan.shared.lock:
-                self.plan.shared.running.pop(self.cfg.name, None)
+                # Checked under the lock Ctrl-C's snapshot takes: a run is either seen and killed, or
+                # never started.
+                self._check_cancel()
+                self.plan.shared.running[self.cfg.name] = (host, self.workspace)
+            try:
+                return self._exec(host, script, self.kill_after_s() + 30)
+            finally:
+                with self.plan.shared.lock:
+                    self.plan.shared.running.pop(self.cfg.name, None)
 
     def _pull(self, host: Host) -> int:
         """Bring ``out/`` home as one tar; return the number of files accepted."""
@@ -507,6 +518,9 @@ def replay(
     inventory, selected = _resolve_hosts(request)
     bundle = bundle or build_bundle(request.suite_dir, _cache_dir(request))
     tasks, all_tasks = _resolve_tasks(bundle, request.tasks)
+    model = openai_agent_config(bundle.normalised, tasks)
+    if model is not None:  # an unset api_key_env stops the run here, before any host is touched
+        require_api_key(str(model.get("api_key_env", "")), where=str(bundle.suite_dir / "suite.toml"))
     repeat = request.repeat or int(bundle.normalised.get("repeat") or 1)
     gate = request.gate if request.gate is not None else suite_gate(bundle.normalised)
     names = [h.name for h in selected]
@@ -532,6 +546,7 @@ def replay(
     run_dir.write_manifest(manifest)  # a crash from here on still leaves a readable record
 
     plan = _Plan(run_dir, bundle, tasks, all_tasks, repeat, shared, opener or default_opener, request.accept_new, emit)
+    plan.model = model
     jobs = {h.name: HostJob(h, plan) for h in selected}
     fan: FanoutResult[HostRecord] = FanoutResult()
     try:
@@ -686,7 +701,10 @@ def summary_table(outcome: ReplayOutcome) -> Any:
     m = outcome.manifest
     table = Table(title=f"run {m.run_id}  suite {m.suite.name}  ({len(m.tasks)} task(s) x {m.repeat})")
     for col in ("host", "reachable", "fingerprint", "python", "pass", "fail", "error", "retries", "cleaned"):
-        table.add_column(col, justify="right" if col in {"pass", "fail", "error", "retries"} else "left")
+        table.add_column(
+            col, justify="right" if col in {"pass", "fail", "error", "retries"} else "left",
+            no_wrap=col in {"host", "fingerprint", "python"},
+        )  # fmt: skip
     table.add_column("problem", overflow="fold")
     for name, rec in m.hosts.items():
         rows = [r for r in outcome.results if r.get("env") == name]
@@ -698,7 +716,7 @@ def summary_table(outcome: ReplayOutcome) -> Any:
             label,
             "yes" if rec.reachable else "[red]no[/]",
             rec.fingerprint or "-",
-            rec.python or "-",
+            (rec.python or "-").removeprefix("CPython "),
             str(count["pass"]),
             str(count["fail"]),
             str(count["error"]),
@@ -716,7 +734,8 @@ def run_and_render(request: ReplayRequest, *, err_console: Any = None, out_conso
     from orchestrator.inventory import load_inventory
 
     err_console = err_console or Console(stderr=True)
-    out_console = out_console or Console()
+    # Not a terminal (CI logs, make demo | tee): wide enough that fingerprints are not cut.
+    out_console = out_console or (Console() if Console().is_terminal else Console(width=120))
     inventory = load_inventory(request.inventory_path)
     names = [h.name for h in (inventory.select(request.hosts) if request.hosts else inventory.hosts)]
     with ProgressView(names, err_console) as view:
@@ -731,7 +750,25 @@ def run_and_render(request: ReplayRequest, *, err_console: Any = None, out_conso
     for err in outcome.errors.values():
         if err != "interrupted":
             err_console.print(err, markup=False, highlight=False, soft_wrap=True)
+    code = outcome.exit_code
     if outcome.manifest.interrupted:
         err_console.print("interrupted: remote workspaces removed, partial results written", markup=False)
-    out_console.print(f"run directory: {outcome.run_dir.path}  (exit {outcome.exit_code})", markup=False)
-    return outcome.exit_code
+    else:
+        code = _record_history(outcome, request.compare_last, code, err_console)
+    out_console.print(f"run directory: {outcome.run_dir.path}  (exit {code})", markup=False)
+    return code
+
+
+def _record_history(outcome: ReplayOutcome, compare: bool, code: int, console: Any) -> int:
+    """Index the run (``crosshost history``); with ``--compare-last``, a newly flipping task is exit 1."""
+    try:
+        from orchestrator.history import after_replay
+    except ImportError:
+        return code
+    after = after_replay(outcome.run_dir.path, compare=compare)
+    if after.warning:
+        console.print(after.warning, markup=False, highlight=False)
+    message = after.message(outcome.manifest.suite.name)
+    if message:
+        console.print(message, markup=False, highlight=False)
+    return after.exit_code(code) if compare else code

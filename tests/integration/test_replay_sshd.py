@@ -193,3 +193,18 @@ def test_ctrl_c_and_failure_leave_nothing_behind(sshd_hosts: Any, tmp_path: Path
     assert out.exit_code == 3 and rec.reachable and rec.error and "RunnerCrashed" in rec.error
     assert rec.workspace_removed is True
     assert _left_of_run(broken, out.manifest.run_id) == {"local": "", "box-a": "", "box-b": ""}
+
+
+def test_hosts_probe_reports_each_host_and_cleans_up(sshd_hosts: Any) -> None:
+    from orchestrator.probe import probe
+
+    results = {r.name: r for r in probe(sshd_hosts.inventory_path)}
+    assert list(results) == ["local", "box-a", "box-b"]
+    for name in ("box-a", "box-b"):
+        r = results[name]
+        assert r.reachable and r.error is None and r.cleaned is True
+        assert r.hostname == name and r.python and r.python.startswith("CPython 3.")
+        assert r.fingerprint and len(r.fingerprint) == 16
+    assert results["box-a"].fingerprint != results["box-b"].fingerprint
+    left = _left_of_run(sshd_hosts.inventory_path, "no-such-run")
+    assert left == {"local": "", "box-a": "", "box-b": ""}  # no probe-* directory left anywhere
