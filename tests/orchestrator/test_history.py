@@ -381,3 +381,62 @@ def test_after_replay_index_failure_is_a_warning(tmp_path: Path) -> None:
     history.index_path(runs).mkdir()  # something in the way of the index file
     res = history.after_replay(d, compare=True)
     assert res.newly_flipping == [] and res.warning and "history index not updated" in res.warning
+
+
+def _flip_suite(root: Path) -> Path:
+    """Two tasks; `tz` passes only where the pinned TZ is UTC. The gate lets any flip rate through."""
+    suite = root / "tzsuite"
+    for task, check in (("tz", '[ "$(date +%Z)" = UTC ]'), ("plain", "true")):
+        t = suite / "tasks" / task
+        (t / "repo").mkdir(parents=True)
+        (t / "task.toml").write_text('must_finish = "stop"\n')
+        (t / "prompt.md").write_text("Say ok.\n")
+        (t / "script.json").write_text('[{"content": "ok", "finish": "stop"}]\n')
+        (t / "repo" / "run_tests.sh").write_text(f"#!/bin/sh\n{check}\n")
+        (t / "repo" / "run_tests.sh").chmod(0o755)
+    (suite / "suite.toml").write_text(
+        'name = "tzsuite"\nrepeat = 1\n[agent]\nkind = "scripted"\n[gate]\nflip_rate = 1.0\n'
+    )
+    (suite / "contract.json").write_text('{"contract_id": "tz.v1", "tools": []}\n')
+    (suite / "tools.json").write_text('{"allow": [], "deny": []}\n')
+    return suite
+
+
+def _two_local_hosts(path: Path, tz_b: str) -> Path:
+    import sys
+
+    path.write_text(
+        f'[defaults]\npython = "{sys.executable}"\nenv_allowlist = ["PATH", "TZ", "LANG"]\n'
+        + "".join(
+            f'[[hosts]]\nname = "{n}"\ntransport = "local"\nworkspace_root = "{path.parent}/roots/{n}"\n'
+            f'env = {{ TZ = "{tz}", LANG = "{lang}" }}\n'  # LANG differs so the fingerprints do
+            for n, tz, lang in (("a", "UTC", "C"), ("b", tz_b, "C.UTF-8"))
+        )
+    )
+    return path
+
+
+def test_replay_compare_last_flip_appears_and_disappears(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    suite, runs = _flip_suite(tmp_path), tmp_path / "runs"
+    cli = CliRunner()
+    codes, outputs = [], []
+    for tz_b in ("UTC", "Asia/Tokyo", "UTC"):  # the second run introduces the flip, the third removes it
+        inv = _two_local_hosts(tmp_path / "hosts.toml", tz_b)
+        res = cli.invoke(app, ["replay", str(suite), "-i", str(inv), "--out", str(runs), "--compare-last"])
+        codes.append(res.exit_code)
+        outputs.append(res.output)
+    assert codes == [0, 1, 0], outputs
+    assert "newly flipping against the previous run of tzsuite: tz" in outputs[1]
+
+    rows = history.history(runs, "tzsuite")
+    assert [sorted(r.flipping) for r in rows] == [[], ["tz"], []]
+    assert rows[1].pass_rate == {"a": 1.0, "b": 0.5}
+    res = cli.invoke(app, ["history", "tzsuite", "--out", str(runs)])
+    assert res.exit_code == 0
+    second, third = res.output.split(f"{rows[1].run_id} vs ")[1], res.output.split(f"{rows[2].run_id} vs ")[1]
+    assert "newly flipping: tz" in second.split(" vs ")[0]
+    assert "stopped flipping: tz" in third
