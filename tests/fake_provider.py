@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -40,6 +41,8 @@ class FakeProvider:
     model: str = "fake-model-1"
     system_fingerprint: str = "fp_fake_0001"
     requests: list[Received] = field(default_factory=list)
+    #: called on every request before it is answered (the runner is waiting then: a live snapshot)
+    on_request: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -62,6 +65,8 @@ class FakeProvider:
         self._server.server_close()
 
     def answer(self, headers: dict[str, str], body: Any) -> tuple[int, bytes]:
+        if self.on_request is not None:
+            self.on_request()
         with self._lock:
             self.requests.append(Received("/v1/chat/completions", headers, body))
             if self.fail_first:
