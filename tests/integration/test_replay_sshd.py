@@ -208,3 +208,22 @@ def test_hosts_probe_reports_each_host_and_cleans_up(sshd_hosts: Any) -> None:
     assert results["box-a"].fingerprint != results["box-b"].fingerprint
     left = _left_of_run(sshd_hosts.inventory_path, "no-such-run")
     assert left == {"local": "", "box-a": "", "box-b": ""}  # no probe-* directory left anywhere
+
+
+def test_sshd_starting_late_succeeds_and_the_manifest_records_the_retries(
+    fresh_sshd_host: Any, tmp_path: Path
+) -> None:
+    suite = _slow_suite(tmp_path, tasks=1, sleep_s=0)
+    fleet = fresh_sshd_host.fleet
+    fleet.kill("box-c")
+    fleet.start("box-c", delay_s=2, wait=False)
+    out = replay(
+        ReplayRequest(suite_dir=suite, inventory_path=fresh_sshd_host.inventory_path, out=tmp_path / "runs"),
+        with_analysis=False,
+    )
+    m = load_manifest(out.run_dir.path)
+    assert m.hosts["box-c"].error is None and m.hosts["box-c"].reachable, m.hosts["box-c"]
+    retries = [r for r in m.retries if r["host"] == "box-c"]
+    assert retries and all("HostUnreachable" in r["error"] for r in retries)
+    assert [r["attempt"] for r in retries] == list(range(1, len(retries) + 1))
+    assert [r["verdict"] for r in read_jsonl(out.run_dir.results_path) if r["env"] == "box-c"] == ["pass"]
