@@ -179,3 +179,26 @@ def test_ctrl_c_from_a_hook_cleans_every_host_and_exits_130(tmp_path: Path) -> N
     assert (out.run_dir.path / "hosts" / "local" / "traces" / "t1.0.jsonl").is_file()
     rows = read_jsonl(out.run_dir.results_path)
     assert len(rows) == 8 and all(r["verdict"] == "error" and r["reason"] == "interrupted" for r in rows)
+
+
+def test_bad_suite_is_exit_2_naming_the_file_and_no_run_dir(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    inv, _ = _setup(tmp_path, ["local"])
+    (tmp_path / "mini" / "suite.toml").write_text('name = "mini"\nrepaet = 2\n')
+    res = CliRunner().invoke(app, ["replay", str(tmp_path / "mini"), "-i", str(inv), "--out", str(tmp_path / "runs")])
+    assert res.exit_code == 2
+    assert "suite.toml" in res.output and "repaet" in res.output
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("2*"))
+
+
+def test_unknown_task_and_host_are_exit_2(tmp_path: Path) -> None:
+    from orchestrator.errors import InputError
+
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+    with pytest.raises(InputError, match="nope"):
+        replay(_req(tmp_path, inv, tasks=["nope"]), opener=_local_opener(), bundle=bundle)
+    with pytest.raises(InputError, match="box-z"):
+        replay(_req(tmp_path, inv, hosts=["box-z"]), opener=_local_opener(), bundle=bundle)
