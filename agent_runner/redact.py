@@ -16,6 +16,14 @@ SECRET_ENV_PATTERNS = (
     "*_PASSWORD",
     "*_ACCESS_KEY",
     "*_PRIVATE_KEY",
+    "*SECRET_KEY",
+    "*PASSWORD",  # PGPASSWORD too
+    "*_PASSWD",
+    "*_PWD",  # MYSQL_PWD; not PWD or OLDPWD
+    "*_CREDENTIALS",
+    "API_KEY",
+    "TOKEN",
+    "SECRET",
     "SSH_AUTH_SOCK",
     "OPENAI_*",
     "ANTHROPIC_*",
@@ -24,17 +32,28 @@ SECRET_ENV_PATTERNS = (
 # Keys inside records (tool args, messages) whose values are secrets. "prompt_tokens" must not match,
 # so the secret word has to end the key.
 _SECRET_KEY = re.compile(
-    r"(?i)(?:^|[_\-.])(?:api[_-]?key|apikey|token|secret|password|passwd|authorization|"
-    r"private[_-]?key|access[_-]?key|client[_-]?secret|credentials?|cookie)$"
+    r"(?i)(?:^|[_\-.])(?:api[_-]?key|apikey|token|secret|password|passwd|passphrase|authorization|"
+    r"private[_-]?key|access[_-]?key|secret[_-]?key|client[_-]?secret|credentials?|cookie)$"
 )
+# camelCase keys (accessToken, secretKey): a boundary is put before each inner capital first.
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 _CREDENTIAL = re.compile(
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)"
     r"|\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{16,}"
     r"|\bgh[pousr]_[A-Za-z0-9]{20,}"
     r"|\bgithub_pat_[A-Za-z0-9_]{20,}"
-    r"|\bAKIA[0-9A-Z]{16}\b"
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
     r"|\bxox[abprs]-[A-Za-z0-9\-]{10,}"
+    r"|\bglpat-[A-Za-z0-9_\-]{20,}"
+    r"|\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"  # a JWT
+)
+# Secrets that sit after a marker; the marker is kept so the text still reads.
+_AFTER_MARKER = re.compile(
+    r"(?i)(\bbearer\s+)[A-Za-z0-9._~+/=\-]{8,}"
+    r"|(://[^/\s:@]+:)[^/\s@]+(?=@)"  # the password of scheme://user:password@host
+    r"|(\b[A-Za-z_][A-Za-z0-9_]*(?:token|secret|password|passwd|api_key|access_key|secret_key|private_key)=)"
+    r"(?!\[REDACTED\])[^\s'\"]+"
 )
 
 
@@ -48,11 +67,15 @@ def secret_env_keys(keys: Iterable[str]) -> List[str]:
 
 
 def is_secret_key(name: str) -> bool:
-    return bool(_SECRET_KEY.search(name)) or is_secret_env_key(name)
+    return bool(_SECRET_KEY.search(_CAMEL.sub("_", name))) or is_secret_env_key(name)
+
+
+def _keep_marker(match: "re.Match[str]") -> str:
+    return next(g for g in match.groups() if g is not None) + REDACTED
 
 
 def redact_text(text: str) -> str:
-    return _CREDENTIAL.sub(REDACTED, text)
+    return _AFTER_MARKER.sub(_keep_marker, _CREDENTIAL.sub(REDACTED, text))
 
 
 def redact(obj: Any) -> Any:
@@ -62,10 +85,11 @@ def redact(obj: Any) -> Any:
     if isinstance(obj, dict):
         out = {}
         for key, value in obj.items():
+            safe_key = redact_text(key) if isinstance(key, str) else key
             if isinstance(key, str) and is_secret_key(key) and value not in (None, "", [], {}):
-                out[key] = REDACTED
+                out[safe_key] = REDACTED
             else:
-                out[key] = redact(value)
+                out[safe_key] = redact(value)
         return out
     if isinstance(obj, (list, tuple)):
         return [redact(v) for v in obj]
