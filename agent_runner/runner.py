@@ -36,7 +36,7 @@ from .errors import InputError, RunnerError, SecretVisible, SuiteError
 from .fingerprint import collect, commands_of
 from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
-from .redact import redact, secret_env_keys
+from .redact import redact, redact_text, secret_env_keys
 from .suite import Suite, Task, load_suite
 from .tools import ToolBox, kill_group
 from .trace import TraceWriter
@@ -284,8 +284,10 @@ def run_suite(options: RunOptions) -> int:
                            "fingerprint": fingerprint["fingerprint"], "why": result.why}
                     results.write(json.dumps(redact(row)) + "\n")
                     results.flush()
-                    print(f"[{host}] {task.id}.{attempt} {result.verdict} ({result.reason}, {result.steps} "
-                          f"steps, {result.wall_ms} ms){'' if result.verdict == 'pass' else ': ' + result.why[:160]}",
+                    # stderr reaches the controller's terminal and manifest: redacted like the files
+                    print(redact_text(f"[{host}] {task.id}.{attempt} {result.verdict} ({result.reason}, "
+                                      f"{result.steps} steps, {result.wall_ms} ms)"
+                                      f"{'' if result.verdict == 'pass' else ': ' + redact_text(result.why)[:160]}"),
                           file=sys.stderr, flush=True)
         leftovers = sorted(p.name for p in workspace_root.iterdir()) if workspace_root.exists() else []
         if leftovers and not own_root:

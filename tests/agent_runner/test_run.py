@@ -257,3 +257,15 @@ def test_same_host_same_fingerprint_and_env_sha_across_runs_with_per_run_workspa
         rows.append(records(out / "results.jsonl")[0])
     assert rows[0]["fingerprint"] == rows[1]["fingerprint"]
     assert rows[0]["env_sha"] == rows[1]["env_sha"]
+
+
+def test_a_secret_printed_by_the_predicate_is_redacted_on_stderr_too(tmp_path: Path) -> None:
+    """The runner's stderr reaches the controller (progress, and the manifest's error line)."""
+    token = "ghp_" + "Q" * 36
+    script = [{"content": "done", "finish": "stop"}]
+    suite = write_suite(tmp_path / "s", {"t": {"script": script, "repo": {"run_tests.sh": f"echo {token}\nexit 1\n"}}})
+    done = run_runner("run", "--suite", str(suite), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert "t.0 fail" in done.stderr
+    assert token not in done.stderr
+    assert token not in (tmp_path / "out" / "results.jsonl").read_text()
