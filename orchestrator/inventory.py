@@ -15,9 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agent_runner.redact import is_secret_env_key
 from orchestrator.errors import InventoryError
 
 DEFAULT_ENV_ALLOWLIST = ["PATH", "LANG", "LC_ALL", "TZ"]
+MAX_TIMEOUT_S = 86_400.0
+MAX_CONNECT_TIMEOUT_S = 600.0
 #: a host's name becomes a directory (runs/<id>/hosts/<name>/): keep it a plain file name
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -38,9 +41,10 @@ class HostConfig(BaseModel):
     env_allowlist: list[str] = Field(default_factory=lambda: list(DEFAULT_ENV_ALLOWLIST))
     env: dict[str, str] = Field(default_factory=dict)
     workspace_root: str = "/tmp/crosshost"
-    timeout_s: float = Field(default=120, gt=0)
+    # finite and bounded: they become `timeout -s KILL N` and socket timeouts (inf would crash the run)
+    timeout_s: float = Field(default=120, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     python: str = "python3"
-    connect_timeout_s: float = Field(default=10, gt=0)
+    connect_timeout_s: float = Field(default=10, gt=0, le=MAX_CONNECT_TIMEOUT_S, allow_inf_nan=False)
 
     @field_validator("name")
     @classmethod
@@ -55,6 +59,17 @@ class HostConfig(BaseModel):
         for key in v:
             if not _ENV_KEY.match(key):
                 raise ValueError(f"{key!r} is not an environment variable name")
+            if is_secret_env_key(key):
+                # the runner would refuse to start on every host; say so here, before any host is touched
+                raise ValueError(f"{key!r} is secret-shaped; a secret must never reach a host's runner")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_values(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if "\x00" in value:
+                raise ValueError(f"{key!r}: a NUL byte cannot be passed in an environment value")
         return v
 
     @field_validator("workspace_root")
@@ -62,6 +77,8 @@ class HostConfig(BaseModel):
     def _absolute_root(cls, v: str) -> str:
         if not v.startswith("/") or v.rstrip("/") == "":
             raise ValueError("must be an absolute path below / (workspaces are removed under it)")
+        if any(part in (".", "..") for part in v.split("/")) or "\x00" in v:
+            raise ValueError("must be a plain absolute path, without '.' or '..' (workspaces are removed under it)")
         return v.rstrip("/")
 
     def public_dict(self) -> dict[str, Any]:
