@@ -8,6 +8,7 @@ anything written, member by member through ``extractfile``, under the destinatio
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tarfile
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from orchestrator.errors import ArchiveRejected
 MAX_MEMBERS = 20_000
 MAX_TOTAL_BYTES = 512 * 1024 * 1024
 _CHUNK = 1024 * 1024
+#: tar's own bytes per member (header, long-name blocks, padding) on top of the content; beyond this the
+#: file holds something else (e.g. a huge pax header, which tarfile reads into memory)
+_OVERHEAD_PER_MEMBER = 4096
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,17 @@ def safe_member_name(name: str) -> PurePosixPath | None:
 def _check(members: list[tarfile.TarInfo], host: str, source: str, limits: ArchiveLimits) -> None:
     total = 0
     seen: set[PurePosixPath] = set()
+    dirs: set[PurePosixPath] = set()
     for member in members:
         where = f"{source}: member {member.name!r}"
         rel = safe_member_name(member.name)
         if rel is None:
             raise ArchiveRejected(host, f"{where} has an unsafe name (absolute or '..'); nothing was written")
+        dirs.update(rel.parents)
+        if member.isdir():
+            dirs.add(rel)
+        elif rel == PurePosixPath("."):
+            raise ArchiveRejected(host, f"{where} is a file named like the archive root; nothing was written")
         if not (member.isreg() or member.isdir()):
             kind = "link" if (member.issym() or member.islnk()) else "device/fifo/special file"
             raise ArchiveRejected(host, f"{where} is a {kind}; only regular files are accepted; nothing was written")
@@ -59,6 +69,10 @@ def _check(members: list[tarfile.TarInfo], host: str, source: str, limits: Archi
                 raise ArchiveRejected(
                     host, f"{source}: more than {limits.max_total_bytes} bytes of content; nothing was written"
                 )
+    clash = sorted(str(p) for p in seen & dirs)
+    if clash:
+        # Writing would stop half-way (a file where a directory must go): refuse before writing.
+        raise ArchiveRejected(host, f"{source}: {clash[0]!r} is both a file and a directory; nothing was written")
 
 
 def read_archive(
@@ -72,7 +86,17 @@ def read_archive(
     limits = limits or ArchiveLimits()
     source = archive.name
     try:
-        with tarfile.open(archive, mode="r:*") as tar:
+        size = archive.stat().st_size
+    except OSError as exc:
+        raise ArchiveRejected(host, f"{source}: cannot read it ({exc.strerror or exc})") from exc
+    max_size = limits.max_total_bytes + (limits.max_members + 3) * _OVERHEAD_PER_MEMBER
+    if size > max_size:
+        raise ArchiveRejected(
+            host, f"{source}: {size} bytes, more than {max_size} bytes allowed for an archive; nothing was written"
+        )
+    try:
+        # Plain tar only (hosts send `tar -cf`): a compressed stream could inflate without bound.
+        with tarfile.open(archive, mode="r:") as tar:
             members: list[tarfile.TarInfo] = []
             # Iterate rather than getmembers(): the count cap must stop a header flood early.
             for member in tar:
@@ -98,6 +122,27 @@ def _write(
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
     written: list[PurePosixPath] = []
+    try:
+        _write_members(tar, members, root, dest, host, source, limits, written)
+    except BaseException:
+        # Half an archive is not a result: take back what this archive wrote (never what was there).
+        for rel in written:
+            with contextlib.suppress(OSError):
+                root.joinpath(*rel.parts).unlink()
+        raise
+    return written
+
+
+def _write_members(
+    tar: tarfile.TarFile,
+    members: list[tarfile.TarInfo],
+    root: Path,
+    dest: Path,
+    host: str,
+    source: str,
+    limits: ArchiveLimits,
+    written: list[PurePosixPath],
+) -> None:
     budget = limits.max_total_bytes
     for member in members:
         if not member.isreg():
@@ -114,11 +159,10 @@ def _write(
             raise ArchiveRejected(host, f"{source}: member {member.name!r} has no content")
         # O_EXCL|O_NOFOLLOW: never write through an existing file or link.
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        written.append(rel)  # ours from here on, so a failure below takes it back
         with src, os.fdopen(fd, "wb") as out:
             while chunk := src.read(min(_CHUNK, budget + 1)):
                 budget -= len(chunk)
                 if budget < 0:
                     raise ArchiveRejected(host, f"{source}: content larger than its headers say")
                 out.write(chunk)
-        written.append(rel)
-    return written
