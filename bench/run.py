@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -98,6 +99,22 @@ def _cpu_model() -> str | None:
     return None
 
 
+_REPLAY_API = """
+import sys
+from pathlib import Path
+from orchestrator.replay import ReplayRequest, replay
+out = replay(ReplayRequest(suite_dir=Path(sys.argv[1]), inventory_path=Path(sys.argv[2]), out=Path(sys.argv[3])))
+sys.exit(out.exit_code)
+"""
+
+
+def crosshost_entry() -> str:
+    """"cli" when `crosshost replay` exists, else "api" (orchestrator.replay.replay in a child)."""
+    exe = Path(sys.executable).with_name("crosshost")
+    proc = subprocess.run([str(exe), "replay", "--help"], capture_output=True, text=True)
+    return "cli" if proc.returncode == 0 else "api"
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -108,6 +125,7 @@ class Bench:
         self.names = [f"bench-{chr(ord('a') + i)}" for i in range(max(h for h, _ in args.grid))]
         self.suites: dict[Point, BenchSuite] = {}
         self.unit_cost: dict[str, float] = {"naive": 0.75, "ansible": 0.35, "ansible_pipelined": 0.3}
+        self.crosshost_via = crosshost_entry()
 
     # -- hosts and inputs -------------------------------------------------------------------
     def hosts(self, count: int) -> list[BenchHost]:
@@ -175,14 +193,17 @@ class Bench:
         h, t, _ = point
         suite = self.suite(point)
         runs = scratch / "runs"
-        exe = Path(sys.executable).with_name("crosshost")
-        argv = [str(exe), "replay", str(suite.root), "-i", str(self.inventory(h)), "--out", str(runs)]
+        if self.crosshost_via == "cli":
+            exe = Path(sys.executable).with_name("crosshost")
+            argv = [str(exe), "replay", str(suite.root), "-i", str(self.inventory(h)), "--out", str(runs)]
+        else:  # until the CLI command exists: the same replay() in a fresh interpreter
+            argv = [sys.executable, "-c", _REPLAY_API, str(suite.root), str(self.inventory(h)), str(runs)]
         start = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=scratch.parent)
         seconds = time.perf_counter() - start
         if proc.returncode not in (0, 1):
             raise BaselineError(f"crosshost replay exit {proc.returncode}: {proc.stderr.strip()[-400:]}")
-        run_dirs = [p for p in runs.iterdir() if p.is_dir()] if runs.exists() else []
+        run_dirs = [p for p in runs.iterdir() if p.is_dir() and not p.name.startswith(".")] if runs.exists() else []
         if len(run_dirs) != 1:
             raise BaselineError(f"crosshost replay left {len(run_dirs)} run directories in {runs}")
         rows = [json.loads(x) for x in (run_dirs[0] / "results.jsonl").read_text().splitlines() if x.strip()]
@@ -201,6 +222,7 @@ class Bench:
 
     def run(self) -> dict[str, Any]:
         info = machine_info()
+        print(f"crosshost measured via: {self.crosshost_via}", flush=True)
         print(f"machine: {info['nproc']} cores, {info['mem_gib']} GiB, Python {info['python']}, "
               f"kernel {info['kernel']}, load {info['loadavg_at_start']}", flush=True)
         started = time.monotonic()
@@ -213,13 +235,14 @@ class Bench:
         analysis: dict[str, Any] | None = None
         if self.args.analysis_lines > 0:
             analysis = self.run_analysis()
-        slow_order: list[tuple[Point, str]] = []
-        if "ansible_pipelined" in tools:
-            slow_order += [(p, "ansible_pipelined") for p in self.points()]
-        if "naive" in tools:
-            slow_order += sorted(((p, "naive") for p in self.points()), key=lambda x: (x[0][1] != 100, -x[0][2]))
-        if "ansible" in tools:
-            slow_order += [(p, "ansible") for p in self.points()]
+        # The order that decides the targets first: the faster Ansible everywhere, naive at T=100 (the
+        # 5x target) at the larger S, default Ansible, then the naive points that only inform.
+        pts = self.points()
+        naive_first = [p for p in pts if p[1] == 100 and p[2] == max(self.args.sleeps)]
+        slow_order: list[tuple[Point, str]] = [(p, "ansible_pipelined") for p in pts]
+        slow_order += [(p, "naive") for p in naive_first] + [(p, "ansible") for p in pts]
+        slow_order += [(p, "naive") for p in sorted(pts, key=lambda p: p[0] * p[1]) if p not in naive_first]
+        slow_order = [(p, t) for p, t in slow_order if t in tools]
         for _ in range(self.args.slow_reps):
             for point, tool in slow_order:
                 self.measure(point, tool)
@@ -250,6 +273,8 @@ class Bench:
         return {
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "machine": info, "wall_s": round(wall_s, 1),
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+            "crosshost_via": self.crosshost_via,
             "settings": {"reps": self.args.reps, "slow_reps": self.args.slow_reps,
                          "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},
             "points": points, "analysis": analysis,
@@ -359,6 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS)}")
 
+    def _terminate(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")  # stop the fleet in `finally`, as on Ctrl-C
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)  # also when started in the background (SIGINT ignored)
     bench = Bench(args)
     try:
         bench.fleet.down()
