@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import RunnerCrashed, SuiteError, TransferError
+from orchestrator.errors import InputError, RunnerCrashed, SuiteError, TransferError
 from orchestrator.transport.base import Host
 
 SUITE_JSON = "suite.json"
@@ -147,6 +147,10 @@ def build_bundle(
     """Validate the suite, build the runner zipapp (unless given) and the one bundle tar."""
     suite_dir = suite_dir.resolve()
     normalised = normalised if normalised is not None else normalise(suite_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # --out names a file, or a place the user cannot write
+        raise InputError(f"{out_dir}: cannot create the bundle cache ({exc.strerror or exc}); check --out") from exc
     if runner is None:
         from orchestrator.runner_zipapp import build_runner_zipapp
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.errors import CrosshostError, TraceError
+from orchestrator.errors import CrosshostError, InputError, TraceError
 
 MANIFEST_SCHEMA = "crosshost.manifest/1"
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -111,7 +111,7 @@ class RunDir:
         try:
             out_root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise CrosshostError(f"{out_root}: cannot create the runs directory ({exc.strerror})") from exc
+            raise InputError(f"{out_root}: cannot create the runs directory ({exc.strerror or exc}); check --out") from exc
         for _ in range(20):
             rid = run_id or new_run_id()
             try:
