@@ -39,7 +39,11 @@ def host_label(address: str, port: int) -> str:
 
 def fingerprint(key_b64: str) -> str:
     """OpenSSH's ``SHA256:…`` fingerprint of a base64 public key blob."""
-    digest = hashlib.sha256(base64.b64decode(key_b64)).digest()
+    try:
+        blob = base64.b64decode(key_b64, validate=True)
+    except ValueError:  # a damaged known_hosts line: still a known (so changed) key, never a crash
+        return "an unreadable key (not base64)"
+    digest = hashlib.sha256(blob).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 

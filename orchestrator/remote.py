@@ -61,7 +61,10 @@ def kill_script(workspace: str) -> str:
     pid = f"{ws}/pid"
     return (
         f"i=0; while test -d {ws} && ! test -s {pid} && test $i -lt 50; do sleep 0.1; i=$((i+1)); done; "
-        f'test -s {pid} && kill -s KILL -- -"$(cat {pid})" 2>/dev/null; true'
+        # The workspace is writable by what runs in it: signal only a plain number above 1
+        # (a forged "1" would make this `kill -- -1`: every process of the user).
+        f'p=$(head -c 32 {pid} 2>/dev/null); case "$p" in ""|*[!0-9]*) ;; '
+        f'*) test "$p" -gt 1 && kill -s KILL -- -"$p" 2>/dev/null;; esac; true'
     )
 
 

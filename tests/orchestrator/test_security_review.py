@@ -1,0 +1,55 @@
+"""Review findings: a damaged known_hosts and a forged pid file cannot turn into harm or a foreign error."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator import known_hosts, remote
+from orchestrator.errors import HostKeyRejected
+
+OFFERED = base64.b64encode(b"k" * 51).decode()
+
+
+@pytest.mark.parametrize("stored", ["!!notbase64", "AAAAA"])
+def test_an_unreadable_known_key_is_still_a_changed_key_refused(tmp_path: Path, stored: str) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(f"[127.0.0.1]:2222 ssh-ed25519 {stored}\n")
+    with pytest.raises(HostKeyRejected, match="CHANGED"):
+        known_hosts.verify(path, "box-b", "[127.0.0.1]:2222", "ssh-ed25519", OFFERED, accept_new=True)
+    assert path.read_text() == f"[127.0.0.1]:2222 ssh-ed25519 {stored}\n"  # never rewritten
+
+
+@pytest.mark.parametrize("forged", ["1", "-1", "0", "$(touch x)", "1 2", ""])
+def test_kill_script_never_signals_a_forged_pid(tmp_path: Path, forged: str) -> None:
+    """The runner's workspace holds `pid`; an agent could overwrite it. `kill -- -1` would kill every
+    process of the user, so only a plain number above 1 is ever signalled."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "pid").write_text(forged + "\n")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    log = tmp_path / "kill.log"
+    (fake_bin / "kill").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (fake_bin / "kill").chmod(0o755)
+    # `kill` is a shell builtin; run the script with the builtin disabled via a function shim.
+    script = f'kill() {{ {fake_bin}/kill "$@"; }}; ' + remote.kill_script(str(ws))
+    done = subprocess.run(["sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    assert not log.exists(), log.read_text()
+    assert not (tmp_path / "x").exists()
+
+
+def test_kill_script_signals_a_real_process_group(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        (ws / "pid").write_text(f"{proc.pid}\n")
+        subprocess.run(["sh", "-c", remote.kill_script(str(ws))], timeout=30, check=True)
+        assert proc.wait(timeout=10) == -9
+    finally:
+        proc.kill()
