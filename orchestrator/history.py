@@ -473,14 +473,19 @@ def _rate(x: float | None) -> str:
 
 def render_history(entries: list[HistoryEntry], console: Any) -> None:
     """A table of runs, oldest first, then the changes of each run against its predecessor."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="crosshost history")
+    # No outer frame and collapsed padding: an 80-column terminal keeps "when" and the run id on one
+    # line each, and the per-host pass rates (the only long free-form cell) fold instead.
+    table = Table(
+        title="crosshost history", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
+    )
     table.add_column("when (UTC)", no_wrap=True)
-    table.add_column("run", overflow="fold")
+    table.add_column("run", no_wrap=True)
     table.add_column("suite", no_wrap=True)
     table.add_column("kind")
-    table.add_column("pass rate per host", no_wrap=True)
+    table.add_column("pass rate per host", overflow="fold")
     table.add_column("flip rate", justify="right")
     table.add_column("valid")
     for e in entries:

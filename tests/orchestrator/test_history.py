@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import sqlite3
@@ -287,6 +288,25 @@ def test_history_command_shows_flip_appear_and_disappear(tmp_path: Path) -> None
     res = cli.invoke(app, ["history", "triage", "--rebuild", "--json", "--out", str(runs)])
     assert res.exit_code == 0, res.output
     assert [r["run_id"] for r in json.loads(res.stdout)] == ["r1", "r2", "r3"]
+
+
+def test_history_table_keeps_run_id_and_time_on_one_line_in_80_columns(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    runs = tmp_path / "runs"
+    run_ids = ["20240501T100000Z-1a2b3c", "20240501T160000Z-4d5e6f"]
+    for run_id, started in zip(run_ids, ("2024-05-01T10:00:00Z", "2024-05-01T16:00:00Z"), strict=True):
+        history.record_run(runs, make_run_dir(runs, run_id, started=started, flips=("t2",)))
+    console = Console(width=80, record=True, file=io.StringIO())
+    history.render_history(history.history_view(runs, "triage"), console)
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for run_id, when in zip(run_ids, ("2024-05-01 10:00", "2024-05-01 16:00"), strict=True):
+        assert any(run_id in line and when in line for line in lines), "\n".join(lines)
+    # the pass rates fold instead: every host's rate is still shown, not cut off
+    words = " ".join(lines).split()
+    assert words.count("local:") == words.count("100%") == 2
+    assert words.count("box-b:") == words.count("66.7%") == 2
 
 
 def _replay_and_record(request: Any, bundle: Any, barrier: Any) -> None:
