@@ -59,12 +59,14 @@ def _name_matches(pattern: str, label: str) -> bool:
     return label in pattern.split(",")
 
 
-def lookup(path: Path, label: str) -> list[KnownKey]:
+def lookup(path: Path, label: str, *, host: str = "known_hosts") -> list[KnownKey]:
     """Every key recorded for ``label`` in ``path`` (a missing file knows no keys)."""
     try:
         text = Path(path).read_text(errors="replace")
     except FileNotFoundError:
         return []
+    except OSError as exc:  # a directory, no permission: not transient, so never retried as a connect error
+        raise HostKeyRejected(host, f"cannot read known_hosts {path}: {exc.strerror or exc}") from exc
     found = []
     for number, raw in enumerate(text.splitlines(), start=1):
         fields = raw.split()
@@ -100,7 +102,7 @@ def verify(
     Known and equal: fine. Unknown: refused, unless ``accept_new`` (then recorded). Known with a
     different key (of any type): refused always — that is what a man in the middle looks like.
     """
-    known = lookup(path, label)
+    known = lookup(path, label, host=host)
     offered = fingerprint(key_b64)
     if any(k.key_type == key_type and k.key_b64 == key_b64 for k in known):
         return

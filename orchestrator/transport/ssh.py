@@ -109,7 +109,7 @@ class SshHost(Host):
 
     def _prefer_known_key_types(self, transport: paramiko.Transport) -> None:
         """Ask for the key type we already hold, so a host with several keys offers that one."""
-        known = {k.key_type for k in known_hosts.lookup(self.known_hosts_path, self.label)}
+        known = {k.key_type for k in known_hosts.lookup(self.known_hosts_path, self.label, host=self.name)}
         opts = transport.get_security_options()
         types = list(opts.key_types)
         first = [t for t in types if t in known]

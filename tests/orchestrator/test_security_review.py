@@ -53,3 +53,14 @@ def test_kill_script_signals_a_real_process_group(tmp_path: Path) -> None:
         assert proc.wait(timeout=10) == -9
     finally:
         proc.kill()
+
+
+def test_an_unreadable_known_hosts_is_a_host_key_error_not_a_retried_connect_error(tmp_path: Path) -> None:
+    from orchestrator.errors import HostUnreachable
+
+    directory = tmp_path / "known_hosts"
+    directory.mkdir()
+    with pytest.raises(HostKeyRejected, match="cannot read known_hosts") as caught:
+        known_hosts.verify(directory, "box-b", "[127.0.0.1]:2222", "ssh-ed25519", OFFERED)
+    assert caught.value.host == "box-b"
+    assert not isinstance(caught.value, HostUnreachable)
