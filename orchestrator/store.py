@@ -165,6 +165,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         return rows
+    except UnicodeDecodeError as exc:
+        bad_line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise TraceError(f"{path}:{bad_line}: not UTF-8 text") from exc
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
