@@ -17,6 +17,8 @@ from typing import Annotated, ParamSpec
 
 import typer
 
+from agent_runner.errors import InputError as RunnerInputError
+from agent_runner.errors import RunnerError
 from orchestrator.errors import CrosshostError
 
 P = ParamSpec("P")
@@ -40,15 +42,26 @@ def _debug_log(exc: BaseException) -> Path:
     return path
 
 
+def _error_line(exc: CrosshostError | RunnerError) -> str:
+    if isinstance(exc, CrosshostError):
+        return exc.one_line()
+    # agent_runner's own tree (its checker and readers run in-process here): its exit codes are
+    # DESIGN's already; bad input is named as ours is.
+    return f"{'InputError' if isinstance(exc, RunnerInputError) else 'RunnerError'}: {exc}"
+
+
 def guarded(fn: Callable[P, int]) -> Callable[P, None]:
-    """Wrap a command: its int result becomes the exit code; errors become one line + DESIGN code."""
+    """Wrap a command: its int result becomes the exit code; errors become one line + DESIGN code.
+
+    Both error trees are mapped here, once: crosshost's (``CrosshostError``) and the runner's
+    (``agent_runner.errors.RunnerError``, exit 2 for bad input, 3 otherwise)."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
         try:
             rv = fn(*args, **kwargs)
-        except CrosshostError as exc:
-            typer.echo(exc.one_line(), err=True)
+        except (CrosshostError, RunnerError) as exc:
+            typer.echo(_error_line(exc), err=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
@@ -139,25 +152,9 @@ def history_cmd(
     out: Annotated[Path, typer.Option("--out", help="The runs directory (holds index.sqlite).")] = Path("runs"),
 ) -> int:
     """One row per run (when, hosts, pass rate per host, flip rate, valid), then what changed."""
-    import json as _json
+    from orchestrator.history import show_history
 
-    from rich.console import Console
-
-    from orchestrator import history as _history
-
-    if rebuild:
-        n, skipped = _history.rebuild(out)
-        for s in skipped:
-            typer.echo(f"skipped {s}", err=True)
-        typer.echo(f"rebuilt {_history.index_path(out)} from {n} run(s)", err=True)
-    entries = _history.history_view(out, suite, last)
-    if as_json:
-        typer.echo(_json.dumps([{**e.row.to_json(), "changes": e.changes and e.changes.to_json()} for e in entries], indent=2))
-    elif not entries:
-        typer.echo(f"no runs recorded in {out}" + (f" for suite {suite}" if suite else ""))
-    else:
-        _history.render_history(entries, Console())
-    return 0
+    return show_history(out, suite, last, rebuild_index=rebuild, as_json=as_json)
 
 
 @app.command("schedule")
@@ -176,28 +173,9 @@ def schedule_cmd(
     systemd: Annotated[bool, typer.Option("--systemd", help="systemd units even where systemd is absent.")] = False,
 ) -> int:
     """Print (or --install) a systemd user timer+service, or a crontab line, running replay --compare-last."""
-    from orchestrator import schedule as _schedule
-    from orchestrator.errors import InputError
+    from orchestrator.schedule import schedule
 
-    if cron and systemd:
-        raise InputError("--cron and --systemd: choose one")
-    mode: _schedule.Mode = "cron" if cron else "systemd" if systemd else "auto"
-    plan = _schedule.plan_schedule(suite, every, inventory, out, mode)
-    if plan.mode == "cron":
-        typer.echo(plan.cron_line)
-        if install:
-            typer.echo("# crosshost does not edit your crontab: add the line above with `crontab -e`", err=True)
-        return 0
-    if install:
-        for path in _schedule.install(plan):
-            typer.echo(f"wrote {path}")
-        timer = next(n for n in plan.files if n.endswith(".timer"))
-        typer.echo(f"enable it with: systemctl --user daemon-reload && systemctl --user enable --now {timer}")
-        return 0
-    unit_dir = _schedule.user_unit_dir()
-    for name, text in plan.files.items():
-        typer.echo(f"# {unit_dir / name}\n{text}")
-    return 0
+    return schedule(suite, every, inventory, out, install_units=install, cron=cron, systemd=systemd)
 
 
 # --- analysis: flips, check, report, diff (issue 4) -----------------------------------------------
@@ -231,13 +209,8 @@ def check_cmd(
     import sys
 
     from agent_runner.checker import check_files
-    from agent_runner.errors import InputError as RunnerInputError
-    from orchestrator.errors import InputError
 
-    try:
-        return check_files(str(contract), str(trace), str(fingerprint), sys.stdout)
-    except RunnerInputError as exc:
-        raise InputError(str(exc)) from None
+    return check_files(str(contract), str(trace), str(fingerprint), sys.stdout)
 
 
 @app.command("report")

@@ -522,6 +522,36 @@ def render_history(entries: list[HistoryEntry], console: Any) -> None:
             console.print(f"  pin moved: {m['pin']}: {m['old']} -> {m['new']}", markup=False, highlight=False)
 
 
+def show_history(
+    runs_dir: Path,
+    suite: str | None = None,
+    last: int | None = None,
+    *,
+    rebuild_index: bool = False,
+    as_json: bool = False,
+    console: Any = None,
+) -> int:
+    """``crosshost history``: optionally rebuild the index, then the runs as JSON or a table."""
+    import sys
+
+    if rebuild_index:
+        n, skipped = rebuild(runs_dir)
+        for s in skipped:
+            print(f"skipped {s}", file=sys.stderr)
+        print(f"rebuilt {index_path(runs_dir)} from {n} run(s)", file=sys.stderr)
+    entries = history_view(runs_dir, suite, last)
+    if as_json:
+        rows = [{**e.row.to_json(), "changes": e.changes and e.changes.to_json()} for e in entries]
+        print(json.dumps(rows, indent=2))
+    elif not entries:
+        print(f"no runs recorded in {runs_dir}" + (f" for suite {suite}" if suite else ""))
+    else:
+        from rich.console import Console
+
+        render_history(entries, console or Console())
+    return 0
+
+
 # ---------------------------------------------------------------- the hook `replay` calls
 
 

@@ -232,3 +232,38 @@ def install(sched: Schedule, unit_dir: Path | None = None) -> list[Path]:
         path.write_text(text)
         written.append(path)
     return written
+
+
+def schedule(
+    suite_dir: Path,
+    every: str,
+    inventory: Path,
+    out: Path,
+    *,
+    install_units: bool = False,
+    cron: bool = False,
+    systemd: bool = False,
+) -> int:
+    """``crosshost schedule``: print the crontab line or the unit files, or install the units."""
+    if cron and systemd:
+        raise InputError("--cron and --systemd: choose one")
+    mode: Mode = "cron" if cron else "systemd" if systemd else "auto"
+    plan = plan_schedule(suite_dir, every, inventory, out, mode)
+    if plan.mode == "cron":
+        print(plan.cron_line)
+        if install_units:
+            print(
+                "# crosshost does not edit your crontab: add the line above with `crontab -e`",
+                file=sys.stderr,
+            )
+        return 0
+    if install_units:
+        for path in install(plan):
+            print(f"wrote {path}")
+        timer = next(n for n in plan.files if n.endswith(".timer"))
+        print(f"enable it with: systemctl --user daemon-reload && systemctl --user enable --now {timer}")
+        return 0
+    unit_dir = user_unit_dir()
+    for name, text in plan.files.items():
+        print(f"# {unit_dir / name}\n{text}")
+    return 0
