@@ -21,7 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
+from orchestrator.store import iter_jsonl
 
 INDEX_NAME = "index.sqlite"
 BUSY_TIMEOUT_MS = 30_000
@@ -221,10 +223,7 @@ def _pass_rates(run_dir: Path, report: dict[str, Any], host_names: list[str]) ->
                         c[1] += 1
                         c[0] += v == "pass"
     elif (run_dir / "results.jsonl").is_file():
-        for line in (run_dir / "results.jsonl").read_text().splitlines():
-            if not line.strip():
-                continue
-            row = json.loads(line)
+        for _, row in iter_jsonl(run_dir / "results.jsonl"):
             c = counts.setdefault(str(row.get("env")), [0, 0])
             if row.get("verdict") != "error":
                 c[1] += 1
@@ -402,18 +401,9 @@ def previous_run(runs_dir: Path, row: RunRow) -> RunRow | None:
         return _row(conn, r) if r else None
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: value}
-
-
 def changes(prev: RunRow, cur: RunRow) -> Changes:
     """Tasks that newly flip, tasks that stopped flipping, and pins that moved, from prev to cur."""
-    old_pins, new_pins = _flatten(prev.pins), _flatten(cur.pins)
+    old_pins, new_pins = flatten(prev.pins), flatten(cur.pins)
     moved = [
         {"pin": k, "old": old_pins.get(k), "new": new_pins.get(k)}
         for k in sorted(old_pins.keys() | new_pins.keys())

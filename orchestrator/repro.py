@@ -24,6 +24,7 @@ from typing import Any
 from agent_runner import errors as runner_errors
 from agent_runner.redact import redact
 from agent_runner.trace import Trace, fp, iter_records, read_trace
+from orchestrator.dotted import flatten
 from orchestrator.errors import InputError, SuiteError, TraceError
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
@@ -271,18 +272,9 @@ def shown(obs: str | None) -> str | None:
     return f"{cut}\n... ({len(obs)} chars in all)"
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: value}
-
-
 def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]]:
     """field -> [value on a, value on b], for every fingerprint field whose values differ."""
-    fa, fb = _flatten(a), _flatten(b)
+    fa, fb = flatten(a), flatten(b)
     keys = sorted((fa.keys() | fb.keys()) - _NOT_HOST_FACTS)
     return {k: [fa.get(k), fb.get(k)] for k in keys if fa.get(k) != fb.get(k)}
 

@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,26 +158,49 @@ def load_manifest(run_dir: Path) -> Manifest:
         raise TraceError(f"{path}: not a valid crosshost manifest ({exc})") from exc
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; a bad line is a TraceError naming the file and the line."""
-    rows: list[dict[str, Any]] = []
+def iter_jsonl(
+    path: Path, *, missing_ok: bool = False, on_bad_line: Callable[[str, str], None] | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The JSON objects of a JSONL file, streamed as (``file:line``, object); blank lines are skipped.
+
+    A line that is not UTF-8, not JSON or not an object is a TraceError naming file and line, unless
+    ``on_bad_line(where, why)`` takes it and reading goes on (tolerant readers collect problems).
+    A missing file holds nothing with ``missing_ok``; otherwise it is unreadable, like any OSError.
+    """
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return rows
-    except UnicodeDecodeError as exc:
-        bad_line = path.read_bytes()[: exc.start].count(b"\n") + 1
-        raise TraceError(f"{path}:{bad_line}: not UTF-8 text") from exc
+        fh = Path(path).open("rb")  # noqa: SIM115 -- closed by the `with fh` below; opening errors differ
     except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{path}:{lineno}: not JSON ({exc.msg})") from exc
-        if not isinstance(row, dict):
-            raise TraceError(f"{path}:{lineno}: expected a JSON object")
-        rows.append(row)
-    return rows
+        if missing_ok and isinstance(exc, FileNotFoundError):
+            return
+        why = f"cannot read: {exc.strerror or exc}"
+        if on_bad_line is None:
+            raise TraceError(f"{path}: {why}") from exc
+        on_bad_line(str(path), why)
+        return
+    with fh:
+        for lineno, raw in enumerate(fh, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                why = "not UTF-8 text"
+            else:
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    why = f"not JSON ({exc.msg})"
+                else:
+                    if isinstance(row, dict):
+                        yield where, row
+                        continue
+                    why = "expected a JSON object"
+            if on_bad_line is None:
+                raise TraceError(f"{where}: {why}")
+            on_bad_line(where, why)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file (none when it is missing); a bad line is a TraceError naming file:line."""
+    return [row for _, row in iter_jsonl(path, missing_ok=True)]

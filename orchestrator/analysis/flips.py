@@ -7,13 +7,13 @@ comparable when at least one same-attempt pair of non-error verdicts exists.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import comb
 from pathlib import Path
 
 from orchestrator.errors import TraceError
+from orchestrator.store import iter_jsonl
 
 DEFAULT_GATE = 0.10
 
@@ -78,25 +78,11 @@ def row_verdict(row: Mapping[str, object], where: str) -> str:
 
 def iter_results(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
     """Stream ``results.jsonl`` rows as (``file:line``, row); a bad line raises TraceError naming it."""
-    try:
-        fh = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    with fh:
-        for lineno, line in enumerate(fh, 1):
-            where = f"{path}:{lineno}"
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"{where}: not JSON: {exc.msg}") from exc
-            if not isinstance(row, dict):
-                raise TraceError(f"{where}: a row must be a JSON object")
-            for key in ("task", "env"):
-                if not isinstance(row.get(key), str):
-                    raise TraceError(f"{where}: row lacks the string field {key!r}")
-            yield where, row
+    for where, row in iter_jsonl(path):
+        for key in ("task", "env"):
+            if not isinstance(row.get(key), str):
+                raise TraceError(f"{where}: row lacks the string field {key!r}")
+        yield where, row
 
 
 def row_attempt(row: Mapping[str, object], where: str) -> int:

@@ -30,6 +30,7 @@ from orchestrator.analysis.models import (
 from orchestrator.analysis.rundir import AttemptKey, RunDir, effective_gate, load_run
 from orchestrator.analysis.shapes import args_differences, shape_edits
 from orchestrator.analysis.verdict import classify_task, same_fingerprint
+from orchestrator.dotted import flatten
 
 MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
 MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json
@@ -288,15 +289,12 @@ def _args_diff(ref: AttemptSummary, oth: AttemptSummary) -> list[ArgsDiff]:
 # --- attribution ----------------------------------------------------------------------------------
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-    else:
-        text = obj if isinstance(obj, str) else json.dumps(obj, sort_keys=True)
-        out[prefix] = text[:MAX_FIELD_VALUE]
-    return out
+def _flat_text(obj: Any) -> dict[str, str]:
+    """Dotted keys -> the leaf as shown in a report (JSON unless a string, cut to MAX_FIELD_VALUE)."""
+    return {
+        key: (leaf if isinstance(leaf, str) else json.dumps(leaf, sort_keys=True))[:MAX_FIELD_VALUE]
+        for key, leaf in flatten(obj).items()
+    }
 
 
 # The id summarises every other field and the capture time always differs: neither is a lead.
@@ -307,8 +305,8 @@ def attribution(
     reference: str, ref_fp: Mapping[str, Any] | None, host: str, host_fp: Mapping[str, Any] | None
 ) -> Attribution:
     """The fingerprint fields (flattened, dotted) that differ between the reference and ``host``."""
-    left = _flatten({k: v for k, v in (ref_fp or {}).items() if k not in _ID_FIELDS})
-    right = _flatten({k: v for k, v in (host_fp or {}).items() if k not in _ID_FIELDS})
+    left = _flat_text({k: v for k, v in (ref_fp or {}).items() if k not in _ID_FIELDS})
+    right = _flat_text({k: v for k, v in (host_fp or {}).items() if k not in _ID_FIELDS})
     fields = [
         FieldDiff(field=key, reference=left.get(key), other=right.get(key))
         for key in sorted(left.keys() | right.keys())
@@ -321,7 +319,7 @@ def attribution(
 
 
 def _flat_pins(pins: Mapping[str, Any]) -> dict[str, str]:
-    return _flatten(dict(pins))
+    return _flat_text(dict(pins))
 
 
 def _invalid_reasons(

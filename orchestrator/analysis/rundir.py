@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.analysis.flips import DEFAULT_GATE, row_attempt, row_verdict
 from orchestrator.errors import InputError
+from orchestrator.store import iter_jsonl
 
 AttemptKey = tuple[str, str, int]  # (host, task, attempt)
 
@@ -93,25 +94,22 @@ class RunDir:
         """``results.jsonl`` rows by (host, task, attempt); a bad row is a problem, not a crash."""
         rows: dict[AttemptKey, ResultRow] = {}
         path = self.path / "results.jsonl"
-        if not path.exists():
-            return rows
-        with path.open(encoding="utf-8", errors="replace") as fh:
-            for lineno, line in enumerate(fh, 1):
-                where = f"{path}:{lineno}"
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    if not isinstance(row, dict) or not isinstance(row.get("task"), str):
-                        raise ValueError("a row must be an object with a string 'task'")
-                    host = row.get("env", row.get("host"))
-                    if not isinstance(host, str):
-                        raise ValueError("a row must name its host in 'env'")
-                    key = (host, row["task"], row_attempt(row, where))
-                    reason = row.get("reason")
-                    rows[key] = ResultRow(row_verdict(row, where), reason if isinstance(reason, str) else "")
-                except (ValueError, InputError) as exc:
-                    self.problems.append(f"{where}: {exc}")
+
+        def problem(where: str, why: str) -> None:
+            self.problems.append(f"{where}: {why}")
+
+        for where, row in iter_jsonl(path, missing_ok=True, on_bad_line=problem):
+            try:
+                if not isinstance(row.get("task"), str):
+                    raise ValueError("a row must be an object with a string 'task'")
+                host = row.get("env", row.get("host"))
+                if not isinstance(host, str):
+                    raise ValueError("a row must name its host in 'env'")
+                key = (host, row["task"], row_attempt(row, where))
+                reason = row.get("reason")
+                rows[key] = ResultRow(row_verdict(row, where), reason if isinstance(reason, str) else "")
+            except (ValueError, InputError) as exc:
+                problem(where, str(exc))
         return rows
 
 

@@ -103,3 +103,42 @@ def test_read_jsonl_names_the_bad_line(tmp_path: Path) -> None:
 def test_load_manifest_missing(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no manifest"):
         load_manifest(tmp_path)
+
+
+_DAMAGED = b'{"task": "t1", "env": "a", "verdict": "pass"}\n\n\xff\xfe\n[1, 2]\nnot json\n{"task": "t2", "env": "a", "verdict": "fail"}\n'
+
+
+def test_one_jsonl_reader_strict_and_tolerant(tmp_path: Path) -> None:
+    from orchestrator.analysis.flips import iter_results
+    from orchestrator.analysis.rundir import load_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"run_id": "r", "hosts": {"a": {}}}))
+    (run / "results.jsonl").write_bytes(_DAMAGED)
+    # strict readers stop at the first bad line, naming file and line
+    with pytest.raises(TraceError, match=r"results\.jsonl:3: not UTF-8 text"):
+        read_jsonl(run / "results.jsonl")
+    with pytest.raises(TraceError, match=r"results\.jsonl:3: not UTF-8 text"):
+        list(iter_results(run / "results.jsonl"))
+    # the tolerant run-dir reader keeps the good rows and names every bad line
+    rundir = load_run(run)
+    assert sorted(rundir.results()) == [("a", "t1", 0), ("a", "t2", 0)]
+    assert rundir.problems == [
+        f"{run / 'results.jsonl'}:3: not UTF-8 text",
+        f"{run / 'results.jsonl'}:4: expected a JSON object",
+        f"{run / 'results.jsonl'}:5: not JSON (Expecting value)",
+    ]
+
+
+def test_history_names_a_damaged_results_file(tmp_path: Path) -> None:
+    from orchestrator import history
+    from orchestrator.errors import InputError
+
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"run_id": "r1", "hosts": ["a"]}))
+    (run / "report.json").write_text(json.dumps({"run_id": "r1", "tasks": []}))  # no verdicts: results count
+    (run / "results.jsonl").write_bytes(_DAMAGED.replace(b"\xff\xfe", b""))
+    with pytest.raises(InputError, match=r"results\.jsonl:4: expected a JSON object"):
+        history.read_run(run)
