@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     fp = sub.add_parser("fingerprint", help="print this host's fingerprint as JSON")
     fp.add_argument("--cwd", help="the working directory to describe (default: the current one)")
     fp.add_argument("--tools", help="tools.json: record the versions of the commands it allows")
+    fp.add_argument("--run-id", help="the run this is part of: a cwd containing it is digested as "
+                    "{run_id}, so the digest is the same on every run (as `run --run-id` does)")
 
     run = sub.add_parser("run", help="replay a suite's tasks on this host")
     run.add_argument("--suite", required=True, help="suite directory (suite.toml or suite.json)")
@@ -53,7 +55,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .tools import load_policy
 
         commands: List[str] = commands_of(load_policy(args.tools)) if args.tools else []
-        print(json.dumps(collect(cwd=args.cwd, allowed_commands=commands), indent=2, sort_keys=True))
+        fingerprint = collect(cwd=args.cwd, allowed_commands=commands, run_id=args.run_id)
+        print(json.dumps(fingerprint, indent=2, sort_keys=True))
         return 0
     if args.command == "check":
         from .checker import check_files

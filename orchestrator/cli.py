@@ -133,11 +133,15 @@ def hosts_cmd(
     accept_new: Annotated[
         bool, typer.Option("--accept-new", help="Record unknown host keys in the tool-owned known_hosts.")
     ] = False,
+    suite: Annotated[
+        Path | None,
+        typer.Option("--suite", help="Digest as a replay of this suite does (with its tools' versions)."),
+    ] = None,
 ) -> int:
-    """Per host: reachable, python version, fingerprint digest, isolation findings."""
+    """Per host: reachable, python version, fingerprint digest (as a replay records it), isolation findings."""
     from orchestrator.probe import probe_and_render
 
-    return probe_and_render(inventory, accept_new=accept_new)
+    return probe_and_render(inventory, accept_new=accept_new, suite=suite)
 
 
 @app.command("history")

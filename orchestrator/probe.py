@@ -2,8 +2,11 @@
 
 Per host (in the same bounded pool as a replay): connect (``--accept-new`` records an unknown key in
 the tool-owned known_hosts; a changed key is refused even then), push the runner zipapp into a
-throw-away directory under ``workspace_root``, run its ``fingerprint`` under the same clean
-environment a replay uses, then remove the directory and verify it is gone.
+throw-away run directory ``<workspace_root>/runs/probe-<hex>``, take its fingerprint exactly as a
+replay does (``host_fingerprint.take_fingerprint``: same directory layout, clean environment and
+run-id normalisation, so the digest is the one a replay records), then remove the directory and
+verify it is gone. ``--suite`` adds the versions of the commands its tools.json allows, as a replay
+of that suite records them.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from typing import Any
 from orchestrator import remote
 from orchestrator.errors import CrosshostError, HostError, RunnerCrashed, TransferError, WorkspaceLeft
 from orchestrator.fanout import default_jobs, fan_out
-from orchestrator.replay import Opener, default_opener, fingerprint_digest, python_version, tail
+from orchestrator.host_fingerprint import (
+    fingerprint_digest,
+    python_version,
+    run_workspace,
+    tail,
+    take_fingerprint,
+    work_dir,
+)
+from orchestrator.replay import Opener, default_opener
 from orchestrator.transport.base import Host
 
 _TIMEOUT_S = 90.0
@@ -39,7 +50,9 @@ class ProbeResult:
     error: str | None = None
 
 
-def probe_host(cfg: Any, runner: Path, *, opener: Opener, accept_new: bool) -> ProbeResult:
+def probe_host(
+    cfg: Any, runner: Path, *, opener: Opener, accept_new: bool, tools: Path | None = None
+) -> ProbeResult:
     result = ProbeResult(cfg.name, cfg.transport)
 
     def on_retry(_info: dict[str, Any]) -> None:
@@ -47,24 +60,21 @@ def probe_host(cfg: Any, runner: Path, *, opener: Opener, accept_new: bool) -> P
 
     host: Host = opener(cfg, accept_new=accept_new, on_retry=on_retry)
     result.reachable = True
-    probe_dir = posixpath.join(cfg.workspace_root, f"probe-{secrets.token_hex(6)}")
+    probe_id = f"probe-{secrets.token_hex(6)}"
+    probe_dir = run_workspace(cfg.workspace_root, probe_id)
     q = remote.q
     try:
-        made = host.exec(["sh", "-c", f"mkdir -p {q(cfg.workspace_root)} && mkdir -m 700 {q(probe_dir)}"], _TIMEOUT_S)
+        runs, work = posixpath.dirname(probe_dir), work_dir(probe_dir)
+        made = host.exec(["sh", "-c", f"mkdir -p {q(runs)} && mkdir -m 700 {q(probe_dir)} && mkdir {q(work)}"], _TIMEOUT_S)
         if not made.ok:
             raise TransferError(cfg.name, f"cannot create {probe_dir}: {tail(made.stderr)}")
-        host.put(runner, posixpath.join(probe_dir, "runner.pyz"))
-        argv = [cfg.python, posixpath.join(probe_dir, "runner.pyz"), "fingerprint", "--cwd", probe_dir]
-        cmd = remote.clean_env_command(cfg.env_allowlist, cfg.env, argv)
-        res = host.exec(["sh", "-c", f"cd {q(probe_dir)} && exec {cmd}"], _TIMEOUT_S)
-        if not res.ok:
-            raise RunnerCrashed(
-                cfg.name, f"fingerprint failed (exit {res.exit_code}): {tail(res.stderr or res.stdout)}"
-            )
-        try:
-            fp = json.loads(res.stdout)
-        except json.JSONDecodeError as exc:
-            raise RunnerCrashed(cfg.name, f"fingerprint printed no JSON: {tail(res.stdout)}") from exc
+        remote_runner = posixpath.join(probe_dir, "runner.pyz")
+        host.put(runner, remote_runner)
+        remote_tools = None
+        if tools is not None:
+            remote_tools = posixpath.join(probe_dir, "tools.json")
+            host.put(tools, remote_tools)
+        fp = take_fingerprint(host, cfg, remote_runner, probe_id, tools=remote_tools)
         result.fingerprint = fingerprint_digest(fp)
         result.python = python_version(fp)
         result.hostname = fp.get("hostname")
@@ -81,17 +91,29 @@ def probe_host(cfg: Any, runner: Path, *, opener: Opener, accept_new: bool) -> P
     return result
 
 
-def probe(inventory_path: Path, *, accept_new: bool = False, opener: Opener | None = None) -> list[ProbeResult]:
+def probe(
+    inventory_path: Path, *, accept_new: bool = False, opener: Opener | None = None, suite: Path | None = None
+) -> list[ProbeResult]:
+    from orchestrator.bundle import normalise
     from orchestrator.inventory import load_inventory
     from orchestrator.runner_zipapp import build_runner_zipapp
 
     inventory = load_inventory(inventory_path)
     configs = {h.name: h for h in inventory.hosts}
+    # The suite's shell policy as its runner reads it (validated, normalised): a replay records the
+    # versions of the commands it allows, so the probe does too.
+    policy = normalise(suite.resolve())["tools"] if suite is not None else None
     with tempfile.TemporaryDirectory(prefix="crosshost-probe-") as tmp:
         runner = build_runner_zipapp(Path(tmp))
+        tools = None
+        if policy is not None:
+            tools = Path(tmp) / "tools.json"
+            tools.write_text(json.dumps(policy))
         fan = fan_out(
             list(configs),
-            lambda n: probe_host(configs[n], runner, opener=opener or default_opener, accept_new=accept_new),
+            lambda n: probe_host(
+                configs[n], runner, opener=opener or default_opener, accept_new=accept_new, tools=tools
+            ),
             jobs=default_jobs(len(configs)),
         )
     results: list[ProbeResult] = []
@@ -116,12 +138,12 @@ def _findings_text(findings: list[dict[str, Any]]) -> str:
     )
 
 
-def probe_and_render(inventory_path: Path, *, accept_new: bool = False) -> int:
+def probe_and_render(inventory_path: Path, *, accept_new: bool = False, suite: Path | None = None) -> int:
     """``crosshost hosts``: the table; exit 0 when every host answered, 3 otherwise."""
     from rich.console import Console
     from rich.table import Table
 
-    results = probe(inventory_path, accept_new=accept_new)
+    results = probe(inventory_path, accept_new=accept_new, suite=suite)
     table = Table(title=f"hosts in {inventory_path}")
     for col in ("host", "transport", "reachable", "hostname", "python", "fingerprint", "isolation findings"):
         table.add_column(col, overflow="fold", no_wrap=col in {"host", "python", "fingerprint"})

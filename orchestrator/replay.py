@@ -35,6 +35,14 @@ from orchestrator.errors import (
     WorkspaceLeft,
 )
 from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
+from orchestrator.host_fingerprint import (
+    fingerprint_digest,
+    python_version,
+    run_workspace,
+    tail,
+    take_fingerprint,
+    work_dir,
+)
 from orchestrator.proxy import model_route, openai_agent_config, require_api_key
 from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, read_jsonl, utc_now, write_json_atomic
 from orchestrator.transport.base import ExecResult, Host
@@ -161,26 +169,6 @@ class _Plan:
     model: dict[str, Any] | None = None
 
 
-def fingerprint_digest(fp: dict[str, Any]) -> str | None:
-    for key in ("fingerprint", "digest", "sha", "env_sha"):
-        v = fp.get(key)
-        if isinstance(v, str) and v:
-            return v
-    return None
-
-
-def python_version(fp: dict[str, Any]) -> str | None:
-    py = fp.get("python")  # "CPython 3.11.2"
-    if isinstance(py, dict):
-        py = py.get("version")
-    return str(py) if py else None
-
-
-def tail(text: str, n: int = 300) -> str:
-    text = " ".join(text.strip().split())
-    return text if len(text) <= n else "…" + text[-n:]
-
-
 class HostJob:
     """Everything one host does in one replay; ``__call__`` never leaves the run's workspace behind."""
 
@@ -190,7 +178,7 @@ class HostJob:
         self.record = HostRecord()
         self.fingerprint: dict[str, Any] | None = None
         self.cleanup_error: str | None = None
-        self.workspace = posixpath.join(cfg.workspace_root, "runs", plan.run_dir.run_id)
+        self.workspace = run_workspace(cfg.workspace_root, plan.run_dir.run_id)
         self.host_dir = plan.run_dir.host_dir(cfg.name)
 
     # The stages -------------------------------------------------------------------------------
@@ -264,7 +252,8 @@ class HostJob:
         pushed = ensure_bundle(host, self.plan.bundle, self.cfg.workspace_root)
         ws = remote.q(self.workspace)
         runs = remote.q(posixpath.dirname(self.workspace))
-        made = self._exec(host, f"mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {ws}/work")
+        work = remote.q(work_dir(self.workspace))
+        made = self._exec(host, f"mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {work}")
         if not made.ok:
             raise RunnerCrashed(self.cfg.name, f"cannot create {self.workspace}: {tail(made.stderr)}")
         return pushed
@@ -273,22 +262,15 @@ class HostJob:
         return [self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), *args]
 
     def _fingerprint(self, host: Host) -> None:
-        args = ["fingerprint", "--cwd", posixpath.join(self.workspace, "work")]
         tools = _tools_file(self.plan.bundle)
-        if tools:
-            args += ["--tools", posixpath.join(self.plan.bundle.remote_suite(self.cfg.workspace_root), tools)]
-        cmd = remote.clean_env_command(self.cfg.env_allowlist, self.cfg.env, self._runner_argv(*args))
-        res = self._exec(host, f"cd {remote.q(self.workspace)} && exec timeout -s KILL 60 {cmd}", 90)
-        if not res.ok:
-            raise RunnerCrashed(
-                self.cfg.name, f"fingerprint failed (exit {res.exit_code}): {tail(res.stderr or res.stdout)}"
-            )
-        try:
-            fp = json.loads(res.stdout)
-        except json.JSONDecodeError as exc:
-            raise RunnerCrashed(self.cfg.name, f"fingerprint printed no JSON: {tail(res.stdout)}") from exc
-        if not isinstance(fp, dict):
-            raise RunnerCrashed(self.cfg.name, "fingerprint printed JSON that is not an object")
+        suite = self.plan.bundle.remote_suite(self.cfg.workspace_root)
+        fp = take_fingerprint(
+            host,
+            self.cfg,
+            self.plan.bundle.remote_runner(self.cfg.workspace_root),
+            self.plan.run_dir.run_id,
+            tools=posixpath.join(suite, tools) if tools else None,
+        )
         self.fingerprint = fp
         self.record.fingerprint = fingerprint_digest(fp)
         self.record.python = python_version(fp)

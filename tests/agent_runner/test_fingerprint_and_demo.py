@@ -38,6 +38,20 @@ def test_fingerprint_fields_cwd_tools_and_findings(tmp_path: Path) -> None:
     assert moved["user_home_in_cwd"] and moved["fingerprint"] != data["fingerprint"]
 
 
+def test_fingerprint_run_id_keeps_the_digest_of_a_per_run_directory(tmp_path: Path) -> None:
+    def digest(run_id: str, *extra: str) -> str:
+        work = tmp_path / "runs" / run_id / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        done = run_runner("fingerprint", "--cwd", str(work), *extra, env=clean_env(HOME=str(tmp_path)))
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert data["cwd"] == str(work)  # the real path is still reported
+        return str(data["fingerprint"])
+
+    assert digest("probe-1a2b", "--run-id", "probe-1a2b") == digest("probe-3c4d", "--run-id", "probe-3c4d")
+    assert digest("probe-1a2b") != digest("probe-3c4d")  # without it, the random directory moves the digest
+
+
 def _run_demo(out: Path, env: dict[str, str], with_flag: bool, tmp_path: Path) -> None:
     tasks = "feature-flag-probe,locale-probe,shape-shifter"
     argv = [sys.executable, "-m", "agent_runner", "run", "--suite", str(TRIAGE), "--out", str(out), "--tasks",

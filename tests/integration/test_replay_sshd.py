@@ -60,7 +60,8 @@ def _left_of_run(inventory_path: Path, run_id: str, skip: set[str] = frozenset()
         host = open_host(cfg)
         try:
             res = host.exec(
-                ["sh", "-c", f"ls -d {cfg.workspace_root}/runs/{run_id} {cfg.workspace_root}/probe-* "
+                ["sh", "-c", f"ls -d {cfg.workspace_root}/runs/{run_id} {cfg.workspace_root}/runs/probe-* "
+                 f"{cfg.workspace_root}/probe-* "
                  f"{cfg.workspace_root}/bundles/.tmp-* 2>/dev/null; true"],
                 30,
             )  # fmt: skip
@@ -208,6 +209,24 @@ def test_hosts_probe_reports_each_host_and_cleans_up(sshd_hosts: Any) -> None:
     assert results["box-a"].fingerprint != results["box-b"].fingerprint
     left = _left_of_run(sshd_hosts.inventory_path, "no-such-run")
     assert left == {"local": "", "box-a": "", "box-b": ""}  # no probe-* directory left anywhere
+
+
+def test_hosts_probe_digest_is_stable_and_is_the_one_a_replay_records(sshd_hosts: Any, tmp_path: Path) -> None:
+    from orchestrator.probe import probe
+
+    first = {r.name: r.fingerprint for r in probe(sshd_hosts.inventory_path)}
+    second = {r.name: r.fingerprint for r in probe(sshd_hosts.inventory_path)}
+    assert all(first.values()) and first == second
+    probed = {r.name: r.fingerprint for r in probe(sshd_hosts.inventory_path, suite=TRIAGE)}
+    out = replay(
+        ReplayRequest(suite_dir=TRIAGE, inventory_path=sshd_hosts.inventory_path, hosts=["box-a"],
+                      out=tmp_path / "runs", tasks=["locale-probe"], repeat=1),
+        with_analysis=False,
+    )  # fmt: skip
+    rec = out.manifest.hosts["box-a"]
+    assert rec.error is None, rec
+    assert rec.fingerprint == probed["box-a"] != probed["box-b"]
+    assert _left_of_run(sshd_hosts.inventory_path, out.manifest.run_id) == {"local": "", "box-a": "", "box-b": ""}
 
 
 def test_sshd_starting_late_succeeds_and_the_manifest_records_the_retries(

@@ -1,0 +1,79 @@
+"""The runner's fingerprint of a host, taken one way for ``crosshost hosts`` and ``crosshost replay``.
+
+The digest must describe the host, not the run: the runner is started exactly as a replay's runner
+is, in ``<workspace_root>/runs/<run_id>/work`` (where a replay's attempts work), through ``env -i``
+with the inventory's allowlist, and given ``--run-id`` so the run id in that path is digested as
+``{run_id}``. Two probes of a host, and a probe and a replay, then print the same 16 hex (for a
+suite whose tools.json allows commands, pass it: their versions are part of the digest).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from typing import Any
+
+from orchestrator import remote
+from orchestrator.errors import RunnerCrashed
+from orchestrator.transport.base import Host
+
+#: the runner is killed after this long (the fingerprint runs each allowed command's --version)
+FINGERPRINT_KILL_AFTER_S = 60
+
+
+def run_workspace(workspace_root: str, run_id: str) -> str:
+    """``<workspace_root>/runs/<run_id>``: one run's (or probe's) directory on a host."""
+    return posixpath.join(workspace_root, "runs", run_id)
+
+
+def work_dir(workspace: str) -> str:
+    """Where a run's attempt workspaces go, and the directory the fingerprint describes."""
+    return posixpath.join(workspace, "work")
+
+
+def take_fingerprint(
+    host: Host, cfg: Any, runner: str, run_id: str, *, tools: str | None = None
+) -> dict[str, Any]:
+    """Run ``runner.pyz fingerprint`` on ``host`` in the run's ``work`` directory (which must exist).
+
+    ``cfg`` is the host's inventory entry (python, env_allowlist, env, workspace_root, name);
+    ``tools`` a tools.json path on the host. A failure is RunnerCrashed naming the host.
+    """
+    args = ["fingerprint", "--run-id", run_id]
+    if tools:
+        args += ["--tools", tools]
+    cmd = remote.clean_env_command(cfg.env_allowlist, cfg.env, [cfg.python, runner, *args])
+    cwd = work_dir(run_workspace(cfg.workspace_root, run_id))
+    script = f"cd {remote.q(cwd)} && exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"
+    res = host.exec(["sh", "-c", script], FINGERPRINT_KILL_AFTER_S + 30)
+    if not res.ok:
+        raise RunnerCrashed(
+            cfg.name, f"fingerprint failed (exit {res.exit_code}): {tail(res.stderr or res.stdout)}"
+        )
+    try:
+        fp = json.loads(res.stdout)
+    except json.JSONDecodeError as exc:
+        raise RunnerCrashed(cfg.name, f"fingerprint printed no JSON: {tail(res.stdout)}") from exc
+    if not isinstance(fp, dict):
+        raise RunnerCrashed(cfg.name, "fingerprint printed JSON that is not an object")
+    return fp
+
+
+def fingerprint_digest(fp: dict[str, Any]) -> str | None:
+    for key in ("fingerprint", "digest", "sha", "env_sha"):
+        v = fp.get(key)
+        if isinstance(v, str) and v:
+            return v
+    return None
+
+
+def python_version(fp: dict[str, Any]) -> str | None:
+    py = fp.get("python")  # "CPython 3.11.2"
+    if isinstance(py, dict):
+        py = py.get("version")
+    return str(py) if py else None
+
+
+def tail(text: str, n: int = 300) -> str:
+    text = " ".join(text.strip().split())
+    return text if len(text) <= n else "…" + text[-n:]
