@@ -67,7 +67,7 @@ $(BENCH_VENV)/.installed:
 	touch $@
 
 bench: $(STAMP) $(BENCH_VENV)/.installed
-	BENCH_ANSIBLE_VENV=$(BENCH_VENV) $(PY) -m bench.run $(BENCH_ARGS)
+	BENCH_ANSIBLE_VENV=$(abspath $(BENCH_VENV)) $(PY) -m bench.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

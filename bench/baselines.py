@@ -143,11 +143,12 @@ def run_naive(suite: BenchSuite, hosts: Sequence[BenchHost], local_out: Path) ->
 def ansible_bin() -> Path:
     """ansible-playbook of the bench venv (make bench installs it), else the one on PATH."""
     env_dir = os.environ.get("BENCH_ANSIBLE_VENV")
-    candidates = [Path(env_dir) / "bin" / "ansible-playbook"] if env_dir else []
+    # Resolved now: ansible-playbook runs with its scratch directory as cwd.
+    candidates = [Path(env_dir).resolve() / "bin" / "ansible-playbook"] if env_dir else []
     candidates.append(Path(__file__).resolve().parent.parent / ".venv-bench" / "bin" / "ansible-playbook")
     for c in candidates:
         if c.exists():
-            return c
+            return c.absolute()
     found = shutil.which("ansible-playbook")
     if found is None:
         raise BaselineError("ansible-playbook not found: run `make bench` (it installs ansible-core "
