@@ -79,6 +79,16 @@ def _keygen(path: Path, comment: str) -> None:
     _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # after "pid (comm)", which may contain spaces
+    return fields[19] if len(fields) > 19 else None
+
+
 def _uts_ns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/uts")
@@ -121,10 +131,16 @@ class TestHost:
         return self.dir / "unshare.pid"
 
     def ns_pid(self) -> int | None:
-        """The pid of the `unshare` process that holds this host's namespaces, if it still runs."""
+        """The pid of the `unshare` process that holds this host's namespaces, if it still runs.
+
+        The pid file also holds the process's start time: a pid reused by another process (say, in
+        another fleet's host) after this host died is not taken for this host's."""
         try:
-            pid = int(self._ns_pid_file.read_text())
+            pid_text, _, started = self._ns_pid_file.read_text().partition(" ")
+            pid = int(pid_text)
         except (OSError, ValueError):
+            return None
+        if started.strip() and _start_time(pid) != started.strip():
             return None
         return pid if _uts_ns(pid) is not None else None
 
@@ -221,7 +237,7 @@ class Fleet:
                 stderr=err,
                 close_fds=True,
             )
-        (host.dir / "unshare.pid").write_text(f"{proc.pid}\n")
+        (host.dir / "unshare.pid").write_text(f"{proc.pid} {_start_time(proc.pid) or ''}\n")
         if wait:
             self.wait_ready(name, timeout_s=wait_s + delay_s, proc=proc)
         return host
@@ -251,27 +267,40 @@ class Fleet:
                             f"{host.log_tail()}")
 
     def kill(self, name: str) -> None:
-        """Kill sshd and every session of the host: all processes in its UTS namespace."""
+        """Kill sshd and every session of the host: all processes in its UTS namespace.
+
+        The namespace is held open (a descriptor on ``/proc/<pid>/ns/uts``) until the last of its
+        processes is gone. A namespace's inode number is freed when it dies and the kernel hands it
+        to the next namespace created, e.g. by a test host starting meanwhile: without the hold, a
+        second pass would match, and kill, that unrelated host.
+        """
         host = self.hosts[name]
         pid = host.ns_pid()
         if pid is None:
             return
-        ns = _uts_ns(pid)
-        if ns is None or ns == _uts_ns(os.getpid()) or ns == _uts_ns(1):
-            # A recycled pid outside any test namespace: killing "its namespace" would kill the machine.
+        try:
+            ns_fd = os.open(f"/proc/{pid}/ns/uts", os.O_RDONLY)
+        except OSError:  # it has just exited
             (host.dir / "unshare.pid").unlink(missing_ok=True)
             return
-        for _ in range(50):
-            victims = [p for p in _all_pids() if _uts_ns(p) == ns]
-            if not victims:
-                break
-            for p in victims:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p, signal.SIGKILL)
-            _reap(pid)
-            time.sleep(0.05)
-        else:
-            raise TestHostError(f"{name}: processes survive SIGKILL: {victims}")
+        try:
+            ns = f"uts:[{os.fstat(ns_fd).st_ino}]"  # what readlink(/proc/<pid>/ns/uts) says
+            if ns == _uts_ns(os.getpid()) or ns == _uts_ns(1):
+                # A recycled pid outside any test namespace: killing "its namespace" would kill the machine.
+                (host.dir / "unshare.pid").unlink(missing_ok=True)
+                return
+            for _ in range(50):
+                victims = [p for p in _all_pids() if _uts_ns(p) == ns]
+                if not victims:
+                    break
+                for p in victims:
+                    _kill_if_in(p, ns)
+                _reap(pid)
+                time.sleep(0.05)
+            else:
+                raise TestHostError(f"{name}: processes survive SIGKILL: {victims}")
+        finally:
+            os.close(ns_fd)
         (host.dir / "unshare.pid").unlink(missing_ok=True)
 
     def regenerate_host_key(self, name: str) -> None:
@@ -368,6 +397,21 @@ def _toml_str(s: str) -> str:
 
 def _all_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _kill_if_in(pid: int, ns: str) -> None:
+    """SIGKILL ``pid`` if it is (still) in namespace ``ns``: a pidfd pins the process while its
+    namespace is checked, so a pid that exited and was reused meanwhile is never signalled."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # already gone
+        return
+    try:
+        if _uts_ns(pid) == ns:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
 
 
 def _reap(pid: int) -> None:

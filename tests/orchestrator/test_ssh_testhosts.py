@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from testhosts import free_port
@@ -69,3 +72,66 @@ def test_up_fails_loudly_with_the_sshd_log_when_the_port_is_taken() -> None:
     assert up.returncode == 1
     assert up.stderr.startswith("testhosts: error: box-q: sshd exited")
     assert "Address already in use" in up.stderr or "Bind to port" in up.stderr
+
+
+def _uts(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/uts")
+    except OSError:
+        return None
+
+
+def test_kill_spares_a_host_started_while_it_runs(fresh_sshd_host: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A namespace's inode number is reused by the next namespace created once it dies: a host that
+    starts while another is being killed must not be taken for it (seen as "sshd exited (-9)")."""
+    import testhosts
+
+    fleet = fresh_sshd_host.fleet
+    old_ns = _uts(fleet.hosts["box-c"].ns_pid() or 0)
+    assert old_ns is not None
+    started: list[subprocess.Popen[bytes]] = []
+    real_reap = testhosts._reap
+
+    def reap_then_start_another(pid: int) -> None:  # runs between kill's passes
+        real_reap(pid)
+        if started:
+            return
+        deadline = time.monotonic() + 5
+        while any(_uts(p) == old_ns for p in testhosts._all_pids()) and time.monotonic() < deadline:
+            time.sleep(0.02)  # box-c's processes are gone: its namespace may now die
+        # as a test host starts: a mount namespace, then a UTS one (the numbers box-c's had, if freed)
+        started.append(subprocess.Popen(["unshare", "--mount", "--uts", "sleep", "30"]))
+        while _uts(started[0].pid) in (None, _uts(os.getpid())) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    monkeypatch.setattr(testhosts, "_reap", reap_then_start_another)
+    try:
+        fleet.kill("box-c")
+        assert started, "kill never got to a second pass"
+        assert started[0].poll() is None, f"kill killed a process it did not own ({started[0].returncode})"
+        assert not fleet.hosts["box-c"].is_running()
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stale_pid_file_never_names_the_process_that_reused_its_pid(tmp_path: Path) -> None:
+    import testhosts
+
+    other = subprocess.Popen(["unshare", "--uts", "sleep", "30"])  # as if another fleet's host
+    try:
+        deadline = time.monotonic() + 5
+        while _uts(other.pid) in (None, _uts(os.getpid())) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        host = testhosts.TestHost("box-x", 1, tmp_path / "hosts" / "box-x")
+        host.dir.mkdir(parents=True)
+        (host.dir / "unshare.pid").write_text(f"{other.pid} 1\n")  # its pid, not its start time
+        fleet = testhosts.Fleet(tmp_path)
+        fleet.hosts["box-x"] = host
+        assert host.ns_pid() is None and not host.is_running()
+        fleet.kill("box-x")
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
