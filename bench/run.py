@@ -159,6 +159,8 @@ class Bench:
 
     def measure(self, point: Point, tool: str) -> None:
         cell = self.cells.setdefault((point, tool), Cell())
+        if cell.errors and not cell.seconds:
+            return  # it failed here once: repeating it measures nothing and costs the budget
         left = self.deadline - time.monotonic()
         est = self.estimate(tool, point)
         if est > left:
@@ -398,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     except TestHostError as exc:
         print(f"bench: error: test hosts: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("bench: interrupted; the test hosts are stopped", file=sys.stderr)
+        return 130
     finally:
         bench.close()
     table = render_table(result)
