@@ -67,6 +67,7 @@ def open_host(
         retry=tenacity.retry_if_exception_type(HostUnreachable),
         stop=tenacity.stop_after_attempt(CONNECT_ATTEMPTS) | tenacity.stop_before_delay(budget_s),
         # Jitter on top of a growing floor: purely random waits can spend every attempt within a second.
+        # `multiplier`, not the deprecated `initial` (a DeprecationWarning): hence tenacity >= 9.2.1.
         wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=max(1.0, cfg.connect_timeout_s / 2), jitter=0.25),
         before_sleep=report,
         reraise=True,
