@@ -20,6 +20,7 @@ setup: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -ra
 
 lint: $(STAMP)
