@@ -32,6 +32,7 @@ from orchestrator.errors import (
     HostUnreachable,
     RunnerCrashed,
     SuiteError,
+    TraceError,
     WorkspaceLeft,
 )
 from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
@@ -44,7 +45,7 @@ from orchestrator.host_fingerprint import (
     work_dir,
 )
 from orchestrator.proxy import model_route, openai_agent_config, require_api_key
-from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, read_jsonl, utc_now, write_json_atomic
+from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, iter_jsonl, utc_now, write_json_atomic
 from orchestrator.transport.base import ExecResult, Host
 
 STAGES = ("connect", "push", "fingerprint", "run", "pull", "clean")
@@ -408,20 +409,51 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _host_rows(run_dir: RunDir, name: str) -> list[dict[str, Any]]:
+    """The rows a host sent (none when it sent no file). A file that is not the runner's JSONL of
+    this host's rows is the host's fault: RunnerCrashed naming file:line, the file kept aside."""
+    path = run_dir.host_dir(name) / "results.jsonl"
+    if not path.is_file():
+        return []
+    try:
+        got: list[dict[str, Any]] = []
+        for where, row in iter_jsonl(path):
+            attempt = row.get("attempt")
+            if not isinstance(row.get("task"), str) or isinstance(attempt, bool) or not isinstance(attempt, int):
+                raise TraceError(f"{where}: a row needs a string task and an integer attempt")
+            if row.get("env") != name:
+                raise TraceError(f"{where}: a row of env {row.get('env')!r}, not {name!r}")
+            got.append(row)
+    except TraceError as exc:
+        kept = path.with_name("results.rejected.jsonl")
+        with contextlib.suppress(OSError):
+            path.replace(kept)
+        raise RunnerCrashed(name, f"sent a bad results.jsonl: {exc} (kept as {kept.name})") from exc
+    path.unlink(missing_ok=True)  # the run's results.jsonl is the one place rows live
+    return got
+
+
 def _merge_results(
     run_dir: RunDir, hosts: list[str], tasks: list[str], repeat: int, records: dict[str, HostRecord]
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """results.jsonl: every host's rows in inventory order, plus an ``error`` row for each
     task x attempt a host did not deliver (unreachable, crashed, interrupted): an error is never
-    silently a missing row, and never the agent's failure."""
+    silently a missing row, and never the agent's failure.
+
+    Also returns the errors found here (host -> line): a host whose results.jsonl is unreadable gets
+    ``error`` rows only and the error on its record; the other hosts' rows are kept."""
     rows: list[dict[str, Any]] = []
+    found: dict[str, str] = {}
     for name in hosts:
-        path = run_dir.host_dir(name) / "results.jsonl"
-        got = read_jsonl(path) if path.is_file() else []
-        path.unlink(missing_ok=True)  # the run's results.jsonl is the one place rows live
+        rec = records[name]
+        try:
+            got = _host_rows(run_dir, name)
+        except RunnerCrashed as exc:
+            got = []
+            found[name] = exc.one_line()
+            rec.error = f"{rec.error} (also: {found[name]})" if rec.error else found[name]
         rows.extend(got)
         have = {(str(r.get("task")), int(r.get("attempt", -1))) for r in got}
-        rec = records[name]
         reason = rec.error or "no result"
         for task in tasks:
             for attempt in range(repeat):
@@ -434,7 +466,7 @@ def _merge_results(
                         "verdict": "error", "reason": reason, "fingerprint": rec.fingerprint,
                     }
                 )  # fmt: skip
-    return rows
+    return rows, found
 
 
 def _pins(run_dir: RunDir, hosts: list[str]) -> dict[str, Any]:
@@ -557,7 +589,10 @@ def replay(
             manifest.hosts[name] = rec
         manifest.retries = list(shared.retries)
         manifest.interrupted = fan.interrupted or outcome_interrupted(fan)
-        rows = _merge_results(run_dir, names, tasks, repeat, manifest.hosts)
+        rows, bad_results = _merge_results(run_dir, names, tasks, repeat, manifest.hosts)
+        for name, line in bad_results.items():
+            errors[name] = manifest.hosts[name].error or line
+            emit(name, "failed", line)
         run_dir.write_results(rows)
         manifest.pins = _pins(run_dir, names)
         manifest.finished = utc_now()

@@ -1,7 +1,7 @@
 """A stand-in for runner.pyz in unit tests (run as ``python3 fake_runner.py ...``; stdlib only).
 
 It speaks the runner's CLI (fingerprint / run) and writes the runner's out/ layout. What it does on a
-host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "ok"}.
+host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "badresults" | "ok"}.
 """
 
 import hashlib
@@ -58,6 +58,8 @@ def main():
     with open(os.path.join(out, "results.jsonl"), "w") as fh:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
+        if behaviour == "badresults":
+            fh.write("{not json\n")
     return 0
 
 

@@ -202,3 +202,17 @@ def test_unknown_task_and_host_are_exit_2(tmp_path: Path) -> None:
         replay(_req(tmp_path, inv, tasks=["nope"]), opener=_local_opener(), bundle=bundle)
     with pytest.raises(InputError, match="box-z"):
         replay(_req(tmp_path, inv, hosts=["box-z"]), opener=_local_opener(), bundle=bundle)
+
+
+def test_a_bad_results_file_is_that_hosts_crash_and_the_run_is_still_written(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "badresults"})
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    m = load_manifest(out.run_dir.path)
+    assert out.exit_code == 3  # the host's fault, not bad user input (2)
+    assert m.finished and not m.interrupted
+    err = m.hosts["box-b"].error
+    assert err and err.startswith("box-b: RunnerCrashed:") and "results.jsonl:5" in err and "\n" not in err
+    assert m.hosts["local"].error is None and out.errors == {"box-b": err}
+    rows = read_jsonl(out.run_dir.results_path)
+    assert sorted((r["env"], r["verdict"]) for r in rows) == [("box-b", "error")] * 4 + [("local", "pass")] * 4
+    assert all(r["reason"] == err for r in rows if r["env"] == "box-b")
