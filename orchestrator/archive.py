@@ -30,6 +30,12 @@ class ArchiveLimits:
     max_total_bytes: int = MAX_TOTAL_BYTES
 
 
+def max_archive_bytes(limits: ArchiveLimits | None = None) -> int:
+    """The largest archive file accepted: the content cap plus tar's own bytes for every member."""
+    limits = limits or ArchiveLimits()
+    return limits.max_total_bytes + (limits.max_members + 3) * _OVERHEAD_PER_MEMBER
+
+
 def safe_member_name(name: str) -> PurePosixPath | None:
     """The member's relative path, or None when the name could escape the destination.
 
@@ -89,7 +95,7 @@ def read_archive(
         size = archive.stat().st_size
     except OSError as exc:
         raise ArchiveRejected(host, f"{source}: cannot read it ({exc.strerror or exc})") from exc
-    max_size = limits.max_total_bytes + (limits.max_members + 3) * _OVERHEAD_PER_MEMBER
+    max_size = max_archive_bytes(limits)
     if size > max_size:
         raise ArchiveRejected(
             host, f"{source}: {size} bytes, more than {max_size} bytes allowed for an archive; nothing was written"

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator import __version__, remote
-from orchestrator.archive import read_archive
+from orchestrator.archive import ArchiveLimits, max_archive_bytes, read_archive
 from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.errors import (
+    ArchiveRejected,
     AuthenticationFailed,
     CrosshostError,
     HostError,
@@ -54,6 +55,8 @@ RUN_MARGIN_S = 60
 SHORT_TIMEOUT_S = 120.0
 #: connection-level failures: the host is unreachable, not merely failing
 _UNREACHABLE = (HostUnreachable, HostKeyRejected, AuthenticationFailed)
+#: what a host's out.tar may hold; its size is checked on the host before anything is transferred
+PULL_LIMITS = ArchiveLimits()
 
 
 class HostConfigLike(Protocol):
@@ -315,14 +318,30 @@ class HostJob:
     def _pull(self, host: Host) -> int:
         """Bring ``out/`` home as one tar; return the number of files accepted."""
         ws = remote.q(self.workspace)
-        made = self._exec(host, f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar .")
+        made = self._exec(host, f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar . && wc -c < {ws}/out.tar")
         if not made.ok:
             return 0
+        self._check_archive_size(made.stdout)
         with tempfile.TemporaryDirectory(prefix=".pull-", dir=self.plan.run_dir.path) as tmp:
             local = Path(tmp) / f"{self.cfg.name}.out.tar"
             host.get(posixpath.join(self.workspace, "out.tar"), local)
-            written = read_archive(local, self.host_dir, host=self.cfg.name)
+            written = read_archive(local, self.host_dir, host=self.cfg.name, limits=PULL_LIMITS)
         return len(written)
+
+    def _check_archive_size(self, reported: str) -> None:
+        """Refuse, before transferring it, an out.tar larger than read_archive would accept: a host
+        must not be able to fill the controller's disk. ``reported`` is ``wc -c`` of it on the host."""
+        where = posixpath.join(self.workspace, "out.tar")
+        words = reported.split()
+        if not words or not words[-1].isdigit():
+            raise ArchiveRejected(self.cfg.name, f"{where}: cannot tell its size ({tail(reported) or 'no answer'})")
+        size, cap = int(words[-1]), max_archive_bytes(PULL_LIMITS)
+        if size > cap:
+            raise ArchiveRejected(
+                self.cfg.name,
+                f"{where} is {size} bytes, more than the {cap} bytes an archive may have; not transferred "
+                "(look for what fills the run's out/)",
+            )
 
     def _judge(self, result: ExecResult, pulled: int) -> None:
         name = self.cfg.name

@@ -1,7 +1,7 @@
 """A stand-in for runner.pyz in unit tests (run as ``python3 fake_runner.py ...``; stdlib only).
 
 It speaks the runner's CLI (fingerprint / run) and writes the runner's out/ layout. What it does on a
-host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "badresults" | "ok"}.
+host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "big" | "badresults" | "ok"}.
 """
 
 import hashlib
@@ -53,6 +53,9 @@ def main():
             if behaviour == "crash":
                 sys.stderr.write("Traceback: boom\n")
                 return 3
+    if behaviour == "big":
+        with open(os.path.join(out, "traces", "big.bin"), "wb") as fh:
+            fh.write(b"x" * 1_000_000)
     if behaviour == "symlink":
         os.symlink("/etc/passwd", os.path.join(out, "traces", "evil.jsonl"))
     with open(os.path.join(out, "results.jsonl"), "w") as fh:

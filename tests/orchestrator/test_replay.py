@@ -216,3 +216,31 @@ def test_a_bad_results_file_is_that_hosts_crash_and_the_run_is_still_written(tmp
     rows = read_jsonl(out.run_dir.results_path)
     assert sorted((r["env"], r["verdict"]) for r in rows) == [("box-b", "error")] * 4 + [("local", "pass")] * 4
     assert all(r["reason"] == err for r in rows if r["env"] == "box-b")
+
+
+def test_an_archive_over_the_cap_is_refused_before_it_is_transferred(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import replay as replay_mod
+    from orchestrator.archive import ArchiveLimits, max_archive_bytes
+
+    limits = ArchiveLimits(max_members=10, max_total_bytes=100_000)
+    monkeypatch.setattr(replay_mod, "PULL_LIMITS", limits)
+    fetched: list[str] = []
+
+    class CountingHost(LocalHost):
+        def get(self, remote: str, local: Path) -> None:
+            fetched.append(self.name)
+            super().get(remote, local)
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        return CountingHost(cfg.name)
+
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "big"})  # box-b's out/ holds 1 MB
+    out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle, with_analysis=False)
+    err = out.manifest.hosts["box-b"].error
+    assert out.exit_code == 3 and err and err.startswith("box-b: ArchiveRejected:")
+    assert "out.tar" in err and str(max_archive_bytes(limits)) in err and "not transferred" in err
+    assert fetched == ["local"]  # box-b's archive never left the host
+    assert not (out.run_dir.path / "hosts" / "box-b" / "traces").exists()
+    assert out.manifest.hosts["local"].error is None and _left(tmp_path, "box-b") == []
