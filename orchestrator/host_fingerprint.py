@@ -13,6 +13,7 @@ import json
 import posixpath
 from typing import Any
 
+from agent_runner.redact import redact_text
 from orchestrator import remote
 from orchestrator.errors import RunnerCrashed
 from orchestrator.transport.base import Host
@@ -75,5 +76,7 @@ def python_version(fp: dict[str, Any]) -> str | None:
 
 
 def tail(text: str, n: int = 300) -> str:
-    text = " ".join(text.strip().split())
+    """The last ``n`` characters of a host's output, on one line, secrets redacted: it reaches the
+    manifest and the terminal. Redacted before cutting, so a cut never leaves half a token visible."""
+    text = " ".join(redact_text(text).split())
     return text if len(text) <= n else "…" + text[-n:]

@@ -1,7 +1,7 @@
 """A stand-in for runner.pyz in unit tests (run as ``python3 fake_runner.py ...``; stdlib only).
 
 It speaks the runner's CLI (fingerprint / run) and writes the runner's out/ layout. What it does on a
-host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "big" | "badresults" | "ok"}.
+host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "big" | "leak" | "badresults" | "ok"}.
 """
 
 import hashlib
@@ -50,6 +50,9 @@ def main():
                          "verdict": "pass", "passed": True, "fingerprint": fp["fingerprint"]})
             if behaviour == "sleep":
                 time.sleep(30)
+            if behaviour == "leak":
+                sys.stderr.write("auth failed for token ghp_" + "A1b2" * 9 + "\n")
+                return 3
             if behaviour == "crash":
                 sys.stderr.write("Traceback: boom\n")
                 return 3

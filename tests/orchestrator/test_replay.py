@@ -244,3 +244,34 @@ def test_an_archive_over_the_cap_is_refused_before_it_is_transferred(
     assert fetched == ["local"]  # box-b's archive never left the host
     assert not (out.run_dir.path / "hosts" / "box-b" / "traces").exists()
     assert out.manifest.hosts["local"].error is None and _left(tmp_path, "box-b") == []
+
+
+def test_a_token_on_a_runners_stderr_is_redacted_in_the_manifest_and_on_the_terminal(tmp_path: Path) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from orchestrator.replay import run_and_render
+
+    token = "ghp_" + "A1b2" * 9
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "leak"})
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    err = out.manifest.hosts["box-b"].error
+    assert out.exit_code == 3 and err and "RunnerCrashed" in err and "auth failed for token" in err
+    assert token not in err and "[REDACTED]" in err
+    assert token not in out.run_dir.manifest_path.read_text()
+    assert token not in out.run_dir.results_path.read_text()
+
+    # the terminal: progress and error lines on stderr, the summary table on stdout
+    terminal, stdout = StringIO(), StringIO()
+    req = _req(tmp_path, inv)
+    import orchestrator.replay as replay_mod
+
+    real = replay_mod.replay
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(replay_mod, "replay", lambda r, **kw: real(r, opener=_local_opener(), bundle=bundle, **kw))
+        code = run_and_render(req, err_console=Console(file=terminal, width=400),
+                              out_console=Console(file=stdout, width=400))  # fmt: skip
+    assert code == 3
+    assert "auth failed for token" in terminal.getvalue()
+    assert token not in terminal.getvalue() and token not in stdout.getvalue()
