@@ -56,15 +56,29 @@ def run_script(
 
 def kill_script(workspace: str) -> str:
     """Kill the runner's process group. Its pid file may lag the start by a moment: wait up to 5 s
-    for it (only while the workspace exists, i.e. the run has not been cleaned up)."""
+    for it (only while the workspace exists, i.e. the run has not been cleaned up).
+
+    The pid file is in the workspace, writable by the agent: the group is signalled only when its
+    leader is this run's launcher — ``timeout`` whose arguments include this run's ``<workspace>/out``
+    (``run_script``) — read from /proc, or ``ps`` where there is no /proc. Between the pid file and the
+    launcher's ``exec`` the pid is still ``sh``: looked at again for up to 1 s.
+    """
     ws = q(workspace)
     pid = f"{ws}/pid"
+    own = f"{workspace}/out"
     return (
         f"i=0; while test -d {ws} && ! test -s {pid} && test $i -lt 50; do sleep 0.1; i=$((i+1)); done; "
         # The workspace is writable by what runs in it: signal only a plain number above 1
         # (a forged "1" would make this `kill -- -1`: every process of the user).
-        f'p=$(head -c 32 {pid} 2>/dev/null); case "$p" in ""|*[!0-9]*) ;; '
-        f'*) test "$p" -gt 1 && kill -s KILL -- -"$p" 2>/dev/null;; esac; true'
+        f'p=$(head -c 32 {pid} 2>/dev/null); case "$p" in ""|*[!0-9]*) p=;; esac; '
+        'test -n "$p" && test "$p" -gt 1 && { '
+        "i=0; while test $i -lt 10 && kill -0 \"$p\" 2>/dev/null; do "
+        'if test -r /proc/"$p"/cmdline; then a=$(tr "\\000" "\\n" < /proc/"$p"/cmdline 2>/dev/null); '
+        'else a=$(ps -o args= -p "$p" 2>/dev/null | tr " " "\\n"); fi; '
+        'if printf "%s\\n" "$a" | sed -n 1p | grep -q "^\\(.*/\\)\\{0,1\\}timeout$" && '
+        f'printf "%s\\n" "$a" | grep -Fxq -- {q(own)}; '
+        'then kill -s KILL -- -"$p" 2>/dev/null; break; fi; '
+        "i=$((i+1)); sleep 0.1; done; }; true"
     )
 
 

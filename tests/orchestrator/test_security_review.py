@@ -44,9 +44,14 @@ def test_kill_script_never_signals_a_forged_pid(tmp_path: Path, forged: str) -> 
 
 
 def test_kill_script_signals_a_real_process_group(tmp_path: Path) -> None:
+    # The run's own launcher (timeout ... --out <ws>/out), as run_script starts it; a bare process
+    # named in the pid file is spared (tests/orchestrator/test_remote.py).
     ws = tmp_path / "ws"
     ws.mkdir()
-    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    proc = subprocess.Popen(
+        ["timeout", "-s", "KILL", "60", "sh", "-c", "sleep 30", "run", "--out", f"{ws}/out"],
+        start_new_session=True,
+    )
     try:
         (ws / "pid").write_text(f"{proc.pid}\n")
         subprocess.run(["sh", "-c", remote.kill_script(str(ws))], timeout=30, check=True)

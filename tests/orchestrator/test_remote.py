@@ -1,0 +1,71 @@
+"""remote.kill_script signals the run's own runner group, never a process an agent named in `pid`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator import remote
+
+
+def _start_run(ws: Path) -> subprocess.Popen[bytes]:
+    """What replay starts on a host: run_script in the workspace, a stand-in runner that waits."""
+    (ws / "out").mkdir()
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "run", "--out", f"{ws}/out"]
+    script = remote.run_script(str(ws), ["PATH"], {}, argv, 60)
+    proc = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    for _ in range(100):
+        if (ws / "pid").is_file() and (ws / "pid").read_text().strip():
+            break
+        time.sleep(0.05)
+    return proc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_kill_script_kills_the_runs_own_runner(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proc = _start_run(ws)
+    try:
+        runner = int((ws / "pid").read_text())
+        subprocess.run(["sh", "-c", remote.kill_script(str(ws))], timeout=30, check=True)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while _alive(runner) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(runner)
+    finally:
+        proc.kill()
+
+
+def test_kill_script_spares_a_foreign_process_group_named_in_the_pid_file(tmp_path: Path) -> None:
+    """An agent can write any pid into the workspace's `pid`: another run's runner, the user's shell."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    other_ws = tmp_path / "other-run"
+    other_ws.mkdir()
+    others = [
+        subprocess.Popen(["sleep", "30"], start_new_session=True),  # any process group of the user
+        _start_run(other_ws),  # another run's runner (same launcher, another workspace)
+    ]
+    other_runner = int((other_ws / "pid").read_text())
+    try:
+        for pid in (others[0].pid, other_runner):
+            (ws / "pid").write_text(f"{pid}\n")
+            done = subprocess.run(["sh", "-c", remote.kill_script(str(ws))], timeout=30)
+            assert done.returncode == 0
+            time.sleep(0.2)
+            assert _alive(pid), pid
+    finally:
+        for p in others:
+            p.kill()
+        subprocess.run(["sh", "-c", remote.kill_script(str(other_ws))], timeout=30)
