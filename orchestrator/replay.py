@@ -104,6 +104,7 @@ class ReplayOutcome:
     report: Any = None
     results: list[dict[str, Any]] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
+    exit_reason: str = ""  # why exit_code, one line (the summary line says it)
 
 
 # --------------------------------------------------------------------------------------------- suite
@@ -618,11 +619,9 @@ def replay(
         run_dir.write_manifest(manifest)
 
     outcome = ReplayOutcome(run_dir, manifest, 0, results=rows, errors=errors)
-    if manifest.interrupted:
-        outcome.exit_code = 130
-        return outcome
-    outcome.report = analyse(run_dir, gate) if with_analysis else None
-    outcome.exit_code = exit_code(manifest, outcome.report, gate)
+    if not manifest.interrupted:
+        outcome.report = analyse(run_dir, gate) if with_analysis else None
+    outcome.exit_code, outcome.exit_reason = exit_code(manifest, outcome.report, gate, rows)
     return outcome
 
 
@@ -642,22 +641,51 @@ def analyse(run_dir: RunDir, gate: float | None) -> Any:
     return report
 
 
-def exit_code(manifest: Manifest, report: Any, gate: float | None) -> int:
-    """DESIGN: 3 infrastructure (a host unreachable or a runner crashed), 1 invalid or over the
-    gate, 0 valid and within it. Without the analysis, a run is judged on its fingerprints only."""
-    if any(rec.error for rec in manifest.hosts.values()):
-        return 3
+def exit_code(
+    manifest: Manifest, report: Any, gate: float | None, rows: list[dict[str, Any]]
+) -> tuple[int, str]:
+    """DESIGN's exit code and why, by precedence 130 > 2 > 3 > 1 > 0 (2, bad input, is raised before
+    a run exists). 3: a host failed or ANY row is an ``error`` verdict — the harness or the host
+    failed (unreachable, runner crashed, predicate could not start, model provider unreachable), so
+    the run cannot pass as valid; 1: invalid or over the gate; 0: valid and within it. Without the
+    analysis, a run is judged on its fingerprints only."""
+    if manifest.interrupted:
+        return 130, "interrupted"
+    infra = _infra_reason(manifest, rows)
+    if infra:
+        return 3, infra
     if report is None:
         fps = {rec.fingerprint for rec in manifest.hosts.values() if rec.fingerprint}
-        return 0 if len(fps) >= 2 else 1
+        if len(fps) >= 2:
+            return 0, f"{len(fps)} different fingerprints, no error (analysis not available)"
+        return 1, "fewer than two different fingerprints (analysis not available)"
     if not getattr(report, "valid", False):
-        return 1
+        reasons = list(getattr(report, "invalid_reasons", None) or [])
+        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        return 1, f"invalid run: {reasons[0] if reasons else 'see report.json'}{more}"
     rate = getattr(report, "flip_rate", None)
     limit = getattr(report, "gate", None)
     limit = gate if limit is None else limit
     if rate is not None and limit is not None and rate > limit:
-        return 1
-    return 0
+        return 1, f"flip rate {rate:g} over the gate {limit:g}"
+    within = f", flip rate {rate:g} within the gate {limit:g}" if rate is not None and limit is not None else ""
+    return 0, f"valid{within}"
+
+
+def _infra_reason(manifest: Manifest, rows: list[dict[str, Any]]) -> str:
+    """Why the run is an infrastructure failure (exit 3), or "" when it is not: per host, in
+    inventory order, its error verdicts (and the first reason) or its error."""
+    parts: list[str] = []
+    for name, rec in manifest.hosts.items():
+        errs = [r for r in rows if r.get("env") == name and r.get("verdict") == "error"]
+        if errs:
+            first = str(errs[0].get("reason") or errs[0].get("why") or "error")
+            if rec.error and not first.startswith(rec.error[:40]):
+                first = f"{rec.error}; {first}"
+            parts.append(f"{len(errs)} error verdict(s) on {name}: {first}")
+        elif rec.error:
+            parts.append(rec.error)
+    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------ rendering
@@ -786,12 +814,15 @@ def run_and_render(request: ReplayRequest, *, err_console: Any = None, out_conso
     for err in outcome.errors.values():
         if err != "interrupted":
             err_console.print(err, markup=False, highlight=False, soft_wrap=True)
-    code = outcome.exit_code
+    code, why = outcome.exit_code, outcome.exit_reason
     if outcome.manifest.interrupted:
         err_console.print("interrupted: remote workspaces removed, partial results written", markup=False)
     else:
         code = _record_history(outcome, request.compare_last, code, err_console)
-    out_console.print(f"run directory: {outcome.run_dir.path}  (exit {code})", markup=False)
+        if code != outcome.exit_code:
+            why = "a task newly flips against the previous run (--compare-last)"
+    why = f": {why}" if why else ""
+    out_console.print(f"run directory: {outcome.run_dir.path}  (exit {code}{why})", markup=False, soft_wrap=True)
     return code
 
 

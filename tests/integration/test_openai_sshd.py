@@ -255,3 +255,6 @@ def test_unreachable_provider_is_an_error_verdict_on_every_host(
         assert "unreachable" in row["why"] and "\n" not in row["why"]
     report = json.loads((out.run_dir.path / "report.json").read_text())
     assert [t["classification"] for t in report["tasks"]] == ["infra_error"]  # never the agent's failure
+    # an error verdict is the harness's or the host's failure: exit 3, naming the hosts, never 0
+    assert out.exit_code == 3, out.exit_reason
+    assert out.exit_reason.startswith("1 error verdict(s) on local: agent_error"), out.exit_reason

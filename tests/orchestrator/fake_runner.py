@@ -1,7 +1,7 @@
 """A stand-in for runner.pyz in unit tests (run as ``python3 fake_runner.py ...``; stdlib only).
 
 It speaks the runner's CLI (fingerprint / run) and writes the runner's out/ layout. What it does on a
-host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "big" | "leak" | "badresults" | "ok"}.
+host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "big" | "leak" | "provider_down" | "badresults" | "ok"}.
 """
 
 import hashlib
@@ -46,8 +46,11 @@ def main():
                       "env": dict(os.environ)}
             with open(os.path.join(out, "traces", f"{task}.{attempt}.jsonl"), "w") as fh:
                 fh.write(json.dumps(header) + "\n")
-            rows.append({"run_id": arg(args, "--run-id"), "task": task, "env": host, "attempt": attempt,
-                         "verdict": "pass", "passed": True, "fingerprint": fp["fingerprint"]})
+            row = {"run_id": arg(args, "--run-id"), "task": task, "env": host, "attempt": attempt,
+                   "verdict": "pass", "passed": True, "fingerprint": fp["fingerprint"]}
+            if behaviour == "provider_down":  # the runner ran fine; the model provider never answered
+                row.update(verdict="error", passed=False, reason="agent_error", why="model provider unreachable")
+            rows.append(row)
             if behaviour == "sleep":
                 time.sleep(30)
             if behaviour == "leak":

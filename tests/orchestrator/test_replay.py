@@ -275,3 +275,55 @@ def test_a_token_on_a_runners_stderr_is_redacted_in_the_manifest_and_on_the_term
     assert code == 3
     assert "auth failed for token" in terminal.getvalue()
     assert token not in terminal.getvalue() and token not in stdout.getvalue()
+
+
+def test_error_verdicts_from_a_runner_that_exited_0_are_exit_3_and_the_summary_says_why(tmp_path: Path) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    import orchestrator.replay as replay_mod
+
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"local": "provider_down", "box-b": "provider_down"})
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    assert all(rec.error is None and rec.runner_exit == 0 for rec in out.manifest.hosts.values())
+    assert out.exit_code == 3  # error is "the harness or the host failed": never a valid exit 0
+    assert out.exit_reason.startswith("4 error verdict(s) on local: ") and "box-b" in out.exit_reason
+    assert "agent_error" in out.exit_reason
+
+    stdout = StringIO()
+    real = replay_mod.replay
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(replay_mod, "replay", lambda r, **kw: real(r, opener=_local_opener(), bundle=bundle, **kw))
+        code = replay_mod.run_and_render(_req(tmp_path, inv), err_console=Console(file=StringIO()),
+                                         out_console=Console(file=stdout, width=400))  # fmt: skip
+    assert code == 3
+    assert "(exit 3: 4 error verdict(s) on local: " in stdout.getvalue()
+
+
+def test_exit_code_precedence() -> None:
+    from types import SimpleNamespace
+
+    from orchestrator.replay import exit_code
+    from orchestrator.store import HostRecord, Manifest, SuiteRef
+
+    def manifest(**hosts: HostRecord) -> Manifest:
+        return Manifest(run_id="r", started="t", suite=SuiteRef(name="s", sha="x", path="p"), reference="a",
+                        crosshost_version="0", hosts=hosts)  # fmt: skip
+
+    ok = {"a": HostRecord(reachable=True, fingerprint="1" * 16), "b": HostRecord(reachable=True, fingerprint="2" * 16)}
+    row = {"env": "b", "task": "t", "attempt": 0, "verdict": "error", "reason": "agent_error"}
+    invalid = SimpleNamespace(valid=False, invalid_reasons=["fewer than two hosts replayed (a)"], flip_rate=0.5, gate=0.1)
+    over = SimpleNamespace(valid=True, invalid_reasons=[], flip_rate=0.5, gate=0.1)
+    good = SimpleNamespace(valid=True, invalid_reasons=[], flip_rate=0.0, gate=0.1)
+    assert exit_code(manifest(**ok), good, None, [])[0] == 0
+    assert exit_code(manifest(**ok), over, None, []) == (1, "flip rate 0.5 over the gate 0.1")
+    assert exit_code(manifest(**ok), invalid, None, [])[0] == 1
+    assert exit_code(manifest(**ok), invalid, None, [row]) == (3, "1 error verdict(s) on b: agent_error")
+    assert exit_code(manifest(**ok), good, None, [row])[0] == 3
+    crashed = {**ok, "b": HostRecord(reachable=True, error="b: RunnerCrashed: boom")}
+    code, why = exit_code(manifest(**crashed), good, None, [])
+    assert code == 3 and "b: RunnerCrashed: boom" in why
+    interrupted = manifest(**crashed)
+    interrupted.interrupted = True
+    assert exit_code(interrupted, good, None, [row])[0] == 130
