@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from typing import Any, Iterable, List
 
@@ -57,6 +58,9 @@ _AFTER_MARKER = re.compile(
 )
 
 
+# Keys repeat endlessly (every trace record is redacted; 17 patterns per key), so both answers are
+# memoised. Bounded: a key is short, and an unbounded cache would grow with hostile input.
+@functools.lru_cache(maxsize=4096)
 def is_secret_env_key(name: str) -> bool:
     upper = name.upper()
     return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_PATTERNS)
@@ -66,6 +70,7 @@ def secret_env_keys(keys: Iterable[str]) -> List[str]:
     return sorted(k for k in keys if is_secret_env_key(k))
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_key(name: str) -> bool:
     return bool(_SECRET_KEY.search(_CAMEL.sub("_", name))) or is_secret_env_key(name)
 
