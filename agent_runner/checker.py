@@ -121,17 +121,13 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(item)
 
 
-def _path_in(text: str, path: str) -> bool:
-    """``path`` occurs in ``text`` as a whole path (``/root`` in ``/root/x``, not in ``/rootfs``)."""
-    if path.rstrip("/") not in text:  # fast path: most arguments hold no host path at all
-        return False
-    return re.search(r"(?<![\w.\-])" + re.escape(path.rstrip("/")) + r"(?![\w.\-])", text) is not None
+def _path_re(path: str) -> "re.Pattern[str]":
+    """``path`` as a whole path (``/root`` in ``/root/x``, not in ``/rootfs``)."""
+    return re.compile(r"(?<![\w.\-])" + re.escape(path.rstrip("/")) + r"(?![\w.\-])")
 
 
-def _word_in(text: str, word: str) -> bool:
-    if word.lower() not in text.lower():  # fast path before the regex; hostnames are ASCII
-        return False
-    return re.search(r"(?<![\w\-])" + re.escape(word) + r"(?![\w\-])", text, re.IGNORECASE) is not None
+def _word_re(word: str) -> "re.Pattern[str]":
+    return re.compile(r"(?<![\w\-])" + re.escape(word) + r"(?![\w\-])", re.IGNORECASE)
 
 
 def _host_facts(fingerprints: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[str], List[str]]:
@@ -153,57 +149,118 @@ def _host_facts(fingerprints: Sequence[Dict[str, Any]]) -> Tuple[List[str], List
     return hostnames, homes, cwds
 
 
-def _leaks(text: str, invariants: Set[str], hostnames: List[str], homes: List[str],
-           cwds: List[str]) -> Iterator[Tuple[str, str, str]]:
-    """(kind, matched value, message) for every leak in one argument string."""
-    if "no_absolute_local_paths" in invariants:
-        for cwd in cwds:
-            if _path_in(text, cwd):
-                yield "absolute_local_path", cwd, f"a host's working directory {cwd!r} in an argument"
-        for match in _ABSOLUTE_LOCAL.finditer(text):
-            yield "absolute_local_path", match.group(0), f"absolute local path {match.group(0)!r}"
-    if "no_home_directory_strings" in invariants:
-        for home in homes:
-            if _path_in(text, home):
-                yield "home_directory", home, f"a host's home directory {home!r} in an argument"
-        for match in _HOME_STRING.finditer(text):
-            yield "home_directory", match.group(0), f"home directory string {match.group(0)!r}"
-    if "no_hostname_in_tool_args" in invariants:
-        for hostname in hostnames:
-            if _word_in(text, hostname):
-                yield "hostname", hostname.lower(), f"hostname {hostname!r} in an argument"
+LeakMatch = Tuple[str, str, str]  # (kind, matched value, message)
+_MEMO_LIMIT = 4096  # argument strings (and turn shapes) remembered at once; the memo is cleared when full
+
+
+class TurnChecker:
+    """``check_turns`` prepared once for a contract and a set of fingerprints.
+
+    Everything that does not depend on the turn is done here once: the contract's tool table, the
+    invariants, every host's facts and their compiled patterns. The leak scan of an argument string
+    is memoised (a long trace repeats the same argument strings over and over), and so is the whole
+    verdict on a turn whose arguments are flat strings (``turn_findings``). The answers are the ones
+    ``check_turns`` always gave; only repeated work is skipped.
+    """
+
+    def __init__(self, contract: Dict[str, Any], fingerprints: Sequence[Dict[str, Any]]) -> None:
+        self.contract_id = contract.get("contract_id", "?")
+        self.tools = {t["name"]: t for t in contract.get("tools", []) if isinstance(t, dict) and "name" in t}
+        self.invariants = set(contract.get("invariants", []))
+        hostnames, homes, cwds = _host_facts(fingerprints)
+        check_paths = "no_absolute_local_paths" in self.invariants
+        check_homes = "no_home_directory_strings" in self.invariants
+        check_hosts = "no_hostname_in_tool_args" in self.invariants
+        # (needle for the substring fast path, whole-path pattern, original) per host path
+        self._cwds = [(c.rstrip("/"), _path_re(c), c) for c in cwds] if check_paths else []
+        self._homes = [(h.rstrip("/"), _path_re(h), h) for h in homes] if check_homes else []
+        self._hostnames = [(h.lower(), _word_re(h), h) for h in hostnames] if check_hosts else []
+        self._check_paths, self._check_homes = check_paths, check_homes
+        self._leak_memo: Dict[str, Tuple[LeakMatch, ...]] = {}
+        self._turn_memo: Dict[Any, Tuple[Tuple[str, str], ...]] = {}
+
+    def leaks(self, text: str) -> Tuple[LeakMatch, ...]:
+        """Every leak in one argument string, in the order of the invariants."""
+        found = self._leak_memo.get(text)
+        if found is None:
+            found = tuple(self._scan(text))
+            if len(self._leak_memo) >= _MEMO_LIMIT:
+                self._leak_memo.clear()
+            self._leak_memo[text] = found
+        return found
+
+    def _scan(self, text: str) -> Iterator[LeakMatch]:
+        if self._check_paths:
+            for needle, pattern, cwd in self._cwds:
+                if needle in text and pattern.search(text):
+                    yield "absolute_local_path", cwd, f"a host's working directory {cwd!r} in an argument"
+            for match in _ABSOLUTE_LOCAL.finditer(text):
+                yield "absolute_local_path", match.group(0), f"absolute local path {match.group(0)!r}"
+        if self._check_homes:
+            for needle, pattern, home in self._homes:
+                if needle in text and pattern.search(text):
+                    yield "home_directory", home, f"a host's home directory {home!r} in an argument"
+            for match in _HOME_STRING.finditer(text):
+                yield "home_directory", match.group(0), f"home directory string {match.group(0)!r}"
+        if self._hostnames:
+            lowered = text.lower()  # once per string, not once per host
+            for needle, pattern, hostname in self._hostnames:
+                if needle in lowered and pattern.search(text):
+                    yield "hostname", hostname.lower(), f"hostname {hostname!r} in an argument"
+
+    def turn_findings(self, name: str, args: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
+        """(kind, message) of every finding in one turn, without its step; see ``check``."""
+        try:
+            key: Any = (name, tuple(args.items()))
+            found = self._turn_memo.get(key)
+        except TypeError:  # a list or object among the values: not hashable, not memoised
+            key, found = None, None
+        if found is None:
+            found = self._turn_findings(name, args)
+            # Only flat string (or null) arguments are remembered: 1 == 1.0 == True as dict keys, and
+            # although the checker ignores non-string values, a memo that conflates them is a trap.
+            if key is not None and all(type(v) is str or v is None for v in args.values()):
+                if len(self._turn_memo) >= _MEMO_LIMIT:
+                    self._turn_memo.clear()
+                self._turn_memo[key] = found
+        return found
+
+    def _turn_findings(self, name: str, args: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
+        found: List[Tuple[str, str]] = []
+        spec = self.tools.get(name)
+        if spec is None:
+            found.append(("unknown_tool", f"{name!r} is not in contract {self.contract_id}"))
+        else:
+            for arg in spec.get("required_args", []):
+                if arg not in args:
+                    found.append(("missing_args", f"required argument {arg!r} is missing"))
+            for arg in spec.get("forbidden_args", []):
+                if arg in args:
+                    found.append(("forbidden_args", f"forbidden argument {arg!r} is present"))
+        seen: Set[Tuple[str, str]] = set()
+        for text in _strings(args):
+            for kind, what, message in self.leaks(text):
+                if (kind, what) not in seen:
+                    seen.add((kind, what))
+                    found.append((kind, message))
+        return tuple(found)
+
+    def check(self, turns: Iterable[Dict[str, Any]]) -> List[Finding]:
+        findings: List[Finding] = []
+        for turn in turns:
+            step = turn.get("step")
+            name = str(turn.get("tool"))
+            raw_args = turn.get("args")
+            args: Dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+            for kind, message in self.turn_findings(name, args):
+                findings.append(Finding(kind, message, step, name))
+        return findings
 
 
 def check_turns(contract: Dict[str, Any], turns: Iterable[Dict[str, Any]],
                 fingerprints: Sequence[Dict[str, Any]]) -> List[Finding]:
     """Every contract violation and host leak in ``turns`` (dicts with "step", "tool", "args")."""
-    tools = {t["name"]: t for t in contract.get("tools", []) if isinstance(t, dict) and "name" in t}
-    invariants = set(contract.get("invariants", []))
-    hostnames, homes, cwds = _host_facts(fingerprints)
-    findings: List[Finding] = []
-    for turn in turns:
-        step = turn.get("step")
-        name = str(turn.get("tool"))
-        raw_args = turn.get("args")
-        args: Dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
-        spec = tools.get(name)
-        if spec is None:
-            findings.append(Finding("unknown_tool", f"{name!r} is not in contract "
-                                    f"{contract.get('contract_id', '?')}", step, name))
-        else:
-            for arg in spec.get("required_args", []):
-                if arg not in args:
-                    findings.append(Finding("missing_args", f"required argument {arg!r} is missing", step, name))
-            for arg in spec.get("forbidden_args", []):
-                if arg in args:
-                    findings.append(Finding("forbidden_args", f"forbidden argument {arg!r} is present", step, name))
-        seen: Set[Tuple[str, str]] = set()
-        for text in _strings(args):
-            for kind, what, message in _leaks(text, invariants, hostnames, homes, cwds):
-                if (kind, what) not in seen:
-                    seen.add((kind, what))
-                    findings.append(Finding(kind, message, step, name))
-    return findings
+    return TurnChecker(contract, fingerprints).check(turns)
 
 
 def load_fingerprints(path: "str | os.PathLike[str]") -> List[Dict[str, Any]]:

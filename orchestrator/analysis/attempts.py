@@ -1,8 +1,8 @@
 """One task attempt on one host, summarised from its trace in one streaming pass.
 
 The summary keeps only what the verdicts need: the verdict, the pins, a hash of the shape, a hash of
-the argument values, and capped lists of findings and problems. Turns are checked in small batches
-against the contract and against EVERY host's fingerprint (a trace from box-b that holds the
+the argument values, and capped lists of findings and problems. Each turn is checked as it streams
+past, against the contract and against EVERY host's fingerprint (a trace from box-b that holds the
 reference's hostname is a leak too), so a million-line trace never sits in memory.
 """
 
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_runner.checker import check_turns
+from agent_runner.checker import LEAK_KINDS, TurnChecker
 from agent_runner.errors import RunnerError
-from agent_runner.trace import iter_records
-from orchestrator.analysis.shapes import ShapeHasher, Step, step_of
+from agent_runner.trace import fp, iter_records
+from orchestrator.analysis.shapes import ShapeHasher, Step, shape_line, step_of
 
-CHECK_BATCH = 256  # turns handed to the checker at once
+MEMO_TURNS = 4096  # distinct (tool, arguments) remembered at once; cleared when full
 KEEP_FINDINGS = 20  # per attempt; the count is kept in full
 KEEP_PROBLEMS = 10
 
@@ -62,72 +62,94 @@ class AttemptSummary:
             self.problems.append(text)
 
 
-def _check(
-    summary: AttemptSummary,
-    contract: Mapping[str, Any] | None,
-    batch: list[dict[str, Any]],
-    fingerprints: Sequence[Mapping[str, Any]],
-) -> None:
-    if contract is None or not batch:
-        return
-    for finding in check_turns(dict(contract), batch, [dict(f) for f in fingerprints]):
+class TraceSummariser:
+    """Summarises the traces of one run: one contract, one set of fingerprints.
+
+    Per turn it needs the shape line, the argument-value fingerprint and the checker's findings. A
+    long trace repeats the same calls, so the shape line and the findings (without the step) are
+    memoised per (tool, arguments) when every argument value is a string or null; other turns are
+    worked out in full. The results are exactly those of ``step_of`` and ``check_turns``.
+    """
+
+    def __init__(self, contract: Mapping[str, Any] | None, fingerprints: Sequence[Mapping[str, Any]]) -> None:
+        self.contract = contract
+        self.fingerprints = fingerprints
+        self._checker: TurnChecker | None = None
+        self._memo: dict[Any, tuple[bytes, tuple[tuple[str, str], ...]]] = {}
+
+    def _turn_checker(self) -> TurnChecker | None:
+        if self.contract is None:
+            return None
+        if self._checker is None:  # built at the first turn, as check_turns was
+            self._checker = TurnChecker(dict(self.contract), [dict(f) for f in self.fingerprints])
+        return self._checker
+
+    def _work_out(self, tool: str, args: dict[str, Any]) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+        checker = self._turn_checker()
+        return shape_line(tool, args), checker.turn_findings(tool, args) if checker is not None else ()
+
+    def summarise(self, path: Path, host: str, task: str, attempt: int) -> AttemptSummary:
+        """Stream one trace. Damage never raises: it is a problem and the attempt's verdict is ``error``."""
+        summary = AttemptSummary(host, task, attempt, path)
+        hasher = ShapeHasher()
+        add_line = hasher.add_line
+        memo = self._memo
+        finish: dict[str, Any] | None = None
+        try:
+            for lineno, record in iter_records(path):
+                kind = record.get("type")
+                if kind == "turn":
+                    tool = record.get("tool")
+                    if not isinstance(tool, str) or not tool:
+                        summary.problem(f"{path}:{lineno}: turn without a tool name")
+                        continue
+                    raw_args = record.get("args")
+                    args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+                    try:
+                        key: Any = (tool, tuple(args.items()))
+                        known = memo.get(key)
+                    except TypeError:  # a list or object among the values: not hashable
+                        key, known = None, None
+                    if known is None:
+                        known = self._work_out(tool, args)
+                        # 1 == 1.0 == True as keys, but their types differ in a shape: flat strings only
+                        if key is not None and all(type(v) is str or v is None for v in args.values()):
+                            if len(memo) >= MEMO_TURNS:
+                                memo.clear()
+                            memo[key] = known
+                    args_fp = record.get("args_fp")
+                    add_line(known[0], args_fp if isinstance(args_fp, str) else fp(dict(args)))
+                    if known[1]:
+                        _record_findings(summary, known[1], record.get("step"), tool)
+                elif kind == "corrupt":
+                    summary.problem(f"{path}:{lineno}: {record.get('error', 'corrupt line')}")
+                elif kind == "header":
+                    fingerprint, pins = record.get("fingerprint"), record.get("pins")
+                    summary.fingerprint = fingerprint if isinstance(fingerprint, str) else None
+                    summary.pins = pins if isinstance(pins, dict) else None
+                elif kind == "finish":
+                    finish = record
+                else:
+                    summary.problem(f"{path}:{lineno}: unknown record type {kind!r}")
+        except (RunnerError, OSError) as exc:  # unreadable file: agent_runner's TraceError
+            summary.problem(str(exc))
+        summary.steps = hasher.steps
+        summary.shape_hash = hasher.shape_hash
+        summary.values_hash = hasher.values_hash
+        _settle_verdict(summary, path, finish)
+        return summary
+
+
+def _record_findings(summary: AttemptSummary, found: tuple[tuple[str, str], ...], step: Any, tool: str) -> None:
+    for kind, message in found:
+        is_leak = kind in LEAK_KINDS
         summary.n_findings += 1
-        summary.n_leaks += bool(finding.is_leak)
+        summary.n_leaks += is_leak
         if len(summary.findings) < KEEP_FINDINGS:
-            summary.findings.append(
-                CheckFinding(
-                    kind=finding.kind,
-                    step=finding.step,
-                    tool=finding.tool,
-                    message=finding.message,
-                    is_leak=bool(finding.is_leak),
-                )
-            )
+            summary.findings.append(CheckFinding(kind=kind, step=step, tool=tool, message=message, is_leak=is_leak))
 
 
-def summarise_trace(
-    path: Path,
-    host: str,
-    task: str,
-    attempt: int,
-    contract: Mapping[str, Any] | None,
-    fingerprints: Sequence[Mapping[str, Any]],
-) -> AttemptSummary:
-    """Stream one trace. Damage never raises: it is a problem and the attempt's verdict is ``error``."""
-    summary = AttemptSummary(host, task, attempt, path)
-    hasher = ShapeHasher()
-    batch: list[dict[str, Any]] = []
-    finish: dict[str, Any] | None = None
-    try:
-        for lineno, record in iter_records(path):
-            kind = record.get("type")
-            if kind == "corrupt":
-                summary.problem(f"{path}:{lineno}: {record.get('error', 'corrupt line')}")
-            elif kind == "header":
-                fingerprint, pins = record.get("fingerprint"), record.get("pins")
-                summary.fingerprint = fingerprint if isinstance(fingerprint, str) else None
-                summary.pins = pins if isinstance(pins, dict) else None
-            elif kind == "turn":
-                step = step_of(record)
-                if step is None:
-                    summary.problem(f"{path}:{lineno}: turn without a tool name")
-                    continue
-                hasher.add(step)
-                batch.append(record)
-                if len(batch) >= CHECK_BATCH:
-                    _check(summary, contract, batch, fingerprints)
-                    batch = []
-            elif kind == "finish":
-                finish = record
-            else:
-                summary.problem(f"{path}:{lineno}: unknown record type {kind!r}")
-    except (RunnerError, OSError) as exc:  # unreadable file: agent_runner's TraceError
-        summary.problem(str(exc))
-    _check(summary, contract, batch, fingerprints)
-    summary.steps = hasher.steps
-    summary.shape_hash = hasher.shape_hash
-    summary.values_hash = hasher.values_hash
-
+def _settle_verdict(summary: AttemptSummary, path: Path, finish: dict[str, Any] | None) -> None:
     if summary.n_problems:
         summary.verdict, summary.why = "error", f"damaged trace: {summary.problems[0]}"
     elif finish is None:
@@ -144,7 +166,18 @@ def summarise_trace(
             first = summary.findings[0]
             summary.verdict = "fail"
             summary.why = f"checker: {first.kind} at step {first.step}: {first.message}"
-    return summary
+
+
+def summarise_trace(
+    path: Path,
+    host: str,
+    task: str,
+    attempt: int,
+    contract: Mapping[str, Any] | None,
+    fingerprints: Sequence[Mapping[str, Any]],
+) -> AttemptSummary:
+    """One trace on its own (``TraceSummariser`` shares its memo over all the traces of a run)."""
+    return TraceSummariser(contract, fingerprints).summarise(path, host, task, attempt)
 
 
 def iter_steps(path: Path) -> Iterator[Step]:

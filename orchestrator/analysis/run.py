@@ -13,7 +13,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from orchestrator.analysis.attempts import AttemptSummary, iter_steps, summarise_trace
+from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps
 from orchestrator.analysis.flips import flaky_hosts, flip_rate, pass_hat_k, task_flip
 from orchestrator.analysis.models import (
     ACTIONS,
@@ -46,10 +46,11 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
     fingerprints = list(run.fingerprints.values())
 
     summaries: dict[AttemptKey, AttemptSummary] = {}
+    summariser = TraceSummariser(contract, fingerprints)  # one memo for every trace of the run
     for (host, task, attempt), path in run.trace_files():
         if host not in run.hosts:
             run.hosts.append(host)
-        summaries[(host, task, attempt)] = summarise_trace(path, host, task, attempt, contract, fingerprints)
+        summaries[(host, task, attempt)] = summariser.summarise(path, host, task, attempt)
     rows = run.results()
 
     tasks = list(dict.fromkeys([*run.tasks, *sorted({k[1] for k in (*summaries, *rows)})]))
