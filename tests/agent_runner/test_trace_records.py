@@ -1,0 +1,58 @@
+"""iter_records' fast path answers exactly as ``json.loads(line.strip())`` on every kind of line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agent_runner.trace import iter_records
+
+LINES = [
+    '{"type": "turn", "step": 1}\n',
+    '   {"type": "indented"}\t\n',  # leading whitespace: json.loads would refuse it unstripped
+    '{"type": "form-feed after"}\x0c\n',  # str.strip removes it, JSON whitespace does not include it
+    '{"type": "crlf"}\r\n',
+    "\n",
+    "   \n",
+    '{"a": 1} {"b": 2}\n',  # trailing data
+    '{"a": 1} x\n',
+    "[1, 2]\n",
+    "12 \n",
+    "1.5e\n",
+    "NaN\n",
+    '"just a string"\n',
+    "\ufeff{}\n",  # a BOM in the middle of a file
+    '{"cut": "off\n',
+    '{"dup": 1, "dup": 2}\n',
+    '{"type": "last line", "no": "newline"}',
+]
+
+
+def _expected(lines: list[str]) -> list[tuple[int, dict[str, object]]]:
+    out: list[tuple[int, dict[str, object]]] = []
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text:
+            continue
+        try:
+            record = json.loads(text)
+        except ValueError as exc:
+            out.append((number, {"type": "corrupt", "error": f"not JSON ({exc.args[0]})", "text": text[:200]}))
+            continue
+        if not isinstance(record, dict):
+            out.append((number, {"type": "corrupt", "error": f"a JSON {type(record).__name__}, not an object",
+                                 "text": text[:200]}))
+            continue
+        out.append((number, record))
+    return out
+
+
+def test_every_kind_of_line_reads_as_json_loads_of_the_stripped_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(LINES), encoding="utf-8", newline="")
+    got = list(iter_records(path))
+    assert [repr(r) for r in got] == [repr(r) for r in _expected(LINES)]  # repr: NaN != NaN
+    kinds = {n: r.get("type") for n, r in got}
+    assert kinds[2] == "indented" and kinds[3] == "form-feed after" and kinds[4] == "crlf"
+    assert kinds[7] == kinds[9] == kinds[14] == "corrupt"
+    assert "Extra data" in str(dict(got)[7]["error"])
