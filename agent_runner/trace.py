@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from .errors import TraceError
 from .redact import redact
@@ -44,7 +44,7 @@ def _open(path: PathArg) -> IO[str]:
 
 # The C scanner that json.loads ends in. Called on the raw line it skips loads' Python layers (BOM
 # check, two whitespace matches, the trailing-data check) - a tenth of the parse on a trace line.
-_scan_once = json.JSONDecoder().scan_once
+_scan_once: Callable[[str, int], Tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def iter_records(path: PathArg) -> Iterator[Tuple[int, Dict[str, Any]]]:
