@@ -171,15 +171,21 @@ def build_bundle(
     return Bundle(path, sha, runner_sha, suite_sha, name, suite_dir, normalised)
 
 
-def ensure_bundle(host: Host, bundle: Bundle, workspace_root: str) -> bool:
+def bundle_present_test(bundle: Bundle, workspace_root: str) -> str:
+    """Shell text that exits 0 when the bundle is published under ``workspace_root`` on the host."""
+    final = shlex.quote(bundle.remote_dir(workspace_root))
+    return f"test -f {final}/runner.pyz && test -d {final}/suite"
+
+
+def ensure_bundle(host: Host, bundle: Bundle, workspace_root: str, *, look: bool = True) -> bool:
     """Make ``<workspace_root>/bundles/<sha>/`` exist on ``host``; True when it was pushed now.
 
-    One exec to look, one SFTP put of one file, one exec to unpack and publish it.
+    One exec to look, one SFTP put of one file, one exec to unpack and publish it. ``look=False``:
+    the caller ran ``bundle_present_test`` itself (folded into one of its own execs) and it failed.
     """
     final = bundle.remote_dir(workspace_root)
     q = shlex.quote
-    look = host.exec(["sh", "-c", f"test -f {q(final)}/runner.pyz && test -d {q(final)}/suite"], _SHELL_TIMEOUT_S)
-    if look.ok:
+    if look and host.exec(["sh", "-c", bundle_present_test(bundle, workspace_root)], _SHELL_TIMEOUT_S).ok:
         return False
     tmp = posixpath.join(workspace_root, "bundles", f".tmp-{bundle.sha[:12]}-{secrets.token_hex(4)}")
     prep = host.exec(["sh", "-c", f"umask 077 && mkdir -p {q(tmp)}"], _SHELL_TIMEOUT_S)

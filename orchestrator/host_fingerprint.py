@@ -32,6 +32,17 @@ def work_dir(workspace: str) -> str:
     return posixpath.join(workspace, "work")
 
 
+def fingerprint_script(cfg: Any, runner: str, run_id: str, *, tools: str | None = None) -> str:
+    """``runner.pyz fingerprint`` as shell text, started as a replay's runner is: in the run's ``work``
+    directory (which must exist), through ``env -i`` with the allowlist, under ``timeout -s KILL``."""
+    args = ["fingerprint", "--run-id", run_id]
+    if tools:
+        args += ["--tools", tools]
+    cmd = remote.clean_env_command(cfg.env_allowlist, cfg.env, [cfg.python, runner, *args])
+    cwd = work_dir(run_workspace(cfg.workspace_root, run_id))
+    return f"cd {remote.q(cwd)} && exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"
+
+
 def take_fingerprint(
     host: Host, cfg: Any, runner: str, run_id: str, *, tools: str | None = None
 ) -> dict[str, Any]:
@@ -40,12 +51,7 @@ def take_fingerprint(
     ``cfg`` is the host's inventory entry (python, env_allowlist, env, workspace_root, name);
     ``tools`` a tools.json path on the host. A failure is RunnerCrashed naming the host.
     """
-    args = ["fingerprint", "--run-id", run_id]
-    if tools:
-        args += ["--tools", tools]
-    cmd = remote.clean_env_command(cfg.env_allowlist, cfg.env, [cfg.python, runner, *args])
-    cwd = work_dir(run_workspace(cfg.workspace_root, run_id))
-    script = f"cd {remote.q(cwd)} && exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"
+    script = fingerprint_script(cfg, runner, run_id, tools=tools)
     res = host.exec(["sh", "-c", script], FINGERPRINT_KILL_AFTER_S + 30)
     if not res.ok:
         raise RunnerCrashed(

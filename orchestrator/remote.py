@@ -36,22 +36,53 @@ def clean_env_command(allowlist: Sequence[str], pinned: Mapping[str, str], argv:
     return " ".join(w for w in ("env -i", env_assignments(allowlist, pinned), shlex.join(argv)) if w)
 
 
+#: the run script's last stdout line: ``<marker> <bytes of out.tar>`` or ``<marker> none``
+OUT_TAR_MARKER = "crosshost-out-tar"
+
+
 def run_script(
     workspace: str,
     allowlist: Sequence[str],
     pinned: Mapping[str, str],
     argv: Sequence[str],
     kill_after_s: int,
+    *,
+    fingerprint: str | None = None,
 ) -> str:
-    """The runner's command line: in its workspace, under ``timeout -s KILL``, with a clean env.
+    """The runner's command line: in its workspace, under ``timeout -s KILL``, with a clean env; then,
+    in the same exec, ``out/`` packed as ``out.tar`` and its size printed (``split_out_tar``).
 
     ``timeout`` puts itself and the runner in a new process group; its pid (= the group id) is
-    written to ``pid`` so an interrupted run can be killed as a whole (``kill_script``).
+    written to ``pid`` so an interrupted run can be killed as a whole (``kill_script``). The packing
+    runs in this outer shell, outside that group: it happens when the runner fails, is killed by the
+    timeout or by Ctrl-C alike. ``fingerprint`` (shell text) runs only when the runner wrote no
+    ``out/fingerprint.json`` (it writes one before its first task), so a host is described even when
+    its runner stopped before that. Exits with the runner's status.
     """
-    return (
-        f"cd {q(workspace)} && echo $$ > pid && "
-        f"exec timeout -s KILL {int(kill_after_s)} {clean_env_command(allowlist, pinned, argv)}"
+    launch = f"echo $$ > pid && exec timeout -s KILL {int(kill_after_s)} {clean_env_command(allowlist, pinned, argv)}"
+    lines = [f"cd {q(workspace)} || exit 1", f"sh -c {q(launch)}", "rc=$?"]
+    if fingerprint:
+        lines.append(
+            f"test -s out/fingerprint.json || {{ sh -c {q(fingerprint)} > out/.fingerprint.json 2>/dev/null "
+            "&& mv out/.fingerprint.json out/fingerprint.json; rm -f out/.fingerprint.json; }"
+        )
+    lines.append(
+        f"if test -d out && tar -C out -cf out.tar . 2>/dev/null; then s=$(wc -c < out.tar); else s=none; fi; "
+        f"echo; echo {OUT_TAR_MARKER} $s; exit $rc"
     )
+    return "\n".join(lines)
+
+
+def split_out_tar(stdout: str) -> tuple[str, str | None]:
+    """``run_script``'s stdout without its marker line, and what the marker said (None: no marker,
+    e.g. the exec was cut off; "none": no archive; else the archive's size in bytes as text)."""
+    head, sep, last = stdout.rstrip("\n").rpartition("\n")
+    if not sep:
+        head, last = "", stdout.rstrip("\n")
+    words = last.split()
+    if len(words) != 2 or words[0] != OUT_TAR_MARKER:
+        return stdout, None
+    return head.removesuffix("\n"), words[1]
 
 
 def kill_script(workspace: str) -> str:

@@ -1,15 +1,17 @@
 """``crosshost replay``: one suite, every host of the inventory, every trace brought home.
 
 Per host, in a bounded pool (``fanout``): connect (transient failures retried by the transport and
-each retry recorded here), push the bundle (skipped when cached), fingerprint, run the runner under
-``timeout -s KILL`` with a clean environment, pull its ``out/`` back as one tar (read by ``archive``),
-and — always, in ``finally`` — remove the run's workspace and verify it is gone. One host failing is
+each retry recorded here), create the workspace and push the bundle (skipped when cached; one exec),
+run the runner under ``timeout -s KILL`` with a clean environment (it fingerprints the host before its
+first task) and pack its ``out/`` as one tar in the same exec, pull that tar (size checked first, read
+by ``archive``), and — always, in ``finally`` — remove the run's workspace and verify it is gone. One host failing is
 that host's result; the run directory is complete without the analysis, which runs last.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import posixpath
@@ -39,18 +41,18 @@ from orchestrator.errors import (
 from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
 from orchestrator.host_fingerprint import (
     fingerprint_digest,
+    fingerprint_script,
     python_version,
     run_workspace,
     tail,
-    take_fingerprint,
     work_dir,
 )
 from orchestrator.proxy import model_route, openai_agent_config, require_api_key
-from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, iter_jsonl, utc_now, write_json_atomic
+from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, iter_jsonl, utc_now
 from orchestrator.transport.base import ExecResult, Host
 
-STAGES = ("connect", "push", "fingerprint", "run", "pull", "clean")
-#: on top of timeout_s x attempts: start-up, fingerprint and writing out/
+STAGES = ("connect", "push", "run", "pull", "clean")
+#: on top of timeout_s x attempts: start-up, fingerprint, writing out/ and packing it
 RUN_MARGIN_S = 60
 SHORT_TIMEOUT_S = 120.0
 #: connection-level failures: the host is unreachable, not merely failing
@@ -181,8 +183,8 @@ class HostJob:
         self.cfg = cfg
         self.plan = plan
         self.record = HostRecord()
-        self.fingerprint: dict[str, Any] | None = None
         self.cleanup_error: str | None = None
+        self.created = False  # the run's workspace exists on the host: clean it up
         self.workspace = run_workspace(cfg.workspace_root, plan.run_dir.run_id)
         self.host_dir = plan.run_dir.host_dir(cfg.name)
 
@@ -190,36 +192,34 @@ class HostJob:
 
     def __call__(self, _name: str) -> HostRecord:
         host: Host | None = None
-        created = False
         run_started = run_finished = False
         error: BaseException | None = None
         try:
             host = self._stage("connect", self._connect)
             self.record.reachable = True
             self._check_cancel()
-            self.record.bundle_pushed = self._stage("push", lambda: self._push(host))
-            created = True
-            self._check_cancel()
-            self._stage("fingerprint", lambda: self._fingerprint(host))
+            self.record.bundle_pushed = self._stage("push", lambda: self._prepare(host))
             self._check_cancel()
             run_started = True
+            # The runner writes out/fingerprint.json before its first task; the run's exec packs out/.
             result = self._stage("run", lambda: self._run(host))
             run_finished = True
             self.record.runner_exit = result.exit_code
-            pulled = self._stage("pull", lambda: self._pull(host))
+            result, size = _split_archive_size(result)
+            pulled = self._stage("pull", lambda: self._pull(host, size))
             self._check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
             self._judge(result, pulled)
         except BaseException as exc:
             error = exc
-            if created and run_started and not run_finished and host is not None:
+            if self.created and run_started and not run_finished and host is not None:
                 # Partial results: whatever the runner wrote before it was stopped.
                 with contextlib.suppress(Exception):  # the host may be gone; the first error counts
                     self._pull(host)
             raise
         finally:
-            self._write_fingerprint_if_missing()
+            self._record_fingerprint()
             if host is not None:
-                self._clean(host, created, run_started and not run_finished, error)
+                self._clean(host, self.created, run_started and not run_finished, error)
                 host.close()
         self.plan.emit(self.cfg.name, "done", self._done_detail())
         return self.record
@@ -251,34 +251,39 @@ class HostJob:
     def _exec(self, host: Host, script: str, timeout: float = SHORT_TIMEOUT_S) -> ExecResult:
         return host.exec(["sh", "-c", script], timeout)
 
-    def _push(self, host: Host) -> bool:
-        from orchestrator.bundle import ensure_bundle
+    def _prepare(self, host: Host) -> bool:
+        """Create the run's workspace and look for the bundle in one exec; push it only when it is
+        missing. True when it was pushed."""
+        from orchestrator.bundle import bundle_present_test, ensure_bundle
 
-        pushed = ensure_bundle(host, self.plan.bundle, self.cfg.workspace_root)
         ws = remote.q(self.workspace)
         runs = remote.q(posixpath.dirname(self.workspace))
         work = remote.q(work_dir(self.workspace))
-        made = self._exec(host, f"mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {work}")
+        present = bundle_present_test(self.plan.bundle, self.cfg.workspace_root)
+        made = self._exec(
+            host,
+            f"{{ {present}; }} && echo bundle-cached; mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {work}",
+        )
         if not made.ok:
             raise RunnerCrashed(self.cfg.name, f"cannot create {self.workspace}: {tail(made.stderr)}")
-        return pushed
+        self.created = True
+        if "bundle-cached" in made.stdout.split():
+            return False
+        return ensure_bundle(host, self.plan.bundle, self.cfg.workspace_root, look=False)
 
     def _runner_argv(self, *args: str) -> list[str]:
         return [self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), *args]
 
-    def _fingerprint(self, host: Host) -> None:
+    def _fingerprint_script(self) -> str:
+        """``runner fingerprint`` exactly as ``crosshost hosts --suite`` takes it (same digest)."""
         tools = _tools_file(self.plan.bundle)
         suite = self.plan.bundle.remote_suite(self.cfg.workspace_root)
-        fp = take_fingerprint(
-            host,
+        return fingerprint_script(
             self.cfg,
             self.plan.bundle.remote_runner(self.cfg.workspace_root),
             self.plan.run_dir.run_id,
             tools=posixpath.join(suite, tools) if tools else None,
         )
-        self.fingerprint = fp
-        self.record.fingerprint = fingerprint_digest(fp)
-        self.record.python = python_version(fp)
 
     def kill_after_s(self) -> int:
         attempts = max(1, len(self.plan.tasks)) * max(1, self.plan.repeat)
@@ -304,6 +309,7 @@ class HostJob:
                 {**self.cfg.env, **model_env},
                 self._runner_argv(*args),
                 self.kill_after_s(),
+                fingerprint=self._fingerprint_script(),
             )
             with self.plan.shared.lock:
                 # Checked under the lock Ctrl-C's snapshot takes: a run is either seen and killed, or
@@ -316,13 +322,19 @@ class HostJob:
                 with self.plan.shared.lock:
                     self.plan.shared.running.pop(self.cfg.name, None)
 
-    def _pull(self, host: Host) -> int:
-        """Bring ``out/`` home as one tar; return the number of files accepted."""
-        ws = remote.q(self.workspace)
-        made = self._exec(host, f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar . && wc -c < {ws}/out.tar")
-        if not made.ok:
+    def _pull(self, host: Host, size: str | None = None) -> int:
+        """Bring ``out/`` home as one tar; return the number of files accepted. ``size`` is what the
+        run's own exec said of ``out.tar`` (``remote.split_out_tar``); without it (the exec was cut
+        off) the archive is made and measured here, in one exec."""
+        if size is None:
+            ws = remote.q(self.workspace)
+            made = self._exec(
+                host, f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar . && wc -c < {ws}/out.tar"
+            )
+            size = made.stdout if made.ok else "none"
+        if size.strip() == "none":
             return 0
-        self._check_archive_size(made.stdout)
+        self._check_archive_size(size)
         with tempfile.TemporaryDirectory(prefix=".pull-", dir=self.plan.run_dir.path) as tmp:
             local = Path(tmp) / f"{self.cfg.name}.out.tar"
             host.get(posixpath.join(self.workspace, "out.tar"), local)
@@ -357,18 +369,18 @@ class HostJob:
         if not (self.host_dir / "results.jsonl").is_file():
             raise RunnerCrashed(name, f"runner exited 0 but sent no results.jsonl ({pulled} files pulled)")
 
-    def _write_fingerprint_if_missing(self) -> None:
-        """The runner's own fingerprint.json wins; the pre-run one is kept when the run wrote none."""
+    def _record_fingerprint(self) -> None:
+        """The host's digest and Python, from the fingerprint.json its run sent (none: not reached)."""
         path = self.host_dir / "fingerprint.json"
-        if self.fingerprint is not None and not path.exists():
-            write_json_atomic(path, self.fingerprint)
-        elif path.is_file():
-            try:
-                fp = json.loads(path.read_text())
-                self.record.fingerprint = fingerprint_digest(fp) or self.record.fingerprint
-                self.record.python = python_version(fp) or self.record.python
-            except (OSError, ValueError):
-                pass
+        if not path.is_file():
+            return
+        try:
+            fp = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(fp, dict):
+            self.record.fingerprint = fingerprint_digest(fp)
+            self.record.python = python_version(fp)
 
     def _clean(self, host: Host, created: bool, kill_first: bool, error: BaseException | None) -> None:
         """Remove the run's workspace and verify it is gone; record the answer, never hide a failure."""
@@ -402,6 +414,12 @@ class HostJob:
 
 
 # ------------------------------------------------------------------------------------------- the run
+
+
+def _split_archive_size(result: ExecResult) -> tuple[ExecResult, str | None]:
+    """The run's result with the archive marker taken off its stdout, and what the marker said."""
+    stdout, size = remote.split_out_tar(result.stdout)
+    return dataclasses.replace(result, stdout=stdout), size
 
 
 def _stop_running(shared: _Shared) -> None:

@@ -70,7 +70,11 @@ def run_repro(
         str(out),
     ]
     res = CliRunner().invoke(app, [*argv, *extra])
-    run_dirs = sorted(p for p in out.iterdir() if (p / "repro.json").is_file())
+    # newest last by write time: two repros within one second have run ids that sort by their random suffix
+    run_dirs = sorted(
+        (p for p in out.iterdir() if (p / "repro.json").is_file()),
+        key=lambda p: (p / "repro.json").stat().st_mtime_ns,
+    )
     record = json.loads((run_dirs[-1] / "repro.json").read_text()) if run_dirs else {}
     return res.exit_code, res.output, record
 

@@ -1,7 +1,7 @@
 """A stand-in for runner.pyz in unit tests (run as ``python3 fake_runner.py ...``; stdlib only).
 
 It speaks the runner's CLI (fingerprint / run) and writes the runner's out/ layout. What it does on a
-host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "big" | "leak" | "provider_down" | "badresults" | "ok"}.
+host is steered by ``behaviour.json`` in the suite: {"<host>": "crash" | "sleep" | "symlink" | "big" | "leak" | "provider_down" | "refuse" | "badresults" | "ok"}.
 """
 
 import hashlib
@@ -30,6 +30,9 @@ def main():
         normalised = json.load(fh)
     with open(os.path.join(suite, "behaviour.json")) as fh:
         behaviour = json.load(fh).get(host, "ok")
+    if behaviour == "refuse":  # stops before its fingerprint, as the runner does on bad input
+        sys.stderr.write("refused: no such agent on this host\n")
+        return 2
     tasks = [t["id"] for t in normalised["tasks"]]
     if arg(args, "--tasks"):
         tasks = arg(args, "--tasks").split(",")

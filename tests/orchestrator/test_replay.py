@@ -327,3 +327,81 @@ def test_exit_code_precedence() -> None:
     interrupted = manifest(**crashed)
     interrupted.interrupted = True
     assert exit_code(interrupted, good, None, [row])[0] == 130
+
+
+class _CountingHost(LocalHost):
+    """LocalHost that logs each exec's first words (the round trips a host costs)."""
+
+    log: list[tuple[str, str]] = []
+
+    def exec(self, argv: list[str], timeout: float) -> Any:
+        self.log.append((self.name, " ".join(argv)[:60]))
+        return super().exec(argv, timeout)
+
+
+def _counting_opener(log: list[tuple[str, str]]) -> Callable[..., Host]:
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        host = _CountingHost(cfg.name)
+        host.log = log
+        return host
+
+    return opener
+
+
+def test_a_host_costs_three_execs_when_its_bundle_is_cached(tmp_path: Path) -> None:
+    """prepare (bundle check + workspace), run (runner, then the tar of out/), clean: the fingerprint
+    is the one the runner writes before its first task, the archive is made by the run's own exec."""
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+    first: list[tuple[str, str]] = []
+    replay(_req(tmp_path, inv), opener=_counting_opener(first), bundle=bundle, with_analysis=False)
+    # pushing: prepare, the bundle's mkdir/unpack/rm, run, clean (no second look for the bundle)
+    assert sum(1 for h, _ in first if h == "box-b") == 6, first
+    log: list[tuple[str, str]] = []
+    out = replay(_req(tmp_path, inv), opener=_counting_opener(log), bundle=bundle, with_analysis=False)
+    assert out.exit_code == 0
+    for host in ("local", "box-b"):
+        assert sum(1 for h, _ in log if h == host) == 3, log
+        rec = out.manifest.hosts[host]
+        fp = json.loads((out.run_dir.path / "hosts" / host / "fingerprint.json").read_text())
+        assert rec.fingerprint == fp["fingerprint"] and rec.python
+        assert list(rec.stages) == ["connect", "push", "run", "pull", "clean"]
+        assert len(list((out.run_dir.path / "hosts" / host / "traces").iterdir())) == 4
+
+
+def test_a_runner_crashing_mid_run_still_has_its_fingerprint_recorded(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "crash"})
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    rec = out.manifest.hosts["box-b"]
+    assert out.exit_code == 3 and rec.error and "RunnerCrashed" in rec.error
+    fp = json.loads((out.run_dir.path / "hosts" / "box-b" / "fingerprint.json").read_text())
+    assert rec.fingerprint == fp["fingerprint"] and len(rec.fingerprint) == 16
+    assert rec.fingerprint != out.manifest.hosts["local"].fingerprint
+
+
+def test_a_runner_refusing_before_its_fingerprint_still_gets_one_taken(tmp_path: Path) -> None:
+    """The runner writes fingerprint.json before its first task; one that stops earlier (bad input on
+    that host) gets `runner fingerprint` in the same exec, so the host is still described."""
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "refuse"})
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    rec = out.manifest.hosts["box-b"]
+    assert out.exit_code == 3 and rec.error and "refused its input" in rec.error and rec.runner_exit == 2
+    fp = json.loads((out.run_dir.path / "hosts" / "box-b" / "fingerprint.json").read_text())
+    assert rec.fingerprint == fp["fingerprint"]
+    assert set(fp["env_keys"]) <= {"PATH", "TZ", "LANG"}  # taken like the runner's: env -i, allowlist
+    assert _left(tmp_path, "box-b") == []
+
+
+def test_a_runner_killed_by_the_timeout_still_sends_what_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orchestrator.replay as replay_mod
+
+    monkeypatch.setattr(replay_mod, "RUN_MARGIN_S", -18)  # timeout_s 5 x 4 attempts - 18: killed after 2 s
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "sleep"})
+    log: list[tuple[str, str]] = []
+    out = replay(_req(tmp_path, inv, jobs=2), opener=_counting_opener(log), bundle=bundle, with_analysis=False)
+    rec = out.manifest.hosts["box-b"]
+    assert out.exit_code == 3 and rec.error and "runner killed after 2 s" in rec.error
+    assert (out.run_dir.path / "hosts" / "box-b" / "traces" / "t1.0.jsonl").is_file()
+    assert rec.fingerprint and rec.workspace_removed and _left(tmp_path, "box-b") == []
+    assert rec.stages["run"] < 15
