@@ -697,8 +697,8 @@ def _infra_reason(manifest: Manifest, rows: list[dict[str, Any]]) -> str:
     for name, rec in manifest.hosts.items():
         errs = [r for r in rows if r.get("env") == name and r.get("verdict") == "error"]
         if errs:
-            first = str(errs[0].get("reason") or errs[0].get("why") or "error")
-            if rec.error and not first.startswith(rec.error[:40]):
+            first = str(errs[0].get("reason") or errs[0].get("why") or "error").removeprefix(f"{name}: ")
+            if rec.error and not rec.error.removeprefix(f"{name}: ").startswith(first[:40]):
                 first = f"{rec.error}; {first}"
             parts.append(f"{len(errs)} error verdict(s) on {name}: {first}")
         elif rec.error:

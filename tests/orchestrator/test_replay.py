@@ -324,6 +324,8 @@ def test_exit_code_precedence() -> None:
     crashed = {**ok, "b": HostRecord(reachable=True, error="b: RunnerCrashed: boom")}
     code, why = exit_code(manifest(**crashed), good, None, [])
     assert code == 3 and "b: RunnerCrashed: boom" in why
+    crash_row = {**row, "reason": "b: RunnerCrashed: boom"}
+    assert exit_code(manifest(**crashed), good, None, [crash_row]) == (3, "1 error verdict(s) on b: RunnerCrashed: boom")
     interrupted = manifest(**crashed)
     interrupted.interrupted = True
     assert exit_code(interrupted, good, None, [row])[0] == 130
