@@ -23,13 +23,25 @@ def sha(obj: Any) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+#: caches a tool or an interpreter writes beside the files (a command agent's ``__pycache__`` on the
+#: host's bundle cache): never part of a suite, never shipped, never pinned
+CACHE_NAMES = frozenset({"__pycache__", ".git", ".DS_Store", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
+
+
+def is_cache_name(name: str) -> bool:
+    return name in CACHE_NAMES or name.endswith(".pyc")
+
+
 def tree_sha(root: Path) -> str:
     """Digest of a directory: every entry's relative path, kind and content. File modes are left out:
-    an archive or umask may change them, and the predicate runs through ``sh`` anyway."""
+    an archive or umask may change them, and the predicate runs through ``sh`` anyway. Caches are left
+    out too: an agent that imports a module writes ``__pycache__`` on its first attempt, and the pin must
+    not move between attempt 0 and attempt 1."""
     digest = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+        dirnames[:] = sorted(d for d in dirnames if not is_cache_name(d))
+        kept = [f for f in filenames if not is_cache_name(f)]
+        for name in sorted(kept + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, root).replace(os.sep, "/")
             info = os.lstat(path)

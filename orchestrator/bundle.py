@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_runner.pins import is_cache_name
 from orchestrator.errors import InputError, RunnerCrashed, SuiteError, TransferError
 from orchestrator.transport.base import Host
 
 SUITE_JSON = "suite.json"
-_SKIP_NAMES = {"__pycache__", ".git", ".DS_Store", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 _SHELL_TIMEOUT_S = 120.0
 
 
@@ -61,12 +61,12 @@ def _suite_files(suite_dir: Path) -> list[Path]:
     """Every file of the suite, sorted; a symlink is refused (it could pull in anything)."""
     files: list[Path] = []
     for root, dirs, names in os.walk(suite_dir):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_NAMES)
+        dirs[:] = sorted(d for d in dirs if not is_cache_name(d))
         for d in dirs:
             if (Path(root) / d).is_symlink():
                 raise SuiteError(f"{Path(root) / d}: symlinks are not shipped in a suite; copy the files in")
         for name in sorted(names):
-            if name in _SKIP_NAMES or name.endswith(".pyc"):
+            if is_cache_name(name):
                 continue
             if name == _REPLACED_BY_SUITE_JSON and Path(root) == suite_dir:
                 continue
