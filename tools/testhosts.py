@@ -79,6 +79,19 @@ def _keygen(path: Path, comment: str) -> None:
     _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
 
 
+def _require_free_port(name: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # SO_REUSEADDR as sshd sets it: TIME_WAIT leftovers don't count, a listener does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise TestHostError(
+                f"{name}: port {port} on 127.0.0.1 is in use ({exc.strerror}); "
+                "stop whatever holds it (e.g. `make hosts-down`) and retry"
+            ) from exc
+
+
 def _start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
     try:
@@ -221,6 +234,8 @@ class Fleet:
             raise TestHostError(f"{name}: already running")
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation dir
         _run([SSHD, "-t", "-f", str(host.dir / "sshd_config")])
+        # Another sshd on the port would answer wait_ready's banner check in our place.
+        _require_free_port(name, host.port)
         d = shlex.quote(str(host.dir))
         script = (
             f"{'sleep ' + repr(float(delay_s)) + ';' if delay_s > 0 else ''}"

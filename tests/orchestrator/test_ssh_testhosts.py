@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -54,24 +55,42 @@ def test_up_writes_the_requested_paths_and_down_stops_the_hosts(tmp_path: Path) 
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-def test_up_fails_loudly_with_the_sshd_log_when_the_port_is_taken() -> None:
+def test_up_fails_loudly_when_another_ssh_server_holds_the_port() -> None:
+    """Another sshd on the port (say `make hosts-up` left running) answers the banner check: `up` must
+    not take it for its own host, or the caller talks to a stranger with another host key."""
     state = Path(tempfile.mkdtemp(prefix="crosshost-cli-", dir="/var/tmp"))
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     port = blocker.getsockname()[1]
+    stop = threading.Event()
+
+    def answer_banners() -> None:
+        blocker.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = blocker.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_stranger\r\n")
+
+    server = threading.Thread(target=answer_banners, daemon=True)
+    server.start()
     try:
         up = subprocess.run(
             [sys.executable, str(TOOL), "up", "--names", "box-q", "--base-port", str(port), "--state", str(state)],
             capture_output=True, text=True, timeout=60,
         )
     finally:
+        stop.set()
+        server.join(timeout=5)
         blocker.close()
         subprocess.run([sys.executable, str(TOOL), "down", "--state", str(state)], capture_output=True, timeout=60)
         shutil.rmtree(state, ignore_errors=True)
     assert up.returncode == 1
-    assert up.stderr.startswith("testhosts: error: box-q: sshd exited")
-    assert "Address already in use" in up.stderr or "Bind to port" in up.stderr
+    assert up.stderr.startswith(f"testhosts: error: box-q: port {port} on 127.0.0.1 is in use"), up.stderr
+    assert "make hosts-down" in up.stderr
 
 
 def _uts(pid: int) -> str | None:
