@@ -30,11 +30,11 @@ lint: $(STAMP)
 
 # The demo: the triage suite on this machine (local, the reference) and box-b, a real sshd host in its
 # own UTS + mount namespace on 127.0.0.1:2222 whose private /opt holds a feature flag this machine
-# lacks. Exit 1 (flips over the gate / invalid) is the demo's finding, not a failure of `make`.
+# lacks, while this machine's /tmp holds a stale cached wheel box-b's private /tmp does not. Exit 1 (flips over the gate / invalid) is the demo's finding, not a failure of `make`.
 DEMO_STATE ?= /var/tmp/crosshost-demo
 demo: $(STAMP)
 	@set -u; \
-	down() { $(PY) tools/testhosts.py down --state $(DEMO_STATE) >/dev/null 2>&1 || true; }; \
+	down() { $(PY) tools/testhosts.py down --state $(DEMO_STATE) >/dev/null 2>&1 || true; rm -rf /tmp/crosshost-demo; }; \
 	trap down EXIT; \
 	echo "== starting box-b (sshd on 127.0.0.1:2222, own hostname, /root, /tmp, /opt)"; \
 	$(PY) tools/testhosts.py up --names box-b --base-port 2222 --state $(DEMO_STATE) --no-local \
@@ -43,6 +43,8 @@ demo: $(STAMP)
 	mkdir -p $(DEMO_STATE)/hosts/box-b/opt/crosshost-demo; \
 	touch $(DEMO_STATE)/hosts/box-b/opt/crosshost-demo/feature.flag; \
 	echo "== box-b: /opt/crosshost-demo/feature.flag created (inside box-b only)"; \
+	mkdir -p /tmp/crosshost-demo/wheels; touch /tmp/crosshost-demo/wheels/triage_tools-0.9-py3-none-any.whl; \
+	echo "== local: a stale wheel left in /tmp/crosshost-demo/wheels (this machine only; box-b has its own /tmp)"; \
 	echo "== crosshost replay examples/suites/triage -i hosts.toml"; \
 	rc=0; $(VENV)/bin/crosshost replay examples/suites/triage -i hosts.toml || rc=$$?; \
 	echo "== crosshost replay exited $$rc (0 valid, within the gate; 1 invalid or flips over the gate; 2 bad input; 3 a host failed)"; \
