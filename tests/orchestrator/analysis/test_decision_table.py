@@ -128,3 +128,13 @@ def test_flip_attribution_lists_differing_fingerprint_fields(tmp_path):
     assert fields["python.version"] == ("3.11.2", "3.11.9")
     assert fields["hostname"] == ("devbox-ref", "box-b")
     assert "cwd" in fields and "locale" not in fields and "id" not in fields
+
+
+def test_an_error_on_the_reference_is_never_a_flip_nor_makes_it_flaky(tmp_path):
+    # attempt 0: the reference errored and box-b passed; that pair is not comparable (DESIGN: an
+    # error is never counted as a flip), and an error among passes is not a disagreement of attempts
+    report, task = _run(tmp_path, [Attempt("error"), Attempt("pass")], [Attempt("pass"), Attempt("pass")])
+    assert task.classification == "infra_error"
+    assert (task.flip, task.flipped_hosts, task.flaky_hosts) == (False, [], [])
+    assert task.comparable  # attempt 1 (pass, pass) still compared
+    assert (report.flipped, report.comparable, report.flip_rate) == (0, 1, 0.0)
