@@ -187,3 +187,20 @@ def iter_steps(path: Path) -> Iterator[Step]:
             step = step_of(record)
             if step is not None:
                 yield step
+
+
+def iter_turns_by_value(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(args_fp, turn)`` for the turns ``iter_steps`` makes steps of, without making the steps.
+
+    Comparing two traces' argument values needs only ``args_fp``; a ``Step`` is built (``step_of``)
+    just for the turns whose values differ.
+    """
+    for _, record in iter_records(path):
+        if record.get("type") == "turn":
+            tool = record.get("tool")
+            if isinstance(tool, str) and tool:
+                args_fp = record.get("args_fp")
+                if not isinstance(args_fp, str):
+                    raw_args = record.get("args")
+                    args_fp = fp(dict(raw_args) if isinstance(raw_args, dict) else {})
+                yield args_fp, record

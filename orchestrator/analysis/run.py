@@ -13,7 +13,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps
+from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps, iter_turns_by_value
 from orchestrator.analysis.flips import flaky_hosts, flip_rate, pass_hat_k, task_flip
 from orchestrator.analysis.models import (
     ACTIONS,
@@ -28,7 +28,7 @@ from orchestrator.analysis.models import (
     TaskReport,
 )
 from orchestrator.analysis.rundir import AttemptKey, RunDir, effective_gate, load_run
-from orchestrator.analysis.shapes import args_differences, shape_edits
+from orchestrator.analysis.shapes import Step, shape_edits, step_of
 from orchestrator.analysis.verdict import classify_task, same_fingerprint
 from orchestrator.dotted import flatten
 
@@ -273,7 +273,19 @@ def _shape_diff(ref: AttemptSummary, oth: AttemptSummary) -> list[ShapeDiff]:
 
 def _args_diff(ref: AttemptSummary, oth: AttemptSummary) -> list[ArgsDiff]:
     assert ref.path is not None and oth.path is not None
-    pairs = args_differences(iter_steps(ref.path), iter_steps(oth.path))  # streamed pairwise
+    # args_differences over iter_steps, streamed pairwise and only as far as the pairs the report
+    # keeps; a Step is built only where the values differ (most of two long traces agree)
+    pairs: list[tuple[Step, Step]] = []
+    for (ref_fp, ref_turn), (oth_fp, oth_turn) in zip(
+        iter_turns_by_value(ref.path), iter_turns_by_value(oth.path), strict=False
+    ):
+        if ref_fp != oth_fp:
+            r, o = step_of(ref_turn), step_of(oth_turn)
+            assert r is not None and o is not None  # both turns name a tool
+            if r.shape == o.shape:  # args_differences' rule; r.args_fp is ref_fp
+                pairs.append((r, o))
+                if len(pairs) >= MAX_ARGS_DIFFS:
+                    break
     return [
         ArgsDiff(
             host=oth.host,

@@ -7,8 +7,9 @@ from typing import Any
 
 from agent_runner.trace import iter_records
 from orchestrator.analysis import analyse_run
-from orchestrator.analysis.attempts import TraceSummariser, summarise_trace
-from orchestrator.analysis.shapes import ShapeHasher, step_of
+from orchestrator.analysis.attempts import TraceSummariser, iter_steps, summarise_trace
+from orchestrator.analysis.run import MAX_ARGS_DIFFS
+from orchestrator.analysis.shapes import ShapeHasher, args_differences, step_of
 from tests.orchestrator.analysis.builder import CONTRACT, Attempt, RunSpec, build_run, two_hosts
 
 LEAKY = ("read_unit_status", {"unit": "nginx.service", "note": "copied from box-b:/root/.cache"})
@@ -78,3 +79,18 @@ def test_a_shared_summariser_equals_one_per_trace(tmp_path: Path) -> None:
         alone = summarise_trace(path, host, "t1", 0, CONTRACT, [f for f in fingerprints if f])
         assert shared.summarise(path, host, "t1", 0) == alone
         assert alone.n_findings == 5 * 5 and alone.n_leaks == 5 * 3  # per round: 3 leaks, forbidden, unknown
+
+
+def test_args_diff_lists_the_first_differing_values_in_order_as_args_differences_does(tmp_path: Path) -> None:
+    ref_calls = [("read_unit_status", {"unit": f"u{i}"}) for i in range(200)]
+    # values differ at every 7th step, more often than the report keeps
+    other_calls = [("read_unit_status", {"unit": f"u{i}" if i % 7 else f"moved{i}"}) for i in range(200)]
+    run = build_run(tmp_path, _spec(local_t1=Attempt("pass", calls=ref_calls),
+                                    box_b_t1=Attempt("pass", calls=other_calls)))
+    report = analyse_run(run)
+    t1 = next(t for t in report.tasks if t.task == "t1")
+    expected = args_differences(iter_steps(_trace(run, "local", "t1")), iter_steps(_trace(run, "box-b", "t1")))
+    assert len(expected) > MAX_ARGS_DIFFS
+    assert [(d.step, d.reference_args_fp, d.args_fp) for d in t1.args_diff] == [
+        (o.step, r.args_fp, o.args_fp) for r, o in expected[:MAX_ARGS_DIFFS]]
+    assert [d.step for d in t1.args_diff][:3] == [1, 8, 15]
