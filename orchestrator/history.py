@@ -402,20 +402,25 @@ def previous_run(runs_dir: Path, row: RunRow) -> RunRow | None:
 
 
 def changes(prev: RunRow, cur: RunRow) -> Changes:
-    """Tasks that newly flip, tasks that stopped flipping, and pins that moved, from prev to cur."""
+    """Tasks that newly flip, tasks that stopped flipping, and pins that moved, from prev to cur.
+
+    Only tasks both runs replayed are compared: a `--tasks` subset run says nothing about the tasks it
+    left out (they neither "stopped flipping" nor had their pins "moved")."""
+    both = prev.tasks.keys() & cur.tasks.keys()
+    left_out = (prev.tasks.keys() | cur.tasks.keys()) - both
     old_pins, new_pins = flatten(prev.pins), flatten(cur.pins)
     moved = [
         {"pin": k, "old": old_pins.get(k), "new": new_pins.get(k)}
         for k in sorted(old_pins.keys() | new_pins.keys())
-        if old_pins.get(k) != new_pins.get(k)
+        if old_pins.get(k) != new_pins.get(k) and k.split(".", 1)[0] not in left_out
     ]
     if prev.suite_sha != cur.suite_sha:
         moved.insert(0, {"pin": "suite_sha", "old": prev.suite_sha, "new": cur.suite_sha})
     return Changes(
         previous=prev.run_id,
         current=cur.run_id,
-        newly_flipping=sorted(cur.flipping - prev.flipping),
-        stopped_flipping=sorted(prev.flipping - cur.flipping),
+        newly_flipping=sorted((cur.flipping - prev.flipping) & both),
+        stopped_flipping=sorted((prev.flipping - cur.flipping) & both),
         pins_moved=moved,
     )
 

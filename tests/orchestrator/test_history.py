@@ -460,3 +460,20 @@ def test_replay_compare_last_flip_appears_and_disappears(tmp_path: Path) -> None
     second, third = res.output.split(f"{rows[1].run_id} vs ")[1], res.output.split(f"{rows[2].run_id} vs ")[1]
     assert "newly flipping: tz" in second.split(" vs ")[0]
     assert "stopped flipping: tz" in third
+
+
+def test_a_subset_run_is_compared_on_the_tasks_both_runs_replayed(tmp_path: Path) -> None:
+    """`replay --tasks t1` after a full run: t2's flip did not stop and its pins did not move; they
+    were not measured. What both runs replayed is still compared."""
+    runs = tmp_path / "runs"
+    full_pins = {"t1": {"prompt_sha": "p1"}, "t2": {"prompt_sha": "p2"}, "t3": {"prompt_sha": "p3"}}
+    make_run_dir(runs, "r1", started="2026-11-01T00:00:00Z", flips=("t2",), pins=full_pins)
+    make_run_dir(runs, "r2", started="2026-11-02T00:00:00Z", tasks=("t1",), flips=("t1",),
+                 pins={"t1": {"prompt_sha": "p1-new"}})
+    history.rebuild(runs)
+    prev, cur = history.history(runs)[-2:]
+    assert (prev.run_id, cur.run_id) == ("r1", "r2")
+    ch = history.changes(prev, cur)
+    assert ch.newly_flipping == ["t1"]
+    assert ch.stopped_flipping == []
+    assert [m["pin"] for m in ch.pins_moved] == ["t1.prompt_sha"]
