@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import os
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -42,6 +43,13 @@ def _debug_log(exc: BaseException) -> Path:
     return path
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise BrokenPipeError again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _error_line(exc: CrosshostError | RunnerError) -> str:
     if isinstance(exc, CrosshostError):
         return exc.one_line()
@@ -68,6 +76,10 @@ def guarded(fn: Callable[P, int]) -> Callable[P, None]:
             raise typer.Exit(130) from None
         except typer.Exit:
             raise
+        except BrokenPipeError:
+            # `crosshost history --json | head`: the reader left; say nothing more, as cat(1) does.
+            _silence_stdout()
+            raise typer.Exit(141) from None
         except Exception as exc:  # the last line of defence: log it, say where
             path = _debug_log(exc)
             typer.echo(f"internal error: {type(exc).__name__}: {exc} (traceback in {path})", err=True)

@@ -54,3 +54,33 @@ def test_check_with_a_missing_contract_is_exit_2_in_one_line(tmp_path: Path) -> 
     )
     assert res.exit_code == 2
     assert res.stderr.startswith(f"InputError: {missing}") and res.stderr.count("\n") == 1
+
+
+def test_a_reader_that_leaves_early_is_not_an_internal_error(tmp_path: Path) -> None:
+    """`crosshost history --json | head`: the pipe closes under a long print. cat(1) goes quiet with
+    141; an 'internal error' line and a debug log would be noise."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import typer\n"
+        "from orchestrator.cli import guarded\n"
+        "app = typer.Typer()\n"
+        "@app.command()\n"
+        "@guarded\n"
+        "def long() -> int:\n"
+        "    for _ in range(200_000):\n"
+        "        typer.echo('x' * 80)\n"
+        "    return 0\n"
+        "app()\n"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert err == ""
+    assert not (tmp_path / "cache").exists()  # no debug log written
