@@ -302,12 +302,19 @@ def _args_diff(ref: AttemptSummary, oth: AttemptSummary) -> list[ArgsDiff]:
 # --- attribution ----------------------------------------------------------------------------------
 
 
+def _leaf_text(leaf: Any) -> str:
+    """A leaf as shown in a report: JSON unless a string, cut to MAX_FIELD_VALUE."""
+    return (leaf if isinstance(leaf, str) else json.dumps(leaf, sort_keys=True))[:MAX_FIELD_VALUE]
+
+
 def _flat_text(obj: Any) -> dict[str, str]:
-    """Dotted keys -> the leaf as shown in a report (JSON unless a string, cut to MAX_FIELD_VALUE)."""
-    return {
-        key: (leaf if isinstance(leaf, str) else json.dumps(leaf, sort_keys=True))[:MAX_FIELD_VALUE]
-        for key, leaf in flatten(obj).items()
-    }
+    """Dotted keys -> the leaf as shown in a report."""
+    return {key: _leaf_text(leaf) for key, leaf in flatten(obj).items()}
+
+
+def _flat_fields(obj: Any) -> dict[str, str | None]:
+    """As ``_flat_text``, but a null leaf stays null: "LANG unset" must not read as the string "null"."""
+    return {key: None if leaf is None else _leaf_text(leaf) for key, leaf in flatten(obj).items()}
 
 
 # The id summarises every other field and the capture time always differs: neither is a lead.
@@ -318,8 +325,8 @@ def attribution(
     reference: str, ref_fp: Mapping[str, Any] | None, host: str, host_fp: Mapping[str, Any] | None
 ) -> Attribution:
     """The fingerprint fields (flattened, dotted) that differ between the reference and ``host``."""
-    left = _flat_text({k: v for k, v in (ref_fp or {}).items() if k not in _ID_FIELDS})
-    right = _flat_text({k: v for k, v in (host_fp or {}).items() if k not in _ID_FIELDS})
+    left = _flat_fields({k: v for k, v in (ref_fp or {}).items() if k not in _ID_FIELDS})
+    right = _flat_fields({k: v for k, v in (host_fp or {}).items() if k not in _ID_FIELDS})
     fields = [
         FieldDiff(field=key, reference=left.get(key), other=right.get(key))
         for key in sorted(left.keys() | right.keys())

@@ -138,3 +138,13 @@ def test_an_error_on_the_reference_is_never_a_flip_nor_makes_it_flaky(tmp_path):
     assert (task.flip, task.flipped_hosts, task.flaky_hosts) == (False, [], [])
     assert task.comparable  # attempt 1 (pass, pass) still compared
     assert (report.flipped, report.comparable, report.flip_rate) == (0, 1, 0.0)
+
+
+def test_attribution_keeps_an_unset_value_null_not_the_string_null(tmp_path):
+    """box-b has no LANG: the report must say null (unset), not "null" (a value someone set)."""
+    hosts = two_hosts()
+    hosts["box-b"] = fingerprint("box-b", "b" * 16, env={"TZ": "UTC", "LANG": None})
+    _, task = _run(tmp_path, [Attempt("pass")], [Attempt("fail")], hosts=hosts)
+    [attr] = task.attribution
+    fields = {f.field: (f.reference, f.other) for f in attr.fields}
+    assert fields["env.LANG"] == ("C.UTF-8", None)
