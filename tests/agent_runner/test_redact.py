@@ -71,6 +71,13 @@ def test_a_credential_used_as_a_dict_key_is_redacted() -> None:
         "MYSQL_PWD",
         "DJANGO_SECRET_KEY",
         "GOOGLE_APPLICATION_CREDENTIALS",
+        # the issue's own list: *_API_KEY, *_TOKEN, *_SECRET, SSH_AUTH_SOCK, OPENAI_*, ANTHROPIC_*
+        "FOO_API_KEY",
+        "FOO_TOKEN",
+        "FOO_SECRET",
+        "SSH_AUTH_SOCK",
+        "OPENAI_ORGANIZATION",
+        "ANTHROPIC_BASE_URL",
     ],
 )
 def test_bare_and_prefixed_secret_env_keys_are_secret_shaped(key: str) -> None:
