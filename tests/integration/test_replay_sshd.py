@@ -71,6 +71,18 @@ def _left_of_run(inventory_path: Path, run_id: str, skip: set[str] = frozenset()
     return left
 
 
+def _runs_on(inventory_path: Path, name: str) -> list[str]:
+    """The names under a host's <workspace_root>/runs right now (where a run's workspace lives)."""
+    from orchestrator.inventory import load_inventory
+
+    cfg = load_inventory(inventory_path).get(name)
+    host = open_host(cfg)
+    try:
+        return host.exec(["sh", "-c", f"ls {cfg.workspace_root}/runs"], 30).stdout.split()
+    finally:
+        host.close()
+
+
 def test_replay_on_local_and_two_sshd_hosts(sshd_hosts: Any, tmp_path: Path) -> None:
     req = ReplayRequest(
         suite_dir=TRIAGE, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs",
@@ -165,6 +177,7 @@ def test_host_killed_mid_run_others_finish_exit_3(fresh_sshd_host: Any, tmp_path
 def test_ctrl_c_and_failure_leave_nothing_behind(sshd_hosts: Any, tmp_path: Path) -> None:
     suite = _slow_suite(tmp_path, tasks=4, sleep_s=3)
     box_b_running = threading.Event()
+    during: list[str] = []
 
     def hook(host: str, stage: str, detail: str) -> None:
         if host == "box-b" and stage == "run":
@@ -172,6 +185,7 @@ def test_ctrl_c_and_failure_leave_nothing_behind(sshd_hosts: Any, tmp_path: Path
         if host == "box-a" and stage == "run":
             assert box_b_running.wait(20)
             time.sleep(1.0)  # box-b's runner is now well under way
+            during.extend(_runs_on(sshd_hosts.inventory_path, "box-b"))
             raise KeyboardInterrupt
 
     started = time.monotonic()
@@ -182,6 +196,8 @@ def test_ctrl_c_and_failure_leave_nothing_behind(sshd_hosts: Any, tmp_path: Path
     assert time.monotonic() - started < 30  # runners were killed, not waited out (4 x 3 s each)
     for name in ("local", "box-a", "box-b"):
         assert m.hosts[name].workspace_removed is not False, (name, m.hosts[name])
+    # the place _left_of_run looks at is where the run really lived: it was there mid-run
+    assert m.run_id in during
     assert _left_of_run(sshd_hosts.inventory_path, m.run_id) == {"local": "", "box-a": "", "box-b": ""}
 
     # A failing runner (an interpreter that exits 1) is exit 3, and its workspace goes too.
