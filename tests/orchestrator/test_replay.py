@@ -319,6 +319,10 @@ def test_exit_code_precedence() -> None:
     assert exit_code(manifest(**ok), good, None, [])[0] == 0
     assert exit_code(manifest(**ok), over, None, []) == (1, "flip rate 0.5 over the gate 0.1")
     assert exit_code(manifest(**ok), invalid, None, [])[0] == 1
+    # invalid is exit 1 on its own, with a flip rate well within the gate
+    invalid_within = SimpleNamespace(valid=False, invalid_reasons=["pins differ: prompt_sha on b"], flip_rate=0.0,
+                                     gate=0.1)  # fmt: skip
+    assert exit_code(manifest(**ok), invalid_within, None, []) == (1, "invalid run: pins differ: prompt_sha on b")
     assert exit_code(manifest(**ok), invalid, None, [row]) == (3, "1 error verdict(s) on b: agent_error")
     assert exit_code(manifest(**ok), good, None, [row])[0] == 3
     crashed = {**ok, "b": HostRecord(reachable=True, error="b: RunnerCrashed: boom")}
