@@ -110,6 +110,17 @@ def test_replay_on_local_and_two_sshd_hosts(sshd_hosts: Any, tmp_path: Path) -> 
     assert json.loads((rd / "contract.json").read_text())["contract_id"] == "issue.triage.v3"
     assert not any("identity_file" in h for h in m.inventory["hosts"])  # no key paths in the record
     assert _left_of_run(sshd_hosts.inventory_path, m.run_id) == {"local": "", "box-a": "", "box-b": ""}
+    # The analysis ran on what came back: the three reports, one entry per task with every host's
+    # verdict and a decision-table row, and the exit code DESIGN derives from validity and the gate.
+    report = json.loads((rd / "report.json").read_text())
+    assert {t["task"] for t in report["tasks"]} == set(req.tasks or [])
+    for task in report["tasks"]:
+        assert set(task["verdicts"]) == {"local", "box-a", "box-b"}
+        assert task["classification"] and task["action"]
+    assert out.exit_code == (0 if report["valid"] and report["flip_rate"] <= report["gate"] else 1)
+    junit = (rd / "junit.xml").read_text()
+    assert all(f'name="{t}"' in junit for t in req.tasks or [])
+    assert "locale-probe" in (rd / "report.md").read_text()
     # A second replay finds the bundle cached on every host.
     again = replay(ReplayRequest(suite_dir=TRIAGE, inventory_path=sshd_hosts.inventory_path,
                                  out=tmp_path / "runs", tasks=["locale-probe"], repeat=1))  # fmt: skip
