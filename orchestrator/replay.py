@@ -10,8 +10,10 @@ that host's result; the run directory is complete without the analysis, which ru
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import posixpath
@@ -809,9 +811,21 @@ def summary_table(outcome: ReplayOutcome) -> Any:
     return table
 
 
+def _quick_exit_gc() -> None:
+    """At interpreter exit: collect the garbage there is, then freeze what is left, so that the
+    interpreter's shutdown does not walk every object paramiko, pydantic and rich created once more
+    (measured: 0.10-0.13 s of a replay's wall time here -> 0.04-0.05 s). Objects still alive are
+    freed by reference counting as before; only the cyclic collector skips them."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_and_render(request: ReplayRequest, *, err_console: Any = None, out_console: Any = None) -> int:
     """What ``crosshost replay`` does: progress on stderr, the summary and report on stdout."""
     from rich.console import Console
+
+    atexit.unregister(_quick_exit_gc)  # once per process, however often this is called
+    atexit.register(_quick_exit_gc)
 
     from orchestrator.inventory import load_inventory
 
