@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,19 @@ from orchestrator.errors import HostUnreachable
 from orchestrator.inventory import HostConfig
 from orchestrator.transport.base import ExecResult, Host
 from orchestrator.transport.local import LocalHost
-from orchestrator.transport.ssh import SshHost
+
+if "paramiko" not in sys.modules and "invoke" not in sys.modules:
+    # paramiko.config imports invoke (and with it unittest.mock: ~60 ms of every start) only to run
+    # ssh_config "Match exec" lines; crosshost never reads an ssh_config (no SSHConfig anywhere), and
+    # paramiko treats a missing invoke as "Match exec unavailable". Hidden for paramiko's own import
+    # only: a later `import invoke` (e.g. by fabric) works as usual.
+    sys.modules["invoke"] = None  # type: ignore[assignment]
+    try:
+        import paramiko  # noqa: F401
+    finally:
+        del sys.modules["invoke"]
+
+from orchestrator.transport.ssh import SshHost  # noqa: E402
 
 __all__ = ["ExecResult", "Host", "LocalHost", "SshHost", "open_host", "CONNECT_ATTEMPTS"]
 
