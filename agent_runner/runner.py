@@ -144,7 +144,8 @@ class Runner:
             outcome = self._run_agent(task, work, env, scratch, writer, started)
             predicate_exit, predicate_said, predicate_error = self._run_predicate(task, pristine, work, env)
             checked = [self.fingerprint, {"cwd": str(attempt_dir), "home": str(home)}]
-            findings = check_turns(self.suite.contract, outcome.turns, checked)
+            # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
+            findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []
             reasons = golden.score(task, outcome.turns, outcome.reason)
             reasons += [f"contract: {f.line()}" for f in findings]
             if outcome.infra_error is not None or predicate_error is not None:
