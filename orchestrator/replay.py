@@ -395,10 +395,13 @@ class HostJob:
                 script = f"{remote.kill_script(self.workspace)}; {script}"
             res = self._exec(host, script)
             self.record.workspace_removed = res.ok
-            if not res.ok and error is None:
-                raise WorkspaceLeft(
+            if not res.ok:
+                left = WorkspaceLeft(
                     self.cfg.name, f"{self.workspace} is still there after rm -rf: {tail(res.stderr)}"
                 )
+                if error is None:
+                    raise left
+                self.cleanup_error = left.one_line()  # said beside the first error, never instead of it
         except HostError as exc:
             self.record.workspace_removed = False
             if error is None:

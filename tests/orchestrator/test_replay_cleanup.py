@@ -36,3 +36,27 @@ def test_a_workspace_still_there_after_the_run_is_that_hosts_error(tmp_path: Pat
     assert out.exit_code == 3
     ok = out.manifest.hosts["local"]
     assert ok.workspace_removed is True and ok.error is None and _left(tmp_path, "local") == []
+
+
+class PullFailsAndRmLeavesFiles(RmThatLeavesFiles):
+    """A host that already failed (its archive cannot be fetched) and whose cleanup then fails too."""
+
+    def get(self, remote: str, local: Path) -> None:
+        from orchestrator.errors import TransferError
+
+        raise TransferError(self.name, f"{remote}: connection lost")
+
+
+def test_a_failed_cleanup_is_said_even_when_the_host_had_already_failed(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        return PullFailsAndRmLeavesFiles(cfg.name) if cfg.name == "box-b" else LocalHost(cfg.name)
+
+    out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle, with_analysis=False)
+    rec = out.manifest.hosts["box-b"]
+    assert _left(tmp_path, "box-b") != []
+    assert rec.workspace_removed is False
+    assert rec.error and "TransferError" in rec.error  # the first failure stays the headline
+    assert "cleanup: " in rec.error and "WorkspaceLeft" in rec.error and "still there" in rec.error
+    assert out.exit_code == 3
