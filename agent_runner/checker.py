@@ -7,13 +7,13 @@ trace replayed on box-b that still carries the reference host's hostname is caug
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, TextIO, Tuple
 
 from .errors import ContractError, InputError
+from .jsonfile import read_json
 from .trace import read_trace
 
 INVARIANTS = ("no_absolute_local_paths", "no_home_directory_strings", "no_hostname_in_tool_args")
@@ -100,14 +100,7 @@ def validate_contract(contract: Any, source: str) -> Dict[str, Any]:
 def load_contract(path: "str | os.PathLike[str]") -> Dict[str, Any]:
     """Read and validate ``contract.json``; ContractError names the file and what is wrong."""
     name = os.fspath(path)
-    try:
-        with open(name, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except OSError as exc:
-        raise ContractError(f"{name}: cannot read contract: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise ContractError(f"{name}: not valid JSON: {exc}") from exc
-    return validate_contract(data, name)
+    return validate_contract(read_json(name, "contract", ContractError), name)
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -266,13 +259,7 @@ def check_turns(contract: Dict[str, Any], turns: Iterable[Dict[str, Any]],
 def load_fingerprints(path: "str | os.PathLike[str]") -> List[Dict[str, Any]]:
     """A fingerprint JSON object, or a list of them (e.g. one per host of a run)."""
     name = os.fspath(path)
-    try:
-        with open(name, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read fingerprint: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise InputError(f"{name}: not valid JSON: {exc}") from exc
+    data = read_json(name, "fingerprint")
     items = data if isinstance(data, list) else [data]
     if not items or not all(isinstance(item, dict) for item in items):
         raise InputError(f"{name}: a fingerprint must be a JSON object (or a list of them)")

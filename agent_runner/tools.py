@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .errors import ContractError, SuiteError
+from .jsonfile import read_json
 from .suite import parse_tools_policy
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
@@ -37,13 +38,7 @@ def _error(message: str) -> ToolResult:
 def load_policy(path: "str | os.PathLike[str]") -> Dict[str, List[List[str]]]:
     """Read tools.json ({"allow": [...], "deny": [...]}); ContractError names the file."""
     name = os.fspath(path)
-    try:
-        with open(name, encoding="utf-8") as handle:
-            raw = json.load(handle)
-    except OSError as exc:
-        raise ContractError(f"{name}: cannot read tools.json: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        raise ContractError(f"{name}: not valid JSON: {exc}") from exc
+    raw = read_json(name, "tools.json", ContractError)
     try:
         return parse_tools_policy(raw, name)
     except SuiteError as exc:
