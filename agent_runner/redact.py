@@ -79,8 +79,21 @@ def _keep_marker(match: "re.Match[str]") -> str:
     return next(g for g in match.groups() if g is not None) + REDACTED
 
 
-def redact_text(text: str) -> str:
+def _redact_text(text: str) -> str:
     return _AFTER_MARKER.sub(_keep_marker, _CREDENTIAL.sub(REDACTED, text))
+
+
+# Every key and value of every trace record passes here and the same short strings repeat (keys,
+# tool names, paths), so short ones are memoised; bounded in count and in length, so hostile input
+# cannot grow it past a few MB.
+_MEMO_MAX_LEN = 256
+_redact_short = functools.lru_cache(maxsize=8192)(_redact_text)
+
+
+def redact_text(text: str) -> str:
+    if len(text) <= _MEMO_MAX_LEN:
+        return _redact_short(text)
+    return _redact_text(text)
 
 
 def redact(obj: Any) -> Any:

@@ -89,3 +89,20 @@ def test_bare_and_prefixed_secret_env_keys_are_secret_shaped(key: str) -> None:
 )
 def test_ordinary_env_keys_are_not_secret_shaped(key: str) -> None:
     assert not is_secret_env_key(key)
+
+
+@pytest.mark.parametrize("pad", [0, 200, 240, 250, 300, 5000])
+def test_a_credential_is_redacted_every_time_whatever_the_string_length(pad: int) -> None:
+    # short strings are memoised, long ones are not: both sides of that line, and a repeat (a memo hit)
+    text = "x" * pad + " Authorization: Bearer abcdef0123456789 and sk-" + "A" * 24
+    for _ in range(2):
+        out = redact_text(text)
+        assert "abcdef0123456789" not in out and "sk-AAAA" not in out
+        assert out.startswith("x" * pad + " Authorization: Bearer " + REDACTED)
+
+
+def test_a_repeated_key_in_many_records_is_redacted_in_each() -> None:
+    records = [{"api_token": f"v{i}", "note": "db_password=hunter2", "ok": "plain"} for i in range(3)]
+    assert [redact(r) for r in records] == [
+        {"api_token": REDACTED, "note": f"db_password={REDACTED}", "ok": "plain"}
+    ] * 3
