@@ -2,7 +2,9 @@
 
 Locally: ``suite-<sha>.tar`` (the suite directory plus the normalised ``suite.json``, reproducible:
 sorted entries, zero timestamps and owners) and ``bundle-<sha>.tar`` holding ``runner.pyz`` and
-``suite.tar``. On a host: a content-addressed cache ``<workspace_root>/bundles/<bundle_sha>/`` with
+``suite.tar``, in a local cache (a replay's default: ``$XDG_CACHE_HOME/crosshost/bundles``) where
+``index-<inputs sha>.json`` lets an unchanged suite and runner reuse their bundle after its sha is
+checked. On a host: a content-addressed cache ``<workspace_root>/bundles/<bundle_sha>/`` with
 ``runner.pyz`` and ``suite/``. It is kept between runs, and a push is skipped when the host already
 holds that sha (one ``test -d``). A cache entry appears by ``mv`` of a complete temporary directory,
 so a half-pushed bundle is never mistaken for a complete one.
@@ -78,27 +80,44 @@ def _suite_files(suite_dir: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(suite_dir).as_posix())
 
 
+def _suite_entries(suite_dir: Path) -> list[tuple[str, bytes, bool]]:
+    """(relative name, bytes, executable) of every shipped file, in tar order."""
+    return [
+        (path.relative_to(suite_dir).as_posix(), path.read_bytes(), os.access(path, os.X_OK))
+        for path in _suite_files(suite_dir)
+    ]
+
+
+def _check_no_suite_json(suite_dir: Path) -> None:
+    if (suite_dir / SUITE_JSON).exists():
+        raise SuiteError(f"{suite_dir / SUITE_JSON}: reserved name (crosshost writes the normalised suite there)")
+
+
+def _suite_tar_bytes(entries: list[tuple[str, bytes, bool]], normalised: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for rel, data, executable in entries:
+            tar.addfile(_info(rel, size=len(data), executable=executable), io.BytesIO(data))
+        doc = (json.dumps(normalised, indent=2, sort_keys=True) + "\n").encode()
+        tar.addfile(_info(SUITE_JSON, size=len(doc)), io.BytesIO(doc))
+    return buf.getvalue()
+
+
+def _store_tar(out_dir: Path, prefix: str, data: bytes) -> tuple[Path, str]:
+    sha = hashlib.sha256(data).hexdigest()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{prefix}-{sha}.tar"
+    if not path.exists() or sha256_file(path) != sha:  # a damaged cached copy is replaced, never used
+        _write_once(path, data)
+    return path, sha
+
+
 def build_suite_tar(suite_dir: Path, normalised: dict[str, Any], out_dir: Path) -> tuple[Path, str]:
     """``suite-<sha>.tar``: the suite's files with ``suite.json`` in place of ``suite.toml``.
 
     The same input gives the same bytes (and so the same sha)."""
-    if (suite_dir / SUITE_JSON).exists():
-        raise SuiteError(f"{suite_dir / SUITE_JSON}: reserved name (crosshost writes the normalised suite there)")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for path in _suite_files(suite_dir):
-            rel = path.relative_to(suite_dir).as_posix()
-            data = path.read_bytes()
-            tar.addfile(_info(rel, size=len(data), executable=os.access(path, os.X_OK)), io.BytesIO(data))
-        doc = (json.dumps(normalised, indent=2, sort_keys=True) + "\n").encode()
-        tar.addfile(_info(SUITE_JSON, size=len(doc)), io.BytesIO(doc))
-    data = buf.getvalue()
-    sha = hashlib.sha256(data).hexdigest()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"suite-{sha}.tar"
-    if not path.exists():
-        _write_once(path, data)
-    return path, sha
+    _check_no_suite_json(suite_dir)
+    return _store_tar(out_dir, "suite", _suite_tar_bytes(_suite_entries(suite_dir), normalised))
 
 
 def _write_once(path: Path, data: bytes) -> None:
@@ -141,33 +160,77 @@ def normalise(suite_dir: Path) -> dict[str, Any]:
         raise SuiteError(str(exc)) from exc
 
 
+_CACHE_KEY_FORMAT = b"crosshost bundle cache v1\0"
+
+
+def _inputs_key(runner_sha: str, entries: list[tuple[str, bytes, bool]], normalised: dict[str, Any]) -> str:
+    """The sha of everything a bundle's bytes depend on (the runner, every file, the normalised suite)."""
+    h = hashlib.sha256(_CACHE_KEY_FORMAT)
+    h.update(runner_sha.encode() + b"\0")
+    for rel, data, executable in entries:
+        h.update(f"{len(rel)}:{rel}:{int(executable)}:{len(data)}:".encode())
+        h.update(data)
+    # compact (C encoder) is enough for a key: the indented suite.json is a function of the same dict
+    h.update(json.dumps(normalised, sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+def _cached_bundle(out_dir: Path, key: str, runner_sha: str) -> tuple[Path, str, str] | None:
+    """(path, bundle sha, suite sha) of the bundle built earlier from the same inputs, if it is intact."""
+    try:
+        entry = json.loads((out_dir / f"index-{key}.json").read_text())
+        bundle_sha, suite_sha = str(entry["bundle_sha"]), str(entry["suite_sha"])
+        if entry["runner_sha"] != runner_sha:
+            return None
+        path = out_dir / f"bundle-{bundle_sha}.tar"
+        if sha256_file(path) != bundle_sha:  # damaged or replaced: rebuilt, never pushed
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return path, bundle_sha, suite_sha
+
+
 def build_bundle(
     suite_dir: Path, out_dir: Path, *, runner: Path | None = None, normalised: dict[str, Any] | None = None
 ) -> Bundle:
-    """Validate the suite, build the runner zipapp (unless given) and the one bundle tar."""
+    """Validate the suite, build the runner zipapp (unless given) and the one bundle tar.
+
+    ``out_dir`` is a cache: a bundle built there from the same inputs (same runner, files and
+    normalised suite) is reused after its sha is checked, so a second replay skips both tars."""
     suite_dir = suite_dir.resolve()
     normalised = normalised if normalised is not None else normalise(suite_dir)
+    _check_no_suite_json(suite_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # --out names a file, or a place the user cannot write
         raise InputError(f"{out_dir}: cannot create the bundle cache ({exc.strerror or exc}); check --out") from exc
+    runner_bytes: bytes | None = None
+    if runner is None:
+        from orchestrator.runner_zipapp import runner_zipapp_bytes
+
+        runner_bytes = runner_zipapp_bytes()
+        runner_sha = hashlib.sha256(runner_bytes).hexdigest()
+    else:
+        runner_sha = sha256_file(runner)
+    entries = _suite_entries(suite_dir)
+    name = str(normalised.get("name") or suite_dir.name)
+    key = _inputs_key(runner_sha, entries, normalised)
+    cached = _cached_bundle(out_dir, key, runner_sha)
+    if cached is not None:
+        path, sha, suite_sha = cached
+        return Bundle(path, sha, runner_sha, suite_sha, name, suite_dir, normalised)
     if runner is None:
         from orchestrator.runner_zipapp import build_runner_zipapp
 
         runner = build_runner_zipapp(out_dir)
-    suite_tar, suite_sha = build_suite_tar(suite_dir, normalised, out_dir)
-    runner_sha = sha256_file(runner)
+    suite_tar, suite_sha = _store_tar(out_dir, "suite", _suite_tar_bytes(entries, normalised))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for name, src in (("runner.pyz", runner), ("suite.tar", suite_tar)):
-            data = src.read_bytes()
-            tar.addfile(_info(name, size=len(data)), io.BytesIO(data))
-    data = buf.getvalue()
-    sha = hashlib.sha256(data).hexdigest()
-    path = out_dir / f"bundle-{sha}.tar"
-    if not path.exists():
-        _write_once(path, data)
-    name = str(normalised.get("name") or suite_dir.name)
+        for member, data in (("runner.pyz", runner_bytes or runner.read_bytes()), ("suite.tar", suite_tar.read_bytes())):
+            tar.addfile(_info(member, size=len(data)), io.BytesIO(data))
+    path, sha = _store_tar(out_dir, "bundle", buf.getvalue())
+    index = {"bundle_sha": sha, "suite_sha": suite_sha, "runner_sha": runner_sha}
+    _write_once(out_dir / f"index-{key}.json", (json.dumps(index, sort_keys=True) + "\n").encode())
     return Bundle(path, sha, runner_sha, suite_sha, name, suite_dir, normalised)
 
 

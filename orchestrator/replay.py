@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import json
 import math
+import os
 import posixpath
 import tempfile
 import threading
@@ -553,9 +554,24 @@ def _resolve_tasks(bundle: Bundle, wanted: list[str] | None) -> tuple[list[str],
     return [t for t in every if t in wanted], False
 
 
+def user_bundle_cache() -> Path:
+    """``$XDG_CACHE_HOME/crosshost/bundles`` (default ``~/.cache/...``): shared by every ``--out``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "crosshost" / "bundles"
+
+
 def _cache_dir(request: ReplayRequest) -> Path:
     if request.cache_dir is not None:
         return request.cache_dir
+    # One cache per user, so a new --out does not rebuild an unchanged bundle; where it cannot be
+    # made (no home, read-only), the run's own directory serves as before.
+    try:
+        cache = user_bundle_cache()
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if os.access(cache, os.W_OK | os.X_OK):
+            return cache
+    except (OSError, RuntimeError):  # RuntimeError: Path.home() without a home
+        pass
     return request.out / ".bundles"
 
 

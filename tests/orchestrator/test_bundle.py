@@ -99,3 +99,60 @@ def test_push_counts_on_a_fake_host(tmp_path: Path) -> None:
     assert host.calls[-1][:2] == ["rm", "-rf"]  # the temporary directory always goes
     assert ensure_bundle(host, bundle, "/tmp/crosshost") is False
     assert len(host.files) == 1
+
+
+def _bundle_tar_members(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def test_cache_reuses_an_unchanged_bundle_and_rebuilds_a_changed_one(tmp_path: Path) -> None:
+    s, cache = _suite(tmp_path), tmp_path / "cache"
+    first = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
+    again = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
+    assert (again.sha, again.suite_sha, again.runner_sha, again.path) == (
+        first.sha, first.suite_sha, first.runner_sha, first.path
+    )
+    # What a fresh cache builds from the same inputs is what the cache handed back.
+    fresh = build_bundle(s, tmp_path / "fresh", runner=_runner(tmp_path), normalised=NORMALISED)
+    assert fresh.sha == again.sha and fresh.path.read_bytes() == again.path.read_bytes()
+    # A changed file, mode, normalised suite or runner gives a new bundle holding the change.
+    (s / "tasks" / "t1" / "repo" / "run_tests.sh").write_text("#!/bin/sh\nexit 1\n")
+    edited = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
+    assert edited.sha != first.sha and sha256_file(edited.path) == edited.sha
+    (s / "tasks" / "t1" / "repo" / "run_tests.sh").chmod(0o644)
+    assert build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED).sha != edited.sha
+    renamed = build_bundle(s, cache, runner=_runner(tmp_path), normalised={**NORMALISED, "repeat": 2})
+    assert renamed.suite_sha != edited.suite_sha
+    other_runner = tmp_path / "other.pyz"
+    other_runner.write_bytes(b"PK another zipapp")
+    swapped = build_bundle(s, cache, runner=other_runner, normalised=NORMALISED)
+    assert _bundle_tar_members(swapped.path)["runner.pyz"] == b"PK another zipapp"
+
+
+def test_a_damaged_cached_bundle_is_rebuilt_not_used(tmp_path: Path) -> None:
+    s, cache = _suite(tmp_path), tmp_path / "cache"
+    first = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
+    good = first.path.read_bytes()
+    first.path.write_bytes(good[:-512] + b"\0" * 511 + b"x")  # same size, different bytes
+    again = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
+    assert again.sha == first.sha and again.path.read_bytes() == good
+    for index in cache.glob("index-*.json"):
+        index.write_text("{not json")
+    assert build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED).path.read_bytes() == good
+
+
+def test_replay_keeps_bundles_in_the_users_cache_shared_by_every_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.replay import ReplayRequest, _cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    a = _cache_dir(ReplayRequest(tmp_path / "suite", out=tmp_path / "runs-a"))
+    b = _cache_dir(ReplayRequest(tmp_path / "suite", out=tmp_path / "runs-b"))
+    assert a == b == tmp_path / "xdg" / "crosshost" / "bundles" and a.is_dir()
+    assert (a.stat().st_mode & 0o777) == 0o700
+    # Where the user's cache cannot be made, the run directory holds it, as before.
+    (tmp_path / "blocked").write_text("a file")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))
+    assert _cache_dir(ReplayRequest(tmp_path / "suite", out=tmp_path / "runs-c")) == tmp_path / "runs-c" / ".bundles"
