@@ -119,7 +119,8 @@ def _load_plugins() -> None:
 
 def check_available(kind: str, where: str = "") -> None:
     """InputError when this runner cannot build agents of ``kind``."""
-    _load_plugins()
+    if kind not in _REGISTRY:  # a built-in kind needs no plugin (openai's urllib costs ~15 ms a start)
+        _load_plugins()
     if kind not in _REGISTRY:
         prefix = f"{where}: " if where else ""
         if kind == "openai":
