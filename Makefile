@@ -29,24 +29,30 @@ lint: $(STAMP)
 	$(VENV)/bin/vermin -q --no-tips --violations -t=3.9- agent_runner
 
 # The demo: the triage suite on this machine (local, the reference) and box-b, a real sshd host in its
-# own UTS + mount namespace on 127.0.0.1:2222 whose private /opt holds a feature flag this machine
-# lacks, while this machine's /tmp holds a stale cached wheel box-b's private /tmp does not. Exit 1 (flips over the gate / invalid) is the demo's finding, not a failure of `make`.
+# own UTS + mount namespace on 127.0.0.1 whose private /opt holds a feature flag this machine lacks,
+# while this machine's /tmp holds a stale cached wheel box-b's private /tmp does not. box-b listens on
+# DEMO_PORT when given, else on 2222 when that is free, else on a port the kernel picks; the port is
+# printed and written into .state/demo-hosts.toml (hosts.toml with box-b's port replaced, paths absolute).
+# Exit 1 (flips over the gate / invalid) is the demo's finding, not a failure of `make`.
 DEMO_STATE ?= /var/tmp/crosshost-demo
+DEMO_PORT ?=
 demo: $(STAMP)
 	@set -u; \
 	down() { $(PY) tools/testhosts.py down --state $(DEMO_STATE) >/dev/null 2>&1 || true; rm -rf /tmp/crosshost-demo; }; \
 	trap down EXIT; \
-	echo "== starting box-b (sshd on 127.0.0.1:2222, own hostname, /root, /tmp, /opt)"; \
-	$(PY) tools/testhosts.py up --names box-b --base-port 2222 --state $(DEMO_STATE) --no-local \
+	port="$(DEMO_PORT)"; [ -n "$$port" ] || port=$$($(PY) tools/testhosts.py free-port --prefer 2222) || exit 1; \
+	echo "== starting box-b (sshd on 127.0.0.1:$$port, own hostname, /root, /tmp, /opt)$(if $(DEMO_PORT),, -- DEMO_PORT=N picks the port)"; \
+	$(PY) tools/testhosts.py up --names box-b --base-port $$port --state $(DEMO_STATE) --no-local \
 	  --identity-out .state/keys/id_ed25519 --known-hosts-out .state/known_hosts \
-	  --inventory-out $(DEMO_STATE)/hosts.toml || { echo "error: box-b did not start (is port 2222 taken? try make hosts-down)" >&2; exit 1; }; \
+	  --inventory-out $(DEMO_STATE)/hosts.toml || { echo "error: box-b did not start on port $$port (free it, or run make demo DEMO_PORT=<another port>)" >&2; exit 1; }; \
+	$(PY) tools/testhosts.py retarget hosts.toml $$port .state/demo-hosts.toml || exit 1; \
 	mkdir -p $(DEMO_STATE)/hosts/box-b/opt/crosshost-demo; \
 	touch $(DEMO_STATE)/hosts/box-b/opt/crosshost-demo/feature.flag; \
 	echo "== box-b: /opt/crosshost-demo/feature.flag created (inside box-b only)"; \
 	mkdir -p /tmp/crosshost-demo/wheels; touch /tmp/crosshost-demo/wheels/triage_tools-0.9-py3-none-any.whl; \
 	echo "== local: a stale wheel left in /tmp/crosshost-demo/wheels (this machine only; box-b has its own /tmp)"; \
-	echo "== crosshost replay examples/suites/triage -i hosts.toml"; \
-	rc=0; $(VENV)/bin/crosshost replay examples/suites/triage -i hosts.toml || rc=$$?; \
+	echo "== crosshost replay examples/suites/triage -i .state/demo-hosts.toml   (hosts.toml, box-b on port $$port)"; \
+	rc=0; $(VENV)/bin/crosshost replay examples/suites/triage -i .state/demo-hosts.toml || rc=$$?; \
 	echo "== crosshost replay exited $$rc (0 valid, within the gate; 1 invalid or flips over the gate; 2 bad input; 3 a host failed)"; \
 	case $$rc in 0|1) exit 0;; *) exit $$rc;; esac
 

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -79,17 +80,28 @@ def _keygen(path: Path, comment: str) -> None:
     _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
 
 
-def _require_free_port(name: str, port: int) -> None:
+def port_is_free(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:``port`` (bound as sshd binds it: TIME_WAIT leftovers don't count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # SO_REUSEADDR as sshd sets it: TIME_WAIT leftovers don't count, a listener does.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise TestHostError(
-                f"{name}: port {port} on 127.0.0.1 is in use ({exc.strerror}); "
-                "stop whatever holds it (e.g. `make hosts-down`) and retry"
-            ) from exc
+        except OSError:
+            return False
+        return True
+
+
+def pick_port(prefer: int | None = None) -> int:
+    """``prefer`` when it is free, else a port the kernel picks (``make demo`` when 2222 is taken)."""
+    return prefer if prefer is not None and port_is_free(prefer) else free_port()
+
+
+def _require_free_port(name: str, port: int) -> None:
+    if not port_is_free(port):
+        raise TestHostError(
+            f"{name}: port {port} on 127.0.0.1 is in use; "
+            "stop whatever holds it (e.g. `make hosts-down`) and retry"
+        )
 
 
 def _start_time(pid: int) -> str | None:
@@ -406,6 +418,24 @@ class Fleet:
         return path
 
 
+_PORT_LINE = re.compile(r"^port = \d+[ \t]*$", re.M)
+_PATH_LINE = re.compile(r'^((?:known_hosts|identity_file) = )"([^"]*)"', re.M)
+
+
+def retarget_inventory(source: Path, port: int, out: Path) -> Path:
+    """Write ``source`` (an inventory with one ssh host) to ``out`` with that host's port replaced and
+    its relative key paths made absolute, so ``out`` reaches the same files from wherever it lives."""
+    text = source.read_text()
+    if len(_PORT_LINE.findall(text)) != 1:
+        raise TestHostError(f"{source}: expected exactly one 'port = N' line to replace")
+    base = source.resolve().parent
+    text = _PORT_LINE.sub(f"port = {port}", text)
+    text = _PATH_LINE.sub(lambda m: m.group(1) + _toml_str(str((base / m.group(2)).resolve())), text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out
+
+
 def _toml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid TOML basic string
 
@@ -447,11 +477,23 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--known-hosts-out", type=Path, help="the known_hosts to write (default STATE/known_hosts)")
     up.add_argument("--inventory-out", type=Path, help="the inventory to write (default STATE/hosts.toml)")
     up.add_argument("--no-local", action="store_true", help="leave the local host out of the inventory")
+    port = sub.add_parser("free-port", help="print a free port on 127.0.0.1 (--prefer it when it is free)")
+    port.add_argument("--prefer", type=int, help="the port to print when nothing listens on it")
+    retarget = sub.add_parser("retarget", help="copy an inventory with its ssh host's port replaced")
+    retarget.add_argument("source", type=Path)
+    retarget.add_argument("port", type=int)
+    retarget.add_argument("out", type=Path)
     down = sub.add_parser("down", help="stop the test hosts of a state directory")
     down.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-hosts"))
     args = parser.parse_args(argv)
 
+    if args.cmd == "free-port":
+        print(pick_port(args.prefer))
+        return 0
     try:
+        if args.cmd == "retarget":
+            retarget_inventory(args.source, args.port, args.out)
+            return 0
         if args.cmd == "down":
             fleet = Fleet(args.state)
             fleet.down()
