@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     norm = sub.add_parser("normalise", help="print a suite directory as the normalised suite.json")
     norm.add_argument("suite")
 
-    sub.add_parser("version", help="print the runner version and runner_sha")
+    sub.add_parser("version", help="print the runner version and runner_source_sha (the digest of its sources)")
     return parser
 
 
@@ -56,7 +56,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         commands: List[str] = commands_of(load_policy(args.tools)) if args.tools else []
         fingerprint = collect(cwd=args.cwd, allowed_commands=commands, run_id=args.run_id)
-        print(json.dumps(fingerprint, indent=2, sort_keys=True))
+        print(json.dumps(fingerprint.to_json(), indent=2, sort_keys=True))
         return 0
     if args.command == "check":
         from .checker import check_files
@@ -68,9 +68,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(json.dumps(normalise_suite(args.suite), indent=2, sort_keys=True))
         return 0
     if args.command == "version":
-        from .pins import runner_sha
+        from .pins import runner_source_sha
 
-        print(json.dumps({"version": __version__, "runner_sha": runner_sha()}))
+        print(json.dumps({"version": __version__, "runner_source_sha": runner_source_sha()}))
         return 0
     if args.command == "run":
         from .runner import RunOptions, run_suite

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .records import Fingerprint
 from .redact import secret_env_keys
 
 VERSION_TIMEOUT_S = 5
@@ -87,7 +88,7 @@ def isolation_findings(env: Mapping[str, str], home: str, uid: Optional[int]) ->
 
 
 def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
-            env: Optional[Mapping[str, str]] = None, run_id: Optional[str] = None) -> Dict[str, Any]:
+            env: Optional[Mapping[str, str]] = None, run_id: Optional[str] = None) -> Fingerprint:
     """The fingerprint of this host as seen from ``cwd`` (default: the process's working directory).
 
     ``run_id``: when the cwd contains it (a per-run workspace), the digest sees "{run_id}" instead, so
@@ -123,7 +124,7 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
         stable["cwd"] = cwd.replace(run_id, "{run_id}")
     data["fingerprint"] = digest(stable)
     data["captured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return data
+    return Fingerprint.from_json(data)
 
 
 def digest(data: Mapping[str, Any]) -> str:

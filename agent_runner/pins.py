@@ -1,4 +1,5 @@
-"""Pins: the digests that say two hosts ran the same thing (prompt, tools, predicate, contract, runner)."""
+"""Pins: the digests that say two hosts ran the same thing (prompt, tools, predicate, contract, runner
+sources, agent, budget)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import RunnerError
+from .records import RUNNER_SOURCE_PIN
 from .suite import Suite, Task
 
 
@@ -78,18 +80,19 @@ def runner_sources() -> List[Tuple[str, bytes]]:
         )
 
 
-_RUNNER_SHA: Optional[str] = None
+_RUNNER_SOURCE_SHA: Optional[str] = None
 
 
-def runner_sha() -> str:
-    """sha256 of the runner's sources: identical in the zipapp, in the source tree and on every host."""
-    global _RUNNER_SHA
-    if _RUNNER_SHA is None:
+def runner_source_sha() -> str:
+    """sha256 of the runner's ``*.py`` sources: identical in the zipapp, in the source tree and on every
+    host (the zipapp's own digest, ``zipapp_sha``, is the bundle's and the manifest's)."""
+    global _RUNNER_SOURCE_SHA
+    if _RUNNER_SOURCE_SHA is None:
         digest = hashlib.sha256()
         for name, content in runner_sources():
             digest.update(name.encode() + b"\0" + hashlib.sha256(content).digest())
-        _RUNNER_SHA = digest.hexdigest()
-    return _RUNNER_SHA
+        _RUNNER_SOURCE_SHA = digest.hexdigest()
+    return _RUNNER_SOURCE_SHA
 
 
 def task_pins(suite: Suite, task: Task) -> Dict[str, Any]:
@@ -102,7 +105,7 @@ def task_pins(suite: Suite, task: Task) -> Dict[str, Any]:
         "tools_sha": sha({"tools": suite.tools, "fixtures": task.fixtures}),
         "predicate_sha": tree_sha(task.repo_dir) if task.repo_dir is not None else None,
         "contract_sha": sha(suite.contract),
-        "runner_sha": runner_sha(),
+        RUNNER_SOURCE_PIN: runner_source_sha(),
         "agent_sha": sha({"agent": task.agent.to_dict(), "script": task.script, "files": agent_files}),
         "budget": task.budget.to_dict(),
     }

@@ -36,6 +36,7 @@ from .errors import InputError, RunnerError, SecretVisible, SuiteError
 from .fingerprint import collect, commands_of
 from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
+from .records import Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
 from .suite import Suite, Task, load_suite
 from .tools import ToolBox, kill_group
@@ -102,7 +103,7 @@ def _remove_tree(path: Path) -> None:
 
 class Runner:
     def __init__(self, suite: Suite, options: RunOptions, out: Path, workspace_root: Path,
-                 fingerprint: Dict[str, Any], host: str, run_id: str, env_allow: List[str]) -> None:
+                 fingerprint: Fingerprint, host: str, run_id: str, env_allow: List[str]) -> None:
         self.suite = suite
         self.options = options
         self.out = out
@@ -121,7 +122,8 @@ class Runner:
     def run_attempt(self, task: Task, attempt: int) -> AttemptResult:
         started = time.monotonic()
         pins = task_pins(self.suite, task)
-        this_env_sha = env_sha(self.fingerprint["fingerprint"], pins)
+        digest = self.fingerprint.fingerprint or ""
+        this_env_sha = env_sha(digest, pins)
         trace_path = self.out / "traces" / f"{task.id}.{attempt}.jsonl"
         obs_path = self.out / "traces" / f"{task.id}.{attempt}.obs.jsonl"
         attempt_dir = Path(tempfile.mkdtemp(prefix=f"{task.id}.{attempt}.", dir=str(self.workspace_root)))
@@ -139,11 +141,11 @@ class Runner:
             env = self.attempt_env(work, home, tmp)
             writer = TraceWriter(trace_path, obs_path)
             writer.header(run_id=self.run_id, host=self.host, task=task.id, attempt=attempt,
-                          fingerprint=self.fingerprint["fingerprint"], pins=pins, env_sha=this_env_sha,
+                          fingerprint=digest, pins=pins, env_sha=this_env_sha,
                           agent=task.agent.kind)
             outcome = self._run_agent(task, work, env, scratch, writer, started)
             predicate_exit, predicate_said, predicate_error = self._run_predicate(task, pristine, work, env)
-            checked = [self.fingerprint, {"cwd": str(attempt_dir), "home": str(home)}]
+            checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
             findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []
             reasons = golden.score(task, outcome.turns, outcome.reason)
@@ -269,8 +271,9 @@ def run_suite(options: RunOptions) -> int:
         run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
                               allowed_commands=commands_of(suite.tools), run_id=run_id)
-        (out / "fingerprint.json").write_text(json.dumps(redact(fingerprint), indent=2, sort_keys=True) + "\n")
-        host = options.host or fingerprint["hostname"]
+        (out / "fingerprint.json").write_text(json.dumps(redact(fingerprint.to_json()), indent=2, sort_keys=True)
+                                              + "\n")
+        host = options.host or fingerprint.hostname or default_host()
         runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow)
         failed = False
         with open(out / "results.jsonl", "w", encoding="utf-8") as results:
@@ -278,12 +281,11 @@ def run_suite(options: RunOptions) -> int:
                 for attempt in range(repeat):
                     result = runner.run_attempt(task, attempt)
                     failed = failed or result.internal_error
-                    row = {"run_id": run_id, "task": task.id, "env": host, "env_sha": result.env_sha,
-                           "attempt": attempt, "exit_code": result.predicate_exit,
-                           "passed": result.verdict == "pass", "wall_ms": result.wall_ms,
-                           "verdict": result.verdict, "reason": result.reason,
-                           "fingerprint": fingerprint["fingerprint"], "why": result.why}
-                    results.write(json.dumps(redact(row)) + "\n")
+                    row = ResultRow(task=task.id, env=host, attempt=attempt, verdict=result.verdict,
+                                    reason=result.reason, run_id=run_id, env_sha=result.env_sha,
+                                    exit_code=result.predicate_exit, wall_ms=result.wall_ms,
+                                    fingerprint=fingerprint.fingerprint, why=result.why)
+                    results.write(json.dumps(redact(row.to_json())) + "\n")
                     results.flush()
                     # stderr reaches the controller's terminal and manifest: redacted like the files
                     print(redact_text(f"[{host}] {task.id}.{attempt} {result.verdict} ({result.reason}, "

@@ -1,12 +1,13 @@
-"""The trace format of DESIGN.md: one JSONL file per task attempt per host.
+"""The trace: one JSONL file per task attempt per host (records in ``records.py``, docs/run-directory.md).
 
 Reading is streaming and forgiving: ``iter_records`` yields ``(line_number, record)`` one line at a time
 (bounded memory, a million-line trace is fine). A line that is not a JSON object does not raise: it is
 yielded as ``{"type": "corrupt", "error": "<what is wrong>", "text": "<first 200 chars>"}`` so callers
 see exactly where a trace is damaged. ``read_trace`` turns those (and records that break the schema)
 into ``Trace.problems``, each ``"<file>:<line>: <what is wrong>"``; it raises ``TraceError`` only when
-the file cannot be read or holds no trace at all. It also accepts the seed article's JSON form
-``{"tool_calls": [{"name": ..., "args": ...}]}`` (turns get step 1..n).
+the file cannot be read or holds no trace at all. It also accepts the single-document form
+``{"tool_calls": [{"name": ..., "args": ...}]}`` (``records.migrate_seed_calls``), and headers of
+older schemas (``records.migrate_trace_header``).
 
 Writing goes through ``TraceWriter``, which redacts every record before it touches the disk.
 """
@@ -20,12 +21,21 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from .errors import TraceError
+from .records import (
+    FINISH_REASONS,
+    TRACE_SCHEMA,
+    VERDICTS,
+    TraceFinish,
+    TraceHeader,
+    TraceTurn,
+    migrate_seed_calls,
+    migrate_trace_header,
+)
 from .redact import redact
 
 PathArg = Union[str, "os.PathLike[str]"]
-SCHEMA = "crosshost.trace/1"
-FINISH_REASONS = ("stop", "budget_steps", "budget_bytes", "budget_model", "timeout", "agent_error")
-VERDICTS = ("pass", "fail", "error")
+SCHEMA = TRACE_SCHEMA
+__all__ = ["FINISH_REASONS", "SCHEMA", "VERDICTS", "Trace", "TraceWriter", "fp", "iter_records", "read_trace"]
 # The seed's single JSON document is loaded whole; JSONL is streamed. Bigger JSON documents are refused.
 _MAX_JSON_DOCUMENT = 64 * 1024 * 1024
 
@@ -95,33 +105,6 @@ def _turn_problem(record: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def _seed_turns(doc: Dict[str, Any], path: str, problems: List[str]) -> List[Dict[str, Any]]:
-    calls = doc.get("tool_calls")
-    if not isinstance(calls, list):
-        raise TraceError(f"{path}: 'tool_calls' is not a list")
-    turns: List[Dict[str, Any]] = []
-    for index, call in enumerate(calls):
-        if not isinstance(call, dict):
-            problems.append(f"{path}:tool_calls[{index}]: not an object")
-            continue
-        name = call.get("name", call.get("tool"))
-        args = call.get("args", call.get("arguments", {}))
-        if isinstance(args, str):  # OpenAI-style arguments arrive as a JSON string
-            try:
-                args = json.loads(args)
-            except ValueError:
-                problems.append(f"{path}:tool_calls[{index}]: 'arguments' is not JSON")
-                args = {}
-        if not isinstance(name, str) or not name:
-            problems.append(f"{path}:tool_calls[{index}]: no tool name")
-            continue
-        if not isinstance(args, dict):
-            problems.append(f"{path}:tool_calls[{index}]: args is not an object")
-            args = {}
-        turns.append({"type": "turn", "step": len(turns) + 1, "tool": name, "args": args})
-    return turns
-
-
 def _looks_like_seed(path: str) -> Optional[Dict[str, Any]]:
     """The seed's JSON form, if that is what the file holds (it may span many lines)."""
     with _open(path) as handle:
@@ -155,7 +138,7 @@ def read_trace(path: PathArg) -> Trace:
     seed = _looks_like_seed(name)
     if seed is not None:
         trace = Trace(path=name, form="seed")
-        trace.turns = _seed_turns(seed, name, trace.problems)
+        trace.turns = migrate_seed_calls(seed, name, trace.problems)
         return trace
 
     trace = Trace(path=name)
@@ -167,6 +150,7 @@ def read_trace(path: PathArg) -> Trace:
             trace.problems.append(f"{where}: {record['error']}")
         elif kind == "header":
             recognised += 1
+            record = migrate_trace_header(record)
             if trace.header is not None:
                 trace.problems.append(f"{where}: a second header")
             elif trace.turns or trace.finish is not None:
@@ -213,7 +197,7 @@ def read_trace(path: PathArg) -> Trace:
 
 
 class TraceWriter:
-    """Writes header/turn/finish records in the DESIGN format, redacting each one first.
+    """Writes header/turn/finish records (``records.py``), redacting each one first.
 
     Raw observations go to the sidecar ``<task>.<attempt>.obs.jsonl`` (records of type ``"obs"``), so
     the trace itself stays small and ``crosshost repro`` can answer fixture tools from it.
@@ -233,11 +217,11 @@ class TraceWriter:
         handle.flush()
 
     def header(self, *, run_id: str, host: str, task: str, attempt: int, fingerprint: str,
-               pins: Dict[str, Any], **extra: Any) -> None:
-        record = {"type": "header", "schema": SCHEMA, "run_id": run_id, "host": host, "task": task,
-                  "attempt": attempt, "fingerprint": fingerprint, "pins": pins}
-        record.update(extra)
-        self._write(self._handle, record)
+               pins: Dict[str, Any], env_sha: Optional[str] = None, agent: Optional[str] = None,
+               **extra: Any) -> None:
+        record = TraceHeader(run_id=run_id, host=host, task=task, attempt=attempt, fingerprint=fingerprint,
+                             pins=pins, env_sha=env_sha, agent=agent, extra=extra)
+        self._write(self._handle, record.to_json())
 
     def turn(self, *, tool: str, args: Dict[str, Any], observation: str, error: Optional[str],
              prompt_tokens: int = 0, completion_tokens: int = 0, latency_ms: int = 0,
@@ -246,23 +230,21 @@ class TraceWriter:
         self.steps += 1
         safe_args = redact(args)
         safe_obs = redact(observation)
-        error = redact(error)
-        record = {"type": "turn", "step": self.steps, "role": "assistant", "tool": tool, "args": safe_args,
-                  "args_fp": fp(safe_args), "obs_fp": fp(safe_obs), "error": error,
-                  "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "latency_ms": latency_ms, "reason": reason}
-        if model is not None:  # the openai agent's request: status, retries, provider model/fingerprint
-            record["model"] = model
+        record = TraceTurn(step=self.steps, tool=tool, args=safe_args, args_fp=fp(safe_args),
+                           obs_fp=fp(safe_obs), error=redact(error), prompt_tokens=prompt_tokens,
+                           completion_tokens=completion_tokens, latency_ms=latency_ms, reason=reason,
+                           model=model).to_json()
         self._write(self._handle, record)
         if self._obs is not None:
             self._write(self._obs, {"type": "obs", "step": self.steps, "tool": tool, "content": safe_obs})
         return record  # args and observation fingerprints are already of the redacted values
 
     def finish(self, *, reason: str, final: str, predicate_exit: Optional[int], verdict: str, why: str,
-               wall_ms: int, **extra: Any) -> Dict[str, Any]:
-        record = {"type": "finish", "reason": reason, "final": final, "predicate_exit": predicate_exit,
-                  "verdict": verdict, "why": why, "wall_ms": wall_ms}
-        record.update(extra)
+               wall_ms: int, steps: Optional[int] = None, findings: Optional[List[Dict[str, Any]]] = None,
+               **extra: Any) -> Dict[str, Any]:
+        """``extra``: the agent's own finish fields (``Agent.finish_record``)."""
+        record = TraceFinish(reason=reason, final=final, predicate_exit=predicate_exit, verdict=verdict,
+                             why=why, wall_ms=wall_ms, steps=steps, findings=findings, extra=extra).to_json()
         self._write(self._handle, record)
         return record
 

@@ -1,7 +1,7 @@
 """Analysis benchmark: ``analyse_run`` on a run of N trace lines against json-parsing the same lines.
 
-``make_run_dir`` writes a run directory in the DESIGN format (manifest via ``orchestrator.store``,
-contract, per-host fingerprints, traces, results.jsonl) with several hosts, tasks and attempts; a few
+``make_run_dir`` writes a run directory through the product's own records (manifest via
+``orchestrator.store``; traces, results rows and fingerprints via ``agent_runner.records``) with several hosts, tasks and attempts; a few
 tasks differ between hosts in shape or argument values so the diff paths run too, and one task flips.
 Each measurement runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own.
 
@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent_runner.trace import SCHEMA, fp
+from agent_runner.records import Fingerprint, ResultRow, TraceFinish, TraceHeader, TraceTurn
+from agent_runner.trace import fp
 
 TOOLS = ("read_unit_status", "http_get_health", "list_open_ports")
 PINS = {"prompt_sha": "a" * 16, "tools_sha": "b" * 16, "predicate_sha": "c" * 16, "contract_sha": "d" * 16,
-        "runner_sha": "e" * 16, "budget": {"max_steps": 100000, "max_bytes": 1 << 30, "timeout_s": 120}}
+        "runner_source_sha": "e" * 16, "budget": {"max_steps": 100000, "max_bytes": 1 << 30, "timeout_s": 120}}
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,8 @@ class RunShape:
 
 
 def _turn_line(step: int, tool: str, args: dict[str, object]) -> str:
-    record = {"type": "turn", "step": step, "role": "assistant", "tool": tool, "args": args,
-              "args_fp": fp(args), "obs_fp": fp(f"{tool}: ok"), "error": None, "prompt_tokens": 0,
-              "completion_tokens": 0, "latency_ms": 1, "reason": "tool_calls"}
-    return json.dumps(record) + "\n"
+    record = TraceTurn(step=step, tool=tool, args=args, args_fp=fp(args), obs_fp=fp(f"{tool}: ok"), latency_ms=1)
+    return json.dumps(record.to_json()) + "\n"
 
 
 def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
@@ -59,7 +58,7 @@ def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
     manifest = Manifest(
         run_id=run.run_id, started=utc_now(), finished=utc_now(),
         suite=SuiteRef(name="bench-analysis", sha="f" * 64, path="bench"),
-        gate=0.10, tasks=tasks, repeat=shape.attempts, pins=PINS,
+        gate=0.10, tasks=tasks, repeat=shape.attempts, pins={t: PINS for t in tasks},
         inventory={"hosts": [{"name": h, "transport": "ssh"} for h in hosts]},
         reference=hosts[0], crosshost_version="bench",
     )
@@ -76,8 +75,9 @@ def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
     for h_i, host in enumerate(hosts):
         hdir = run.host_dir(host)
         (hdir / "traces").mkdir(parents=True)
-        (hdir / "fingerprint.json").write_text(json.dumps(
-            {"id": fingerprints[host], "hostname": f"bench-{h_i}", "python": "3.11.2", "os": "linux"}))
+        fingerprint = Fingerprint(fingerprint=fingerprints[host], hostname=f"bench-{h_i}", python="CPython 3.11.2",
+                                  platform="Linux", home="/home/bench", cwd=f"/tmp/bench-{h_i}")
+        (hdir / "fingerprint.json").write_text(json.dumps(fingerprint.to_json(), indent=2, sort_keys=True))
         for t_i, task in enumerate(tasks):
             # Rotating per-task patterns; task 1 takes another tool on the last host (a shape
             # difference), task 2 passes other argument values there, task 3 fails there (a flip).
@@ -89,9 +89,10 @@ def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
                 path = hdir / "traces" / f"{task}.{attempt}.jsonl"
                 verdict = "fail" if (odd_host and t_i == 3) else "pass"
                 with path.open("w", encoding="utf-8") as out:
-                    out.write(json.dumps({"type": "header", "schema": SCHEMA, "run_id": run.run_id, "host": host,
-                                          "task": task, "attempt": attempt, "fingerprint": fingerprints[host],
-                                          "pins": PINS}) + "\n")
+                    header = TraceHeader(run_id=run.run_id, host=host, task=task, attempt=attempt,
+                                         fingerprint=fingerprints[host], pins=PINS, env_sha=fingerprints[host],
+                                         agent="scripted")
+                    out.write(json.dumps(header.to_json()) + "\n")
                     chunk = []
                     for step in range(1, n_turns + 1):
                         if odd_host and t_i == 1 and step == n_turns // 2:
@@ -106,13 +107,14 @@ def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
                             out.writelines(chunk)
                             chunk.clear()
                     out.writelines(chunk)
-                    out.write(json.dumps({"type": "finish", "reason": "stop", "final": "done",
-                                          "predicate_exit": 0 if verdict == "pass" else 1, "verdict": verdict,
-                                          "why": "", "wall_ms": 5}) + "\n")
-                rows.append({"run_id": run.run_id, "task": task, "env": host, "env_sha": fingerprints[host],
-                             "attempt": attempt, "exit_code": 0 if verdict == "pass" else 1,
-                             "passed": verdict == "pass", "wall_ms": 5, "verdict": verdict, "reason": "stop",
-                             "fingerprint": fingerprints[host]})
+                    finish = TraceFinish(reason="stop", final="done", predicate_exit=0 if verdict == "pass" else 1,
+                                         verdict=verdict, why="ok" if verdict == "pass" else "predicate failed",
+                                         wall_ms=5, steps=n_turns, findings=[])
+                    out.write(json.dumps(finish.to_json()) + "\n")
+                row = ResultRow(task=task, env=host, attempt=attempt, verdict=verdict, reason="stop", run_id=run.run_id,
+                                env_sha=fingerprints[host], exit_code=0 if verdict == "pass" else 1, wall_ms=5,
+                                fingerprint=fingerprints[host], why=finish.why)
+                rows.append(row.to_json())
     run.write_results(rows)
     return run.path
 

@@ -30,9 +30,9 @@ def test_triage_suite_writes_one_trace_per_task_and_attempt(tmp_path: Path) -> N
         assert row["env"] == "local" and row["run_id"] == "r1" and len(row["env_sha"]) == 16
         trace = records(out / "traces" / f"{row['task']}.{row['attempt']}.jsonl")
         header, finish = trace[0], trace[-1]
-        assert header["type"] == "header" and header["schema"] == "crosshost.trace/1"
+        assert header["type"] == "header" and header["schema"] == "crosshost.trace/2"
         assert header["task"] == row["task"] and header["fingerprint"] == row["fingerprint"]
-        assert set(header["pins"]) >= {"prompt_sha", "tools_sha", "predicate_sha", "contract_sha", "runner_sha",
+        assert set(header["pins"]) >= {"prompt_sha", "tools_sha", "predicate_sha", "contract_sha", "runner_source_sha",
                                        "budget"}
         assert finish["type"] == "finish" and finish["verdict"] == row["verdict"]
         assert all(t["type"] == "turn" for t in trace[1:-1])

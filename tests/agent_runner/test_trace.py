@@ -32,7 +32,7 @@ def test_written_trace_reads_back(tmp_path: Path) -> None:
     _write_trace(path)
     trace = read_trace(path)
     assert trace.problems == []
-    assert trace.header is not None and trace.header["schema"] == "crosshost.trace/1"
+    assert trace.header is not None and trace.header["schema"] == "crosshost.trace/2"
     assert [(t["step"], t["args"]) for t in trace.turns] == [(1, {"q": "a"}), (2, {"q": "b"})]
     assert trace.turns[0]["args_fp"] == fp({"q": "a"}) and trace.turns[0]["obs_fp"] == fp("found")
     assert trace.finish is not None and trace.finish["verdict"] == "pass"

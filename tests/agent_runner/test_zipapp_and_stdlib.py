@@ -35,19 +35,19 @@ def test_zipapp_runs_under_env_i_with_the_system_python(tmp_path: Path) -> None:
     assert len(data["fingerprint"]) == 16 and data["python"].startswith("CPython 3.")
 
 
-def test_zipapp_and_source_tree_agree_on_runner_sha_and_run_the_suite(tmp_path: Path) -> None:
+def test_zipapp_and_source_tree_agree_on_runner_source_sha_and_run_the_suite(tmp_path: Path) -> None:
     pyz = build_runner_zipapp(tmp_path / "dist")
     env = ["env", "-i", "PATH=/usr/bin:/bin", "LANG=C.UTF-8"]
     zipped = subprocess.run([*env, SYSTEM_PYTHON, str(pyz), "version"], capture_output=True, text=True, timeout=60)
     source = subprocess.run([sys.executable, "-m", "agent_runner", "version"], capture_output=True, text=True,
                             cwd=REPO, timeout=60)
-    assert json.loads(zipped.stdout)["runner_sha"] == json.loads(source.stdout)["runner_sha"]
+    assert json.loads(zipped.stdout)["runner_source_sha"] == json.loads(source.stdout)["runner_source_sha"]
     done = subprocess.run([*env, SYSTEM_PYTHON, str(pyz), "run", "--suite", str(TRIAGE), "--out", str(tmp_path / "o"),
                            "--tasks", "restart-unhealthy-only,shape-shifter", "--repeat", "1"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     header = records(tmp_path / "o" / "traces" / "shape-shifter.0.jsonl")[0]
-    assert header["pins"]["runner_sha"] == json.loads(source.stdout)["runner_sha"]
+    assert header["pins"]["runner_source_sha"] == json.loads(source.stdout)["runner_source_sha"]
 
 
 def _imports(path: Path) -> set[str]:

@@ -13,7 +13,8 @@ import time
 
 def fingerprint(cwd):
     digest = hashlib.sha256(cwd.encode()).hexdigest()[:16]
-    return {"fingerprint": digest, "python": {"version": sys.version.split()[0]}, "env_keys": sorted(os.environ)}
+    # the runner's fingerprint.json shape (agent_runner.records.Fingerprint), fewer fields
+    return {"fingerprint": digest, "python": f"CPython {sys.version.split()[0]}", "env_keys": sorted(os.environ)}
 
 
 def arg(args, name, default=None):
@@ -44,7 +45,7 @@ def main():
     rows = []
     for task in tasks:
         for attempt in range(repeat):
-            header = {"type": "header", "host": host, "task": task, "attempt": attempt,
+            header = {"type": "header", "schema": "crosshost.trace/2", "run_id": arg(args, "--run-id"), "host": host, "task": task, "attempt": attempt,
                       "fingerprint": fp["fingerprint"], "pins": {"prompt_sha": "p" + task},
                       "env": dict(os.environ)}
             with open(os.path.join(out, "traces", f"{task}.{attempt}.jsonl"), "w") as fh:

@@ -131,7 +131,7 @@ def _check_files(tmp_path, args):
     trace = tmp_path / "seed.json"
     trace.write_text(json.dumps({"tool_calls": [{"name": "http_get_health", "args": args}]}))
     fps = tmp_path / "fingerprint.json"
-    fps.write_text(json.dumps(fingerprint("box-b", "b" * 16)))
+    fps.write_text(json.dumps(fingerprint("box-b", "b" * 16).to_json()))
     return [str(contract), str(trace), str(fps)]
 
 

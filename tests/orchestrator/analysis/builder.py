@@ -1,13 +1,16 @@
-"""Build run directories (``runs/<run_id>/``) in the DESIGN format for the analysis tests."""
+"""Build run directories (``runs/<run_id>/``) for the analysis tests, through the runner's records, so
+a test cannot write a trace, results row or fingerprint the product never writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_runner.records import Fingerprint, ResultRow, TraceFinish, TraceHeader, TraceTurn
 from agent_runner.trace import fp
 
 CONTRACT: dict[str, Any] = {
@@ -25,23 +28,33 @@ PINS: dict[str, Any] = {
     "tools_sha": "t" * 12,
     "predicate_sha": "d" * 12,
     "contract_sha": "c" * 12,
-    "runner_sha": "r" * 12,
+    "runner_source_sha": "r" * 12,
     "budget": {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120},
 }
 
 
-def fingerprint(host: str, fid: str, **extra: Any) -> dict[str, Any]:
-    fpr: dict[str, Any] = {
-        "id": fid,
-        "hostname": host,
-        "home": "/root",
-        "cwd": f"/tmp/crosshost/{host}-ws",
-        "python": {"version": "3.11.2", "implementation": "CPython"},
-        "locale": "C.UTF-8",
-        "env": {"TZ": "UTC", "LANG": "C.UTF-8"},
-    }
-    fpr.update(extra)
-    return fpr
+def fingerprint(host: str, fid: str, **changes: Any) -> Fingerprint:
+    """A fingerprint as the runner collects it on ``host`` (digest ``fid``); ``changes`` replace fields."""
+    fpr = Fingerprint(
+        fingerprint=fid,
+        hostname=host,
+        platform="Linux-6.1.0-x86_64-with-glibc2.36",
+        machine="x86_64",
+        python="CPython 3.11.2",
+        python_executable="/usr/bin/python3",
+        home="/root",
+        cwd=f"/tmp/crosshost/{host}-ws",
+        cwd_exists=True,
+        user_home_in_cwd=False,
+        env_keys=["LANG", "PATH", "TZ"],
+        has_local_dotenv=False,
+        cpu_count=2,
+        locale={"LANG": "C.UTF-8", "LC_ALL": None, "preferred_encoding": "UTF-8", "resolved": "C.UTF-8"},
+        tz={"TZ": "UTC", "tzname": ["UTC", "UTC"], "utc_offset_s": 0},
+        uid=0,
+        captured_at="2025-01-01T00:00:00Z",
+    )
+    return dataclasses.replace(fpr, **changes)
 
 
 HEALTHY = [("read_unit_status", {"unit": "nginx.service"}), ("restart_unit", {"unit": "nginx.service"})]
@@ -58,7 +71,7 @@ class Attempt:
 
 @dataclass
 class RunSpec:
-    hosts: dict[str, dict[str, Any] | None]  # name -> fingerprint.json (None: not stored)
+    hosts: dict[str, Fingerprint | None]  # name -> fingerprint.json (None: not stored)
     attempts: dict[tuple[str, str, int], Attempt] = field(default_factory=dict)
     contract: dict[str, Any] | None = field(default_factory=lambda: dict(CONTRACT))
     gate: float | None = 0.10
@@ -67,49 +80,19 @@ class RunSpec:
 
 
 def trace_lines(run_id: str, host: str, task: str, attempt: int, fid: str, a: Attempt) -> list[str]:
-    header = {
-        "type": "header",
-        "schema": "crosshost.trace/1",
-        "run_id": run_id,
-        "host": host,
-        "task": task,
-        "attempt": attempt,
-        "fingerprint": fid,
-        "pins": a.pins if a.pins is not None else PINS,
-    }
-    lines = [json.dumps(header)]
+    header = TraceHeader(
+        run_id=run_id, host=host, task=task, attempt=attempt, fingerprint=fid,
+        pins=a.pins if a.pins is not None else PINS, env_sha=fid, agent="scripted",
+    )  # fmt: skip
+    lines = [json.dumps(header.to_json())]
     for step, (tool, args) in enumerate(a.calls, 1):
-        lines.append(
-            json.dumps(
-                {
-                    "type": "turn",
-                    "step": step,
-                    "role": "assistant",
-                    "tool": tool,
-                    "args": args,
-                    "args_fp": fp(args),
-                    "obs_fp": fp("ok"),
-                    "error": None,
-                    "prompt_tokens": 0,
-                    "completion_tokens": 0,
-                    "latency_ms": 1,
-                    "reason": "tool_calls",
-                }
-            )
-        )
-    lines.append(
-        json.dumps(
-            {
-                "type": "finish",
-                "reason": "stop",
-                "final": f"done on {host}",
-                "predicate_exit": 0 if a.verdict == "pass" else 1,
-                "verdict": a.verdict,
-                "why": a.why or a.verdict,
-                "wall_ms": 5,
-            }
-        )
-    )
+        turn = TraceTurn(step=step, tool=tool, args=args, args_fp=fp(args), obs_fp=fp("ok"), latency_ms=1)
+        lines.append(json.dumps(turn.to_json()))
+    finish = TraceFinish(
+        reason="stop", final=f"done on {host}", predicate_exit=0 if a.verdict == "pass" else 1,
+        verdict=a.verdict, why=a.why or a.verdict, wall_ms=5, steps=len(a.calls), findings=[],
+    )  # fmt: skip
+    lines.append(json.dumps(finish.to_json()))
     return lines
 
 
@@ -118,12 +101,12 @@ def build_run(root: Path, spec: RunSpec, run_id: str = "20250101T000000Z-abcdef"
     run.mkdir(parents=True)
     hosts_meta = {}
     for name, fpr in spec.hosts.items():
-        meta = {"reachable": True, "error": None, "fingerprint": fpr["id"] if fpr else None}
+        meta = {"reachable": True, "error": None, "fingerprint": fpr.fingerprint if fpr else None}
         meta.update(spec.host_meta.get(name, {}))
         hosts_meta[name] = meta
         (run / "hosts" / name / "traces").mkdir(parents=True)
         if fpr is not None:
-            (run / "hosts" / name / "fingerprint.json").write_text(json.dumps(fpr))
+            (run / "hosts" / name / "fingerprint.json").write_text(json.dumps(fpr.to_json(), indent=2))
     tasks = sorted({k[1] for k in spec.attempts})
     manifest = {
         "schema": "crosshost.manifest/1",
@@ -147,30 +130,21 @@ def build_run(root: Path, spec: RunSpec, run_id: str = "20250101T000000Z-abcdef"
     rows = []
     for (host, task, attempt), a in spec.attempts.items():
         fpr = spec.hosts.get(host)
-        fid = fpr["id"] if fpr else "0" * 16
+        fid = fpr.fingerprint or "" if fpr else "0" * 16
         lines = a.raw_lines if a.raw_lines is not None else trace_lines(run_id, host, task, attempt, fid, a)
         (run / "hosts" / host / "traces" / f"{task}.{attempt}.jsonl").write_text("\n".join(lines) + "\n")
-        rows.append(
-            {
-                "run_id": run_id,
-                "task": task,
-                "env": host,
-                "env_sha": fid,
-                "attempt": attempt,
-                "exit_code": 0 if a.verdict == "pass" else 1,
-                "passed": a.verdict == "pass",
-                "wall_ms": 5,
-                "verdict": a.verdict,
-                "reason": a.why,
-                "fingerprint": fid,
-            }
-        )
+        row = ResultRow(
+            task=task, env=host, attempt=attempt, verdict=a.verdict, run_id=run_id, env_sha=fid,
+            reason="agent_error" if a.verdict == "error" else "stop",
+            exit_code=0 if a.verdict == "pass" else 1, wall_ms=5, fingerprint=fid, why=a.why or a.verdict,
+        )  # fmt: skip
+        rows.append(row.to_json())
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
 
 
-def two_hosts() -> dict[str, dict[str, Any] | None]:
+def two_hosts() -> dict[str, Fingerprint | None]:
     return {
         "local": fingerprint("devbox-ref", "a" * 16),
-        "box-b": fingerprint("box-b", "b" * 16, python={"version": "3.11.9", "implementation": "CPython"}),
+        "box-b": fingerprint("box-b", "b" * 16, python="CPython 3.11.9"),
     }

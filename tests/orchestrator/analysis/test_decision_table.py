@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_decision_table_row(tmp_path, local, box_b, classification, action, flip
 
 def test_same_host_when_fingerprints_are_identical(tmp_path):
     same = fingerprint("devbox-ref", "a" * 16)
-    hosts = {"local": same, "box-b": dict(same)}
+    hosts = {"local": same, "box-b": dataclasses.replace(same)}
     report, task = _run(tmp_path, [Attempt("pass")], [Attempt("fail")], hosts=hosts)
     assert (task.classification, task.action) == ("same_host", "use a real second machine")
     assert not report.valid
@@ -125,9 +126,10 @@ def test_flip_attribution_lists_differing_fingerprint_fields(tmp_path):
     _, task = _run(tmp_path, [Attempt("pass")], [Attempt("fail")])
     [attr] = task.attribution
     fields = {f.field: (f.reference, f.other) for f in attr.fields}
-    assert fields["python.version"] == ("3.11.2", "3.11.9")
+    assert fields["python"] == ("CPython 3.11.2", "CPython 3.11.9")
     assert fields["hostname"] == ("devbox-ref", "box-b")
-    assert "cwd" in fields and "locale" not in fields and "id" not in fields
+    assert "cwd" in fields and not any(f.startswith("locale") for f in fields)
+    assert "fingerprint" not in fields and "captured_at" not in fields
 
 
 def test_an_error_on_the_reference_is_never_a_flip_nor_makes_it_flaky(tmp_path):
@@ -143,8 +145,8 @@ def test_an_error_on_the_reference_is_never_a_flip_nor_makes_it_flaky(tmp_path):
 def test_attribution_keeps_an_unset_value_null_not_the_string_null(tmp_path):
     """box-b has no LANG: the report must say null (unset), not "null" (a value someone set)."""
     hosts = two_hosts()
-    hosts["box-b"] = fingerprint("box-b", "b" * 16, env={"TZ": "UTC", "LANG": None})
+    hosts["box-b"] = fingerprint("box-b", "b" * 16, locale={"LANG": None, "LC_ALL": None})
     _, task = _run(tmp_path, [Attempt("pass")], [Attempt("fail")], hosts=hosts)
     [attr] = task.attribution
     fields = {f.field: (f.reference, f.other) for f in attr.fields}
-    assert fields["env.LANG"] == ("C.UTF-8", None)
+    assert fields["locale.LANG"] == ("C.UTF-8", None)

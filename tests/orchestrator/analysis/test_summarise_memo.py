@@ -73,10 +73,10 @@ def test_a_shared_summariser_equals_one_per_trace(tmp_path: Path) -> None:
     run = build_run(tmp_path, _spec(local_t1=Attempt("pass", calls=calls * 5),
                                     box_b_t1=Attempt("pass", calls=list(reversed(calls)) * 5)))
     fingerprints = list(two_hosts().values())
-    shared = TraceSummariser(CONTRACT, [f for f in fingerprints if f])
+    shared = TraceSummariser(CONTRACT, [f.to_json() for f in fingerprints if f])
     for host in ("local", "box-b"):
         path = _trace(run, host, "t1")
-        alone = summarise_trace(path, host, "t1", 0, CONTRACT, [f for f in fingerprints if f])
+        alone = summarise_trace(path, host, "t1", 0, CONTRACT, [f.to_json() for f in fingerprints if f])
         assert shared.summarise(path, host, "t1", 0) == alone
         assert alone.n_findings == 5 * 5 and alone.n_leaks == 5 * 3  # per round: 3 leaks, forbidden, unknown
 

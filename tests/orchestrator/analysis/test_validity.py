@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -53,7 +54,7 @@ def test_one_host_replayed_is_invalid(tmp_path):
 
 def test_identical_fingerprints_are_invalid(tmp_path):
     same = fingerprint("devbox-ref", "a" * 16)
-    report = analyse_run(build_run(tmp_path, _spec(hosts={"local": same, "box-b": dict(same)})))
+    report = analyse_run(build_run(tmp_path, _spec(hosts={"local": same, "box-b": dataclasses.replace(same)})))
     assert report.invalid_reasons == [
         "no two replayed hosts have different fingerprints (box-b same as local)"
     ]
