@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint hosts-up hosts-down bench clean
+.PHONY: setup demo test lint hosts-up hosts-down bench clean browser
 
 $(STAMP): pyproject.toml
 	@command -v /usr/sbin/sshd >/dev/null || { \
@@ -16,9 +16,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The report.html tests drive a real headless Chromium (Debian's package); installed when missing.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  echo "installing chromium (needed for the report.html browser tests)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || { echo "error: could not install chromium; install it (apt-get install chromium) and rerun" >&2; exit 1; }; }
 
-test: $(STAMP)
+setup: $(STAMP) browser
+
+test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -ra
@@ -75,7 +82,7 @@ $(BENCH_VENV)/.installed:
 	$(BENCH_VENV)/bin/python -m pip install -q 'ansible-core>=2.16,<2.20'
 	touch $@
 
-bench: $(STAMP) $(BENCH_VENV)/.installed
+bench: $(STAMP) browser $(BENCH_VENV)/.installed
 	BENCH_ANSIBLE_VENV=$(abspath $(BENCH_VENV)) $(PY) -m bench.run $(BENCH_ARGS)
 
 clean:

@@ -273,6 +273,23 @@ def diff_cmd(
     return 1 if result.differs else 0
 
 
+@app.command("view")
+@guarded
+def view_cmd(
+    run: Annotated[Path, typer.Argument(help="A run directory, runs/<run_id>/.")],
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Serve the run directory on 127.0.0.1 (a free port) until Ctrl-C.")
+    ] = False,
+) -> int:
+    """Print the path of the run's report.html (written now if the run predates it), or --serve it."""
+    from orchestrator.report import view
+
+    if serve:
+        return view.serve(run, lambda url: typer.echo(f"serving {run} at {url} (Ctrl-C to stop)"))
+    typer.echo(view.ensure_report(run))
+    return 0
+
+
 @app.command("repro")
 @guarded
 def repro_cmd(

@@ -124,7 +124,7 @@ class ShapeHasher:
 
 @dataclass(frozen=True)
 class Edit:
-    op: str  # "changed" | "missing" | "extra"
+    op: str  # "equal" | "changed" | "missing" | "extra"
     reference: Step | None
     other: Step | None
 
@@ -199,24 +199,32 @@ class _ShapeMatcher(difflib.SequenceMatcher[int]):
         return difflib.Match(found[0], found[1], low)  # found: the block of the last length that exists
 
 
-def shape_edits(reference: Sequence[Step], other: Sequence[Step]) -> list[Edit]:
-    """The steps where two shape sequences differ, aligned by difflib (insertions don't cascade)."""
+def align_steps(reference: Sequence[Step], other: Sequence[Step], *, with_equal: bool = True) -> list[Edit]:
+    """Every step of both sequences, aligned by difflib (insertions don't cascade): ``equal`` rows
+    pair steps of the same shape; ``changed``/``missing``/``extra`` rows are the shape diff."""
     ids: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
     # each shape as a small int: equal shapes get equal ints, so difflib's alignment is unchanged
     a = [ids.setdefault(s.shape, len(ids)) for s in reference]
     b = [ids.setdefault(s.shape, len(ids)) for s in other]
-    edits: list[Edit] = []
+    rows: list[Edit] = []
     matcher = _ShapeMatcher(a, b)
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
+            if with_equal:
+                rows.extend(Edit("equal", r, o) for r, o in zip(reference[i1:i2], other[j1:j2], strict=True))
             continue
         left, right = list(reference[i1:i2]), list(other[j1:j2])
         for n in range(max(len(left), len(right))):
             ref_step = left[n] if n < len(left) else None
             other_step = right[n] if n < len(right) else None
             op = "changed" if ref_step and other_step else ("missing" if ref_step else "extra")
-            edits.append(Edit(op, ref_step, other_step))
-    return edits
+            rows.append(Edit(op, ref_step, other_step))
+    return rows
+
+
+def shape_edits(reference: Sequence[Step], other: Sequence[Step]) -> list[Edit]:
+    """The steps where two shape sequences differ (the rows of ``align_steps`` that are not equal)."""
+    return align_steps(reference, other, with_equal=False)
 
 
 def args_differences(reference: Iterable[Step], other: Iterable[Step]) -> list[tuple[Step, Step]]:

@@ -1,6 +1,7 @@
-"""The reports of a run: terminal table, ``report.json``, ``report.md`` and ``junit.xml``.
+"""The reports of a run: terminal table, ``report.json``, ``report.md``, ``junit.xml`` and ``report.html``.
 
-Every renderer reads only the ``RunReport``; ``write_reports`` writes the three files atomically.
+Every renderer reads the ``RunReport`` (the HTML page also reads the run's traces and history);
+``write_reports`` writes the four files atomically.
 """
 
 from __future__ import annotations
@@ -268,7 +269,10 @@ def render_junit(report: RunReport) -> str:
 
 
 def write_reports(run_dir: Path, report: RunReport) -> None:
-    """Write ``report.json``, ``report.md`` and ``junit.xml`` into the run directory."""
+    """Write ``report.json``, ``report.md``, ``junit.xml`` and ``report.html`` into the run directory."""
+    from orchestrator.report.html import render_html
+
     write_bytes_atomic(run_dir / "report.json", render_json(report).encode())
     write_bytes_atomic(run_dir / "report.md", render_markdown(report).encode())
     write_bytes_atomic(run_dir / "junit.xml", render_junit(report).encode())
+    write_bytes_atomic(run_dir / "report.html", render_html(report, run_dir).encode())

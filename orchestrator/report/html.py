@@ -1,0 +1,599 @@
+"""``report.html``: one self-contained page per run (CSS, JS and SVG inline; nothing fetched).
+
+The page is a static frame rendered here, with every string from the run escaped, plus the run's
+data as JSON in a ``<script type="application/json">`` block that a small script renders with
+``textContent`` only. Task ids, host names, arguments and observations come from the hosts and the
+agent, so nothing of theirs is ever parsed as markup.
+
+The traces are shown as the runner wrote them (already redacted), aligned step by step with the
+shape diff's own alignment (``shapes.align_steps``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from itertools import islice
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from agent_runner.errors import RunnerError
+from agent_runner.trace import iter_records
+from orchestrator.analysis.models import RunReport, TaskReport
+from orchestrator.analysis.shapes import Step, align_steps, step_of
+
+MAX_STEPS_PER_TRACE = 300  # steps of one trace embedded (and aligned); the raw file has them all
+MAX_EMBEDDED_STEPS = 60_000  # steps embedded in one page; tasks that agree lose their traces first
+MAX_TEXT = 2_000  # characters of one argument value or observation shown
+MAX_TREND_RUNS = 60
+
+_TASK_FIELDS = (
+    "task",
+    "verdicts",
+    "flip",
+    "flipped_hosts",
+    "flaky_hosts",
+    "classification",
+    "action",
+    "why",
+    "leaks",
+    "findings",
+    "shape_diff",
+    "args_diff",
+    "attribution",
+    "problems",
+)
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _cut(text: str, limit: int = MAX_TEXT) -> str:
+    return (
+        text
+        if len(text) <= limit
+        else text[:limit] + f"… ({len(text) - limit} more characters in the raw trace)"
+    )
+
+
+def _shown(value: Any) -> Any:
+    """An argument value as embedded: strings cut, containers cut element by element."""
+    if isinstance(value, str):
+        return _cut(value)
+    if isinstance(value, dict):
+        return {str(k): _shown(v) for k, v in islice(value.items(), 50)}
+    if isinstance(value, list):
+        return [_shown(v) for v in value[:50]]
+    return value
+
+
+# --- traces ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Trace:
+    """One attempt's trace as the page shows it."""
+
+    path: str  # relative to the run directory
+    steps: list[dict[str, Any]]
+    shape: list[Step]
+    finish: dict[str, Any] | None
+    more: int  # steps left out (over MAX_STEPS_PER_TRACE)
+    problems: list[str]
+    obs_path: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        finish = self.finish or {}
+        return {
+            "path": self.path,
+            "obs_path": self.obs_path,
+            "steps": self.steps,
+            "more": self.more,
+            "problems": self.problems,
+            "finish": None
+            if self.finish is None
+            else {
+                "verdict": finish.get("verdict"),
+                "why": _cut(str(finish.get("why") or "")),
+                "predicate_exit": finish.get("predicate_exit"),
+                "reason": finish.get("reason"),
+                "final": _cut(str(finish.get("final") or "")),
+            },
+        }
+
+
+def _observations(path: Path, limit: int) -> dict[int, str]:
+    """The sidecar's (already redacted) observations by step, for the first ``limit`` steps."""
+    out: dict[int, str] = {}
+    if not path.is_file():
+        return out
+    try:
+        for _, record in iter_records(path):
+            step, content = record.get("step"), record.get("content")
+            if isinstance(step, int) and isinstance(content, str):
+                if step > limit:
+                    break
+                out[step] = _cut(content)
+    except (RunnerError, OSError):
+        pass
+    return out
+
+
+def _load_trace(run_dir: Path, path: Path, budget: int) -> _Trace:
+    steps: list[dict[str, Any]] = []
+    shape: list[Step] = []
+    finish: dict[str, Any] | None = None
+    problems: list[str] = []
+    more = 0
+    obs_file = path.with_name(path.name[: -len(".jsonl")] + ".obs.jsonl")
+    try:
+        for lineno, record in iter_records(path):
+            kind = record.get("type")
+            if kind == "turn":
+                step = step_of(record)
+                if step is None:
+                    continue
+                if len(steps) >= budget:
+                    more += 1
+                    continue
+                shape.append(step)
+                args = record.get("args")
+                steps.append(
+                    {
+                        "n": step.step,
+                        "tool": step.tool,
+                        "args": _shown(args if isinstance(args, dict) else {}),
+                        "afp": step.args_fp,
+                        "ofp": record.get("obs_fp") if isinstance(record.get("obs_fp"), str) else None,
+                        "err": _cut(str(record["error"])) if record.get("error") else None,
+                        "obs": None,
+                    }
+                )
+            elif kind == "finish":
+                finish = record
+            elif kind == "corrupt":
+                problems.append(f"line {lineno}: {record.get('error', 'corrupt line')}")
+    except (RunnerError, OSError) as exc:
+        problems.append(str(exc))
+    if steps:
+        observed = _observations(obs_file, steps[-1]["n"])
+        for s in steps:
+            s["obs"] = observed.get(s["n"])
+    return _Trace(
+        path=_rel(run_dir, path),
+        steps=steps,
+        shape=shape,
+        finish=finish,
+        more=more,
+        problems=problems[:10],
+        obs_path=_rel(run_dir, obs_file) if obs_file.is_file() else None,
+    )
+
+
+def _rel(run_dir: Path, path: Path) -> str:
+    """A link relative to report.html, each part percent-encoded (names come from hosts and suites)."""
+    return "/".join(quote(part, safe="") for part in path.relative_to(run_dir).parts)
+
+
+def _trace_files(run_dir: Path) -> dict[tuple[str, str, int], Path]:
+    """``hosts/<host>/traces/<task>.<attempt>.jsonl`` by (host, task, attempt); sidecars skipped."""
+    out: dict[tuple[str, str, int], Path] = {}
+    hosts_dir = run_dir / "hosts"
+    if not hosts_dir.is_dir():
+        return out
+    for host_dir in sorted(p for p in hosts_dir.iterdir() if p.is_dir()):
+        traces = host_dir / "traces"
+        if not traces.is_dir():
+            continue
+        for trace in traces.glob("*.jsonl"):
+            stem = trace.name[: -len(".jsonl")]
+            task, _, attempt = stem.rpartition(".")
+            if task and attempt.isdigit():
+                out[(host_dir.name, task, int(attempt))] = trace
+    return out
+
+
+def _pair(ref: _Trace, other: _Trace) -> dict[str, Any]:
+    """The aligned rows of two traces and the first row where they part.
+
+    Row ops: ``equal`` (same shape and values), ``values`` (same shape, other argument values),
+    and the shape diff's ``changed``/``missing``/``extra``. The first divergence is the first shape
+    difference, else the first value difference.
+    """
+    ref_index = {id(s): i for i, s in enumerate(ref.shape)}
+    other_index = {id(s): i for i, s in enumerate(other.shape)}
+    rows: list[list[Any]] = []
+    first_shape = first_values = None
+    for edit in align_steps(ref.shape, other.shape):
+        op = edit.op
+        if (
+            op == "equal"
+            and edit.reference is not None
+            and edit.other is not None
+            and edit.reference.args_fp != edit.other.args_fp
+        ):
+            op = "values"
+        if op in ("changed", "missing", "extra") and first_shape is None:
+            first_shape = len(rows)
+        elif op == "values" and first_values is None:
+            first_values = len(rows)
+        rows.append(
+            [
+                ref_index[id(edit.reference)] if edit.reference is not None else None,
+                other_index[id(edit.other)] if edit.other is not None else None,
+                op,
+            ]
+        )
+    first = first_shape if first_shape is not None else first_values
+    return {"rows": rows, "first": first}
+
+
+def _task_order(report: RunReport) -> list[TaskReport]:
+    """Tasks by how much their traces matter: flips, then any finding, then the rest."""
+
+    def weight(t: TaskReport) -> int:
+        if t.flip:
+            return 0
+        if t.classification != "agree" or t.leaks or t.shape_diff or t.args_diff:
+            return 1
+        return 2
+
+    return sorted(report.tasks, key=weight)
+
+
+# --- the data the script renders ------------------------------------------------------------------
+
+
+def host_names(report: RunReport) -> list[str]:
+    names = [h.name for h in report.hosts]
+    for task in report.tasks:  # a host only traces know of still gets its column
+        names += [h for h in task.verdicts if h not in names]
+    return names
+
+
+def flipped_attempts(task: TaskReport, host: str, reference: str | None) -> list[int]:
+    """Attempts whose verdict differs from the reference's on the same attempt (errors apart)."""
+    ref = task.verdicts.get(reference or "", [])
+    return [
+        i
+        for i, v in enumerate(task.verdicts.get(host, []))
+        if host != reference and i < len(ref) and "error" not in (v, ref[i]) and v != ref[i]
+    ]
+
+
+def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
+    """Everything the page's script shows, as plain JSON-able data."""
+    hosts = host_names(report)
+    reference = report.reference or (hosts[0] if hosts else "")
+    files = _trace_files(run_dir)
+    traces: list[dict[str, Any]] = []
+    per_task: dict[str, dict[str, Any]] = {}
+    budget = MAX_EMBEDDED_STEPS
+    for task in _task_order(report):
+        entry: dict[str, Any] = {"traces": {}, "pairs": {}, "embedded": True}
+        loaded: dict[tuple[str, int], _Trace] = {}
+        n_attempts = max((len(v) for v in task.verdicts.values()), default=0)
+        for host in hosts:
+            ids: list[int | None] = []
+            for attempt in range(n_attempts):
+                path = files.get((host, task.task, attempt))
+                if path is None:
+                    ids.append(None)
+                    continue
+                if budget <= 0:
+                    entry["embedded"] = False
+                    ids.append(None)
+                    continue
+                trace = _load_trace(run_dir, path, min(MAX_STEPS_PER_TRACE, budget))
+                budget -= max(1, len(trace.steps))
+                loaded[(host, attempt)] = trace
+                ids.append(len(traces))
+                traces.append(trace.to_json())
+            entry["traces"][host] = ids
+        links = {
+            host: [_rel(run_dir, files[(host, task.task, a)]) if (host, task.task, a) in files else None
+                   for a in range(n_attempts)]
+            for host in hosts
+        }  # fmt: skip
+        entry["links"] = links
+        for host in hosts:
+            if host == reference:
+                continue
+            entry["pairs"][host] = [
+                _pair(loaded[(reference, a)], loaded[(host, a)])
+                if (reference, a) in loaded and (host, a) in loaded
+                else None
+                for a in range(n_attempts)
+            ]
+        per_task[task.task] = entry
+
+    stats = {s.host: s for s in report.stats}
+    host_rows = []
+    for name in hosts:
+        entry_h = next((h for h in report.hosts if h.name == name), None)
+        s = stats.get(name)
+        host_rows.append(
+            {
+                "name": name,
+                "reference": name == reference,
+                "fingerprint": entry_h.fingerprint if entry_h else None,
+                "reachable": entry_h.reachable if entry_h else True,
+                "error": entry_h.error if entry_h else None,
+                "pass_rate": s.pass_rate if s else None,
+                "passed": s.passed if s else 0,
+                "failed": s.failed if s else 0,
+                "errors": s.errors if s else 0,
+                "pass_k": s.pass_k if s else {},
+                "leaks": sum(1 for t in report.tasks for leak in t.leaks if leak.host == name),
+                "findings": sum(1 for t in report.tasks for f in t.findings if f.host == name),
+            }
+        )
+
+    tasks = []
+    for task in report.tasks:
+        dumped = task.model_dump(mode="json")
+        row = {k: dumped.get(k) for k in _TASK_FIELDS}
+        # fields the analysis adds later (evidence, explanations) are shown as they come
+        row["extra"] = {
+            k: v
+            for k, v in dumped.items()
+            if k not in _TASK_FIELDS and k not in ("comparable", "errors") and v
+        }
+        row["flipped_attempts"] = {h: flipped_attempts(task, h, reference) for h in hosts}
+        row.update(per_task.get(task.task, {}))
+        tasks.append(row)
+
+    return {
+        "run": {
+            "run_id": report.run_id,
+            "suite": report.suite,
+            "reference": reference,
+            "valid": report.valid,
+            "invalid_reasons": report.invalid_reasons,
+            "flip_rate": report.flip_rate,
+            "gate": report.gate,
+            "within_gate": report.within_gate,
+            "flipped": report.flipped,
+            "comparable": report.comparable,
+        },
+        "hosts": host_rows,
+        "tasks": tasks,
+        "traces": traces,
+    }
+
+
+def embed_json(data: Any) -> str:
+    """JSON safe inside a ``<script>`` element: no ``<``, ``>`` or ``&`` survives as itself."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+# --- the trend ------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrendPoint:
+    run_id: str
+    started: str | None
+    flip_rate: float | None
+    pass_rate: Mapping[str, float | None]
+
+
+def trend_points(report: RunReport, run_dir: Path, started: str | None) -> list[TrendPoint]:
+    """This suite's runs from the history index beside the run (when there is one), this run included.
+
+    The index is only read: a run directory copied elsewhere gets no trend rather than a new index.
+    """
+    from orchestrator.errors import CrosshostError
+    from orchestrator.history import history, index_path
+
+    runs_dir = run_dir.parent
+    if not index_path(runs_dir).is_file():
+        return []
+    try:
+        rows = history(runs_dir, report.suite, kind="replay")
+    except CrosshostError:
+        return []
+    points = [TrendPoint(r.run_id, r.started or r.finished, r.flip_rate, r.pass_rate) for r in rows]
+    if not points:
+        return []
+    this = TrendPoint(
+        report.run_id, started, report.flip_rate, {s.host: s.pass_rate for s in report.stats}
+    )  # the report being written wins over what the index holds for it (a new --gate, say)
+    points = [p for p in points if p.run_id != report.run_id] + [this]
+    points.sort(key=lambda p: (p.started or "", p.run_id))
+    return points[-MAX_TREND_RUNS:]
+
+
+_PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+
+
+def trend_svg(points: Sequence[TrendPoint], current: str, gate: float) -> str:
+    """Flip rate and each host's pass rate over the runs, as inline SVG (escaped), with a legend."""
+    width, height, left, right, top, bottom = 760, 240, 44, 16, 12, 28
+    plot_w, plot_h = width - left - right, height - top - bottom
+    n = len(points)
+
+    def x(i: int) -> float:
+        return left + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
+
+    def y(v: float) -> float:
+        return top + plot_h * (1 - max(0.0, min(1.0, v)))
+
+    hosts: list[str] = []
+    for p in points:
+        hosts += [h for h in p.pass_rate if h not in hosts]
+    series: list[tuple[str, str, list[float | None], str]] = [
+        ("flip rate", "#d62728", [p.flip_rate for p in points], "6 3")
+    ]
+    for i, host in enumerate(hosts):
+        series.append(
+            (f"{host} pass rate", _PALETTE[i % len(_PALETTE)], [p.pass_rate.get(host) for p in points], "")
+        )
+
+    out = [
+        f'<svg class="trend" role="img" aria-label="flip rate and pass rate per host over {n} run(s)" '
+        f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
+    ]
+    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
+        out.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" class="grid"/>'
+            f'<text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end" class="axis">{tick:.0%}</text>'
+        )
+    out.append(
+        f'<line x1="{left}" x2="{width - right}" y1="{y(gate):.1f}" y2="{y(gate):.1f}" class="gate">'
+        f"<title>gate {gate:.2f}</title></line>"
+    )
+    for i, p in enumerate(points):
+        if p.run_id == current:
+            out.append(
+                f'<line x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{top}" y2="{top + plot_h}" class="current">'
+                f"<title>this run: {esc(p.run_id)}</title></line>"
+            )
+    for label, colour, values, dash in series:
+        coords = [(x(i), y(v)) for i, v in enumerate(values) if v is not None]
+        if len(coords) > 1:
+            dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+            pts = " ".join(f"{a:.1f},{b:.1f}" for a, b in coords)
+            out.append(
+                f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash_attr} points="{pts}"/>'
+            )
+        for i, v in enumerate(values):
+            if v is not None:
+                out.append(
+                    f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3.5" fill="{colour}">'
+                    f"<title>{esc(points[i].run_id)} · {esc(label)}: {v:.1%}</title></circle>"
+                )
+    first, last = points[0], points[-1]
+    out.append(
+        f'<text x="{left}" y="{height - 8}" class="axis">{esc((first.started or first.run_id)[:16])}</text>'
+        f'<text x="{width - right}" y="{height - 8}" text-anchor="end" class="axis">'
+        f"{esc((last.started or last.run_id)[:16])}</text>"
+    )
+    out.append("</svg>")
+    legend = "".join(
+        f'<li><span class="swatch" style="background:{colour}"></span>{esc(label)}</li>'
+        for label, colour, _, _ in series
+    )
+    return (
+        "".join(out)
+        + f'<ul class="legend">{legend}<li><span class="swatch gate-swatch"></span>gate</li></ul>'
+    )
+
+
+# --- the page -------------------------------------------------------------------------------------
+
+
+def _asset(name: str) -> str:
+    return resources.files("orchestrator.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def _overview(report: RunReport, data: Mapping[str, Any]) -> Iterator[str]:
+    yield '<section id="overview"><h2>Overview</h2>'
+    state = "valid" if report.valid else "INVALID"
+    yield f'<p class="validity {state.lower()}" id="validity"><strong>{state}</strong></p>'
+    if report.invalid_reasons:
+        yield '<ul class="reasons" id="reasons">'
+        yield "".join(f"<li>{esc(r)}</li>" for r in report.invalid_reasons)
+        yield "</ul>"
+    gate_state = "within" if report.within_gate else "ABOVE"
+    yield (
+        f'<p class="gate-line {"ok" if report.within_gate else "bad"}" id="gate">flip rate '
+        f"<strong>{report.flip_rate:.3f}</strong> ({report.flipped}/{report.comparable} comparable tasks) "
+        f"{gate_state} the gate {report.gate:.2f}</p>"
+    )
+    if report.error_attempts:
+        yield (
+            f'<p class="errors">errors: {report.error_attempts} attempt(s) in {report.error_tasks} task(s), '
+            "counted apart from flips</p>"
+        )
+    if report.interrupted:
+        yield '<p class="bad">the run was interrupted: results are partial</p>'
+    yield (
+        '<table class="hosts" id="hosts"><thead><tr><th>host</th><th>fingerprint</th><th>reachable</th>'
+        "<th>pass rate</th><th>pass / fail / error</th><th>pass^k</th><th>leaks</th><th>contract findings</th>"
+        "<th>problem</th></tr></thead><tbody>"
+    )
+    for h in data["hosts"]:
+        rate = "—" if h["pass_rate"] is None else f"{h['pass_rate']:.3f}"
+        pass_k = ", ".join(f"k={k}: {v:.3f}" for k, v in h["pass_k"].items())
+        yield (
+            f"<tr><td>{esc(h['name'])}{' <span class=ref>(ref)</span>' if h['reference'] else ''}</td>"
+            f"<td><code>{esc(h['fingerprint'] or '—')}</code></td><td>{'yes' if h['reachable'] else 'no'}</td>"
+            f"<td>{rate}</td><td>{h['passed']} / {h['failed']} / {h['errors']}</td><td>{esc(pass_k)}</td>"
+            f"<td>{h['leaks']}</td><td>{h['findings']}</td><td>{esc(h['error'] or '')}</td></tr>"
+        )
+    yield "</tbody></table>"
+    if report.problems:
+        yield '<details class="problems"><summary>problems reading the run</summary><ul>'
+        yield "".join(f"<li>{esc(p)}</li>" for p in report.problems[:50])
+        yield "</ul></details>"
+    yield "</section>"
+
+
+def render_html(report: RunReport, run_dir: Path) -> str:
+    """The whole page for ``report`` of ``run_dir``."""
+    data = build_data(report, run_dir)
+    started = None
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+        if isinstance(manifest, dict) and isinstance(manifest.get("started"), str):
+            started = manifest["started"]
+    except (OSError, ValueError):
+        pass
+    points = trend_points(report, run_dir, started)
+    title = f"crosshost run {report.run_id}" + (f" · suite {report.suite}" if report.suite else "")
+    meta = [f"reference <strong>{esc(data['run']['reference'] or '—')}</strong>"]
+    if report.suite_sha:
+        meta.append(f"suite sha <code>{esc(report.suite_sha)}</code>")
+    if started:
+        meta.append(f"started {esc(started)}")
+    meta.append("written " + esc(_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")))
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        # nothing may be fetched: styles and scripts are inline, images are data or inline SVG
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(title)}</title>",
+        f"<style>{_asset('report.css')}</style>",
+        "</head><body>",
+        f'<header><h1>{esc(title)}</h1><p class="meta">{" · ".join(meta)}</p>'
+        '<nav><a href="#overview">overview</a> <a href="#matrix-section">flip matrix</a>'
+        + (' <a href="#trend">trend</a>' if points else "")
+        + ' <a href="report.md">report.md</a> <a href="report.json">report.json</a>'
+        ' <a href="junit.xml">junit.xml</a></nav></header><main>',
+        *_overview(report, data),
+    ]
+    if points:
+        parts.append(
+            f'<section id="trend"><h2>Trend: {len(points)} run(s) of {esc(report.suite or "this suite")}</h2>'
+            + trend_svg(points, report.run_id, report.gate)
+            + "</section>"
+        )
+    parts += [
+        '<section id="matrix-section"><h2>Flip matrix</h2>',
+        '<div class="filters"><label>classification <select id="f-class"><option value="">all</option>'
+        '</select></label> <label>host <select id="f-host"><option value="">all</option></select></label> '
+        '<label>task <input id="f-search" type="search" placeholder="search task ids"></label> '
+        '<label><input id="f-flips" type="checkbox"> flips only</label> <span id="f-count"></span></div>',
+        '<p class="legend-line"><span class="v pass">pass</span> <span class="v fail">fail</span> '
+        '<span class="v error">error</span> <span class="v fail flipped">fail*</span> = differs from the '
+        "reference's verdict on the same attempt. Select a task to compare its traces.</p>",
+        '<div class="matrix-wrap"><table id="matrix"><thead></thead><tbody></tbody></table></div>',
+        "<noscript><p>The flip matrix and the task view need JavaScript; report.md has the same table.</p>"
+        "</noscript></section>",
+        '<section id="task" hidden></section>',
+        "</main>",
+        f'<script type="application/json" id="crosshost-data">{embed_json(data)}</script>',
+        f"<script>{_asset('report.js')}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"

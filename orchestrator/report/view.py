@@ -1,0 +1,80 @@
+"""``crosshost view``: where a run's report.html is, or the run directory served on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import os
+import posixpath
+import urllib.parse
+from collections.abc import Callable, Iterator
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import InputError
+
+REPORT = "report.html"
+
+
+def ensure_report(run_dir: Path) -> Path:
+    """The run's ``report.html``; a run written before the page existed gets it now (nothing else rewritten)."""
+    from orchestrator.analysis import analyse_run
+    from orchestrator.analysis.rundir import load_run
+    from orchestrator.report.html import render_html
+    from orchestrator.store import write_bytes_atomic
+
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir}: no such directory; give a run directory (runs/<run_id>/)")
+    path = run_dir / REPORT
+    if not path.is_file():
+        load_run(run_dir)  # not a run directory at all: its one-line InputError
+        write_bytes_atomic(path, render_html(analyse_run(run_dir), run_dir).encode())
+    return path
+
+
+class _RunDirHandler(http.server.SimpleHTTPRequestHandler):
+    """Files of one directory only: ``..`` is dropped by the base class, and a symlink that leads
+    out of the directory is a 404 like a missing file."""
+
+    def __init__(self, *args: object, directory: str, **kwargs: object) -> None:
+        self._root = os.path.realpath(directory)
+        super().__init__(*args, directory=directory, **kwargs)  # type: ignore[arg-type]
+
+    def send_head(self) -> Any:
+        real = os.path.realpath(self.translate_path(self.path))
+        if real != self._root and not real.startswith(self._root + os.sep):
+            self.send_error(HTTPStatus.NOT_FOUND, "File not found")
+            return None
+        return super().send_head()
+
+    def end_headers(self) -> None:
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (the base class's name)
+        pass  # the terminal shows the address and nothing else
+
+
+@contextlib.contextmanager
+def serving(run_dir: Path, host: str = "127.0.0.1") -> Iterator[tuple[http.server.ThreadingHTTPServer, str]]:
+    """A server for ``run_dir`` on a free port of ``host``, and the report's URL; closed on exit."""
+    handler = functools.partial(_RunDirHandler, directory=str(run_dir))
+    server = http.server.ThreadingHTTPServer((host, 0), handler)
+    server.daemon_threads = True
+    port = server.server_address[1]
+    try:
+        yield server, f"http://{host}:{port}/{urllib.parse.quote(posixpath.basename(REPORT))}"
+    finally:
+        server.server_close()
+
+
+def serve(run_dir: Path, announce: Callable[[str], None]) -> int:
+    """Serve ``run_dir`` on 127.0.0.1 until Ctrl-C (the way to stop it, so exit 0)."""
+    ensure_report(run_dir)
+    with serving(run_dir) as (server, url):
+        announce(url)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.serve_forever()
+    return 0
