@@ -32,7 +32,7 @@ DEFAULT_BUDGET = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
 SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate"}
 TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent"}
 BUDGET_KEYS = set(DEFAULT_BUDGET)
-GATE_KEYS = {"flip_rate"}
+GATE_KEYS = {"flip_rate", "alpha"}
 
 Where = Callable[[Optional[str], str], str]  # (task id or None, part) -> "file: location"
 
@@ -285,9 +285,31 @@ def _agent(raw: Any, base: Optional[Dict[str, Any]], where: str) -> AgentSpec:
             raise SuiteError(f"{where}.command must be a non-empty list of strings for kind = \"command\"")
     elif command is not None:
         raise SuiteError(f"{where}.command is only for kind = \"command\" (kind is {kind!r})")
+    if "sampled" in merged and (kind not in ("command", "openai") or not isinstance(merged["sampled"], bool)):
+        raise SuiteError(f"{where}.sampled must be true or false, for kind = \"command\" or \"openai\" "
+                         f"(kind is {kind!r}, sampled is {merged['sampled']!r})")
     if kind == "openai":
         _openai_options(merged, where)
     return AgentSpec(kind=kind, command=command, options=merged)
+
+
+def is_sampled(agent: AgentSpec) -> bool:
+    """Whether the agent's verdicts are draws: a live model unless ``sampled = false``, a command agent
+    only with ``sampled = true``. One attempt of a sampled agent is never evidence of a host difference."""
+    default = agent.kind == "openai"
+    return bool(agent.options.get("sampled", default))
+
+
+def sampled_task_ids(data: Dict[str, Any]) -> List[str]:
+    """The ids of a normalised suite's tasks whose agent (the suite's, merged with the task's) is sampled."""
+    suite_agent = _agent(data.get("agent", {"kind": "scripted"}), None, "[agent]")
+    out: List[str] = []
+    for raw in data.get("tasks") or []:
+        if isinstance(raw, dict) and isinstance(raw.get("id"), str):
+            agent = _agent(raw.get("agent") or {}, suite_agent.to_dict(), f"tasks.{raw['id']}.[agent]")
+            if is_sampled(agent):
+                out.append(raw["id"])
+    return out
 
 
 # [agent] keys of kind = "openai": name -> (required, check, what it must be). The caps are enforced by
@@ -304,6 +326,7 @@ _OPENAI_KEYS: Dict[str, Any] = {
     "max_requests": (False, lambda v: _positive_int(v), "a positive integer (model requests per run per host)"),
     "max_total_tokens": (False, lambda v: _positive_int(v), "a positive integer (tokens per run per host)"),
     "request_timeout_s": (False, lambda v: _number(v) and v > 0, "a positive number of seconds"),
+    "sampled": (False, lambda v: isinstance(v, bool), "true or false (whether answers are draws)"),
 }
 
 
@@ -402,7 +425,10 @@ def suite_from_dict(data: Any, root: Path, where: Where) -> Suite:
     rate = gate.get("flip_rate", 0.1)
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate <= 1:
         raise SuiteError(where(None, f"[gate].flip_rate must be a number from 0 to 1, got {rate!r}"))
-    gate = {"flip_rate": rate}
+    alpha = gate.get("alpha", 0.05)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < 1:
+        raise SuiteError(where(None, f"[gate].alpha must be a number between 0 and 1 (exclusive), got {alpha!r}"))
+    gate = {"flip_rate": rate, "alpha": alpha}
     try:
         contract = validate_contract(data.get("contract"), where(None, "contract"))
     except ContractError as exc:

@@ -206,7 +206,9 @@ def flips_cmd(
     attempt: Annotated[int, typer.Option("--attempt", min=0, help="Which attempt to compare.")] = 0,
     gate: Annotated[float, typer.Option("--gate", min=0.0, help="Highest flip rate that passes.")] = 0.10,
 ) -> int:
-    """The flip table of two envs: `<task> <a> <b> [<- flip]`, then the totals; exit 1 above the gate."""
+    """The seed's attempt-paired flip table of two envs: `<task> <a> <b> [<- flip]`, then the totals; exit 1 above the gate.
+
+    It compares attempt --attempt on A with the same attempt on B (the seed's layout, kept as it was). For a sampled agent that pairing means nothing: `crosshost report RUN` judges each host on its pass count with Fisher's exact test (docs/statistics.md)."""
     from orchestrator.analysis.flips import flips_table, format_flips
 
     table = flips_table(results, env_a, env_b, attempt, gate)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.analysis.stats import pass_counts, pass_rate
 from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
 from orchestrator.store import iter_jsonl
@@ -212,23 +213,17 @@ def _hosts(manifest: dict[str, Any], report: dict[str, Any]) -> list[dict[str, A
 
 def _pass_rates(run_dir: Path, report: dict[str, Any], host_names: list[str]) -> dict[str, float | None]:
     """Per host: passes / attempts with a verdict on the agent (``error`` is the host's, not counted)."""
-    counts: dict[str, list[int]] = {name: [0, 0] for name in host_names}
+    verdicts: dict[str, list[str]] = {name: [] for name in host_names}
     tasks = report.get("tasks") or []
     if any(t.get("verdicts") for t in tasks):
         for t in tasks:
-            for host, verdicts in (t.get("verdicts") or {}).items():
-                for v in verdicts:
-                    c = counts.setdefault(host, [0, 0])
-                    if v != "error":
-                        c[1] += 1
-                        c[0] += v == "pass"
+            for host, seq in (t.get("verdicts") or {}).items():
+                verdicts.setdefault(host, []).extend(seq)
     elif (run_dir / "results.jsonl").is_file():
         for _, row in iter_jsonl(run_dir / "results.jsonl"):
-            c = counts.setdefault(str(row.get("env")), [0, 0])
-            if row.get("verdict") != "error":
-                c[1] += 1
-                c[0] += row.get("verdict") == "pass"
-    return {h: (round(p / n, 4) if n else None) for h, (p, n) in sorted(counts.items())}
+            verdicts.setdefault(str(row.get("env")), []).append(str(row.get("verdict")))
+    rates = {h: pass_counts(seq) for h, seq in sorted(verdicts.items())}
+    return {h: pass_rate(c.passes, c.n) for h, c in rates.items()}
 
 
 def read_run(run_dir: Path) -> RunRow:

@@ -125,6 +125,19 @@ def suite_tasks(normalised: dict[str, Any]) -> list[str]:
     return ids
 
 
+def suite_alpha(normalised: dict[str, Any]) -> float | None:
+    gate = normalised.get("gate")
+    alpha = gate.get("alpha") if isinstance(gate, dict) else None
+    return float(alpha) if isinstance(alpha, int | float) and not isinstance(alpha, bool) else None
+
+
+def sampled_tasks(bundle: Bundle, tasks: list[str]) -> list[str]:
+    """The selected tasks whose agent is sampled (a live model, or ``sampled = true``)."""
+    from agent_runner.suite import sampled_task_ids
+
+    return [t for t in sampled_task_ids(bundle.normalised) if t in tasks]
+
+
 def suite_gate(normalised: dict[str, Any]) -> float | None:
     gate = normalised.get("gate")
     if isinstance(gate, dict):
@@ -609,6 +622,8 @@ def replay(
         bundle_sha=bundle.sha,
         runner_sha=bundle.runner_sha,
         gate=gate,
+        alpha=suite_alpha(bundle.normalised),
+        sampled=sampled_tasks(bundle, tasks),
         tasks=tasks,
         repeat=repeat,
         inventory={"path": str(Path(request.inventory_path).resolve()), "hosts": [h.public_dict() for h in selected]},

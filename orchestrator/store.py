@@ -85,6 +85,8 @@ class Manifest(BaseModel):
     bundle_sha: str | None = None
     runner_sha: str | None = None
     gate: float | None = None
+    alpha: float | None = None  # the suite's [gate] alpha: significance of a host difference
+    sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
     tasks: list[str] = Field(default_factory=list)
     repeat: int = 1
     pins: dict[str, Any] = Field(default_factory=dict)

@@ -1,8 +1,13 @@
-"""Flips, flakiness, pass rate and pass^k over verdict lists; the seed's ``flips`` table.
+"""The flip rule, flakiness and pass^k over verdict lists; the seed's attempt-paired ``flips`` table.
 
-A verdict list is indexed by attempt. A flip is a verdict that differs from the reference host's on
-the same attempt; ``error`` verdicts never count as a flip (they are counted apart) and a task is
-comparable when at least one same-attempt pair of non-error verdicts exists.
+A verdict list is indexed by attempt; ``error`` verdicts never count as a flip (they are counted
+apart). A flip is a host difference that within-host noise cannot explain (``task_flip``):
+
+- deterministic evidence (the agent is not sampled and every host's non-error attempts agree with
+  each other): a verdict that differs from the reference's on the same attempt, as it always was; a
+  task is comparable when one same-attempt pair of non-error verdicts exists;
+- otherwise statistical evidence: a host differs from the reference only when Fisher's exact test on
+  the two hosts' pass counts gives p < alpha; comparable when both have a non-error attempt.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from dataclasses import dataclass, field
 from math import comb
 from pathlib import Path
 
+from orchestrator.analysis.stats import DEFAULT_ALPHA, Counts, fisher_exact, pass_counts
 from orchestrator.errors import TraceError
 from orchestrator.store import iter_jsonl
 
 DEFAULT_GATE = 0.10
+DETERMINISTIC, STATISTICAL = "deterministic", "statistical"
 
 
 @dataclass
@@ -23,11 +30,32 @@ class TaskFlip:
     flip: bool
     flipped_hosts: list[str]
     comparable: bool
+    evidence: str = DETERMINISTIC
+    counts: dict[str, Counts] = field(default_factory=dict)
+    p_values: dict[str, float] = field(default_factory=dict)  # every host but the reference
 
 
-def task_flip(verdicts: Mapping[str, Sequence[str]], reference: str) -> TaskFlip:
+def task_flip(
+    verdicts: Mapping[str, Sequence[str]],
+    reference: str,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    sampled: bool = False,
+) -> TaskFlip:
+    """Which hosts differ from the reference on one task, and on what evidence (see the module doc)."""
+    counts = {h: pass_counts(seq) for h, seq in verdicts.items()}
+    ref_counts = counts.get(reference, Counts(0, 0))
+    p_values = {
+        h: fisher_exact(ref_counts.passes, ref_counts.n, c.passes, c.n)
+        for h, c in counts.items()
+        if h != reference
+    }
+    if sampled or flaky_hosts(verdicts):
+        flipped = [h for h, p in p_values.items() if p < alpha]
+        comparable = ref_counts.n > 0 and any(c.n > 0 for h, c in counts.items() if h != reference)
+        return TaskFlip(bool(flipped), flipped, comparable, STATISTICAL, counts, p_values)
     ref = verdicts.get(reference, ())
-    flipped: list[str] = []
+    flipped = []
     comparable = False
     for host, seq in verdicts.items():
         if host == reference:
@@ -38,7 +66,7 @@ def task_flip(verdicts: Mapping[str, Sequence[str]], reference: str) -> TaskFlip
             comparable = True
             if verdict != ref[attempt] and host not in flipped:
                 flipped.append(host)
-    return TaskFlip(bool(flipped), flipped, comparable)
+    return TaskFlip(bool(flipped), flipped, comparable, DETERMINISTIC, counts, p_values)
 
 
 def flaky_hosts(verdicts: Mapping[str, Sequence[str]]) -> list[str]:

@@ -14,6 +14,7 @@ ACTIONS: dict[str, str] = {
     "unstable_contract": "pin tools, rerun",
     "honest_bug": "fix the tool",
     "flaky": "fix the test first",
+    "underpowered": "rerun with --repeat N",  # N: the attempts per host that could settle it
     "same_host": "use a real second machine",
     "infra_error": "fix the host, rerun",
     "agree": "—",
@@ -24,6 +25,7 @@ PRECEDENCE: tuple[str, ...] = (
     "infra_error",
     "same_host",
     "flaky",
+    "underpowered",
     "host_coupling",
     "laptop_contamination",
     "unstable_contract",
@@ -90,6 +92,20 @@ class Attribution(BaseModel):
     fields: list[FieldDiff] = Field(default_factory=list)
 
 
+class HostRate(BaseModel):
+    """One host's pass rate on one task: non-error attempts, passes, the 95% Wilson interval and the
+    two-sided p-value of Fisher's exact test against the reference (None for the reference)."""
+
+    host: str
+    n: int
+    passes: int
+    pass_rate: float | None = None
+    ci_low: float
+    ci_high: float
+    p_value: float | None = None
+    differs: bool = False
+
+
 class TaskReport(BaseModel):
     task: str
     verdicts: dict[str, list[str]]
@@ -108,6 +124,10 @@ class TaskReport(BaseModel):
     findings: list[Leak] = Field(default_factory=list)  # contract findings that are not leaks
     attribution: list[Attribution] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
+    evidence: str = "deterministic"  # or "statistical": see docs/statistics.md
+    sampled: bool = False
+    rates: list[HostRate] = Field(default_factory=list)
+    needed_repeat: int | None = None
 
 
 class HostStats(BaseModel):
@@ -142,3 +162,4 @@ class RunReport(BaseModel):
     interrupted: bool = False
     stats: list[HostStats] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
+    alpha: float = 0.05

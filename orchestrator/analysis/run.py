@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps, iter_turns_by_value
-from orchestrator.analysis.flips import flaky_hosts, flip_rate, pass_hat_k, task_flip
+from orchestrator.analysis.flips import TaskFlip, flaky_hosts, flip_rate, pass_hat_k, task_flip
 from orchestrator.analysis.models import (
     ACTIONS,
     ArgsDiff,
     Attribution,
     FieldDiff,
     HostEntry,
+    HostRate,
     HostStats,
     Leak,
     RunReport,
@@ -29,6 +30,7 @@ from orchestrator.analysis.models import (
 )
 from orchestrator.analysis.rundir import AttemptKey, RunDir, effective_gate, load_run
 from orchestrator.analysis.shapes import Step, shape_edits, step_of
+from orchestrator.analysis.stats import pass_rate, wilson_interval
 from orchestrator.analysis.verdict import classify_task, same_fingerprint
 from orchestrator.dotted import flatten
 
@@ -108,6 +110,7 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
         interrupted=run.interrupted,
         stats=[_host_stats(h, tasks, summaries) for h in run.hosts],
         problems=run.problems,
+        alpha=run.alpha,
     )
 
 
@@ -171,8 +174,7 @@ def _host_stats(host: str, tasks: Iterable[str], summaries: Mapping[AttemptKey, 
         per_task[task] = (n + 1, c + (s.verdict == "pass"))
         stats.passed += s.verdict == "pass"
         stats.failed += s.verdict == "fail"
-    judged = stats.passed + stats.failed
-    stats.pass_rate = round(stats.passed / judged, 4) if judged else None
+    stats.pass_rate = pass_rate(stats.passed, stats.passed + stats.failed)
     outcomes = list(per_task.values())
     for k in range(1, max((n for n, _ in outcomes), default=0) + 1):
         value = pass_hat_k(outcomes, k)
@@ -195,7 +197,8 @@ def _task_report(
 ) -> TaskReport:
     attempts = {h: [summaries[(h, task, a)] for a in range(n_attempts)] for h in run.hosts}
     verdicts = {h: [s.verdict for s in seq] for h, seq in attempts.items()}
-    flip = task_flip(verdicts, reference)
+    sampled = task in run.sampled
+    flip = task_flip(verdicts, reference, alpha=run.alpha, sampled=sampled)
     report = TaskReport(
         task=task,
         verdicts=verdicts,
@@ -207,6 +210,9 @@ def _task_report(
         comparable=flip.comparable,
         errors=sum(v == "error" for seq in verdicts.values() for v in seq),
         why={h: [s.why[:300] for s in seq] for h, seq in attempts.items()},
+        evidence=flip.evidence,
+        sampled=sampled,
+        rates=[_host_rate(h, flip, reference) for h in verdicts],
     )
     for seq in attempts.values():
         for s in seq:
@@ -223,8 +229,11 @@ def _task_report(
             continue
         shapes_differ[host] = _compare_shapes(report, host, attempts.get(reference, []), seq)
 
-    report.classification = classify_task(verdicts, reference, fp_ids, shapes_differ)
-    report.action = ACTIONS[report.classification]
+    decision = classify_task(
+        verdicts, reference, fp_ids, shapes_differ, flip, alpha=run.alpha, sampled=sampled
+    )
+    report.classification, report.action = decision.classification, decision.action
+    report.needed_repeat = decision.needed_repeat
     for host in report.flipped_hosts:
         if host not in attribution_cache:
             attribution_cache[host] = attribution(
@@ -232,6 +241,22 @@ def _task_report(
             )
         report.attribution.append(attribution_cache[host])
     return report
+
+
+def _host_rate(host: str, flip: TaskFlip, reference: str) -> HostRate:
+    counts = flip.counts[host]
+    low, high = wilson_interval(counts.passes, counts.n)
+    p_value = flip.p_values.get(host)
+    return HostRate(
+        host=host,
+        n=counts.n,
+        passes=counts.passes,
+        pass_rate=counts.rate,
+        ci_low=round(low, 4),
+        ci_high=round(high, 4),
+        p_value=None if host == reference or p_value is None else round(p_value, 6),
+        differs=host in flip.flipped_hosts,
+    )
 
 
 def _compare_shapes(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis.flips import DEFAULT_GATE, row_attempt, row_verdict
+from orchestrator.analysis.stats import DEFAULT_ALPHA
 from orchestrator.errors import InputError
 from orchestrator.store import iter_jsonl
 
@@ -35,6 +36,15 @@ def _load_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(obj, dict):
         return None, f"{path}: must hold a JSON object"
     return obj, None
+
+
+def _alpha_of(value: object) -> float | None:
+    """The manifest's ``alpha``, or the suite's ``[gate] alpha``; only a number strictly in (0, 1)."""
+    if isinstance(value, dict):
+        value = value.get("alpha")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1:
+        return float(value)
+    return None
 
 
 def _gate_of(value: object) -> float | None:
@@ -68,6 +78,8 @@ class RunDir:
     contract_problem: str | None
     tasks: list[str] = field(default_factory=list)
     repeat: int = 0
+    alpha: float = DEFAULT_ALPHA
+    sampled: set[str] = field(default_factory=set)  # tasks whose agent is sampled
     fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
     fingerprint_problems: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -167,6 +179,13 @@ def load_run(run_dir: Path) -> RunDir:
     tasks = manifest.get("tasks")
     if isinstance(tasks, list):
         run.tasks = [t for t in tasks if isinstance(t, str)]
+    alpha = _alpha_of(manifest.get("alpha"))
+    if alpha is None and isinstance(suite, dict):
+        alpha = _alpha_of(suite.get("gate"))
+    run.alpha = alpha if alpha is not None else DEFAULT_ALPHA
+    sampled = manifest.get("sampled")
+    if isinstance(sampled, list):
+        run.sampled = {t for t in sampled if isinstance(t, str)}
     repeat = manifest.get("repeat")
     if isinstance(repeat, int) and not isinstance(repeat, bool) and repeat > 0:
         run.repeat = repeat

@@ -5,22 +5,38 @@ Precedence (highest first), because one task may show several observations at on
 1. ``infra_error``  any ``error`` verdict on any host: nothing else about the task can be trusted.
 2. ``same_host``    no other host has a fingerprint different from the reference's: there was no
                     second machine, so a verdict difference cannot be attributed to the host.
-3. ``flaky``        the attempts of one host disagree: the test must be fixed before a difference
-                    between hosts means anything.
-4. then each host whose fingerprint differs from the reference is compared with it (its attempts
-   agree now, so each host has one verdict) and the worst pair wins:
-   ``host_coupling`` (reference pass, other fail) > ``laptop_contamination`` (reference fail, other
-   pass) > ``unstable_contract`` (same verdict, tool-call shapes differ; for two failures too,
-   because failing in different ways is not "the same way") > ``honest_bug`` (both fail, same
+3. On deterministic evidence (see ``flips.task_flip``), each host whose fingerprint differs from the
+   reference is compared with it (its attempts agree, so each host has one verdict) and the worst
+   pair wins: ``host_coupling`` (reference pass, other fail) > ``laptop_contamination`` (reference
+   fail, other pass) > ``unstable_contract`` (same verdict, tool-call shapes differ; for two failures
+   too, because failing in different ways is not "the same way") > ``honest_bug`` (both fail, same
    shapes) > ``agree`` (both pass, same shapes).
+4. On statistical evidence (attempts vary within a host, or the agent is sampled):
+   ``host_coupling`` / ``laptop_contamination`` when a host's pass count differs from the
+   reference's at p < alpha (the reference passing more often is host coupling); else
+   ``underpowered`` when the agent is sampled and the pass rates differ by an amount that more
+   attempts could settle (its action names how many, for the host that differs most); else ``flaky`` when a host's attempts disagree
+   with each other; else (every attempt of every host the same verdict) the pair rows of 3.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from orchestrator.analysis.flips import flaky_hosts
+from orchestrator.analysis.flips import DETERMINISTIC, TaskFlip, flaky_hosts
 from orchestrator.analysis.models import ACTIONS, PRECEDENCE
+from orchestrator.analysis.stats import DEFAULT_ALPHA, needed_repeat
+
+
+@dataclass
+class Decision:
+    classification: str
+    needed_repeat: int | None = None  # for ``underpowered``: attempts per host that could settle it
+
+    @property
+    def action(self) -> str:
+        return action_for(self.classification, self.needed_repeat)
 
 
 def same_fingerprint(a: str | None, b: str | None) -> bool:
@@ -44,23 +60,60 @@ def classify_task(
     reference: str,
     fingerprints: Mapping[str, str | None],
     shapes_differ: Mapping[str, bool],
-) -> str:
-    """The classification of one task; ``ACTIONS[classification]`` is what to do about it."""
+    flip: TaskFlip,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    sampled: bool = False,
+) -> Decision:
+    """The classification of one task (and, when underpowered, the attempts that could settle it)."""
     if any(not seq or "error" in seq for seq in verdicts.values()):
-        return "infra_error"
+        return Decision("infra_error")
     others = [
         h
         for h in verdicts
         if h != reference and not same_fingerprint(fingerprints.get(h), fingerprints.get(reference))
     ]
     if not others:
-        return "same_host"
+        return Decision("same_host")
+    if flip.evidence == DETERMINISTIC:
+        if flaky_hosts(verdicts):  # not reached: varying attempts are statistical evidence
+            return Decision("flaky")
+        return Decision(_worst_pair(verdicts, reference, others, shapes_differ))
+    ref = flip.counts[reference]
+    differing = [h for h in others if h in flip.flipped_hosts]
+    if differing:
+        ref_rate = ref.passes / ref.n
+        coupled = any(flip.counts[h].passes / flip.counts[h].n < ref_rate for h in differing)
+        return Decision("host_coupling" if coupled else "laptop_contamination")
+    if sampled:
+        needed = [
+            n
+            for h in others
+            if (n := _needed(ref.rate, flip.counts[h].rate, alpha, max(ref.n, flip.counts[h].n))) is not None
+        ]
+        if needed:  # the largest observed difference needs the fewest attempts: settle that one first
+            return Decision("underpowered", min(needed))
     if flaky_hosts(verdicts):
-        return "flaky"
+        return Decision("flaky")
+    return Decision(_worst_pair(verdicts, reference, others, shapes_differ))
+
+
+def _needed(ref_rate: float | None, rate: float | None, alpha: float, start: int) -> int | None:
+    if ref_rate is None or rate is None:
+        return None
+    return needed_repeat(ref_rate, rate, alpha, start=start)
+
+
+def _worst_pair(
+    verdicts: Mapping[str, Sequence[str]], reference: str, others: list[str], shapes_differ: Mapping[str, bool]
+) -> str:
     ref_verdict = verdicts[reference][0]
     found = {pair_classification(ref_verdict, verdicts[h][0], shapes_differ.get(h, False)) for h in others}
     return next(c for c in PRECEDENCE if c in found)
 
 
-def action_for(classification: str) -> str:
-    return ACTIONS[classification]
+def action_for(classification: str, needed_repeat: int | None = None) -> str:
+    action = ACTIONS[classification]
+    if classification == "underpowered" and needed_repeat is not None:
+        return action.replace("N", str(needed_repeat))
+    return action

@@ -13,7 +13,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.analysis.models import RunReport, TaskReport
+from orchestrator.analysis.models import HostRate, RunReport, TaskReport
 from orchestrator.store import write_bytes_atomic
 
 __all__ = [
@@ -54,12 +54,35 @@ def _host_names(report: RunReport) -> list[str]:
 
 
 def _flipped_attempts(task: TaskReport, host: str, reference: str | None) -> set[int]:
+    """Attempts whose verdict differs from the reference's on the same attempt: marked only where that
+    pairing is the evidence (deterministic); a sampled agent's attempt i means nothing on another host."""
+    if task.evidence != "deterministic":
+        return set()
     ref = task.verdicts.get(reference or "", [])
     return {
         i
         for i, v in enumerate(task.verdicts.get(host, []))
         if host != reference and i < len(ref) and "error" not in (v, ref[i]) and v != ref[i]
     }
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:.0f}"
+
+
+def rate_text(rate: HostRate, *, with_p: bool) -> str:
+    """``4/8 50% [22-78]`` (passes/non-error attempts, pass rate, 95% Wilson interval), then
+    `` p=0.032`` (Fisher's exact test against the reference) when ``with_p`` and the host is not it."""
+    if rate.n == 0:
+        return "0/0"
+    text = f"{rate.passes}/{rate.n} {_percent(rate.passes / rate.n)}% [{_percent(rate.ci_low)}-{_percent(rate.ci_high)}]"
+    if with_p and rate.p_value is not None:
+        text += f" p={p_text(rate.p_value)}"
+    return text
+
+
+def p_text(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def _errors_line(report: RunReport) -> str:
@@ -70,6 +93,7 @@ def _errors_line(report: RunReport) -> str:
 
 
 _STYLE = {"pass": "green", "fail": "red", "error": "yellow"}
+COMPACT_AFTER = 4  # attempts shown as words; more are shown as letters
 
 
 def render_table(report: RunReport) -> RenderableType:
@@ -86,15 +110,25 @@ def render_table(report: RunReport) -> RenderableType:
     table.add_column("action")
     for task in report.tasks:
         cells: list[Text | str] = [task.task]
+        rates = {r.host: r for r in task.rates}
         for host in hosts:
             flipped = _flipped_attempts(task, host, report.reference)
             cell = Text()
-            for i, verdict in enumerate(task.verdicts.get(host, [])):
-                if i:
+            seq = task.verdicts.get(host, [])
+            compact = len(seq) > COMPACT_AFTER  # P/F/E letters: eight words a host do not fit a terminal
+            for i, verdict in enumerate(seq):
+                if i and not compact:
                     cell.append(" ")
                 style = _STYLE.get(verdict, "")
+                shown = verdict[0].upper() if compact else verdict
                 cell.append(
-                    verdict + ("*" if i in flipped else ""), style=style + (" bold" if i in flipped else "")
+                    shown + ("*" if i in flipped else ""), style=style + (" bold" if i in flipped else "")
+                )
+            if host in rates and (task.evidence == "statistical" or rates[host].n > 1):
+                rate = rates[host]
+                cell.append(
+                    "\n" + rate_text(rate, with_p=task.evidence == "statistical"),
+                    style="bold" if rate.differs else "dim",
                 )
             cells.append(cell)
         cells += ["<- flip" if task.flip else "", task.classification, task.action]
@@ -104,9 +138,18 @@ def render_table(report: RunReport) -> RenderableType:
     parts: list[RenderableType] = [table, validity, gate]
     if report.error_attempts:
         parts.append(Text(_errors_line(report), style="yellow"))
-    if any(t.flip for t in report.tasks):
+    if any(t.flip and t.evidence == "deterministic" for t in report.tasks):
         parts.append(Text("* = verdict differs from the reference's on the same attempt", style="dim"))
+    if any(t.rates and max(r.n for r in t.rates) > 1 for t in report.tasks):
+        parts.append(Text(_rates_legend(report), style="dim"))
     return Group(*parts)
+
+
+def _rates_legend(report: RunReport) -> str:
+    return (
+        "P/F/E = pass/fail/error; n/N rate [95% Wilson interval]; p = Fisher's exact test against the reference, shown where "
+        f"attempts vary or the agent is sampled (a host differs at p < alpha={report.alpha:g})"
+    )
 
 
 # --- report.json ----------------------------------------------------------------------------------
@@ -162,6 +205,7 @@ def render_markdown(report: RunReport) -> str:
             + " | ".join(cells)
             + f" | {'**flip**' if task.flip else ''} | {task.classification} | {_md(task.action)} |"
         )
+    out += _markdown_rates(report, hosts)
     details = [
         t for t in report.tasks if t.classification != "agree" or t.leaks or t.shape_diff or t.args_diff
     ]
@@ -201,6 +245,31 @@ def render_markdown(report: RunReport) -> str:
             )
         out += [f"- problem: {_md(p)}" for p in task.problems]
     return "\n".join(out) + "\n"
+
+
+def _markdown_rates(report: RunReport, hosts: list[str]) -> list[str]:
+    """Per task and host: n, passes, pass rate, 95% Wilson interval and the p-value against the reference."""
+    out = [
+        "",
+        "## Pass rates",
+        "",
+        f"Non-error attempts per task and host, the pass rate with its 95% Wilson interval, and the "
+        f"two-sided p-value of Fisher's exact test against the reference ({_md(report.reference)}); "
+        f"a host differs at p < {report.alpha:g} where attempts vary within a host or the agent is "
+        "sampled, and on the same attempt's verdict otherwise (deterministic evidence).",
+        "",
+        "| task | evidence | " + " | ".join(_md(h) for h in hosts) + " |",
+        "|---" * (len(hosts) + 2) + "|",
+    ]
+    for task in report.tasks:
+        rates = {r.host: r for r in task.rates}
+        cells = []
+        for host in hosts:
+            rate = rates.get(host)
+            text = rate_text(rate, with_p=True) if rate else "—"
+            cells.append(f"**{text}**" if rate and rate.differs else text)
+        out.append(f"| {_md(task.task)} | {task.evidence} | " + " | ".join(cells) + " |")
+    return out
 
 
 # --- junit.xml ------------------------------------------------------------------------------------

@@ -38,6 +38,10 @@ def _bad_suites(root: Path) -> dict[str, tuple[Path, str, str]]:
     cases["unknown task key"] = (s, "tasks/a/task.toml", "unknown key(s) expect_tool")
     s = write_suite(root / "budget", {"a": dict(GOOD, toml="[budget]\nmax_steps = 0\n")})
     cases["bad budget"] = (s, "tasks/a/task.toml", "max_steps must be a positive integer")
+    s = write_suite(root / "alpha", {"a": GOOD}, suite_toml='name = "t"\n[gate]\nalpha = 1.5\n')
+    cases["alpha out of range"] = (s, "suite.toml", "[gate].alpha must be a number between 0 and 1")
+    s = write_suite(root / "sampled", {"a": dict(GOOD, toml='[agent]\nkind = "scripted"\nsampled = true\n')})
+    cases["sampled on a scripted agent"] = (s, "tasks/a/task.toml", "sampled must be true or false, for kind")
     s = write_suite(root / "contract", {"a": GOOD})
     (s / "contract.json").write_text('{"tools": "nope"}')
     cases["bad contract"] = (s, "contract.json", "'tools' must be a list")
@@ -113,3 +117,18 @@ def test_shipped_suite_json_runs_and_pins_match_the_toml_run(tmp_path: Path) -> 
 def test_unknown_task_selected_is_bad_input(tmp_path: Path) -> None:
     done = run_runner("run", "--suite", str(TRIAGE), "--out", str(tmp_path / "o"), "--tasks", "nope")
     assert done.returncode == 2 and "no task 'nope'" in done.stderr
+
+
+def test_sampled_agents_and_alpha_are_read_from_the_suite(tmp_path: Path) -> None:
+    from agent_runner.suite import is_sampled, sampled_task_ids
+
+    command = '[agent]\nkind = "command"\ncommand = ["python3", "x.py"]\n'
+    suite = write_suite(
+        tmp_path / "s",
+        {"det": dict(GOOD, toml=command), "coin": dict(GOOD, toml=command + "sampled = true\n"), "a": GOOD},
+        suite_toml='name = "t"\n[gate]\nalpha = 0.01\n',
+    )
+    loaded = load_suite(suite)
+    assert loaded.gate == {"flip_rate": 0.1, "alpha": 0.01}
+    assert [t.id for t in loaded.tasks if is_sampled(t.agent)] == ["coin"]
+    assert sampled_task_ids(normalise_suite(suite)) == ["coin"]

@@ -48,7 +48,7 @@ def _run(tmp_path: Path, local: list[Attempt], box_b: list[Attempt], hosts=None)
             [Attempt("pass"), Attempt("fail")],
             "flaky",
             "fix the test first",
-            True,
+            False,  # 2/2 vs 1/2 is no host difference (p = 1), whatever attempt 1 did on each host
         ),
         ([Attempt("pass")], [Attempt("error")], "infra_error", "fix the host, rerun", False),
         ([Attempt("pass")], [Attempt("pass")], "agree", "—", False),
@@ -150,3 +150,48 @@ def test_attribution_keeps_an_unset_value_null_not_the_string_null(tmp_path):
     [attr] = task.attribution
     fields = {f.field: (f.reference, f.other) for f in attr.fields}
     assert fields["locale.LANG"] == ("C.UTF-8", None)
+
+
+def _sampled_run(tmp_path, local: list[str], box_b: list[str], **manifest):
+    attempts = {("local", "t", i): Attempt(v) for i, v in enumerate(local)}
+    attempts.update({("box-b", "t", i): Attempt(v) for i, v in enumerate(box_b)})
+    spec = RunSpec(hosts=two_hosts(), attempts=attempts, manifest_extra={"sampled": ["t"], **manifest})
+    report = analyse_run(build_run(tmp_path, spec))
+    return report, report.tasks[0]
+
+
+def test_sampled_agent_pass_against_fail_once_is_underpowered_with_the_repeat_it_needs(tmp_path):
+    report, task = _sampled_run(tmp_path, ["pass"], ["fail"])
+    assert (task.classification, task.action, task.needed_repeat) == ("underpowered", "rerun with --repeat 4", 4)
+    assert (task.flip, task.evidence, task.sampled) == (False, "statistical", True)
+    assert (report.flipped, report.comparable, report.within_gate) == (0, 1, True)
+    box_b = next(r for r in task.rates if r.host == "box-b")
+    assert (box_b.n, box_b.passes, box_b.p_value, box_b.differs) == (1, 0, 1.0, False)
+
+
+def test_sampled_agent_eight_against_none_is_host_coupling_with_its_p_value(tmp_path):
+    report, task = _sampled_run(tmp_path, ["pass"] * 8, ["fail"] * 7 + ["pass"])
+    assert (task.classification, task.flip, task.flipped_hosts) == ("host_coupling", True, ["box-b"])
+    local, box_b = (next(r for r in task.rates if r.host == h) for h in ("local", "box-b"))
+    assert local.p_value is None and (local.n, local.passes, local.pass_rate) == (8, 8, 1.0)
+    assert box_b.p_value is not None and box_b.p_value < 0.01 and box_b.differs
+    assert box_b.ci_low < 0.125 < box_b.ci_high and local.ci_high == 1.0
+    assert report.flip_rate == 1.0 and not report.within_gate
+
+
+def test_alpha_comes_from_the_manifest(tmp_path):
+    # 7/8 against 1/8: p = 0.0101, a difference at alpha 0.05 and none at alpha 0.01
+    _, task = _sampled_run(tmp_path / "a", ["pass"] * 7 + ["fail"], ["fail"] * 7 + ["pass"])
+    assert task.classification == "host_coupling"
+    report, task = _sampled_run(tmp_path / "b", ["pass"] * 7 + ["fail"], ["fail"] * 7 + ["pass"], alpha=0.01)
+    assert report.alpha == 0.01 and not task.flip
+    assert task.classification == "underpowered" and task.needed_repeat == 9
+
+
+def test_report_markdown_shows_rates_intervals_and_p_values(tmp_path):
+    from orchestrator.report import render_markdown
+
+    report, _ = _sampled_run(tmp_path, ["pass"] * 8, ["fail"] * 8)
+    md = render_markdown(report)
+    assert "## Pass rates" in md
+    assert "| t | statistical | 8/8 100% [68-100] | **0/8 0% [0-32] p=<0.001** |" in md
