@@ -21,6 +21,7 @@ import typer
 from agent_runner.errors import InputError as RunnerInputError
 from agent_runner.errors import RunnerError
 from orchestrator.errors import CrosshostError
+from orchestrator.exit_policy import INTERRUPTED
 
 P = ParamSpec("P")
 
@@ -73,7 +74,7 @@ def guarded(fn: Callable[P, int]) -> Callable[P, None]:
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(INTERRUPTED) from None
         except typer.Exit:
             raise
         except BrokenPipeError:
@@ -126,7 +127,8 @@ def replay_cmd(
     ] = False,
 ) -> int:
     """Replay SUITE on every host of the inventory; write runs/<run_id>/; exit 0/1/2/3 as DESIGN says."""
-    from orchestrator.replay import ReplayRequest, run_and_render
+    from orchestrator import ui
+    from orchestrator.replay import ReplayRequest, planned_hosts, replay_command
 
     def split(v: str | None) -> list[str] | None:
         return [x.strip() for x in v.split(",") if x.strip()] if v else None
@@ -135,7 +137,9 @@ def replay_cmd(
         suite_dir=suite, inventory_path=inventory, hosts=split(hosts), tasks=split(tasks), repeat=repeat,
         out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last,
     )  # fmt: skip
-    return run_and_render(request)
+    with ui.ProgressView(planned_hosts(request)) as view:
+        outcome = replay_command(request, on_event=view)
+    return ui.render_replay(outcome)
 
 
 @app.command("hosts")
@@ -151,9 +155,13 @@ def hosts_cmd(
     ] = None,
 ) -> int:
     """Per host: reachable, python version, fingerprint digest (as a replay records it), isolation findings."""
-    from orchestrator.probe import probe_and_render
+    from orchestrator import ui
+    from orchestrator.exit_policy import probe_exit
+    from orchestrator.probe import probe
 
-    return probe_and_render(inventory, accept_new=accept_new, suite=suite)
+    results = probe(inventory, accept_new=accept_new, suite=suite)
+    ui.render_probe(results, inventory)
+    return probe_exit(r.error for r in results)
 
 
 @app.command("history")
@@ -168,9 +176,10 @@ def history_cmd(
     out: Annotated[Path, typer.Option("--out", help="The runs directory (holds index.sqlite).")] = Path("runs"),
 ) -> int:
     """One row per run (when, hosts, pass rate per host, flip rate, valid), then what changed."""
-    from orchestrator.history import show_history
+    from orchestrator import ui
+    from orchestrator.history import history_listing
 
-    return show_history(out, suite, last, rebuild_index=rebuild, as_json=as_json)
+    return ui.render_history(history_listing(out, suite, last, rebuild_index=rebuild), as_json=as_json)
 
 
 @app.command("schedule")
@@ -210,10 +219,11 @@ def flips_cmd(
 
     It compares attempt --attempt on A with the same attempt on B (the seed's layout, kept as it was). For a sampled agent that pairing means nothing: `crosshost report RUN` judges each host on its pass count with Fisher's exact test (docs/statistics.md)."""
     from orchestrator.analysis.flips import flips_table, format_flips
+    from orchestrator.exit_policy import flips_exit
 
     table = flips_table(results, env_a, env_b, attempt, gate)
     typer.echo(format_flips(table))
-    return 0 if table.within_gate else 1
+    return flips_exit(table.within_gate)
 
 
 @app.command("check")
@@ -240,8 +250,10 @@ def report_cmd(
 ) -> int:
     """Re-analyse a run, rewrite report.json/report.md/junit.xml, print one; exit 0 valid and within gate."""
     from orchestrator import report as _report
+    from orchestrator import ui
     from orchestrator.analysis import analyse_run
     from orchestrator.errors import InputError
+    from orchestrator.exit_policy import report_exit
 
     renderers = {"md": _report.render_markdown, "json": _report.render_json, "junit": _report.render_junit}
     if fmt not in (*renderers, "table"):
@@ -249,12 +261,10 @@ def report_cmd(
     result = analyse_run(run, gate)
     _report.write_reports(run, result)
     if fmt == "table":
-        from rich.console import Console
-
-        Console().print(_report.render_table(result))
+        ui.print_report(result)
     else:
         typer.echo(renderers[fmt](result), nl=False)
-    return _report.report_exit_code(result)
+    return report_exit(result)
 
 
 @app.command("diff")
@@ -268,11 +278,12 @@ def diff_cmd(
 ) -> int:
     """Tool-call shapes (tool, argument keys, value types) as a unified diff; exit 1 when shapes differ."""
     from orchestrator.analysis.diff import run_diff
+    from orchestrator.exit_policy import diff_exit
 
     result = run_diff(run, hosts, task)
     for line in result.lines:
         typer.echo(line)
-    return 1 if result.differs else 0
+    return diff_exit(result.differs)
 
 
 @app.command("view")
@@ -314,9 +325,8 @@ def repro_cmd(
     """Replay a recorded trace on HOST and a good host; show the first step where they part."""
     import json as _json
 
-    from rich.console import Console
-
     from orchestrator import repro as _repro
+    from orchestrator import ui
 
     outcome = _repro.repro(
         _repro.ReproRequest(
@@ -333,7 +343,7 @@ def repro_cmd(
     if as_json:
         typer.echo(_json.dumps(outcome.record, indent=2))
     else:
-        _repro.render_repro(outcome, Console())
+        ui.render_repro(outcome)
     return outcome.exit_code
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from orchestrator.analysis.stats import pass_counts, pass_rate
 from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
+from orchestrator.exit_policy import compare_last_exit
 from orchestrator.store import iter_jsonl
 
 INDEX_NAME = "index.sqlite"
@@ -453,93 +454,26 @@ def history_view(runs_dir: Path, suite: str | None = None, last: int | None = No
     return out
 
 
-def _when(ts: str | None) -> str:
-    return ts.replace("T", " ")[:16] if ts else "?"
+@dataclass
+class HistoryListing:
+    """What ``crosshost history`` shows: the entries, and what rebuilding the index said."""
+
+    runs_dir: Path
+    suite: str | None
+    entries: list[HistoryEntry]
+    notes: list[str] = field(default_factory=list)
 
 
-def _rate(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}" if x in (0, 1) else f"{x:.1%}"
-
-
-def render_history(entries: list[HistoryEntry], console: Any) -> None:
-    """A table of runs, oldest first, then the changes of each run against its predecessor."""
-    from rich import box
-    from rich.table import Table
-
-    # No outer frame and collapsed padding: an 80-column terminal keeps "when" and the run id on one
-    # line each, and the per-host pass rates (the only long free-form cell) fold instead.
-    table = Table(
-        title="crosshost history", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
-    )
-    table.add_column("when (UTC)", no_wrap=True)
-    table.add_column("run", no_wrap=True)
-    table.add_column("suite", no_wrap=True)
-    table.add_column("kind")
-    table.add_column("pass rate per host", overflow="fold")
-    table.add_column("flip rate", justify="right")
-    table.add_column("valid")
-    for e in entries:
-        r = e.row
-        names = [str(h["name"]) for h in r.hosts] + [
-            h for h in r.pass_rate if h not in {h["name"] for h in r.hosts}
-        ]
-        table.add_row(
-            _when(r.started or r.finished),
-            r.run_id,
-            r.suite or "?",
-            r.kind,
-            "\n".join(f"{h}: {_rate(r.pass_rate.get(h))}" for h in names),
-            _rate(r.flip_rate),
-            {True: "[green]yes[/]", False: "[red]no[/]", None: "?"}[r.valid],
-        )
-    console.print(table)
-    for e in entries:
-        c = e.changes
-        if c is None:
-            continue
-        head = f"{e.row.run_id} vs {c.previous} ({e.row.suite}):"
-        if c.empty:
-            console.print(f"{head} no change", markup=False, highlight=False)
-            continue
-        console.print(head, markup=False, highlight=False)
-        if c.newly_flipping:
-            console.print(f"  newly flipping: {', '.join(c.newly_flipping)}", markup=False, highlight=False)
-        if c.stopped_flipping:
-            console.print(
-                f"  stopped flipping: {', '.join(c.stopped_flipping)}", markup=False, highlight=False
-            )
-        for m in c.pins_moved:
-            console.print(f"  pin moved: {m['pin']}: {m['old']} -> {m['new']}", markup=False, highlight=False)
-
-
-def show_history(
-    runs_dir: Path,
-    suite: str | None = None,
-    last: int | None = None,
-    *,
-    rebuild_index: bool = False,
-    as_json: bool = False,
-    console: Any = None,
-) -> int:
-    """``crosshost history``: optionally rebuild the index, then the runs as JSON or a table."""
-    import sys
-
+def history_listing(
+    runs_dir: Path, suite: str | None = None, last: int | None = None, *, rebuild_index: bool = False
+) -> HistoryListing:
+    """``crosshost history``: optionally rebuild the index, then the entries to show."""
+    notes: list[str] = []
     if rebuild_index:
         n, skipped = rebuild(runs_dir)
-        for s in skipped:
-            print(f"skipped {s}", file=sys.stderr)
-        print(f"rebuilt {index_path(runs_dir)} from {n} run(s)", file=sys.stderr)
-    entries = history_view(runs_dir, suite, last)
-    if as_json:
-        rows = [{**e.row.to_json(), "changes": e.changes and e.changes.to_json()} for e in entries]
-        print(json.dumps(rows, indent=2))
-    elif not entries:
-        print(f"no runs recorded in {runs_dir}" + (f" for suite {suite}" if suite else ""))
-    else:
-        from rich.console import Console
-
-        render_history(entries, console or Console())
-    return 0
+        notes += [f"skipped {s}" for s in skipped]
+        notes.append(f"rebuilt {index_path(runs_dir)} from {n} run(s)")
+    return HistoryListing(runs_dir, suite, history_view(runs_dir, suite, last), notes)
 
 
 # ---------------------------------------------------------------- the hook `replay` calls
@@ -552,7 +486,7 @@ class AfterReplay:
 
     def exit_code(self, replay_code: int) -> int:
         """``--compare-last``: a newly flipping task makes a passing replay exit 1, even under the gate."""
-        return 1 if replay_code == 0 and self.newly_flipping else replay_code
+        return compare_last_exit(replay_code, self.newly_flipping)
 
     def message(self, suite: str | None) -> str | None:
         if not self.newly_flipping:

@@ -30,7 +30,7 @@ from orchestrator.host_fingerprint import (
     take_fingerprint,
     work_dir,
 )
-from orchestrator.replay import Opener, default_opener
+from orchestrator.transport import Opener, default_opener
 from orchestrator.transport.base import Host
 
 _TIMEOUT_S = 90.0
@@ -127,39 +127,3 @@ def probe(
         res.reachable = not isinstance(exc, HostError) or isinstance(exc, RunnerCrashed | WorkspaceLeft)
         results.append(res)
     return results
-
-
-def _findings_text(findings: list[dict[str, Any]]) -> str:
-    if not findings:
-        return "none"
-    return "\n".join(
-        f"{f.get('action', '?')}: {f.get('kind', '?')}" + (f" ({f['detail']})" if f.get("detail") else "")
-        for f in findings
-    )
-
-
-def probe_and_render(inventory_path: Path, *, accept_new: bool = False, suite: Path | None = None) -> int:
-    """``crosshost hosts``: the table; exit 0 when every host answered, 3 otherwise."""
-    from rich.console import Console
-    from rich.table import Table
-
-    results = probe(inventory_path, accept_new=accept_new, suite=suite)
-    table = Table(title=f"hosts in {inventory_path}")
-    for col in ("host", "transport", "reachable", "hostname", "python", "fingerprint", "isolation findings"):
-        table.add_column(col, overflow="fold", no_wrap=col in {"host", "python", "fingerprint"})
-    for r in results:
-        table.add_row(
-            r.name,
-            r.transport,
-            "yes" if r.reachable else "[red]no[/]",
-            r.hostname or "-",
-            (r.python or "-").removeprefix("CPython "),
-            r.fingerprint or "-",
-            _findings_text(r.findings) if r.error is None else f"[red]{r.error}[/]",
-        )
-    Console(width=None if Console().is_terminal else 120).print(table)
-    err = Console(stderr=True)
-    for r in results:
-        if r.error:
-            err.print(r.error, markup=False, highlight=False, soft_wrap=True)
-    return 0 if all(r.error is None for r in results) else 3

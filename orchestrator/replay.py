@@ -18,6 +18,7 @@ import json
 import math
 import os
 import posixpath
+import shutil
 import tempfile
 import threading
 import time
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator import __version__, remote
+from orchestrator.analysis import analyse_run
+from orchestrator.analysis.models import RunReport
 from orchestrator.archive import ArchiveLimits, max_archive_bytes, read_archive
 from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.errors import (
@@ -41,7 +44,9 @@ from orchestrator.errors import (
     TraceError,
     WorkspaceLeft,
 )
+from orchestrator.exit_policy import COMPARE_LAST_REASON, replay_exit
 from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
+from orchestrator.history import after_replay
 from orchestrator.host_fingerprint import (
     fingerprint_digest,
     fingerprint_script,
@@ -51,10 +56,11 @@ from orchestrator.host_fingerprint import (
     work_dir,
 )
 from orchestrator.proxy import model_route, openai_agent_config, require_api_key
+from orchestrator.report import write_reports
 from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, iter_jsonl, utc_now
+from orchestrator.transport import Opener, default_opener
 from orchestrator.transport.base import ExecResult, Host
 
-STAGES = ("connect", "push", "run", "pull", "clean")
 #: on top of timeout_s x attempts: start-up, fingerprint, writing out/ and packing it
 RUN_MARGIN_S = 60
 SHORT_TIMEOUT_S = 120.0
@@ -74,16 +80,8 @@ class HostConfigLike(Protocol):
     python: str
 
 
-Opener = Callable[..., Host]
 #: (host, stage, detail): stage is one of STAGES, or "retry", "done", "failed"
 EventSink = Callable[[str, str, str], None]
-
-
-def default_opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
-    from orchestrator.transport import open_host
-
-    host: Host = open_host(cfg, accept_new=accept_new, on_retry=on_retry)
-    return host
 
 
 @dataclass
@@ -99,6 +97,10 @@ class ReplayRequest:
     accept_new: bool = False
     cache_dir: Path | None = None
     compare_last: bool = False  # exit 1 when a task newly flips against the previous run (history)
+    kind: str = "replay"  # what the manifest (and the history index) calls this run: "replay", "repro"
+    #: keep a copy of the suite in the run directory under this name; the manifest points at it (a
+    #: suite built for this one run, as ``repro``'s, lives nowhere else)
+    keep_suite: str | None = None
 
 
 @dataclass
@@ -106,10 +108,11 @@ class ReplayOutcome:
     run_dir: RunDir
     manifest: Manifest
     exit_code: int
-    report: Any = None
+    report: RunReport | None = None
     results: list[dict[str, Any]] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     exit_reason: str = ""  # why exit_code, one line (the summary line says it)
+    notes: list[str] = field(default_factory=list)  # said after the summary (the history index's)
 
 
 # --------------------------------------------------------------------------------------------- suite
@@ -596,7 +599,7 @@ def replay(
     bundle: Bundle | None = None,
     with_analysis: bool = True,
 ) -> ReplayOutcome:
-    """Run the replay and write ``runs/<run_id>/``; the exit code follows DESIGN.md."""
+    """Run the replay and write ``runs/<run_id>/``; the exit code is ``exit_policy.replay_exit``'s."""
     if request.repeat is not None and request.repeat < 1:
         raise SuiteError("--repeat must be at least 1")
     if request.jobs is not None and request.jobs < 1:
@@ -614,11 +617,16 @@ def replay(
 
     run_dir = RunDir.create(request.out)
     run_dir.write_contract(_contract_bytes(bundle))
+    suite_path = bundle.suite_dir
+    if request.keep_suite:
+        suite_path = run_dir.path / request.keep_suite
+        shutil.copytree(bundle.suite_dir, suite_path, symlinks=True)
     shared = _Shared()
     manifest = Manifest(
         run_id=run_dir.run_id,
+        kind=request.kind,
         started=utc_now(),
-        suite=SuiteRef(name=bundle.suite_name, sha=bundle.suite_sha, path=str(bundle.suite_dir)),
+        suite=SuiteRef(name=bundle.suite_name, sha=bundle.suite_sha, path=str(suite_path)),
         bundle_sha=bundle.sha,
         runner_sha=bundle.runner_sha,
         gate=gate,
@@ -675,7 +683,7 @@ def replay(
     outcome = ReplayOutcome(run_dir, manifest, 0, results=rows, errors=errors)
     if not manifest.interrupted:
         outcome.report = analyse(run_dir, gate) if with_analysis else None
-    outcome.exit_code, outcome.exit_reason = exit_code(manifest, outcome.report, gate, rows)
+    outcome.exit_code, outcome.exit_reason = replay_exit(manifest, outcome.report, gate, rows)
     return outcome
 
 
@@ -683,166 +691,11 @@ def outcome_interrupted(fan: FanoutResult[HostRecord]) -> bool:
     return any(isinstance(o.error, Interrupted) for o in fan.outcomes.values())
 
 
-def analyse(run_dir: RunDir, gate: float | None) -> Any:
-    """The analysis and its reports, when that part of crosshost is installed (its own issue)."""
-    try:
-        from orchestrator.analysis import analyse_run
-        from orchestrator.report import write_reports
-    except ImportError:
-        return None
+def analyse(run_dir: RunDir, gate: float | None) -> RunReport:
+    """Analyse the run and write its reports (report.json, report.md, junit.xml)."""
     report = analyse_run(run_dir.path, gate=gate)
     write_reports(run_dir.path, report)
     return report
-
-
-def exit_code(
-    manifest: Manifest, report: Any, gate: float | None, rows: list[dict[str, Any]]
-) -> tuple[int, str]:
-    """DESIGN's exit code and why, by precedence 130 > 2 > 3 > 1 > 0 (2, bad input, is raised before
-    a run exists). 3: a host failed or ANY row is an ``error`` verdict — the harness or the host
-    failed (unreachable, runner crashed, predicate could not start, model provider unreachable), so
-    the run cannot pass as valid; 1: invalid or over the gate; 0: valid and within it. Without the
-    analysis, a run is judged on its fingerprints only."""
-    if manifest.interrupted:
-        return 130, "interrupted"
-    infra = _infra_reason(manifest, rows)
-    if infra:
-        return 3, infra
-    if report is None:
-        fps = {rec.fingerprint for rec in manifest.hosts.values() if rec.fingerprint}
-        if len(fps) >= 2:
-            return 0, f"{len(fps)} different fingerprints, no error (analysis not available)"
-        return 1, "fewer than two different fingerprints (analysis not available)"
-    if not getattr(report, "valid", False):
-        reasons = list(getattr(report, "invalid_reasons", None) or [])
-        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
-        return 1, f"invalid run: {reasons[0] if reasons else 'see report.json'}{more}"
-    rate = getattr(report, "flip_rate", None)
-    limit = getattr(report, "gate", None)
-    limit = gate if limit is None else limit
-    if rate is not None and limit is not None and rate > limit:
-        return 1, f"flip rate {rate:g} over the gate {limit:g}"
-    within = f", flip rate {rate:g} within the gate {limit:g}" if rate is not None and limit is not None else ""
-    return 0, f"valid{within}"
-
-
-def _infra_reason(manifest: Manifest, rows: list[dict[str, Any]]) -> str:
-    """Why the run is an infrastructure failure (exit 3), or "" when it is not: per host, in
-    inventory order, its error verdicts (and the first reason) or its error."""
-    parts: list[str] = []
-    for name, rec in manifest.hosts.items():
-        errs = [r for r in rows if r.get("env") == name and r.get("verdict") == "error"]
-        if errs:
-            first = str(errs[0].get("reason") or errs[0].get("why") or "error").removeprefix(f"{name}: ")
-            if rec.error and not rec.error.removeprefix(f"{name}: ").startswith(first[:40]):
-                first = f"{rec.error}; {first}"
-            parts.append(f"{len(errs)} error verdict(s) on {name}: {first}")
-        elif rec.error:
-            parts.append(rec.error)
-    return "; ".join(parts)
-
-
-# ------------------------------------------------------------------------------------------ rendering
-
-
-class ProgressView:
-    """Per-host progress: a live table on a terminal, one line per event otherwise (CI, pipes)."""
-
-    def __init__(self, hosts: list[str], console: Any) -> None:
-        self.hosts = hosts
-        self.console = console
-        self.state: dict[str, tuple[str, str]] = {h: ("waiting", "") for h in hosts}
-        self.retries: dict[str, int] = dict.fromkeys(hosts, 0)
-        self.failed_at: dict[str, str] = {}
-        self.lock = threading.Lock()
-        self.live: Any = None
-
-    def __enter__(self) -> ProgressView:
-        if self.console.is_terminal:
-            from rich.live import Live
-
-            self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.update(self._table())
-            self.live.__exit__(None, None, None)
-
-    def __call__(self, host: str, stage: str, detail: str) -> None:
-        with self.lock:
-            if stage == "retry":
-                self.retries[host] = self.retries.get(host, 0) + 1
-            elif host in self.state:
-                if stage in STAGES and stage != "clean":
-                    self.failed_at[host] = stage  # where a failure reported later happened
-                self.state[host] = (stage, detail)
-            if self.live is not None:
-                self.live.update(self._table())
-            else:
-                text = f"{host:>12}  {stage}" + (f": {detail}" if detail else "")
-                self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-    def _table(self) -> Any:
-        from rich.table import Table
-
-        table = Table(title="replay", show_edge=False)
-        table.add_column("host")
-        for stage in STAGES:
-            table.add_column(stage, justify="center")
-        table.add_column("note", overflow="fold")
-        for host in self.hosts:
-            stage, detail = self.state[host]
-            failed = stage == "failed"
-            at = self.failed_at.get(host, "connect") if failed else stage
-            reached = STAGES.index(at) if at in STAGES else (len(STAGES) if at == "done" else -1)
-            cells = []
-            for i, _ in enumerate(STAGES):
-                if i < reached:
-                    cells.append("[green]✓[/]")
-                elif i == reached:
-                    cells.append("[red]✗[/]" if failed else "[yellow]…[/]")
-                else:
-                    cells.append("")
-            note = detail
-            if self.retries.get(host):
-                note = f"{self.retries[host]} connect retr{'y' if self.retries[host] == 1 else 'ies'}; {note}"
-            table.add_row(host, *cells, note)
-        return table
-
-
-def summary_table(outcome: ReplayOutcome) -> Any:
-    """One row per host: reachable, fingerprint, python, verdict counts, retries, cleanup, error."""
-    from rich.table import Table
-
-    m = outcome.manifest
-    table = Table(title=f"run {m.run_id}  suite {m.suite.name}  ({len(m.tasks)} task(s) x {m.repeat})")
-    for col in ("host", "reachable", "fingerprint", "python", "pass", "fail", "error", "retries", "cleaned"):
-        table.add_column(
-            col, justify="right" if col in {"pass", "fail", "error", "retries"} else "left",
-            no_wrap=col in {"host", "fingerprint", "python"},
-        )  # fmt: skip
-    table.add_column("problem", overflow="fold")
-    for name, rec in m.hosts.items():
-        rows = [r for r in outcome.results if r.get("env") == name]
-        count = {v: sum(1 for r in rows if r.get("verdict") == v) for v in ("pass", "fail", "error")}
-        retries = sum(1 for r in m.retries if r.get("host") == name)
-        label = f"{name} (ref)" if name == m.reference else name
-        cleaned = {True: "yes", False: "[red]NO[/]", None: "-"}[rec.workspace_removed]
-        table.add_row(
-            label,
-            "yes" if rec.reachable else "[red]no[/]",
-            rec.fingerprint or "-",
-            (rec.python or "-").removeprefix("CPython "),
-            str(count["pass"]),
-            str(count["fail"]),
-            str(count["error"]),
-            str(retries),
-            cleaned,
-            rec.error or "",
-        )
-    return table
 
 
 def _quick_exit_gc() -> None:
@@ -854,54 +707,22 @@ def _quick_exit_gc() -> None:
     gc.freeze()
 
 
-def run_and_render(request: ReplayRequest, *, err_console: Any = None, out_console: Any = None) -> int:
-    """What ``crosshost replay`` does: progress on stderr, the summary and report on stdout."""
-    from rich.console import Console
+def planned_hosts(request: ReplayRequest) -> list[str]:
+    """The names of the hosts ``request`` replays on, in inventory order (for the progress view)."""
+    return [h.name for h in _resolve_hosts(request)[1]]
 
+
+def replay_command(request: ReplayRequest, **kwargs: Any) -> ReplayOutcome:
+    """What ``crosshost replay`` does: the replay, then (unless interrupted) the run recorded in the
+    history index; with ``--compare-last``, a task that newly flips makes a passing run exit 1."""
     atexit.unregister(_quick_exit_gc)  # once per process, however often this is called
     atexit.register(_quick_exit_gc)
-
-    from orchestrator.inventory import load_inventory
-
-    err_console = err_console or Console(stderr=True)
-    # Not a terminal (CI logs, make demo | tee): wide enough that fingerprints are not cut.
-    out_console = out_console or (Console() if Console().is_terminal else Console(width=120))
-    inventory = load_inventory(request.inventory_path)
-    names = [h.name for h in (inventory.select(request.hosts) if request.hosts else inventory.hosts)]
-    with ProgressView(names, err_console) as view:
-        outcome = replay(request, on_event=view)
-    out_console.print(summary_table(outcome))
-    if outcome.report is not None:
-        from orchestrator.report import render_table
-
-        out_console.print(render_table(outcome.report))
-    elif not outcome.manifest.interrupted:
-        out_console.print("analysis not available: the run directory is complete, reports are not written")
-    for err in outcome.errors.values():
-        if err != "interrupted":
-            err_console.print(err, markup=False, highlight=False, soft_wrap=True)
-    code, why = outcome.exit_code, outcome.exit_reason
+    outcome = replay(request, **kwargs)
     if outcome.manifest.interrupted:
-        err_console.print("interrupted: remote workspaces removed, partial results written", markup=False)
-    else:
-        code = _record_history(outcome, request.compare_last, code, err_console)
-        if code != outcome.exit_code:
-            why = "a task newly flips against the previous run (--compare-last)"
-    why = f": {why}" if why else ""
-    out_console.print(f"run directory: {outcome.run_dir.path}  (exit {code}{why})", markup=False, soft_wrap=True)
-    return code
-
-
-def _record_history(outcome: ReplayOutcome, compare: bool, code: int, console: Any) -> int:
-    """Index the run (``crosshost history``); with ``--compare-last``, a newly flipping task is exit 1."""
-    try:
-        from orchestrator.history import after_replay
-    except ImportError:
-        return code
-    after = after_replay(outcome.run_dir.path, compare=compare)
-    if after.warning:
-        console.print(after.warning, markup=False, highlight=False)
-    message = after.message(outcome.manifest.suite.name)
-    if message:
-        console.print(message, markup=False, highlight=False)
-    return after.exit_code(code) if compare else code
+        return outcome
+    after = after_replay(outcome.run_dir.path, compare=request.compare_last)
+    outcome.notes += [n for n in (after.warning, after.message(outcome.manifest.suite.name)) if n]
+    code = after.exit_code(outcome.exit_code) if request.compare_last else outcome.exit_code
+    if code != outcome.exit_code:
+        outcome.exit_code, outcome.exit_reason = code, COMPARE_LAST_REASON
+    return outcome

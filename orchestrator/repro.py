@@ -26,6 +26,7 @@ from agent_runner.redact import redact
 from agent_runner.trace import Trace, fp, iter_records, read_trace
 from orchestrator.dotted import flatten
 from orchestrator.errors import InputError, SuiteError, TraceError
+from orchestrator.exit_policy import repro_exit
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
@@ -436,16 +437,6 @@ def _fingerprint_of(run_dir: Path, host: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _mark_as_repro(run_dir: Path, suite_copy: Path) -> None:
-    """The replay wrote a replay manifest; this run is a reproduction and its suite lives in it."""
-    from orchestrator.store import RunDir, load_manifest
-
-    manifest = load_manifest(run_dir)
-    manifest.kind = "repro"
-    manifest.suite.path = str(suite_copy)
-    RunDir(run_dir).write_manifest(manifest)
-
-
 def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) -> ReproOutcome:
     """Replay the trace on ``host`` and the reference (or ``against``) and compare step by step."""
     import tempfile
@@ -463,6 +454,7 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
             fixtures_from_trace=request.fixtures_from_trace,
             suite_dir=request.suite_dir,
         )
+        # A run of its own kind, its suite kept in the run directory: the manifest says so from the start.
         replayed = replay(
             ReplayRequest(
                 suite_dir=built.path,
@@ -470,30 +462,25 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
                 hosts=[host, against],
                 out=request.out,
                 accept_new=request.accept_new,
+                kind="repro",
+                keep_suite="repro-suite",
             ),
             opener=opener,
             on_event=on_event,
         )
         run_dir = replayed.run_dir.path
-        suite_copy = run_dir / "repro-suite"
-        shutil.copytree(built.path, suite_copy, symlinks=True)
-    _mark_as_repro(run_dir, suite_copy)
 
     outcome = ReproOutcome(run_dir, host, against, exit_code=0, errors=dict(replayed.errors))
-    traces = {h: _trace_of(run_dir, h, built.task) for h in (host, against)}
-    for h, path in traces.items():
+    host_trace, against_trace = (_trace_of(run_dir, h, built.task) for h in (host, against))
+    for h, path in ((host, host_trace), (against, against_trace)):
         if path is None and h not in outcome.errors:
             outcome.errors[h] = f"{h}: no trace of {built.task} came back"
-    if replayed.exit_code == 130:
-        outcome.exit_code = 130
-    elif outcome.errors:
-        outcome.exit_code = 3
-    if traces[host] is not None and traces[against] is not None:
+    if host_trace is not None and against_trace is not None:
         outcome.comparison = compare_traces(
             host,
-            traces[host],  # type: ignore[arg-type]
+            host_trace,
             against,
-            traces[against],  # type: ignore[arg-type]
+            against_trace,
             _fingerprint_of(run_dir, host),
             _fingerprint_of(run_dir, against),
         )
@@ -505,8 +492,8 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
             outcome.recorded_match = [
                 s.host for s in (div.host, div.against) if rec_fp and s.obs_fp == rec_fp
             ]
-        if outcome.exit_code == 0 and outcome.comparison.parted:
-            outcome.exit_code = 1
+    parted = None if outcome.comparison is None else outcome.comparison.parted
+    outcome.exit_code = repro_exit(replayed.exit_code, outcome.errors, parted)
 
     outcome.record = {
         "schema": "crosshost.repro/1",
@@ -529,75 +516,3 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
     write_json_atomic(run_dir / "repro.json", outcome.record)
     history.record_run(request.out, run_dir)
     return outcome
-
-
-def render_repro(outcome: ReproOutcome, console: Any) -> None:
-    """What a person reads: where the hosts parted, both observations side by side, fingerprint diff."""
-    from rich.table import Table
-
-    for h, err in outcome.errors.items():
-        console.print(f"{h}: {err}", markup=False, highlight=False)
-    cmp = outcome.comparison
-    if cmp is None:
-        console.print(f"no comparison: a host produced no trace (run dir {outcome.run_dir})", markup=False)
-        return
-    if not cmp.parted:
-        verdict = "/".join(str(v) for v in cmp.verdicts.values())
-        console.print(
-            f"{cmp.host} and {cmp.against} behaved the same over {cmp.steps_compared} steps "
-            f"(verdicts {verdict}); run dir {outcome.run_dir}",
-            markup=False,
-            highlight=False,
-        )
-    else:
-        div = cmp.divergence
-        if div is None:
-            console.print(
-                f"{cmp.host} and {cmp.against} took the same steps but their verdicts differ: {cmp.verdicts}",
-                markup=False,
-                highlight=False,
-            )
-        else:
-            call = div.host if div.host.tool is not None else div.against
-            console.print(
-                f"{cmp.host} parts from {cmp.against} at step {div.step} ({div.what}): "
-                f"{call.tool} {json.dumps(call.args, sort_keys=True)}",
-                markup=False,
-                highlight=False,
-            )
-            table = Table(show_lines=True)
-            table.add_column("", no_wrap=True)
-            table.add_column(cmp.host, overflow="fold")
-            table.add_column(cmp.against, overflow="fold")
-            if div.what in ("tool call", "length"):
-                table.add_row(
-                    "call",
-                    *(
-                        f"{s.tool} {json.dumps(s.args, sort_keys=True)}" if s.tool else "(no step)"
-                        for s in (div.host, div.against)
-                    ),
-                )
-            table.add_row("obs_fp", str(div.host.obs_fp), str(div.against.obs_fp))
-            if div.host.error or div.against.error:
-                table.add_row("error", str(div.host.error), str(div.against.error))
-            table.add_row(
-                "observation",
-                div.host.observation or "(not recorded)",
-                div.against.observation or "(not recorded)",
-            )
-            console.print(table)
-            if outcome.recorded_match:
-                console.print(
-                    f"the recorded trace matches {', '.join(outcome.recorded_match)} at that step",
-                    markup=False,
-                    highlight=False,
-                )
-        if cmp.fingerprint_diff:
-            fp_table = Table(title="fingerprint fields that differ")
-            fp_table.add_column("field", no_wrap=True)
-            fp_table.add_column(cmp.host, overflow="fold")
-            fp_table.add_column(cmp.against, overflow="fold")
-            for name, (a, b) in cmp.fingerprint_diff.items():
-                fp_table.add_row(name, json.dumps(a), json.dumps(b))
-            console.print(fp_table)
-        console.print(f"run dir {outcome.run_dir}", markup=False, highlight=False)

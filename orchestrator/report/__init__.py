@@ -1,4 +1,5 @@
-"""The reports of a run: terminal table, ``report.json``, ``report.md``, ``junit.xml`` and ``report.html``.
+"""The reports of a run: ``report.json``, ``report.md``, ``junit.xml`` and ``report.html`` (the
+terminal table is ``orchestrator.ui.report_table``).
 
 Every renderer reads the ``RunReport`` (the HTML page also reads the run's traces and history);
 ``write_reports`` writes the four files atomically.
@@ -9,26 +10,23 @@ from __future__ import annotations
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
-
 from orchestrator.analysis.models import HostRate, RunReport, TaskReport
 from orchestrator.store import write_bytes_atomic
 
 __all__ = [
+    "errors_line",
+    "flipped_attempts",
+    "gate_verdict",
+    "host_names",
     "render_json",
     "render_junit",
+    "p_text",
+    "rate_text",
+    "rates_legend",
     "render_markdown",
-    "render_table",
-    "report_exit_code",
+    "validity_line",
     "write_reports",
 ]
-
-
-def report_exit_code(report: RunReport) -> int:
-    """DESIGN: 0 valid and within the gate, 1 otherwise (the replay adds 3 for infrastructure)."""
-    return 0 if report.valid and report.within_gate else 1
 
 
 def gate_verdict(report: RunReport) -> str:
@@ -46,14 +44,14 @@ def validity_line(report: RunReport) -> str:
     return "\n".join(["INVALID", *(f"  - {reason}" for reason in report.invalid_reasons)])
 
 
-def _host_names(report: RunReport) -> list[str]:
+def host_names(report: RunReport) -> list[str]:
     names = [h.name for h in report.hosts]
     for task in report.tasks:  # a host only traces know of still gets its column
         names += [h for h in task.verdicts if h not in names]
     return names
 
 
-def _flipped_attempts(task: TaskReport, host: str, reference: str | None) -> set[int]:
+def flipped_attempts(task: TaskReport, host: str, reference: str | None) -> set[int]:
     """Attempts whose verdict differs from the reference's on the same attempt: marked only where that
     pairing is the evidence (deterministic); a sampled agent's attempt i means nothing on another host."""
     if task.evidence != "deterministic":
@@ -85,67 +83,11 @@ def p_text(p: float) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
-def _errors_line(report: RunReport) -> str:
+def errors_line(report: RunReport) -> str:
     return f"errors: {report.error_attempts} attempt(s) in {report.error_tasks} task(s), counted apart from flips"
 
 
-# --- terminal -------------------------------------------------------------------------------------
-
-
-_STYLE = {"pass": "green", "fail": "red", "error": "yellow"}
-COMPACT_AFTER = 4  # attempts shown as words; more are shown as letters
-
-
-def render_table(report: RunReport) -> RenderableType:
-    """Tasks × hosts with flips marked, classification and action; then validity and the gate."""
-    hosts = _host_names(report)
-    table = Table(
-        title=f"crosshost run {report.run_id}" + (f" · suite {report.suite}" if report.suite else "")
-    )
-    table.add_column("task")
-    for host in hosts:
-        table.add_column(host + (" (ref)" if host == report.reference else ""))
-    table.add_column("flip")
-    table.add_column("classification")
-    table.add_column("action")
-    for task in report.tasks:
-        cells: list[Text | str] = [task.task]
-        rates = {r.host: r for r in task.rates}
-        for host in hosts:
-            flipped = _flipped_attempts(task, host, report.reference)
-            cell = Text()
-            seq = task.verdicts.get(host, [])
-            compact = len(seq) > COMPACT_AFTER  # P/F/E letters: eight words a host do not fit a terminal
-            for i, verdict in enumerate(seq):
-                if i and not compact:
-                    cell.append(" ")
-                style = _STYLE.get(verdict, "")
-                shown = verdict[0].upper() if compact else verdict
-                cell.append(
-                    shown + ("*" if i in flipped else ""), style=style + (" bold" if i in flipped else "")
-                )
-            if host in rates and (task.evidence == "statistical" or rates[host].n > 1):
-                rate = rates[host]
-                cell.append(
-                    "\n" + rate_text(rate, with_p=task.evidence == "statistical"),
-                    style="bold" if rate.differs else "dim",
-                )
-            cells.append(cell)
-        cells += ["<- flip" if task.flip else "", task.classification, task.action]
-        table.add_row(*cells)
-    validity = Text(validity_line(report), style="green" if report.valid else "bold red")
-    gate = Text(gate_verdict(report), style="green" if report.within_gate else "bold red")
-    parts: list[RenderableType] = [table, validity, gate]
-    if report.error_attempts:
-        parts.append(Text(_errors_line(report), style="yellow"))
-    if any(t.flip and t.evidence == "deterministic" for t in report.tasks):
-        parts.append(Text("* = verdict differs from the reference's on the same attempt", style="dim"))
-    if any(t.rates and max(r.n for r in t.rates) > 1 for t in report.tasks):
-        parts.append(Text(_rates_legend(report), style="dim"))
-    return Group(*parts)
-
-
-def _rates_legend(report: RunReport) -> str:
+def rates_legend(report: RunReport) -> str:
     return (
         "P/F/E = pass/fail/error; n/N rate [95% Wilson interval]; p = Fisher's exact test against the reference, shown where "
         f"attempts vary or the agent is sampled (a host differs at p < alpha={report.alpha:g})"
@@ -167,7 +109,7 @@ def _md(text: object) -> str:
 
 
 def render_markdown(report: RunReport) -> str:
-    hosts = _host_names(report)
+    hosts = host_names(report)
     out = [f"# crosshost run `{report.run_id}`", ""]
     if report.suite:
         out.append(
@@ -178,7 +120,7 @@ def render_markdown(report: RunReport) -> str:
     out += [f"  - {_md(reason)}" for reason in report.invalid_reasons]
     out.append(f"- gate: {_md(gate_verdict(report))}")
     if report.error_attempts:
-        out.append(f"- {_errors_line(report)}")
+        out.append(f"- {errors_line(report)}")
     out += [
         "",
         "## Hosts",

@@ -32,7 +32,7 @@ if "paramiko" not in sys.modules and "invoke" not in sys.modules:
 
 from orchestrator.transport.ssh import SshHost  # noqa: E402
 
-__all__ = ["ExecResult", "Host", "LocalHost", "SshHost", "open_host", "CONNECT_ATTEMPTS"]
+__all__ = ["ExecResult", "Host", "LocalHost", "Opener", "SshHost", "default_opener", "open_host", "CONNECT_ATTEMPTS"]
 
 #: connect attempts per host before it is reported unreachable
 CONNECT_ATTEMPTS = 5
@@ -40,6 +40,9 @@ CONNECT_ATTEMPTS = 5
 _BUDGET_CONNECT_TIMEOUTS = 2.0
 
 RetryCallback = Callable[[dict[str, Any]], None]
+#: how a command gets a Host for an inventory entry: ``opener(cfg, accept_new=..., on_retry=...)``;
+#: ``default_opener`` in use, another one in tests (a LocalHost per name, a counting host, ...)
+Opener = Callable[..., Host]
 
 
 def open_host(
@@ -93,3 +96,6 @@ def open_host(
             cfg.name, f"{exc} (gave up after {attempts} attempt(s) in {time.monotonic() - started:.1f}s)"
         ) from exc
     return host
+
+
+default_opener: Opener = open_host

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import history
+from orchestrator import history, ui
 from orchestrator.errors import InputError
 from orchestrator.store import HostRecord, Manifest, SuiteRef
 
@@ -298,7 +298,7 @@ def test_history_table_keeps_run_id_and_time_on_one_line_in_80_columns(tmp_path:
     for run_id, started in zip(run_ids, ("2024-05-01T10:00:00Z", "2024-05-01T16:00:00Z"), strict=True):
         history.record_run(runs, make_run_dir(runs, run_id, started=started, flips=("t2",)))
     console = Console(width=80, record=True, file=io.StringIO())
-    history.render_history(history.history_view(runs, "triage"), console)
+    ui.history_table(history.history_view(runs, "triage"), console)
     lines = console.export_text().splitlines()
     assert max(len(line) for line in lines) <= 80
     for run_id, when in zip(run_ids, ("2024-05-01 10:00", "2024-05-01 16:00"), strict=True):

@@ -251,7 +251,8 @@ def test_a_token_on_a_runners_stderr_is_redacted_in_the_manifest_and_on_the_term
 
     from rich.console import Console
 
-    from orchestrator.replay import run_and_render
+    from orchestrator import ui
+    from orchestrator.replay import replay_command
 
     token = "ghp_" + "A1b2" * 9
     inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "leak"})
@@ -265,13 +266,10 @@ def test_a_token_on_a_runners_stderr_is_redacted_in_the_manifest_and_on_the_term
     # the terminal: progress and error lines on stderr, the summary table on stdout
     terminal, stdout = StringIO(), StringIO()
     req = _req(tmp_path, inv)
-    import orchestrator.replay as replay_mod
-
-    real = replay_mod.replay
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(replay_mod, "replay", lambda r, **kw: real(r, opener=_local_opener(), bundle=bundle, **kw))
-        code = run_and_render(req, err_console=Console(file=terminal, width=400),
-                              out_console=Console(file=stdout, width=400))  # fmt: skip
+    err_console = Console(file=terminal, width=400)
+    with ui.ProgressView(["local", "box-b"], err_console) as view:
+        outcome = replay_command(req, opener=_local_opener(), bundle=bundle, on_event=view)
+    code = ui.render_replay(outcome, err=err_console, out=Console(file=stdout, width=400))
     assert code == 3
     assert "auth failed for token" in terminal.getvalue()
     assert token not in terminal.getvalue() and token not in stdout.getvalue()
@@ -282,7 +280,8 @@ def test_error_verdicts_from_a_runner_that_exited_0_are_exit_3_and_the_summary_s
 
     from rich.console import Console
 
-    import orchestrator.replay as replay_mod
+    from orchestrator import ui
+    from orchestrator.replay import replay_command
 
     inv, bundle = _setup(tmp_path, ["local", "box-b"], {"local": "provider_down", "box-b": "provider_down"})
     out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
@@ -292,11 +291,8 @@ def test_error_verdicts_from_a_runner_that_exited_0_are_exit_3_and_the_summary_s
     assert "agent_error" in out.exit_reason
 
     stdout = StringIO()
-    real = replay_mod.replay
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(replay_mod, "replay", lambda r, **kw: real(r, opener=_local_opener(), bundle=bundle, **kw))
-        code = replay_mod.run_and_render(_req(tmp_path, inv), err_console=Console(file=StringIO()),
-                                         out_console=Console(file=stdout, width=400))  # fmt: skip
+    outcome = replay_command(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle)
+    code = ui.render_replay(outcome, err=Console(file=StringIO()), out=Console(file=stdout, width=400))
     assert code == 3
     assert "(exit 3: 4 error verdict(s) on local: " in stdout.getvalue()
 
@@ -304,7 +300,7 @@ def test_error_verdicts_from_a_runner_that_exited_0_are_exit_3_and_the_summary_s
 def test_exit_code_precedence() -> None:
     from types import SimpleNamespace
 
-    from orchestrator.replay import exit_code
+    from orchestrator.exit_policy import replay_exit as exit_code
     from orchestrator.store import HostRecord, Manifest, SuiteRef
 
     def manifest(**hosts: HostRecord) -> Manifest:

@@ -1,4 +1,4 @@
-"""write_reports, report_exit_code and the renderers, on analysed run directories."""
+"""write_reports, the report exit code and the renderers, on analysed run directories."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import xml.etree.ElementTree as ET
 from rich.console import Console
 
 from orchestrator.analysis import analyse_run
-from orchestrator.report import render_markdown, render_table, report_exit_code, write_reports
+from orchestrator.exit_policy import report_exit as report_exit_code
+from orchestrator.report import render_markdown, write_reports
+from orchestrator.ui import report_table as render_table
 from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, two_hosts
 
 

@@ -1,0 +1,125 @@
+"""Every command's exit code, and why, in one place.
+
+    0    ok: a valid run within its gate, shapes equal, every host answered
+    1    a finding: an invalid run, a flip rate over the gate, a new flip (--compare-last), hosts
+         that parted in a reproduction, shapes that differ
+    2    bad input (raised as an ``InputError`` before anything runs; the error carries the code)
+    3    a host or the harness failed: unreachable, crashed, an ``error`` verdict
+    130  interrupted (Ctrl-C); remote workspaces removed, partial results kept
+
+Precedence when several apply: 130 > 2 > 3 > 1 > 0. Errors raised on purpose carry their own code
+(``exit_code`` on the error classes); this module decides the code of a command that ran to its end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+OK = 0
+FINDING = 1
+BAD_INPUT = 2
+HOST_FAILURE = 3
+INTERRUPTED = 130
+
+
+class _HostState(Protocol):
+    error: str | None
+    fingerprint: str | None
+
+
+class _RunState(Protocol):
+    interrupted: bool
+
+    @property
+    def hosts(self) -> Mapping[str, _HostState]: ...
+
+
+def replay_exit(
+    manifest: _RunState, report: Any, gate: float | None, rows: list[dict[str, Any]]
+) -> tuple[int, str]:
+    """A replay's exit code and why. 3: a host failed or ANY row is an ``error`` verdict — the
+    harness or the host failed (unreachable, runner crashed, predicate could not start, model
+    provider unreachable), so the run cannot pass as valid; 1: invalid or over the gate; 0: valid
+    and within it. Without the analysis, a run is judged on its fingerprints only."""
+    if manifest.interrupted:
+        return INTERRUPTED, "interrupted"
+    infra = infra_reason(manifest, rows)
+    if infra:
+        return HOST_FAILURE, infra
+    if report is None:
+        fps = {rec.fingerprint for rec in manifest.hosts.values() if rec.fingerprint}
+        if len(fps) >= 2:
+            return OK, f"{len(fps)} different fingerprints, no error (analysis not available)"
+        return FINDING, "fewer than two different fingerprints (analysis not available)"
+    if not getattr(report, "valid", False):
+        reasons = list(getattr(report, "invalid_reasons", None) or [])
+        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        return FINDING, f"invalid run: {reasons[0] if reasons else 'see report.json'}{more}"
+    rate = getattr(report, "flip_rate", None)
+    limit = getattr(report, "gate", None)
+    limit = gate if limit is None else limit
+    if rate is not None and limit is not None and rate > limit:
+        return FINDING, f"flip rate {rate:g} over the gate {limit:g}"
+    within = f", flip rate {rate:g} within the gate {limit:g}" if rate is not None and limit is not None else ""
+    return OK, f"valid{within}"
+
+
+def infra_reason(manifest: _RunState, rows: list[dict[str, Any]]) -> str:
+    """Why the run is an infrastructure failure (exit 3), or "" when it is not: per host, in
+    inventory order, its error verdicts (and the first reason) or its error."""
+    parts: list[str] = []
+    for name, rec in manifest.hosts.items():
+        errs = [r for r in rows if r.get("env") == name and r.get("verdict") == "error"]
+        if errs:
+            first = str(errs[0].get("reason") or errs[0].get("why") or "error").removeprefix(f"{name}: ")
+            if rec.error and not rec.error.removeprefix(f"{name}: ").startswith(first[:40]):
+                first = f"{rec.error}; {first}"
+            parts.append(f"{len(errs)} error verdict(s) on {name}: {first}")
+        elif rec.error:
+            parts.append(rec.error)
+    return "; ".join(parts)
+
+
+def compare_last_exit(code: int, newly_flipping: list[str]) -> int:
+    """``--compare-last``: a newly flipping task makes a passing replay exit 1, even under the gate;
+    any other code stands."""
+    return FINDING if code == OK and newly_flipping else code
+
+
+COMPARE_LAST_REASON = "a task newly flips against the previous run (--compare-last)"
+
+
+class _Judged(Protocol):
+    valid: bool
+    within_gate: bool
+
+
+def report_exit(report: _Judged) -> int:
+    """``crosshost report``: 0 valid and within the gate, 1 otherwise (a replay adds 3 and 130)."""
+    return OK if report.valid and report.within_gate else FINDING
+
+
+def flips_exit(within_gate: bool) -> int:
+    """``crosshost flips``: 1 when the flip rate is over the gate."""
+    return OK if within_gate else FINDING
+
+
+def diff_exit(differs: bool) -> int:
+    """``crosshost diff``: 1 when the tool-call shapes differ."""
+    return FINDING if differs else OK
+
+
+def probe_exit(errors: Iterable[str | None]) -> int:
+    """``crosshost hosts``: 0 when every host answered, 3 otherwise."""
+    return OK if all(e is None for e in errors) else HOST_FAILURE
+
+
+def repro_exit(replay_code: int, errors: Mapping[str, str], parted: bool | None) -> int:
+    """``crosshost repro``: 130 interrupted, 3 a host produced no trace or failed, 1 the hosts parted
+    (a different step or verdict), 0 they behaved the same."""
+    if replay_code == INTERRUPTED:
+        return INTERRUPTED
+    if errors:
+        return HOST_FAILURE
+    return FINDING if parted else OK

@@ -1,0 +1,411 @@
+"""Everything crosshost draws on a terminal: the one module that imports ``rich``.
+
+The commands compute; this module renders what they return. Text that comes from a host, an
+inventory, a suite or a trace (host names, task ids, stderr, errors) is never read as Rich markup:
+table cells are ``Text`` objects, lines are printed with ``markup=False``, so a ``[`` in it can
+neither crash the output nor style it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.report import (
+    errors_line,
+    flipped_attempts,
+    gate_verdict,
+    host_names,
+    rate_text,
+    rates_legend,
+    validity_line,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.models import RunReport
+    from orchestrator.history import HistoryEntry, HistoryListing
+    from orchestrator.probe import ProbeResult
+    from orchestrator.replay import ReplayOutcome
+    from orchestrator.repro import ReproOutcome
+
+#: the stages of one host in a replay, in order (the progress and summary columns)
+STAGES = ("connect", "push", "run", "pull", "clean")
+
+
+def plain(text: object, style: str = "") -> Text:
+    """Untrusted text as a table cell: shown as it is, never parsed as markup (titles and column
+    headers, which Rich styles itself, are ``escape``d instead)."""
+    return Text(str(text), style=style)
+
+
+def out_console() -> Console:
+    """stdout; not a terminal (CI logs, ``make demo | tee``): wide enough that fingerprints are not cut."""
+    return Console() if Console().is_terminal else Console(width=120)
+
+
+def err_console() -> Console:
+    return Console(stderr=True)
+
+
+def say(console: Console, text: str) -> None:
+    """One line of untrusted text, as it is: no markup, no highlighting, never cut."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------------------------------ replay
+
+
+class ProgressView:
+    """Per-host progress: a live table on a terminal, one line per event otherwise (CI, pipes)."""
+
+    def __init__(self, hosts: list[str], console: Console | None = None) -> None:
+        self.hosts = hosts
+        self.console = console or err_console()
+        self.state: dict[str, tuple[str, str]] = {h: ("waiting", "") for h in hosts}
+        self.retries: dict[str, int] = dict.fromkeys(hosts, 0)
+        self.failed_at: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.live: Live | None = None
+
+    def __enter__(self) -> ProgressView:
+        if self.console.is_terminal:
+            self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.update(self._table())
+            self.live.__exit__(None, None, None)
+
+    def __call__(self, host: str, stage: str, detail: str) -> None:
+        with self.lock:
+            if stage == "retry":
+                self.retries[host] = self.retries.get(host, 0) + 1
+            elif host in self.state:
+                if stage in STAGES and stage != "clean":
+                    self.failed_at[host] = stage  # where a failure reported later happened
+                self.state[host] = (stage, detail)
+            if self.live is not None:
+                self.live.update(self._table())
+            else:
+                say(self.console, f"{host:>12}  {stage}" + (f": {detail}" if detail else ""))
+
+    def _table(self) -> Table:
+        table = Table(title="replay", show_edge=False)
+        table.add_column("host")
+        for stage in STAGES:
+            table.add_column(stage, justify="center")
+        table.add_column("note", overflow="fold")
+        for host in self.hosts:
+            stage, detail = self.state[host]
+            failed = stage == "failed"
+            at = self.failed_at.get(host, "connect") if failed else stage
+            reached = STAGES.index(at) if at in STAGES else (len(STAGES) if at == "done" else -1)
+            cells: list[Text] = []
+            for i, _ in enumerate(STAGES):
+                if i < reached:
+                    cells.append(Text("✓", style="green"))
+                elif i == reached:
+                    cells.append(Text("✗", style="red") if failed else Text("…", style="yellow"))
+                else:
+                    cells.append(Text(""))
+            note = detail
+            if self.retries.get(host):
+                note = f"{self.retries[host]} connect retr{'y' if self.retries[host] == 1 else 'ies'}; {note}"
+            table.add_row(plain(host), *cells, plain(note))
+        return table
+
+
+def summary_table(outcome: ReplayOutcome) -> Table:
+    """One row per host: reachable, fingerprint, python, verdict counts, retries, cleanup, error."""
+    m = outcome.manifest
+    table = Table(title=escape(f"run {m.run_id}  suite {m.suite.name}  ({len(m.tasks)} task(s) x {m.repeat})"))
+    for col in ("host", "reachable", "fingerprint", "python", "pass", "fail", "error", "retries", "cleaned"):
+        table.add_column(
+            col, justify="right" if col in {"pass", "fail", "error", "retries"} else "left",
+            no_wrap=col in {"host", "fingerprint", "python"},
+        )  # fmt: skip
+    table.add_column("problem", overflow="fold")
+    for name, rec in m.hosts.items():
+        rows = [r for r in outcome.results if r.get("env") == name]
+        count = {v: sum(1 for r in rows if r.get("verdict") == v) for v in ("pass", "fail", "error")}
+        retries = sum(1 for r in m.retries if r.get("host") == name)
+        label = f"{name} (ref)" if name == m.reference else name
+        cleaned = {True: plain("yes"), False: plain("NO", "red"), None: plain("-")}[rec.workspace_removed]
+        table.add_row(
+            plain(label),
+            plain("yes") if rec.reachable else plain("no", "red"),
+            plain(rec.fingerprint or "-"),
+            plain((rec.python or "-").removeprefix("CPython ")),
+            str(count["pass"]),
+            str(count["fail"]),
+            str(count["error"]),
+            str(retries),
+            cleaned,
+            plain(rec.error or ""),
+        )
+    return table
+
+
+def render_replay(outcome: ReplayOutcome, *, out: Console | None = None, err: Console | None = None) -> int:
+    """What ``crosshost replay`` prints once the run is over: the summary and report on stdout,
+    errors and notes on stderr, then the run directory and the exit code with its reason."""
+    out = out or out_console()
+    err = err or err_console()
+    out.print(summary_table(outcome))
+    if outcome.report is not None:
+        out.print(report_table(outcome.report))
+    elif not outcome.manifest.interrupted:
+        out.print("analysis not available: the run directory is complete, reports are not written", markup=False)
+    for line in outcome.errors.values():
+        if line != "interrupted":
+            say(err, line)
+    if outcome.manifest.interrupted:
+        err.print("interrupted: remote workspaces removed, partial results written", markup=False)
+    for note in outcome.notes:
+        err.print(note, markup=False, highlight=False)
+    why = f": {outcome.exit_reason}" if outcome.exit_reason else ""
+    out.print(f"run directory: {outcome.run_dir.path}  (exit {outcome.exit_code}{why})", markup=False, soft_wrap=True)
+    return outcome.exit_code
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+_VERDICT_STYLE = {"pass": "green", "fail": "red", "error": "yellow"}
+COMPACT_AFTER = 4  # attempts shown as words; more are shown as letters
+
+
+def report_table(report: RunReport) -> RenderableType:
+    """Tasks × hosts with flips marked, classification and action; then validity and the gate."""
+    hosts = host_names(report)
+    table = Table(title=escape(f"crosshost run {report.run_id}" + (f" · suite {report.suite}" if report.suite else "")))
+    table.add_column("task")
+    for host in hosts:
+        table.add_column(escape(host + (" (ref)" if host == report.reference else "")))
+    table.add_column("flip")
+    table.add_column("classification")
+    table.add_column("action")
+    for task in report.tasks:
+        cells: list[Text] = [plain(task.task)]
+        rates = {r.host: r for r in task.rates}
+        for host in hosts:
+            flipped = flipped_attempts(task, host, report.reference)
+            cell = Text()
+            seq = task.verdicts.get(host, [])
+            compact = len(seq) > COMPACT_AFTER  # P/F/E letters: eight words a host do not fit a terminal
+            for i, verdict in enumerate(seq):
+                if i and not compact:
+                    cell.append(" ")
+                style = _VERDICT_STYLE.get(verdict, "")
+                shown = verdict[0].upper() if compact else verdict
+                cell.append(shown + ("*" if i in flipped else ""), style=style + (" bold" if i in flipped else ""))
+            if host in rates and (task.evidence == "statistical" or rates[host].n > 1):
+                rate = rates[host]
+                cell.append(
+                    "\n" + rate_text(rate, with_p=task.evidence == "statistical"),
+                    style="bold" if rate.differs else "dim",
+                )
+            cells.append(cell)
+        cells += [plain("<- flip" if task.flip else ""), plain(task.classification), plain(task.action)]
+        table.add_row(*cells)
+    validity = Text(validity_line(report), style="green" if report.valid else "bold red")
+    gate = Text(gate_verdict(report), style="green" if report.within_gate else "bold red")
+    parts: list[RenderableType] = [table, validity, gate]
+    if report.error_attempts:
+        parts.append(Text(errors_line(report), style="yellow"))
+    if any(t.flip and t.evidence == "deterministic" for t in report.tasks):
+        parts.append(Text("* = verdict differs from the reference's on the same attempt", style="dim"))
+    if any(t.rates and max(r.n for r in t.rates) > 1 for t in report.tasks):
+        parts.append(Text(rates_legend(report), style="dim"))
+    return Group(*parts)
+
+
+def print_report(report: RunReport, console: Console | None = None) -> None:
+    """``crosshost report --format table``."""
+    (console or Console()).print(report_table(report))
+
+
+# ----------------------------------------------------------------------------------------- history
+
+
+def _when(ts: str | None) -> str:
+    return ts.replace("T", " ")[:16] if ts else "?"
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}" if x in (0, 1) else f"{x:.1%}"
+
+
+def history_table(entries: list[HistoryEntry], console: Console) -> None:
+    """A table of runs, oldest first, then the changes of each run against its predecessor."""
+    # No outer frame and collapsed padding: an 80-column terminal keeps "when" and the run id on one
+    # line each, and the per-host pass rates (the only long free-form cell) fold instead.
+    table = Table(
+        title="crosshost history", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
+    )
+    table.add_column("when (UTC)", no_wrap=True)
+    table.add_column("run", no_wrap=True)
+    table.add_column("suite", no_wrap=True)
+    table.add_column("kind")
+    table.add_column("pass rate per host", overflow="fold")
+    table.add_column("flip rate", justify="right")
+    table.add_column("valid")
+    for e in entries:
+        r = e.row
+        names = [str(h["name"]) for h in r.hosts] + [h for h in r.pass_rate if h not in {h["name"] for h in r.hosts}]
+        table.add_row(
+            plain(_when(r.started or r.finished)),
+            plain(r.run_id),
+            plain(r.suite or "?"),
+            plain(r.kind),
+            plain("\n".join(f"{h}: {_rate(r.pass_rate.get(h))}" for h in names)),
+            plain(_rate(r.flip_rate)),
+            {True: plain("yes", "green"), False: plain("no", "red"), None: plain("?")}[r.valid],
+        )
+    console.print(table)
+    for e in entries:
+        c = e.changes
+        if c is None:
+            continue
+        head = f"{e.row.run_id} vs {c.previous} ({e.row.suite}):"
+        if c.empty:
+            say(console, f"{head} no change")
+            continue
+        say(console, head)
+        if c.newly_flipping:
+            say(console, f"  newly flipping: {', '.join(c.newly_flipping)}")
+        if c.stopped_flipping:
+            say(console, f"  stopped flipping: {', '.join(c.stopped_flipping)}")
+        for moved in c.pins_moved:
+            say(console, f"  pin moved: {moved['pin']}: {moved['old']} -> {moved['new']}")
+
+
+def render_history(listing: HistoryListing, *, as_json: bool = False, console: Console | None = None) -> int:
+    """``crosshost history``: what the index rebuild said (stderr), then the runs as JSON or a table."""
+    import sys
+
+    for note in listing.notes:
+        print(note, file=sys.stderr)
+    if as_json:
+        rows = [{**e.row.to_json(), "changes": e.changes and e.changes.to_json()} for e in listing.entries]
+        print(json.dumps(rows, indent=2))
+    elif not listing.entries:
+        print(f"no runs recorded in {listing.runs_dir}" + (f" for suite {listing.suite}" if listing.suite else ""))
+    else:
+        history_table(listing.entries, console or Console())
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- hosts
+
+
+def _findings_text(findings: list[dict[str, Any]]) -> str:
+    if not findings:
+        return "none"
+    return "\n".join(
+        f"{f.get('action', '?')}: {f.get('kind', '?')}" + (f" ({f['detail']})" if f.get("detail") else "")
+        for f in findings
+    )
+
+
+def render_probe(
+    results: Iterable[ProbeResult], inventory_path: Path, *, out: Console | None = None, err: Console | None = None
+) -> None:
+    """``crosshost hosts``: one row per host on stdout, each host's error on stderr."""
+    results = list(results)
+    table = Table(title=escape(f"hosts in {inventory_path}"))
+    for col in ("host", "transport", "reachable", "hostname", "python", "fingerprint", "isolation findings"):
+        table.add_column(col, overflow="fold", no_wrap=col in {"host", "python", "fingerprint"})
+    for r in results:
+        table.add_row(
+            plain(r.name),
+            plain(r.transport),
+            plain("yes") if r.reachable else plain("no", "red"),
+            plain(r.hostname or "-"),
+            plain((r.python or "-").removeprefix("CPython ")),
+            plain(r.fingerprint or "-"),
+            plain(_findings_text(r.findings)) if r.error is None else plain(r.error, "red"),
+        )
+    (out or out_console()).print(table)
+    err = err or err_console()
+    for r in results:
+        if r.error:
+            say(err, r.error)
+
+
+# ------------------------------------------------------------------------------------------- repro
+
+
+def render_repro(outcome: ReproOutcome, console: Console | None = None) -> None:
+    """What a person reads: where the hosts parted, both observations side by side, fingerprint diff."""
+    console = console or Console()
+
+    def line(text: str) -> None:
+        console.print(text, markup=False, highlight=False)
+
+    for h, error in outcome.errors.items():
+        line(f"{h}: {error}")
+    cmp = outcome.comparison
+    if cmp is None:
+        console.print(f"no comparison: a host produced no trace (run dir {outcome.run_dir})", markup=False)
+        return
+    if not cmp.parted:
+        verdict = "/".join(str(v) for v in cmp.verdicts.values())
+        line(
+            f"{cmp.host} and {cmp.against} behaved the same over {cmp.steps_compared} steps "
+            f"(verdicts {verdict}); run dir {outcome.run_dir}"
+        )
+        return
+    div = cmp.divergence
+    if div is None:
+        line(f"{cmp.host} and {cmp.against} took the same steps but their verdicts differ: {cmp.verdicts}")
+    else:
+        call = div.host if div.host.tool is not None else div.against
+        line(
+            f"{cmp.host} parts from {cmp.against} at step {div.step} ({div.what}): "
+            f"{call.tool} {json.dumps(call.args, sort_keys=True)}"
+        )
+        table = Table(show_lines=True)
+        table.add_column("", no_wrap=True)
+        table.add_column(escape(cmp.host), overflow="fold")
+        table.add_column(escape(cmp.against), overflow="fold")
+        if div.what in ("tool call", "length"):
+            table.add_row(
+                "call",
+                *(
+                    plain(f"{s.tool} {json.dumps(s.args, sort_keys=True)}" if s.tool else "(no step)")
+                    for s in (div.host, div.against)
+                ),
+            )
+        table.add_row("obs_fp", plain(div.host.obs_fp), plain(div.against.obs_fp))
+        if div.host.error or div.against.error:
+            table.add_row("error", plain(div.host.error), plain(div.against.error))
+        table.add_row(
+            "observation",
+            plain(div.host.observation or "(not recorded)"),
+            plain(div.against.observation or "(not recorded)"),
+        )
+        console.print(table)
+        if outcome.recorded_match:
+            line(f"the recorded trace matches {', '.join(outcome.recorded_match)} at that step")
+    if cmp.fingerprint_diff:
+        fp_table = Table(title="fingerprint fields that differ")
+        fp_table.add_column("field", no_wrap=True)
+        fp_table.add_column(escape(cmp.host), overflow="fold")
+        fp_table.add_column(escape(cmp.against), overflow="fold")
+        for name, (a, b) in cmp.fingerprint_diff.items():
+            fp_table.add_row(plain(name), plain(json.dumps(a)), plain(json.dumps(b)))
+        console.print(fp_table)
+    line(f"run dir {outcome.run_dir}")

@@ -1,0 +1,74 @@
+"""The terminal rendering: text from hosts, suites and traces is shown as it is, never as Rich markup."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from orchestrator import ui
+from orchestrator.analysis import analyse_run
+from orchestrator.probe import ProbeResult
+from orchestrator.replay import ReplayOutcome
+from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef
+from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, two_hosts
+
+# An unmatched closing tag makes Rich raise MarkupError; "[bold]" would style the text instead.
+HOSTILE = "[/] [bold]boom[/bold] [red]"
+
+
+def _console(terminal: bool = False) -> Console:
+    return Console(file=io.StringIO(), width=300, record=True, color_system=None, force_terminal=terminal)
+
+
+def _outcome(tmp_path: Path) -> ReplayOutcome:
+    manifest = Manifest(
+        run_id="r1", started="t", suite=SuiteRef(name=f"suite {HOSTILE}", sha="x", path="p"), reference="local",
+        crosshost_version="0", tasks=["t1"],
+        hosts={"local": HostRecord(reachable=True, fingerprint="1" * 16),
+               "box-b": HostRecord(error=f"box-b: RunnerCrashed: {HOSTILE}")},
+    )  # fmt: skip
+    rows = [{"env": "local", "task": "t1", "attempt": 0, "verdict": "pass"}]
+    return ReplayOutcome(RunDir(tmp_path / "r1"), manifest, 3, results=rows, errors={"box-b": "b " + HOSTILE},
+                         exit_reason=f"why {HOSTILE}", notes=[f"note {HOSTILE}"])  # fmt: skip
+
+
+def test_replay_summary_errors_and_reason_show_markup_as_text(tmp_path: Path) -> None:
+    out, err = _console(), _console()
+    assert ui.render_replay(_outcome(tmp_path), out=out, err=err) == 3
+    text, errors = out.export_text(), err.export_text()
+    assert f"suite {HOSTILE}" in text and f"RunnerCrashed: {HOSTILE}" in text.replace("\n", "")
+    assert f"(exit 3: why {HOSTILE})" in text
+    assert f"b {HOSTILE}" in errors and f"note {HOSTILE}" in errors
+    assert "\x1b[" not in text + errors  # nothing in it was turned into a style
+
+
+def test_progress_shows_a_hosts_stderr_as_text_live_and_line_by_line() -> None:
+    for terminal in (False, True):
+        console = _console(terminal)
+        with ui.ProgressView(["box-b"], console) as view:
+            view("box-b", "run", "")
+            view("box-b", "failed", f"box-b: RunnerCrashed: {HOSTILE}")
+        assert f"RunnerCrashed: {HOSTILE}" in console.export_text(), terminal
+
+
+def test_report_table_shows_task_ids_as_text(tmp_path: Path) -> None:
+    attempts = {
+        ("local", "t1", 0): Attempt("pass"),
+        ("box-b", "t1", 0): Attempt("fail", why="predicate exit 1"),
+    }
+    report = analyse_run(build_run(tmp_path, RunSpec(hosts=two_hosts(), attempts=attempts)))
+    report.tasks[0].task = f"t1 {HOSTILE}"
+    console = _console()
+    ui.print_report(report, console)
+    row = next(line for line in console.export_text().splitlines() if "t1 " in line)
+    assert HOSTILE in row and "fail*" in row and "<- flip" in row
+
+
+def test_probe_table_shows_errors_as_text(tmp_path: Path) -> None:
+    out, err = _console(), _console()
+    results = [ProbeResult("box-b", "ssh", error=f"box-b: HostUnreachable: {HOSTILE}")]
+    ui.render_probe(results, tmp_path / "hosts.toml", out=out, err=err)
+    assert f"HostUnreachable: {HOSTILE}" in out.export_text()
+    assert err.export_text().strip() == f"box-b: HostUnreachable: {HOSTILE}"
