@@ -171,7 +171,17 @@ class ScriptedAgent(Agent):
         return self._actions.pop()
 
 
-# --- command: the JSON-lines protocol of DESIGN -----------------------------------------------------
+# --- command: the JSON-lines protocol (docs/agent-protocol.md) ---------------------------------------
+
+
+def _token_count(message: Dict[str, Any], key: str) -> int:
+    """A usage message's count (absent or null: 0); anything but a non-negative integer breaks the protocol."""
+    value = message.get(key)
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise AgentFailed(f"the agent sent a usage message whose {key} is not a non-negative integer: {value!r}")
+    return value
 
 
 class CommandAgent(Agent):
@@ -255,8 +265,8 @@ class CommandAgent(Agent):
                 raise AgentFailed(f"the agent wrote a JSON {type(message).__name__}, not a message object")
             kind = message.get("type")
             if kind == "usage":
-                self._tokens[0] += int(message.get("prompt_tokens") or 0)
-                self._tokens[1] += int(message.get("completion_tokens") or 0)
+                self._tokens[0] += _token_count(message, "prompt_tokens")
+                self._tokens[1] += _token_count(message, "completion_tokens")
                 continue
             prompt_tokens, completion_tokens = self._tokens
             self._tokens = [0, 0]

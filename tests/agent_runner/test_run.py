@@ -82,6 +82,20 @@ def test_command_agent_gets_abort_and_budget_steps_without_cooperating(tmp_path:
     assert trace[-1]["reason"] == "budget_steps"
 
 
+def test_a_usage_message_with_a_bad_count_is_the_agents_protocol_error_not_the_runners(tmp_path: Path) -> None:
+    agent = ("import json,sys\nsys.stdin.readline()\n"
+             "print(json.dumps({'type':'usage','prompt_tokens':'many'}), flush=True)\n"
+             "print(json.dumps({'type':'final','content':'done'}), flush=True)\n")
+    suite = write_suite(tmp_path / "s", {"t": {"toml": '[agent]\nkind = "command"\ncommand = ["python3", '
+                                                       '"{suite}/agent/a.py"]\n'}},
+                        agent_files={"a.py": agent})
+    done = run_runner("run", "--suite", str(suite), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr  # not the runner's failure (3)
+    finish = records(tmp_path / "out" / "traces" / "t.0.jsonl")[-1]
+    assert (finish["reason"], finish["verdict"]) == ("agent_error", "fail")
+    assert "prompt_tokens is not a non-negative integer: 'many'" in finish["final"]
+
+
 def test_observation_bytes_budget_stops_the_attempt(tmp_path: Path) -> None:
     script = [{"tool_calls": [{"name": "lookup", "args": {"q": str(i)}}]} for i in range(5)]
     toml = '[budget]\nmax_bytes = 250\n[fixtures]\nlookup = "' + "x" * 100 + '"\n'
