@@ -87,7 +87,7 @@ def migrate_fingerprint(data: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def migrate_seed_calls(doc: Mapping[str, Any], path: str, problems: List[str]) -> List[Dict[str, Any]]:
-    """The seed's single-document trace ``{"tool_calls": [{"name", "args"}]}`` as turn records
+    """A single-document trace ``{"tool_calls": [{"name", "args"}]}`` as turn records
     (steps 1..n). OpenAI-style ``arguments`` (a JSON string) and ``tool`` for ``name`` are accepted;
     a call that cannot be read is a problem ``<file>:tool_calls[i]: ...`` and is left out."""
     calls = doc.get("tool_calls")

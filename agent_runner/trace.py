@@ -36,7 +36,7 @@ from .redact import redact
 PathArg = Union[str, "os.PathLike[str]"]
 SCHEMA = TRACE_SCHEMA
 __all__ = ["FINISH_REASONS", "SCHEMA", "VERDICTS", "Trace", "TraceWriter", "fp", "iter_records", "read_trace"]
-# The seed's single JSON document is loaded whole; JSONL is streamed. Bigger JSON documents are refused.
+# A {"tool_calls": [...]} JSON document is loaded whole; JSONL is streamed. Bigger JSON documents are refused.
 _MAX_JSON_DOCUMENT = 64 * 1024 * 1024
 
 
@@ -106,7 +106,7 @@ def _turn_problem(record: Dict[str, Any]) -> Optional[str]:
 
 
 def _looks_like_seed(path: str) -> Optional[Dict[str, Any]]:
-    """The seed's JSON form, if that is what the file holds (it may span many lines)."""
+    """The ``{"tool_calls": [...]}`` JSON form, if that is what the file holds (it may span many lines)."""
     with _open(path) as handle:
         first = handle.readline()
         try:

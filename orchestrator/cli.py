@@ -1,6 +1,7 @@
 """The crosshost command line. Thin: each command parses, calls one function, renders.
 
-Commands return their exit code; ``guarded`` maps errors to one line and the DESIGN exit codes.
+Commands return their exit code; ``guarded`` maps errors to one line and an exit code
+(docs/errors-and-exit-codes.md).
 Add a command as a small function below; keep logic in the modules it calls.
 """
 
@@ -55,12 +56,12 @@ def _error_line(exc: CrosshostError | RunnerError) -> str:
     if isinstance(exc, CrosshostError):
         return exc.one_line()
     # agent_runner's own tree (its checker and readers run in-process here): its exit codes are
-    # DESIGN's already; bad input is named as ours is.
+    # the same as ours already; bad input is named as ours is.
     return f"{'InputError' if isinstance(exc, RunnerInputError) else 'RunnerError'}: {exc}"
 
 
 def guarded(fn: Callable[P, int]) -> Callable[P, None]:
-    """Wrap a command: its int result becomes the exit code; errors become one line + DESIGN code.
+    """Wrap a command: its int result becomes the exit code; errors become one line + their exit code.
 
     Both error trees are mapped here, once: crosshost's (``CrosshostError``) and the runner's
     (``agent_runner.errors.RunnerError``, exit 2 for bad input, 3 otherwise)."""
@@ -126,7 +127,12 @@ def replay_cmd(
         bool, typer.Option("--compare-last", help="Exit 1 when a task newly flips against the previous run.")
     ] = False,
 ) -> int:
-    """Replay SUITE on every host of the inventory; write runs/<run_id>/; exit 0/1/2/3 as DESIGN says."""
+    """Replay SUITE on every host of the inventory and write runs/<run_id>/.
+
+    Exit 0: valid and within the gate. 1: invalid, over the gate, or a new flip
+    (--compare-last). 2: bad input. 3: a host failed or a verdict is error.
+    130: interrupted.
+    """
     from orchestrator import ui
     from orchestrator.replay import ReplayRequest, planned_hosts, replay_command
 
@@ -203,21 +209,21 @@ def schedule_cmd(
     return schedule(suite, every, inventory, out, install_units=install, cron=cron, systemd=systemd)
 
 
-# --- analysis: flips, check, report, diff (issue 4) -----------------------------------------------
+# --- analysis: flips, check, report, diff --------------------------------------------------------
 
 
 @app.command("flips")
 @guarded
 def flips_cmd(
-    results: Annotated[Path, typer.Argument(help="A results.jsonl in the seed's row format.")],
+    results: Annotated[Path, typer.Argument(help="A results.jsonl: one JSON row per line with task, env, attempt, and verdict or passed.")],
     env_a: Annotated[str, typer.Argument(help="The reference env (host).")],
     env_b: Annotated[str, typer.Argument(help="The env compared with it.")],
     attempt: Annotated[int, typer.Option("--attempt", min=0, help="Which attempt to compare.")] = 0,
     gate: Annotated[float, typer.Option("--gate", min=0.0, help="Highest flip rate that passes.")] = 0.10,
 ) -> int:
-    """The seed's attempt-paired flip table of two envs: `<task> <a> <b> [<- flip]`, then the totals; exit 1 above the gate.
+    """The attempt-paired flip table of two envs: `<task> <a> <b> [<- flip]`, then the totals; exit 1 above the gate.
 
-    It compares attempt --attempt on A with the same attempt on B (the seed's layout, kept as it was). For a sampled agent that pairing means nothing: `crosshost report RUN` judges each host on its pass count with Fisher's exact test (docs/statistics.md)."""
+    It compares attempt --attempt on A with the same attempt on B. For a sampled agent that pairing means nothing: `crosshost report RUN` judges each host on its pass count with Fisher's exact test (docs/statistics.md)."""
     from orchestrator.analysis.flips import flips_table, format_flips
     from orchestrator.exit_policy import flips_exit
 
@@ -230,7 +236,7 @@ def flips_cmd(
 @guarded
 def check_cmd(
     contract: Annotated[Path, typer.Argument(help="contract.json")],
-    trace: Annotated[Path, typer.Argument(help="A trace (.jsonl) or the seed's {\"tool_calls\": [...]} JSON.")],
+    trace: Annotated[Path, typer.Argument(help="A trace (.jsonl), or a JSON {\"tool_calls\": [{\"name\": ..., \"args\": ...}]} document.")],
     fingerprint: Annotated[Path, typer.Argument(help="fingerprint.json (or a JSON list of fingerprints).")],
 ) -> int:
     """Check a trace against a contract and host fingerprints: PASS, or FAIL and one reason a line."""
@@ -306,7 +312,7 @@ def view_cmd(
 @app.command("repro")
 @guarded
 def repro_cmd(
-    trace: Annotated[Path, typer.Argument(help="The recorded trace (ours, or the seed's {\"tool_calls\": [...]}).")],
+    trace: Annotated[Path, typer.Argument(help="The recorded trace (.jsonl), or a JSON {\"tool_calls\": [...]} document.")],
     host: Annotated[str, typer.Option("--host", help="The host the incident happened on (inventory name).")],
     inventory: Annotated[Path, typer.Option("-i", "--inventory", help="The hosts.toml.")] = Path("hosts.toml"),
     against: Annotated[

@@ -2,7 +2,8 @@
 
 Every error crosshost raises on purpose derives from ``CrosshostError``; foreign errors (paramiko,
 socket, OSError, tomllib, pydantic) are mapped once, where they happen, with ``raise ... from exc``.
-Each class carries the exit code of DESIGN.md, so the CLI maps an error to an exit without a table.
+Each class carries its exit code (docs/errors-and-exit-codes.md), so the CLI maps an error to an exit
+without a table.
 
     CrosshostError                      exit 1 unless a subclass says otherwise
     ├── InputError                      exit 2: the user's input is wrong; the message names file/key

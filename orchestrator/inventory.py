@@ -1,4 +1,4 @@
-"""hosts.toml: the inventory of hosts a suite is replayed on (format in DESIGN.md).
+"""hosts.toml: the inventory of hosts a suite is replayed on (format in docs/inventory.md).
 
 ``load_inventory(path)`` merges ``[defaults]`` into every host, resolves relative paths against the
 file's directory, and validates everything with pydantic. Every error is one ``InventoryError``
@@ -160,7 +160,7 @@ def load_inventory(path: Path) -> Inventory:
         for key in entry:
             if key not in HostConfig.model_fields:
                 raise InventoryError(f"{where}: unknown key {key!r}")
-        # DESIGN's default: a tool-owned known_hosts next to the inventory
+        # default: a tool-owned known_hosts next to the inventory
         merged = {"known_hosts": "known_hosts", **defaults, **entry}
         for key in _PATH_KEYS:
             if isinstance(merged.get(key), str):

@@ -1,6 +1,6 @@
 """Incident reproduction: replay one recorded trace on a named host and a good one, find where they part.
 
-``crosshost repro TRACE --host NAME`` turns the trace (ours, or the seed's ``{"tool_calls": [...]}``)
+``crosshost repro TRACE --host NAME`` turns the trace (ours, or a JSON ``{"tool_calls": [...]}`` document)
 into a one-task scripted suite: the agent repeats the recorded tool calls in order, the built-in tools
 (shell, read_file, write_file, list_dir) run for real on each host, every other tool is answered from
 the trace's recorded observations (sidecar ``.obs.jsonl``) - or every tool is, with

@@ -1,4 +1,4 @@
-"""The run directory: ``runs/<run_id>/`` as DESIGN.md fixes it, written atomically.
+"""The run directory: ``runs/<run_id>/`` (docs/run-directory.md), written atomically.
 
 Every file is written to a temporary name and renamed, so a crash or Ctrl-C never leaves half a
 manifest; a run id is a sortable UTC timestamp plus a random suffix and its directory is created

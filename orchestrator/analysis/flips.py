@@ -1,4 +1,4 @@
-"""The flip rule, flakiness and pass^k over verdict lists; the seed's attempt-paired ``flips`` table.
+"""The flip rule, flakiness and pass^k over verdict lists; the attempt-paired ``flips`` table.
 
 A verdict list is indexed by attempt; ``error`` verdicts never count as a flip (they are counted
 apart). A flip is a host difference that within-host noise cannot explain (``task_flip``):
@@ -88,11 +88,11 @@ def pass_hat_k(outcomes: Sequence[tuple[int, int]], k: int) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
-# --- the seed's results.jsonl and its flips table -------------------------------------------------
+# --- any results.jsonl and its attempt-paired flips table -----------------------------------------
 
 
 def row_verdict(row: Mapping[str, object], where: str) -> str:
-    """A results row's verdict: ours (``verdict``) or the seed's (``passed``)."""
+    """A results row's verdict: ``verdict`` when present, else the boolean ``passed`` other tools write."""
     verdict = row.get("verdict")
     if verdict in ("pass", "fail", "error"):
         return str(verdict)
@@ -114,7 +114,7 @@ def iter_results(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
 
 
 def row_attempt(row: Mapping[str, object], where: str) -> int:
-    attempt = row.get("attempt", 0)  # the seed's rows may carry no attempt: one run each
+    attempt = row.get("attempt", 0)  # rows of other tools may carry no attempt: one run each
     if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
         raise TraceError(f"{where}: attempt must be a non-negative integer, not {attempt!r}")
     return attempt
@@ -171,12 +171,12 @@ def flips_table(
 
 
 def format_flips(table: FlipsTable) -> str:
-    """The seed's layout: ``<task> <a> <b>[ <- flip]`` per task, then the summary line."""
+    """``<task> <a> <b>[ <- flip]`` per task, then the summary line."""
     lines = [f"{task} {a} {b}" + (" <- flip" if flip else "") for task, a, b, flip in table.rows]
     summary = (
         f"tasks={len(table.rows)} flips={table.flips} flip_rate={table.flip_rate:.3f} gate={table.gate:.2f}"
     )
-    if table.errors:  # only when there are any, so a seed file prints exactly the seed's line
+    if table.errors:  # only when there are any: a file without error rows gets the plain totals line
         summary += f" errors={table.errors}"
     lines.append(summary)
     return "\n".join(lines)

@@ -1,13 +1,13 @@
-"""The report models: ``RunReport`` serialises to ``report.json`` exactly as in DESIGN, plus extras.
+"""The report models: ``RunReport`` serialises to ``report.json`` (docs/verdicts.md).
 
-DESIGN fields come first in each model; everything after the ``# extras`` comment is ours.
+The first fields of each model are the original report format; those after ``# extras`` were added later.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-# The decision table of DESIGN: classification -> action.
+# The decision table: classification -> action.
 ACTIONS: dict[str, str] = {
     "host_coupling": "quarantine the agent",
     "laptop_contamination": "clean local secrets",

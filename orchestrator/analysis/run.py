@@ -374,7 +374,7 @@ def _invalid_reasons(
     reference: str,
     fp_ids: Mapping[str, str | None],
 ) -> list[str]:
-    """Every reason the run is not valid, in the order of DESIGN's rule; empty means valid."""
+    """Every reason the run is not valid, in the order of the validity rule; empty means valid."""
     reasons: list[str] = []
     if run.interrupted:
         reasons.append("run interrupted: not every host finished")

@@ -1,4 +1,4 @@
-"""The decision table of DESIGN: one classification and one action per task.
+"""The decision table (docs/verdicts.md): one classification and one action per task.
 
 Precedence (highest first), because one task may show several observations at once:
 

@@ -1,6 +1,6 @@
 """SshHost: one paramiko Transport per host for exec, SFTP and reverse port forwarding.
 
-The SSH rules of DESIGN.md, each learned from a fabric/paramiko bug report:
+crosshost's SSH rules, each learned from a fabric/paramiko bug report:
 
 - host keys only from the tool-owned known_hosts (orchestrator.known_hosts); unknown -> refused
   unless ``accept_new``; changed -> refused always; ``~/.ssh`` is never read or written;
