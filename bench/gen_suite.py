@@ -1,4 +1,4 @@
-"""Generate a benchmark suite in the DESIGN suite format.
+"""Generate a benchmark suite in the suite format of docs/suites.md.
 
 Two kinds of task, alternating so that any prefix of the suite holds both:
 

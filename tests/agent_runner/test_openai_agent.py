@@ -53,7 +53,7 @@ def test_conversation_follows_the_script_through_the_proxy() -> None:
         {"content": "labelled", "finish": "stop"},
     ]
     with FakeProvider(script=script, key=KEY) as provider, proxy(provider.base_url) as p:
-        conv = Conversation.start(ChatClient(p.url, SETTINGS), "label issue 3", CONTRACT)
+        conv = Conversation.start(ChatClient(p.url, SETTINGS), "label the third issue", CONTRACT)
         first = conv.next_turn()
         assert [(c.name, c.args) for c in first.tool_calls] == [
             ("add_label", {"repo": "r", "issue_id": 3, "label": "bug"})

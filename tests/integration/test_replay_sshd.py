@@ -111,7 +111,7 @@ def test_replay_on_local_and_two_sshd_hosts(sshd_hosts: Any, tmp_path: Path) -> 
     assert not any("identity_file" in h for h in m.inventory["hosts"])  # no key paths in the record
     assert _left_of_run(sshd_hosts.inventory_path, m.run_id) == {"local": "", "box-a": "", "box-b": ""}
     # The analysis ran on what came back: the three reports, one entry per task with every host's
-    # verdict and a decision-table row, and the exit code DESIGN derives from validity and the gate.
+    # verdict and a decision-table row, and the exit code that validity and the gate give.
     report = json.loads((rd / "report.json").read_text())
     assert {t["task"] for t in report["tasks"]} == set(req.tasks or [])
     for task in report["tasks"]:

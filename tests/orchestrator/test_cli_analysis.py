@@ -1,4 +1,4 @@
-"""The analysis commands: flips (the seed's layout), check, report, diff."""
+"""The analysis commands: flips (the attempt-paired table), check, report, diff."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``guarded``: both error trees (crosshost's and the runner's) become one line and DESIGN's exit code."""
+"""``guarded``: both error trees (crosshost's and the runner's) become one line and their exit code."""
 
 from __future__ import annotations
 

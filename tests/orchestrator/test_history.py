@@ -31,7 +31,7 @@ def make_run_dir(
     verdicts: dict[str, dict[str, list[str]]] | None = None,
     valid: bool = True,
 ) -> Path:
-    """A finished run dir as DESIGN describes it: manifest.json + report.json (and results.jsonl).
+    """A finished run dir (docs/run-directory.md): manifest.json + report.json (and results.jsonl).
 
     A task in ``flips`` passes on the reference and fails on box-b; others pass on both.
     """

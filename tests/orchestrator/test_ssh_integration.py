@@ -1,4 +1,4 @@
-"""SshHost and open_host against real sshd test hosts: the SSH rules of DESIGN.md, one test each."""
+"""SshHost and open_host against real sshd test hosts: crosshost's SSH rules, one test each."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every row of DESIGN's decision table, built from real traces in a run directory."""
+"""Every row of the decision table, built from real traces in a run directory."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def test_flip_attribution_lists_differing_fingerprint_fields(tmp_path):
 
 
 def test_an_error_on_the_reference_is_never_a_flip_nor_makes_it_flaky(tmp_path):
-    # attempt 0: the reference errored and box-b passed; that pair is not comparable (DESIGN: an
+    # attempt 0: the reference errored and box-b passed; that pair is not comparable (an
     # error is never counted as a flip), and an error among passes is not a disagreement of attempts
     report, task = _run(tmp_path, [Attempt("error"), Attempt("pass")], [Attempt("pass"), Attempt("pass")])
     assert task.classification == "infra_error"

@@ -1,4 +1,4 @@
-"""DESIGN's validity rule, reason by reason; leaks across hosts; damaged traces; pass^k."""
+"""The validity rule, reason by reason; leaks across hosts; damaged traces; pass^k."""
 
 from __future__ import annotations
 
