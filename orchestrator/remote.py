@@ -1,8 +1,8 @@
 """Commands crosshost runs on a host, built in one place and quoted with shlex.
 
-The runner's environment is built here, never by fabric's ``env=`` (sshd's ``AcceptEnv`` drops it
-silently): ``env -i`` empties it, then each allowlisted key gets either the value the inventory pins
-(a shlex-quoted literal) or the host's OWN value, expanded by the host's shell
+The runner's environment is built here, never by SSH environment passing (sshd's ``AcceptEnv``
+drops it silently): ``env -i`` empties it, then each allowlisted key gets either the value the
+inventory pins (a shlex-quoted literal) or the host's OWN value, expanded by the host's shell
 (``${PATH+"PATH=$PATH"}`` passes PATH only when the host has it). Nothing of the controller's
 environment is ever part of a command.
 """

@@ -23,7 +23,7 @@ if "paramiko" not in sys.modules and "invoke" not in sys.modules:
     # paramiko.config imports invoke (and with it unittest.mock: ~60 ms of every start) only to run
     # ssh_config "Match exec" lines; crosshost never reads an ssh_config (no SSHConfig anywhere), and
     # paramiko treats a missing invoke as "Match exec unavailable". Hidden for paramiko's own import
-    # only: a later `import invoke` (e.g. by fabric) works as usual.
+    # only: a later `import invoke` works as usual.
     sys.modules["invoke"] = None  # type: ignore[assignment]
     try:
         import paramiko  # noqa: F401
