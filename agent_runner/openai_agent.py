@@ -40,14 +40,10 @@ from .agents import (
     register,
 )
 from .suite import AgentSpec
+from .wire import CALL_HEADER, CHAT_PATH, ERR_BUDGET, FINISH_BUDGET_MODEL, MODEL_URL_ENV
 
-MODEL_URL_ENV = "CROSSHOST_MODEL_URL"
-CALL_HEADER = "X-Crosshost-Call"
-FINISH_BUDGET_MODEL = "budget_model"
 FINISH_AGENT_ERROR = "agent_error"
 FINISH_TIMEOUT = "timeout"
-# the proxy's error types (orchestrator/proxy.py)
-_ERR_BUDGET = "crosshost_budget"
 _MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 # Schemas of the tools the runner provides itself, used when the contract gives no `parameters`.
@@ -170,7 +166,7 @@ class ChatClient:
     """POSTs to ``<CROSSHOST_MODEL_URL>/chat/completions``; never sends or holds a key."""
 
     def __init__(self, url: str, settings: OpenAISettings) -> None:
-        self.url = url.rstrip("/") + "/chat/completions"
+        self.url = url.rstrip("/") + CHAT_PATH
         self.settings = settings
 
     def request_body(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> Dict[str, Any]:
@@ -227,7 +223,7 @@ def _proxy_error(exc: urllib.error.HTTPError) -> ModelError:
     kind = err.get("type") if isinstance(err, dict) else None
     message = err.get("message") if isinstance(err, dict) else None
     text = " ".join(str(message or f"HTTP {exc.code} from the model proxy").split())
-    if kind == _ERR_BUDGET:
+    if kind == ERR_BUDGET:
         return ModelError(FINISH_BUDGET_MODEL, text, verdict_error=False, call=call)
     return ModelError(FINISH_AGENT_ERROR, text, verdict_error=True, call=call)
 

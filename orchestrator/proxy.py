@@ -42,21 +42,25 @@ from typing import Any
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
+from agent_runner.wire import (
+    API_BASE_PATH,
+    CALL_HEADER,
+    CHAT_PATH,
+    ERR_BAD_JSON,
+    ERR_BUDGET,
+    ERR_PROVIDER,
+    ERR_REFUSED,
+    ERR_UNREACHABLE,
+    FINISH_BUDGET_MODEL,
+    MODEL_URL_ENV,
+    model_url,
+)
 from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
 from orchestrator.transport.base import Host
 
-MODEL_URL_ENV = "CROSSHOST_MODEL_URL"  # the only thing a runner learns about the model's whereabouts
-CHAT_PATH = "/v1/chat/completions"
-CALL_HEADER = "X-Crosshost-Call"
+FORWARDED_PATH = API_BASE_PATH + CHAT_PATH  # the one path the proxy serves
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
-
-# error types the runner's openai agent understands (agent_runner/openai_agent.py mirrors them)
-ERR_BUDGET = "crosshost_budget"
-ERR_REFUSED = "crosshost_refused"
-ERR_UNREACHABLE = "crosshost_provider_unreachable"
-ERR_PROVIDER = "crosshost_provider_error"
-ERR_BAD_JSON = "crosshost_provider_bad_json"
 
 # Provider error messages may quote a masked key ("sk-ab***yz"); never relay anything key-shaped.
 _KEYISH = re.compile(r"\b(sk|pk|rk|key)[-_][A-Za-z0-9_\-*.]{4,}", re.IGNORECASE)
@@ -174,7 +178,7 @@ class ModelProxy:
     Use as a context manager::
 
         with ModelProxy(base_url, "OPENAI_API_KEY", model="gpt-4o-mini", max_requests=200) as proxy:
-            runner_env["CROSSHOST_MODEL_URL"] = proxy.url
+            runner_env[MODEL_URL_ENV] = proxy.url
         proxy.calls  # every request, with its attempts
 
     ``ApiKeyMissing`` is raised by the constructor, so an unset key stops the run before it starts.
@@ -288,12 +292,7 @@ class ModelProxy:
     @property
     def url(self) -> str:
         """What a runner on the controller's own loopback is given as CROSSHOST_MODEL_URL."""
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @staticmethod
-    def url_for_port(port: int) -> str:
-        """CROSSHOST_MODEL_URL for a host that reaches the proxy through a forward on ``port``."""
-        return f"http://127.0.0.1:{port}/v1"
+        return model_url(self.port)
 
     # -- records -------------------------------------------------------------------------------
 
@@ -349,7 +348,7 @@ class ModelProxy:
     ) -> tuple[int, dict[str, Any], ModelCall]:
         call.status, call.error, call.message = status, kind, message
         self._record(call)
-        code = "budget_model" if kind == ERR_BUDGET else None
+        code = FINISH_BUDGET_MODEL if kind == ERR_BUDGET else None
         return status, _error_body(kind, message, code=code), call
 
     def handle_chat(self, raw: bytes) -> tuple[int, dict[str, Any], ModelCall]:
@@ -413,7 +412,7 @@ class ModelProxy:
             number = len(call.attempts) + 1
             t0 = time.monotonic()
             request = urllib.request.Request(
-                self.base_url + "/chat/completions",
+                self.base_url + CHAT_PATH,
                 data=raw,
                 method="POST",
                 headers={
@@ -513,8 +512,8 @@ def _handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
 
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
-            if self.path.split("?", 1)[0] != CHAT_PATH:
-                self._refuse(404, f"path {self.path!r} refused: the proxy forwards only POST {CHAT_PATH}")
+            if self.path.split("?", 1)[0] != FORWARDED_PATH:
+                self._refuse(404, f"path {self.path!r} refused: the proxy forwards only POST {FORWARDED_PATH}")
                 return
             try:
                 length = int(self.headers.get("Content-Length", ""))
@@ -529,7 +528,7 @@ def _handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
             self._send(status, body, call)
 
         def _not_allowed(self) -> None:
-            self._refuse(405, f"{self.command} refused: the proxy forwards only POST {CHAT_PATH}")
+            self._refuse(405, f"{self.command} refused: the proxy forwards only POST {FORWARDED_PATH}")
 
         do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
 
@@ -595,7 +594,7 @@ def model_route(
         try:
             if forward is not None:
                 port = int(forward(proxy.port))
-                url = ModelProxy.url_for_port(port)
+                url = model_url(port)
             else:
                 url = proxy.url
             yield {MODEL_URL_ENV: url}

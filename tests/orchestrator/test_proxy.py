@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from agent_runner.wire import CALL_HEADER
 from orchestrator.errors import ApiKeyMissing, SuiteError
-from orchestrator.proxy import CALL_HEADER, ModelProxy, model_route, openai_agent_config
+from orchestrator.proxy import ModelProxy, model_route, openai_agent_config
 from orchestrator.transport.local import LocalHost
 from tests.fake_provider import FakeProvider, unused_port
 

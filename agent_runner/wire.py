@@ -1,0 +1,32 @@
+"""What the controller's model proxy and the runner's openai agent say to each other.
+
+Both ends import these names (``orchestrator.proxy`` and ``agent_runner.openai_agent``), so the two
+cannot drift. Standard library only, Python 3.9: this travels in the runner zipapp.
+
+- The runner learns where the model is from one environment variable, ``CROSSHOST_MODEL_URL``, an
+  OpenAI-style base URL on the host's own loopback (``model_url(port)``); it never holds a key.
+- It POSTs ``<base>/chat/completions``; the proxy forwards nothing else.
+- Every proxy answer carries ``X-Crosshost-Call``: the JSON record of the request (id, status,
+  attempts, usage), which the runner writes into the trace.
+- A refusal or failure is ``{"error": {"type": ERR_*, "code": ..., "message": ...}}``. ``ERR_BUDGET``
+  (a per-run cap is spent) has the code ``budget_model``, the finish reason the agent stops with;
+  every other type is a harness failure, the attempt's verdict ``error``.
+"""
+
+MODEL_URL_ENV = "CROSSHOST_MODEL_URL"
+API_BASE_PATH = "/v1"
+CHAT_PATH = "/chat/completions"  # below the base URL
+CALL_HEADER = "X-Crosshost-Call"
+
+ERR_BUDGET = "crosshost_budget"
+ERR_REFUSED = "crosshost_refused"
+ERR_UNREACHABLE = "crosshost_provider_unreachable"
+ERR_PROVIDER = "crosshost_provider_error"
+ERR_BAD_JSON = "crosshost_provider_bad_json"
+
+FINISH_BUDGET_MODEL = "budget_model"
+
+
+def model_url(port: int) -> str:
+    """``CROSSHOST_MODEL_URL`` for a proxy (or a forward to it) on 127.0.0.1:``port``."""
+    return f"http://127.0.0.1:{port}{API_BASE_PATH}"
