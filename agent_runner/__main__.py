@@ -12,7 +12,7 @@ import traceback
 from typing import List, Optional
 
 from . import __version__
-from .errors import InputError, RunnerError
+from .errors import CrosshostError, InputError, RunnerError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -92,7 +92,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except RunnerError as exc:
+    except CrosshostError as exc:
         print(f"runner error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

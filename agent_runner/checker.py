@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, TextIO, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, TextIO, Tuple, Type
 
 from .errors import ContractError, InputError
 from .jsonfile import read_json
@@ -61,39 +61,40 @@ class Finding:
         return {"kind": self.kind, "message": self.message, "step": self.step, "tool": self.tool}
 
 
-def _string_list(value: Any, where: str) -> List[str]:
+def _string_list(value: Any, where: str, error: Type[InputError]) -> List[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ContractError(f"{where} must be a list of strings")
+        raise error(f"{where} must be a list of strings")
     return list(value)
 
 
-def validate_contract(contract: Any, source: str) -> Dict[str, Any]:
-    """Check a parsed contract; ``source`` names the file in every message."""
+def validate_contract(contract: Any, source: str, error: Type[InputError] = ContractError) -> Dict[str, Any]:
+    """Check a parsed contract; ``source`` names the file in every message, ``error`` is raised (a
+    contract embedded in a suite is the suite's error)."""
     if not isinstance(contract, dict):
-        raise ContractError(f"{source}: the contract must be a JSON object with 'tools'")
+        raise error(f"{source}: the contract must be a JSON object with 'tools'")
     tools = contract.get("tools")
     if not isinstance(tools, list):
-        raise ContractError(f"{source}: 'tools' must be a list of tool objects")
+        raise error(f"{source}: 'tools' must be a list of tool objects")
     seen: Set[str] = set()
     for index, tool in enumerate(tools):
         where = f"{source}: tools[{index}]"
         if not isinstance(tool, dict):
-            raise ContractError(f"{where} must be an object with a 'name'")
+            raise error(f"{where} must be an object with a 'name'")
         name = tool.get("name")
         if not isinstance(name, str) or not name:
-            raise ContractError(f"{where} has no 'name'")
+            raise error(f"{where} has no 'name'")
         if name in seen:
-            raise ContractError(f"{where}: tool {name!r} is listed twice")
+            raise error(f"{where}: tool {name!r} is listed twice")
         seen.add(name)
         for key in ("required_args", "forbidden_args", "result_shape"):
             if key in tool:
-                _string_list(tool[key], f"{where} ({name}).{key}")
+                _string_list(tool[key], f"{where} ({name}).{key}", error)
         if "parameters" in tool and not isinstance(tool["parameters"], dict):
-            raise ContractError(f"{where} ({name}).parameters must be a JSON schema object")
-    invariants = _string_list(contract.get("invariants", []), f"{source}: 'invariants'")
+            raise error(f"{where} ({name}).parameters must be a JSON schema object")
+    invariants = _string_list(contract.get("invariants", []), f"{source}: 'invariants'", error)
     for invariant in invariants:
         if invariant not in INVARIANTS:
-            raise ContractError(f"{source}: unknown invariant {invariant!r} (known: {', '.join(INVARIANTS)})")
+            raise error(f"{source}: unknown invariant {invariant!r} (known: {', '.join(INVARIANTS)})")
     return contract
 
 

@@ -14,10 +14,10 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Type
 
 from .checker import validate_contract
-from .errors import ContractError, SuiteError
+from .errors import InputError, SuiteError
 from .trace import FINISH_REASONS
 
 try:  # Python 3.11+; on a host the suite arrives as suite.json and TOML is never read.
@@ -108,8 +108,8 @@ class Suite:
 def _read_text(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SuiteError(f"{path}: missing ({what})") from None
+    except FileNotFoundError as exc:
+        raise SuiteError(f"{path}: missing ({what})") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise SuiteError(f"{path}: cannot read {what}: {exc}") from exc
 
@@ -155,10 +155,7 @@ def normalise_suite(directory: "str | os.PathLike[str]") -> Dict[str, Any]:
     contract_path = _inside(root, raw.get("contract", "contract.json"), f"{suite_toml}: contract")
     tools_path = _inside(root, raw.get("tools", "tools.json"), f"{suite_toml}: tools")
     contract = _read_json(contract_path, "the tool-shape contract")
-    try:
-        validate_contract(contract, str(contract_path))
-    except ContractError as exc:
-        raise SuiteError(str(exc)) from None
+    validate_contract(contract, str(contract_path), SuiteError)
     tools = _read_json(tools_path, "the shell allow/deny list")
     data: Dict[str, Any] = {
         "schema": SCHEMA,
@@ -380,27 +377,28 @@ def _script(raw: Any, where: str) -> List[Dict[str, Any]]:
     return raw
 
 
-def parse_tools_policy(raw: Any, where: str) -> Dict[str, List[List[str]]]:
+def parse_tools_policy(raw: Any, where: str, error: Type[InputError] = SuiteError) -> Dict[str, List[List[str]]]:
+    """The allow/deny lists as argv prefixes; ``error`` names whose input is wrong (the suite's, or tools.json's)."""
     if not isinstance(raw, dict) or set(raw) - {"allow", "deny"}:
-        raise SuiteError(f"{where} must be an object with only 'allow' and 'deny' lists")
+        raise error(f"{where} must be an object with only 'allow' and 'deny' lists")
     policy: Dict[str, List[List[str]]] = {}
     for key in ("allow", "deny"):
         entries = raw.get(key, [])
         if not isinstance(entries, list):
-            raise SuiteError(f"{where}.{key} must be a list of commands")
+            raise error(f"{where}.{key} must be a list of commands")
         parsed: List[List[str]] = []
         for index, entry in enumerate(entries):
             if isinstance(entry, str):
                 try:
                     tokens = shlex.split(entry)
                 except ValueError as exc:
-                    raise SuiteError(f"{where}.{key}[{index}]: {exc}") from None
+                    raise error(f"{where}.{key}[{index}]: {exc}") from exc
             elif isinstance(entry, list) and all(isinstance(t, str) for t in entry):
                 tokens = list(entry)
             else:
                 tokens = []
             if not tokens:
-                raise SuiteError(f"{where}.{key}[{index}] must be a command string or a non-empty argv list")
+                raise error(f"{where}.{key}[{index}] must be a command string or a non-empty argv list")
             parsed.append(tokens)
         policy[key] = parsed
     return policy
@@ -429,10 +427,7 @@ def suite_from_dict(data: Any, root: Path, where: Where) -> Suite:
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < 1:
         raise SuiteError(where(None, f"[gate].alpha must be a number between 0 and 1 (exclusive), got {alpha!r}"))
     gate = {"flip_rate": rate, "alpha": alpha}
-    try:
-        contract = validate_contract(data.get("contract"), where(None, "contract"))
-    except ContractError as exc:
-        raise SuiteError(str(exc)) from None
+    contract = validate_contract(data.get("contract"), where(None, "contract"), SuiteError)
     tools = parse_tools_policy(data.get("tools", {}), where(None, "tools"))
     raw_tasks = data.get("tasks")
     if not isinstance(raw_tasks, list) or not raw_tasks:

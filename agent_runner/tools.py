@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .errors import ContractError, SuiteError
+from .errors import ContractError
 from .jsonfile import read_json
 from .suite import parse_tools_policy
 
@@ -38,11 +38,7 @@ def _error(message: str) -> ToolResult:
 def load_policy(path: "str | os.PathLike[str]") -> Dict[str, List[List[str]]]:
     """Read tools.json ({"allow": [...], "deny": [...]}); ContractError names the file."""
     name = os.fspath(path)
-    raw = read_json(name, "tools.json", ContractError)
-    try:
-        return parse_tools_policy(raw, name)
-    except SuiteError as exc:
-        raise ContractError(str(exc)) from None
+    return parse_tools_policy(read_json(name, "tools.json", ContractError), name, ContractError)
 
 
 def _prefix(argv: Sequence[str], entry: Sequence[str], by_basename: bool) -> bool:

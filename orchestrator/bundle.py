@@ -148,16 +148,12 @@ class Bundle:
 
 
 def normalise(suite_dir: Path) -> dict[str, Any]:
-    """The runner's one suite validator; its SuiteError becomes ours (exit 2) at this boundary."""
-    from agent_runner import errors as runner_errors
+    """The runner's one suite validator (its SuiteError is exit 2)."""
     from agent_runner.suite import normalise_suite
 
     if not suite_dir.is_dir():
         raise SuiteError(f"{suite_dir}: not a directory (expected a suite with suite.toml)")
-    try:
-        return normalise_suite(suite_dir)
-    except runner_errors.InputError as exc:
-        raise SuiteError(str(exc)) from exc
+    return normalise_suite(suite_dir)
 
 
 _CACHE_KEY_FORMAT = b"crosshost bundle cache v1\0"

@@ -1,6 +1,6 @@
 """The crosshost command line. Thin: each command parses, calls one function, renders.
 
-Commands return their exit code; ``guarded`` maps errors to one line and an exit code
+Commands return their exit code; ``guarded`` maps an error to one line and its exit code
 (docs/errors-and-exit-codes.md).
 Add a command as a small function below; keep logic in the modules it calls.
 """
@@ -19,8 +19,6 @@ from typing import Annotated, ParamSpec
 
 import typer
 
-from agent_runner.errors import InputError as RunnerInputError
-from agent_runner.errors import RunnerError
 from orchestrator.errors import CrosshostError
 from orchestrator.exit_policy import INTERRUPTED
 
@@ -52,26 +50,18 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
-def _error_line(exc: CrosshostError | RunnerError) -> str:
-    if isinstance(exc, CrosshostError):
-        return exc.one_line()
-    # agent_runner's own tree (its checker and readers run in-process here): its exit codes are
-    # the same as ours already; bad input is named as ours is.
-    return f"{'InputError' if isinstance(exc, RunnerInputError) else 'RunnerError'}: {exc}"
-
-
 def guarded(fn: Callable[P, int]) -> Callable[P, None]:
-    """Wrap a command: its int result becomes the exit code; errors become one line + their exit code.
+    """Wrap a command: its int result becomes the exit code; an error becomes one line and its code.
 
-    Both error trees are mapped here, once: crosshost's (``CrosshostError``) and the runner's
-    (``agent_runner.errors.RunnerError``, exit 2 for bad input, 3 otherwise)."""
+    The one root (``CrosshostError``, runner and controller alike) carries its exit code; Ctrl-C is
+    130, a closed pipe 141, anything else an internal error (1) with its traceback logged."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
         try:
             rv = fn(*args, **kwargs)
-        except (CrosshostError, RunnerError) as exc:
-            typer.echo(_error_line(exc), err=True)
+        except CrosshostError as exc:
+            typer.echo(exc.one_line(), err=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)

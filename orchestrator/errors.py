@@ -1,65 +1,63 @@
-"""The one exception tree of the controller.
+"""The controller's errors, under the one root of ``agent_runner.errors`` (its docstring draws the tree).
 
-Every error crosshost raises on purpose derives from ``CrosshostError``; foreign errors (paramiko,
-socket, OSError, tomllib, pydantic) are mapped once, where they happen, with ``raise ... from exc``.
-Each class carries its exit code (docs/errors-and-exit-codes.md), so the CLI maps an error to an exit
-without a table.
+The root and the input errors the runner shares are re-exported here, so the controller imports every
+error from this module. The controller adds:
 
-    CrosshostError                      exit 1 unless a subclass says otherwise
-    ├── InputError                      exit 2: the user's input is wrong; the message names file/key
-    │   ├── InventoryError              hosts.toml
-    │   ├── SuiteError                  a suite directory, suite.toml, task.toml, script.json
-    │   ├── ContractError               contract.json, tools.json
-    │   ├── TraceError                  a trace or results.jsonl
-    │   └── ApiKeyMissing               [agent] api_key_env names a variable unset on the controller
-    └── HostError                       exit 3: infrastructure; carries the host's name
-        ├── HostUnreachable             connect refused / timed out / DNS (transient: retried)
-        ├── HostKeyRejected             unknown or changed host key (never retried)
-        ├── AuthenticationFailed        the key was refused (never retried)
-        ├── TransferError               SFTP put/get failed
-        ├── ArchiveRejected             a pulled archive held an unsafe member
-        ├── RunnerCrashed               the runner exited in a way that is not a verdict
-        └── WorkspaceLeft               the remote workspace could not be removed or verified gone
+    InputError
+    ├── InventoryError       hosts.toml
+    └── ApiKeyMissing        [agent] api_key_env names a variable unset on the controller
+    HostError                exit 3: infrastructure; carries the host's name
+    ├── HostUnreachable      connect refused / timed out / DNS (transient: retried)
+    ├── HostKeyRejected      unknown or changed host key (never retried)
+    ├── AuthenticationFailed the key was refused (never retried)
+    ├── TransferError        SFTP put/get failed
+    ├── ArchiveRejected      a pulled archive held an unsafe member
+    ├── RunnerCrashed        the runner exited in a way that is not a verdict
+    └── WorkspaceLeft        the remote workspace could not be removed or verified gone
 
 A CLI error is one line: ``box-b: HostKeyRejected: ...`` (host prefix only for HostError).
 """
 
 from __future__ import annotations
 
+from agent_runner.errors import (
+    ContractError,
+    CrosshostError,
+    InputError,
+    RunnerError,
+    SecretVisible,
+    SuiteError,
+    TraceError,
+)
 
-class CrosshostError(Exception):
-    """Root of every error crosshost raises on purpose."""
-
-    exit_code = 1
-
-    def one_line(self) -> str:
-        return f"{type(self).__name__}: {self}"
-
-
-class InputError(CrosshostError):
-    """Bad input: the message names the file, the line or key, and what is wrong."""
-
-    exit_code = 2
+__all__ = [
+    "ApiKeyMissing",
+    "ArchiveRejected",
+    "AuthenticationFailed",
+    "ContractError",
+    "CrosshostError",
+    "HostError",
+    "HostKeyRejected",
+    "HostUnreachable",
+    "InputError",
+    "InventoryError",
+    "RunnerCrashed",
+    "RunnerError",
+    "SecretVisible",
+    "SuiteError",
+    "TraceError",
+    "TransferError",
+    "WorkspaceLeft",
+    "one_line",
+]
 
 
 class InventoryError(InputError):
-    pass
-
-
-class SuiteError(InputError):
-    pass
-
-
-class ContractError(InputError):
-    pass
-
-
-class TraceError(InputError):
-    pass
+    """hosts.toml cannot be read, is not TOML, or names a key, host or file that is wrong."""
 
 
 class ApiKeyMissing(InputError):
-    pass
+    """An openai suite's [agent] api_key_env is empty or names a variable unset on the controller."""
 
 
 class HostError(CrosshostError):
@@ -77,28 +75,37 @@ class HostError(CrosshostError):
 
 
 class HostUnreachable(HostError):
+    """Connecting to the host was refused, timed out or failed to resolve, or the connection broke."""
+
     transient = True
 
 
 class HostKeyRejected(HostError):
-    pass
+    """The host's key is unknown (and --accept-new was not given) or differs from the pinned one."""
 
 
 class AuthenticationFailed(HostError):
-    pass
+    """The host refused the inventory's identity_file, or that key cannot be loaded."""
 
 
 class TransferError(HostError):
-    pass
+    """Copying a file to or from the host failed (SFTP, or a local copy for a local host)."""
 
 
 class ArchiveRejected(HostError):
-    pass
+    """An archive pulled from the host held an unsafe member or could not be read; nothing was written."""
 
 
 class RunnerCrashed(HostError):
-    pass
+    """The runner on the host exited or answered in a way that is not a verdict (no JSON, a crash)."""
 
 
 class WorkspaceLeft(HostError):
-    pass
+    """The remote workspace could not be removed, or is still there after removal."""
+
+
+def one_line(exc: BaseException) -> str:
+    """How any error is told in one line: ours as ``one_line()`` says, a foreign one by its type."""
+    if isinstance(exc, CrosshostError):
+        return exc.one_line()
+    return f"{type(exc).__name__}: {exc}"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import remote
-from orchestrator.errors import CrosshostError, HostError, RunnerCrashed, TransferError, WorkspaceLeft
+from orchestrator.errors import HostError, RunnerCrashed, TransferError, WorkspaceLeft, one_line
 from orchestrator.fanout import default_jobs, fan_out
 from orchestrator.host_fingerprint import (
     fingerprint_digest,
@@ -122,8 +122,8 @@ def probe(
             results.append(outcome.value)
             continue
         exc = outcome.error
-        line = exc.one_line() if isinstance(exc, CrosshostError) else f"{type(exc).__name__}: {exc}"
-        res = ProbeResult(name, configs[name].transport, error=line)
+        assert exc is not None  # an outcome holds a value or an error
+        res = ProbeResult(name, configs[name].transport, error=one_line(exc))
         res.reachable = not isinstance(exc, HostError) or isinstance(exc, RunnerCrashed | WorkspaceLeft)
         results.append(res)
     return results

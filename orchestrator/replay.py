@@ -35,7 +35,6 @@ from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.errors import (
     ArchiveRejected,
     AuthenticationFailed,
-    CrosshostError,
     HostError,
     HostKeyRejected,
     HostUnreachable,
@@ -43,6 +42,7 @@ from orchestrator.errors import (
     SuiteError,
     TraceError,
     WorkspaceLeft,
+    one_line,
 )
 from orchestrator.exit_policy import COMPARE_LAST_REASON, replay_exit
 from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
@@ -462,11 +462,7 @@ def _stop_running(shared: _Shared) -> None:
 
 
 def _error_line(exc: BaseException) -> str:
-    if isinstance(exc, CrosshostError):
-        return exc.one_line()
-    if isinstance(exc, Interrupted):
-        return "interrupted"
-    return f"{type(exc).__name__}: {exc}"
+    return "interrupted" if isinstance(exc, Interrupted) else one_line(exc)
 
 
 def _host_rows(run_dir: RunDir, name: str) -> list[dict[str, Any]]:

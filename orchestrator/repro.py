@@ -21,11 +21,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_runner import errors as runner_errors
 from agent_runner.redact import redact
 from agent_runner.trace import Trace, fp, iter_records, read_trace
 from orchestrator.dotted import flatten
-from orchestrator.errors import InputError, SuiteError, TraceError
+from orchestrator.errors import InputError, TraceError
 from orchestrator.exit_policy import repro_exit
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
@@ -68,11 +67,8 @@ def load_recorded(trace_path: Path) -> tuple[Trace, dict[int, str]]:
     """The trace and its observations; a trace that cannot drive a replay is an InputError (exit 2)."""
     if not trace_path.is_file():
         raise TraceError(f"{trace_path}: no such trace file")
-    try:
-        trace = read_trace(trace_path)
-        observations = recorded_observations(trace_path)
-    except runner_errors.InputError as exc:
-        raise TraceError(str(exc)) from None
+    trace = read_trace(trace_path)
+    observations = recorded_observations(trace_path)
     broken = [p for p in trace.problems if "no finish record" not in p and "no header record" not in p]
     if broken:
         raise TraceError(f"{broken[0]} (fix the trace; {len(broken)} problem(s) in all)")
@@ -172,10 +168,7 @@ def build_suite(
         # --suite: its contract and tools.json replace the ones derived from the trace
         from agent_runner.suite import load_suite
 
-        try:
-            given = load_suite(suite_dir)
-        except runner_errors.InputError as exc:
-            raise SuiteError(str(exc)) from None
+        given = load_suite(suite_dir)
         contract: dict[str, Any] = given.contract
         tools_policy: dict[str, Any] = {
             "allow": given.tools.get("allow", []),
@@ -338,11 +331,8 @@ def compare_traces(
     against_fingerprint: dict[str, Any] | None = None,
 ) -> Comparison:
     """Step by step: the first step whose tool call, error or observation (obs_fp) differs."""
-    try:
-        ta, tb = read_trace(host_trace), read_trace(against_trace)
-        oa, ob = recorded_observations(host_trace), recorded_observations(against_trace)
-    except runner_errors.InputError as exc:
-        raise TraceError(str(exc)) from None
+    ta, tb = read_trace(host_trace), read_trace(against_trace)
+    oa, ob = recorded_observations(host_trace), recorded_observations(against_trace)
     divergence = None
     n = max(len(ta.turns), len(tb.turns))
     for i in range(n):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_runner.checker import LEAK_KINDS, TurnChecker
-from agent_runner.errors import RunnerError
+from agent_runner.errors import TraceError
 from agent_runner.trace import fp, iter_records
 from orchestrator.analysis.shapes import ShapeHasher, Step, shape_line, step_of
 
@@ -131,7 +131,7 @@ class TraceSummariser:
                     finish = record
                 else:
                     summary.problem(f"{path}:{lineno}: unknown record type {kind!r}")
-        except (RunnerError, OSError) as exc:  # unreadable file: agent_runner's TraceError
+        except (TraceError, OSError) as exc:  # an unreadable file is a problem of this attempt
             summary.problem(str(exc))
         summary.steps = hasher.steps
         summary.shape_hash = hasher.shape_hash

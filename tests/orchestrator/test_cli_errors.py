@@ -1,4 +1,4 @@
-"""``guarded``: both error trees (crosshost's and the runner's) become one line and their exit code."""
+"""``guarded``: every error of the one tree (runner and controller alike) becomes one line and its exit code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from agent_runner import errors as runner_errors
 from orchestrator import errors
 from orchestrator.cli import app, guarded
 
@@ -28,12 +27,22 @@ def _app_raising(exc: BaseException) -> typer.Typer:
     ("exc", "code", "line"),
     [
         (
-            runner_errors.ContractError("c.json: tools[0]: no name"),
+            errors.ContractError("c.json: tools[0]: no name"),
             2,
-            "InputError: c.json: tools[0]: no name",
+            "ContractError: c.json: tools[0]: no name",
         ),
-        (runner_errors.TraceError("t.jsonl:3: not JSON"), 2, "InputError: t.jsonl:3: not JSON"),
-        (runner_errors.RunnerError("workspace left behind"), 3, "RunnerError: workspace left behind"),
+        (errors.TraceError("t.jsonl:3: not JSON"), 2, "TraceError: t.jsonl:3: not JSON"),
+        (
+            errors.InputError("--format 'x': choose table, md, json or junit"),
+            2,
+            "InputError: --format 'x': choose table, md, json or junit",
+        ),
+        (errors.RunnerError("workspace left behind"), 3, "RunnerError: workspace left behind"),
+        (
+            errors.CrosshostError("runs/x: run directory exists already"),
+            1,
+            "CrosshostError: runs/x: run directory exists already",
+        ),
         (
             errors.SuiteError("suite.toml: repeat: not a number"),
             2,
@@ -42,7 +51,7 @@ def _app_raising(exc: BaseException) -> typer.Typer:
         (errors.RunnerCrashed("box-b", "exit 139"), 3, "box-b: RunnerCrashed: exit 139"),
     ],
 )
-def test_errors_of_both_trees_are_one_line_with_their_exit_code(exc: Exception, code: int, line: str) -> None:
+def test_an_error_is_one_line_with_its_exit_code(exc: Exception, code: int, line: str) -> None:
     res = CliRunner().invoke(_app_raising(exc), [])
     assert (res.exit_code, res.stdout, res.stderr) == (code, "", line + "\n")
 
@@ -53,7 +62,7 @@ def test_check_with_a_missing_contract_is_exit_2_in_one_line(tmp_path: Path) -> 
         app, ["check", str(missing), str(tmp_path / "t.jsonl"), str(tmp_path / "fp.json")]
     )
     assert res.exit_code == 2
-    assert res.stderr.startswith(f"InputError: {missing}") and res.stderr.count("\n") == 1
+    assert res.stderr.startswith(f"ContractError: {missing}") and res.stderr.count("\n") == 1
 
 
 def test_a_reader_that_leaves_early_is_not_an_internal_error(tmp_path: Path) -> None:
@@ -76,7 +85,9 @@ def test_a_reader_that_leaves_early_is_not_an_internal_error(tmp_path: Path) -> 
         "app()\n"
     )
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.read(100)
     proc.stdout.close()

@@ -1,0 +1,46 @@
+"""The one error tree: every class a user can meet is documented with the exit code it really ends with."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import agent_runner.errors
+from orchestrator import errors
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "errors-and-exit-codes.md"
+
+
+def _tree() -> list[type[errors.CrosshostError]]:
+    found, todo = [], [errors.CrosshostError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return [c for c in found if c.__module__ in ("agent_runner.errors", "orchestrator.errors")]
+
+
+def test_the_runner_and_the_controller_share_one_root() -> None:
+    assert errors.CrosshostError is agent_runner.errors.CrosshostError
+    assert errors.SuiteError is agent_runner.errors.SuiteError
+    assert issubclass(errors.HostUnreachable, agent_runner.errors.CrosshostError)
+    assert not issubclass(errors.InputError, errors.RunnerError)  # bad input is exit 2, never 3
+
+
+def test_every_error_is_documented_with_its_exit_code() -> None:
+    rows = dict(re.findall(r"^\| `(\w+)` \| (\d) \|", DOC.read_text(), flags=re.MULTILINE))
+    tree = _tree()
+    assert len(tree) == 17
+    assert {cls.__name__: str(cls.exit_code) for cls in tree} == rows
+
+
+def test_every_error_says_in_one_line_when_it_is_raised() -> None:
+    for cls in _tree():
+        doc = cls.__dict__.get("__doc__") or ""
+        assert doc.strip() and "\n" not in doc.strip(), cls.__name__
+
+
+def test_a_host_error_names_its_host_and_others_do_not() -> None:
+    assert errors.WorkspaceLeft("box-b", "/w is still there").one_line() == "box-b: WorkspaceLeft: /w is still there"
+    assert errors.one_line(errors.SecretVisible("X_TOKEN visible")) == "SecretVisible: X_TOKEN visible"
+    assert errors.one_line(ValueError("bad")) == "ValueError: bad"
