@@ -16,10 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from orchestrator.errors import HostError, InputError
+
 OK = 0
 FINDING = 1
-BAD_INPUT = 2
-HOST_FAILURE = 3
+BAD_INPUT = InputError.exit_code
+HOST_FAILURE = HostError.exit_code
 INTERRUPTED = 130
 
 
