@@ -53,8 +53,9 @@ def migrate_trace_header(record: Mapping[str, Any]) -> Dict[str, Any]:
 def migrate_result_row(row: Mapping[str, Any]) -> Dict[str, Any]:
     """A results row of any known shape as today's.
 
-    Seed-format rows (other tools write them too) name the host ``host`` instead of ``env``, may carry
-    only ``passed`` (a boolean, or 0/1) instead of ``verdict``, and no ``attempt`` (one run each)."""
+    Rows other tools write (crosshost's first format among them) name the host ``host`` instead of
+    ``env``, may carry only ``passed`` (a boolean, or 0/1) instead of ``verdict``, and no ``attempt``
+    (one run each)."""
     out = dict(row)
     if "env" not in out and "host" in out:
         out["env"] = out.pop("host")
@@ -86,7 +87,7 @@ def migrate_fingerprint(data: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def migrate_seed_calls(doc: Mapping[str, Any], path: str, problems: List[str]) -> List[Dict[str, Any]]:
+def migrate_tool_calls_document(doc: Mapping[str, Any], path: str, problems: List[str]) -> List[Dict[str, Any]]:
     """A single-document trace ``{"tool_calls": [{"name", "args"}]}`` as turn records
     (steps 1..n). OpenAI-style ``arguments`` (a JSON string) and ``tool`` for ``name`` are accepted;
     a call that cannot be read is a problem ``<file>:tool_calls[i]: ...`` and is left out."""

@@ -6,7 +6,7 @@ yielded as ``{"type": "corrupt", "error": "<what is wrong>", "text": "<first 200
 see exactly where a trace is damaged. ``read_trace`` turns those (and records that break the schema)
 into ``Trace.problems``, each ``"<file>:<line>: <what is wrong>"``; it raises ``TraceError`` only when
 the file cannot be read or holds no trace at all. It also accepts the single-document form
-``{"tool_calls": [{"name": ..., "args": ...}]}`` (``records.migrate_seed_calls``), and headers of
+``{"tool_calls": [{"name": ..., "args": ...}]}`` (``records.migrate_tool_calls_document``), and headers of
 older schemas (``records.migrate_trace_header``).
 
 Writing goes through ``TraceWriter``, which redacts every record before it touches the disk.
@@ -28,7 +28,7 @@ from .records import (
     TraceFinish,
     TraceHeader,
     TraceTurn,
-    migrate_seed_calls,
+    migrate_tool_calls_document,
     migrate_trace_header,
 )
 from .redact import redact
@@ -138,7 +138,7 @@ def read_trace(path: PathArg) -> Trace:
     seed = _looks_like_seed(name)
     if seed is not None:
         trace = Trace(path=name, form="seed")
-        trace.turns = migrate_seed_calls(seed, name, trace.problems)
+        trace.turns = migrate_tool_calls_document(seed, name, trace.problems)
         return trace
 
     trace = Trace(path=name)

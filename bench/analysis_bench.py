@@ -1,7 +1,7 @@
 """Analysis benchmark: ``analyse_run`` on a run of N trace lines against json-parsing the same lines.
 
 ``make_run_dir`` writes a run directory through the product's own records (manifest via
-``orchestrator.store``; traces, results rows and fingerprints via ``agent_runner.records``) with several hosts, tasks and attempts; a few
+``orchestrator.rundir``; traces, results rows and fingerprints via ``agent_runner.records``) with several hosts, tasks and attempts; a few
 tasks differ between hosts in shape or argument values so the diff paths run too, and one task flips.
 Each measurement runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own.
 
@@ -45,7 +45,7 @@ def _turn_line(step: int, tool: str, args: dict[str, object]) -> str:
 
 def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
     """Write ``root/<run_id>/`` holding exactly ``lines`` trace lines; return the run directory."""
-    from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, utc_now
+    from orchestrator.rundir import HostRecord, Manifest, RunDir, SuiteRef, utc_now
 
     per_trace = lines // shape.traces
     if per_trace < 3:
@@ -70,7 +70,7 @@ def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
                 "invariants": ["no_absolute_local_paths", "no_home_directory_strings", "no_hostname_in_tool_args"]}
     run.write_contract(json.dumps(contract).encode())
 
-    rows = []
+    rows: list[ResultRow] = []
     index = 0
     for h_i, host in enumerate(hosts):
         hdir = run.host_dir(host)
@@ -114,7 +114,7 @@ def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
                 row = ResultRow(task=task, env=host, attempt=attempt, verdict=verdict, reason="stop", run_id=run.run_id,
                                 env_sha=fingerprints[host], exit_code=0 if verdict == "pass" else 1, wall_ms=5,
                                 fingerprint=fingerprints[host], why=finish.why)
-                rows.append(row.to_json())
+                rows.append(row)
     run.write_results(rows)
     return run.path
 

@@ -131,7 +131,7 @@ def _write_once(path: Path, data: bytes) -> None:
 class Bundle:
     path: Path  # bundle-<sha>.tar: runner.pyz + suite.tar
     sha: str
-    runner_sha: str
+    zipapp_sha: str  # sha256 of runner.pyz (its sources' digest is the trace pin runner_source_sha)
     suite_sha: str
     suite_name: str
     suite_dir: Path
@@ -156,13 +156,13 @@ def normalise(suite_dir: Path) -> dict[str, Any]:
     return normalise_suite(suite_dir)
 
 
-_CACHE_KEY_FORMAT = b"crosshost bundle cache v1\0"
+_CACHE_KEY_FORMAT = b"crosshost bundle cache v2\0"
 
 
-def _inputs_key(runner_sha: str, entries: list[tuple[str, bytes, bool]], normalised: dict[str, Any]) -> str:
+def _inputs_key(zipapp_sha: str, entries: list[tuple[str, bytes, bool]], normalised: dict[str, Any]) -> str:
     """The sha of everything a bundle's bytes depend on (the runner, every file, the normalised suite)."""
     h = hashlib.sha256(_CACHE_KEY_FORMAT)
-    h.update(runner_sha.encode() + b"\0")
+    h.update(zipapp_sha.encode() + b"\0")
     for rel, data, executable in entries:
         h.update(f"{len(rel)}:{rel}:{int(executable)}:{len(data)}:".encode())
         h.update(data)
@@ -171,12 +171,12 @@ def _inputs_key(runner_sha: str, entries: list[tuple[str, bytes, bool]], normali
     return h.hexdigest()
 
 
-def _cached_bundle(out_dir: Path, key: str, runner_sha: str) -> tuple[Path, str, str] | None:
+def _cached_bundle(out_dir: Path, key: str, zipapp_sha: str) -> tuple[Path, str, str] | None:
     """(path, bundle sha, suite sha) of the bundle built earlier from the same inputs, if it is intact."""
     try:
         entry = json.loads((out_dir / f"index-{key}.json").read_text())
         bundle_sha, suite_sha = str(entry["bundle_sha"]), str(entry["suite_sha"])
-        if entry["runner_sha"] != runner_sha:
+        if entry["zipapp_sha"] != zipapp_sha:
             return None
         path = out_dir / f"bundle-{bundle_sha}.tar"
         if sha256_file(path) != bundle_sha:  # damaged or replaced: rebuilt, never pushed
@@ -205,16 +205,16 @@ def build_bundle(
         from orchestrator.runner_zipapp import runner_zipapp_bytes
 
         runner_bytes = runner_zipapp_bytes()
-        runner_sha = hashlib.sha256(runner_bytes).hexdigest()
+        zipapp_sha = hashlib.sha256(runner_bytes).hexdigest()
     else:
-        runner_sha = sha256_file(runner)
+        zipapp_sha = sha256_file(runner)
     entries = _suite_entries(suite_dir)
     name = str(normalised.get("name") or suite_dir.name)
-    key = _inputs_key(runner_sha, entries, normalised)
-    cached = _cached_bundle(out_dir, key, runner_sha)
+    key = _inputs_key(zipapp_sha, entries, normalised)
+    cached = _cached_bundle(out_dir, key, zipapp_sha)
     if cached is not None:
         path, sha, suite_sha = cached
-        return Bundle(path, sha, runner_sha, suite_sha, name, suite_dir, normalised)
+        return Bundle(path, sha, zipapp_sha, suite_sha, name, suite_dir, normalised)
     if runner is None:
         from orchestrator.runner_zipapp import build_runner_zipapp
 
@@ -225,9 +225,9 @@ def build_bundle(
         for member, data in (("runner.pyz", runner_bytes or runner.read_bytes()), ("suite.tar", suite_tar.read_bytes())):
             tar.addfile(_info(member, size=len(data)), io.BytesIO(data))
     path, sha = _store_tar(out_dir, "bundle", buf.getvalue())
-    index = {"bundle_sha": sha, "suite_sha": suite_sha, "runner_sha": runner_sha}
+    index = {"bundle_sha": sha, "suite_sha": suite_sha, "zipapp_sha": zipapp_sha}
     _write_once(out_dir / f"index-{key}.json", (json.dumps(index, sort_keys=True) + "\n").encode())
-    return Bundle(path, sha, runner_sha, suite_sha, name, suite_dir, normalised)
+    return Bundle(path, sha, zipapp_sha, suite_sha, name, suite_dir, normalised)
 
 
 def bundle_present_test(bundle: Bundle, workspace_root: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
+from agent_runner.records import ResultRow
 from orchestrator.errors import HostError, InputError
 
 OK = 0
@@ -38,7 +39,7 @@ class _RunState(Protocol):
 
 
 def replay_exit(
-    manifest: _RunState, report: Any, gate: float | None, rows: list[dict[str, Any]]
+    manifest: _RunState, report: Any, gate: float | None, rows: list[ResultRow]
 ) -> tuple[int, str]:
     """A replay's exit code and why. 3: a host failed or ANY row is an ``error`` verdict — the
     harness or the host failed (unreachable, runner crashed, predicate could not start, model
@@ -67,14 +68,14 @@ def replay_exit(
     return OK, f"valid{within}"
 
 
-def infra_reason(manifest: _RunState, rows: list[dict[str, Any]]) -> str:
+def infra_reason(manifest: _RunState, rows: list[ResultRow]) -> str:
     """Why the run is an infrastructure failure (exit 3), or "" when it is not: per host, in
     inventory order, its error verdicts (and the first reason) or its error."""
     parts: list[str] = []
     for name, rec in manifest.hosts.items():
-        errs = [r for r in rows if r.get("env") == name and r.get("verdict") == "error"]
+        errs = [r for r in rows if r.env == name and r.verdict == "error"]
         if errs:
-            first = str(errs[0].get("reason") or errs[0].get("why") or "error").removeprefix(f"{name}: ")
+            first = (errs[0].reason or errs[0].why or "error").removeprefix(f"{name}: ")
             if rec.error and not rec.error.removeprefix(f"{name}: ").startswith(first[:40]):
                 first = f"{rec.error}; {first}"
             parts.append(f"{len(errs)} error verdict(s) on {name}: {first}")

@@ -25,7 +25,7 @@ from orchestrator.analysis.stats import pass_counts, pass_rate
 from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
 from orchestrator.exit_policy import compare_last_exit
-from orchestrator.store import iter_jsonl
+from orchestrator.rundir import Manifest, RunDir
 
 INDEX_NAME = "index.sqlite"
 BUSY_TIMEOUT_MS = 30_000
@@ -168,82 +168,66 @@ def _load_json(path: Path) -> Any:
         raise InputError(f"{path}: cannot read: {exc.strerror}") from exc
 
 
-def _iso(value: Any) -> str | None:
-    """Timestamps as ISO-8601 UTC strings, so ordering by text is ordering by time."""
-    if value is None or value == "":
+def _iso(value: str | None) -> str | None:
+    """Timestamps as ISO-8601 UTC strings of one fixed width, so ordering by text is ordering by time."""
+    if not value:
         return None
-    if isinstance(value, int | float):
-        return _dt.datetime.fromtimestamp(value, _dt.UTC).isoformat(timespec="microseconds")
-    text = str(value)
     try:
-        parsed = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        parsed = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        return text
+        return value
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=_dt.UTC)
     # one fixed width (microseconds): text order must be time order, even within one second
     return parsed.astimezone(_dt.UTC).isoformat(timespec="microseconds")
 
 
-def _suite_fields(manifest: dict[str, Any], report: dict[str, Any]) -> tuple[str | None, str | None]:
-    suite = manifest.get("suite")
-    if isinstance(suite, dict):
-        name, sha = suite.get("name"), suite.get("sha") or suite.get("sha256")
-    else:
-        name, sha = suite, None
-    name = name or manifest.get("suite_name") or report.get("suite")
-    sha = sha or manifest.get("suite_sha")
-    return (str(name) if name else None), (str(sha) if sha else None)
-
-
-def _hosts(manifest: dict[str, Any], report: dict[str, Any]) -> list[dict[str, Any]]:
-    hosts = report.get("hosts")
-    if not hosts:
-        hosts = manifest.get("hosts") or []
-    if isinstance(hosts, dict):  # {"name": {...}} form
-        hosts = [{"name": k, **(v if isinstance(v, dict) else {})} for k, v in hosts.items()]
-    out = []
-    for h in hosts:
-        if isinstance(h, str):
-            h = {"name": h}
-        out.append(
+def _hosts(manifest: Manifest, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """[{"name", "fingerprint", "reachable"}]: the report's hosts, else the manifest's."""
+    listed = report.get("hosts")
+    if isinstance(listed, list) and listed:
+        return [
             {"name": h.get("name"), "fingerprint": h.get("fingerprint"), "reachable": h.get("reachable")}
-        )
-    return out
+            for h in listed
+            if isinstance(h, dict)
+        ]
+    return [
+        {"name": name, "fingerprint": rec.fingerprint, "reachable": rec.reachable}
+        for name, rec in manifest.hosts.items()
+    ]
 
 
-def _pass_rates(run_dir: Path, report: dict[str, Any], host_names: list[str]) -> dict[str, float | None]:
-    """Per host: passes / attempts with a verdict on the agent (``error`` is the host's, not counted)."""
+def _pass_rates(run_dir: RunDir, report: dict[str, Any], host_names: list[str]) -> dict[str, float | None]:
+    """Per host: passes / attempts with a verdict on the agent (``error`` is the host's, not counted),
+    from the report's verdicts, else from results.jsonl."""
     verdicts: dict[str, list[str]] = {name: [] for name in host_names}
     tasks = report.get("tasks") or []
     if any(t.get("verdicts") for t in tasks):
         for t in tasks:
             for host, seq in (t.get("verdicts") or {}).items():
                 verdicts.setdefault(host, []).extend(seq)
-    elif (run_dir / "results.jsonl").is_file():
-        for _, row in iter_jsonl(run_dir / "results.jsonl"):
-            verdicts.setdefault(str(row.get("env")), []).append(str(row.get("verdict")))
+    else:
+        for _, row in run_dir.iter_results():
+            verdicts.setdefault(row.env, []).append(row.verdict)
     rates = {h: pass_counts(seq) for h, seq in sorted(verdicts.items())}
     return {h: pass_rate(c.passes, c.n) for h, c in rates.items()}
 
 
 def read_run(run_dir: Path) -> RunRow:
     """Read one finished run directory into the row the index keeps for it."""
-    run_dir = Path(run_dir)
-    manifest_path = run_dir / "manifest.json"
-    if not manifest_path.is_file():
-        raise InputError(f"{manifest_path}: missing; not a crosshost run directory")
-    manifest = _load_json(manifest_path)
-    report_path, repro_path = run_dir / "report.json", run_dir / "repro.json"
+    rundir = RunDir(Path(run_dir))
+    manifest = rundir.read_manifest()
+    report_path, repro_path = rundir.path / "report.json", rundir.path / "repro.json"
     report: dict[str, Any] = _load_json(report_path) if report_path.is_file() else {}
     repro: dict[str, Any] = _load_json(repro_path) if repro_path.is_file() else {}
     if not report and not repro:
         raise InputError(f"{report_path}: missing; the run has not finished (or crashed before its report)")
-    if not isinstance(manifest, dict) or not isinstance(report, dict):
-        raise InputError(f"{run_dir}: manifest.json and report.json must be JSON objects")
+    if not isinstance(report, dict):
+        raise InputError(f"{report_path}: must hold a JSON object")
 
-    kind = "repro" if repro or manifest.get("kind") == "repro" else "replay"
-    suite, suite_sha = _suite_fields(manifest, report)
+    kind = "repro" if repro or manifest.kind == "repro" else "replay"
+    suite = manifest.suite.name if manifest.suite else report.get("suite")
+    suite_sha = manifest.suite.sha if manifest.suite else None
     if kind == "repro" and not suite:
         suite = repro.get("suite") or repro.get("trace_name")
     hosts = _hosts(manifest, report)
@@ -255,17 +239,17 @@ def read_run(run_dir: Path) -> RunRow:
     valid = report.get("valid")
     flip_rate = report.get("flip_rate")
     return RunRow(
-        run_id=str(manifest.get("run_id") or report.get("run_id") or run_dir.name),
+        run_id=manifest.run_id,
         kind=kind,
-        started=_iso(manifest.get("started")),
-        finished=_iso(manifest.get("finished")),
-        suite=suite,
+        started=_iso(manifest.started),
+        finished=_iso(manifest.finished),
+        suite=str(suite) if suite else None,
         suite_sha=suite_sha,
-        pins=manifest.get("pins", {}),
+        pins=manifest.pins,
         hosts=hosts,
         flip_rate=float(flip_rate) if flip_rate is not None else None,
         valid=bool(valid) if valid is not None else None,
-        pass_rate=_pass_rates(run_dir, report, [str(h["name"]) for h in hosts]),
+        pass_rate=_pass_rates(rundir, report, [str(h["name"]) for h in hosts]),
         tasks=tasks,
     )
 

@@ -13,6 +13,7 @@ import json
 import posixpath
 from typing import Any
 
+from agent_runner.records import Fingerprint
 from agent_runner.redact import redact_text
 from orchestrator import remote
 from orchestrator.errors import RunnerCrashed
@@ -45,7 +46,7 @@ def fingerprint_script(cfg: Any, runner: str, run_id: str, *, tools: str | None 
 
 def take_fingerprint(
     host: Host, cfg: Any, runner: str, run_id: str, *, tools: str | None = None
-) -> dict[str, Any]:
+) -> Fingerprint:
     """Run ``runner.pyz fingerprint`` on ``host`` in the run's ``work`` directory (which must exist).
 
     ``cfg`` is the host's inventory entry (python, env_allowlist, env, workspace_root, name);
@@ -63,22 +64,7 @@ def take_fingerprint(
         raise RunnerCrashed(cfg.name, f"fingerprint printed no JSON: {tail(res.stdout)}") from exc
     if not isinstance(fp, dict):
         raise RunnerCrashed(cfg.name, "fingerprint printed JSON that is not an object")
-    return fp
-
-
-def fingerprint_digest(fp: dict[str, Any]) -> str | None:
-    for key in ("fingerprint", "digest", "sha", "env_sha"):
-        v = fp.get(key)
-        if isinstance(v, str) and v:
-            return v
-    return None
-
-
-def python_version(fp: dict[str, Any]) -> str | None:
-    py = fp.get("python")  # "CPython 3.11.2"
-    if isinstance(py, dict):
-        py = py.get("version")
-    return str(py) if py else None
+    return Fingerprint.from_json(fp)
 
 
 def tail(text: str, n: int = 300) -> str:

@@ -23,8 +23,6 @@ from orchestrator import remote
 from orchestrator.errors import HostError, RunnerCrashed, TransferError, WorkspaceLeft, one_line
 from orchestrator.fanout import default_jobs, fan_out
 from orchestrator.host_fingerprint import (
-    fingerprint_digest,
-    python_version,
     run_workspace,
     tail,
     take_fingerprint,
@@ -75,10 +73,10 @@ def probe_host(
             remote_tools = posixpath.join(probe_dir, "tools.json")
             host.put(tools, remote_tools)
         fp = take_fingerprint(host, cfg, remote_runner, probe_id, tools=remote_tools)
-        result.fingerprint = fingerprint_digest(fp)
-        result.python = python_version(fp)
-        result.hostname = fp.get("hostname")
-        result.findings = [f for f in fp.get("findings", []) if isinstance(f, dict)]
+        result.fingerprint = fp.fingerprint
+        result.python = fp.python
+        result.hostname = fp.hostname
+        result.findings = [f for f in fp.findings if isinstance(f, dict)] if isinstance(fp.findings, list) else []
     finally:
         try:
             gone = host.exec(["sh", "-c", remote.remove_script(probe_dir)], _TIMEOUT_S)

@@ -48,16 +48,14 @@ from orchestrator.exit_policy import COMPARE_LAST_REASON, replay_exit
 from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
 from orchestrator.history import after_replay
 from orchestrator.host_fingerprint import (
-    fingerprint_digest,
     fingerprint_script,
-    python_version,
     run_workspace,
     tail,
     work_dir,
 )
 from orchestrator.proxy import model_route, openai_agent_config, require_api_key
 from orchestrator.report import write_reports
-from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef, iter_jsonl, utc_now
+from orchestrator.rundir import HostRecord, Manifest, ResultRow, RunDir, SuiteRef, iter_results, utc_now
 from orchestrator.transport import Opener, default_opener
 from orchestrator.transport.base import ExecResult, Host
 
@@ -109,7 +107,7 @@ class ReplayOutcome:
     manifest: Manifest
     exit_code: int
     report: RunReport | None = None
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[ResultRow] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     exit_reason: str = ""  # why exit_code, one line (the summary line says it)
     notes: list[str] = field(default_factory=list)  # said after the summary (the history index's)
@@ -390,16 +388,10 @@ class HostJob:
 
     def _record_fingerprint(self) -> None:
         """The host's digest and Python, from the fingerprint.json its run sent (none: not reached)."""
-        path = self.host_dir / "fingerprint.json"
-        if not path.is_file():
-            return
-        try:
-            fp = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return
-        if isinstance(fp, dict):
-            self.record.fingerprint = fingerprint_digest(fp)
-            self.record.python = python_version(fp)
+        fingerprint, _ = self.plan.run_dir.read_fingerprint(self.cfg.name)
+        if fingerprint is not None:
+            self.record.fingerprint = fingerprint.fingerprint
+            self.record.python = fingerprint.python
 
     def _clean(self, host: Host, created: bool, kill_first: bool, error: BaseException | None) -> None:
         """Remove the run's workspace and verify it is gone; record the answer, never hide a failure."""
@@ -465,20 +457,17 @@ def _error_line(exc: BaseException) -> str:
     return "interrupted" if isinstance(exc, Interrupted) else one_line(exc)
 
 
-def _host_rows(run_dir: RunDir, name: str) -> list[dict[str, Any]]:
+def _host_rows(run_dir: RunDir, name: str) -> list[ResultRow]:
     """The rows a host sent (none when it sent no file). A file that is not the runner's JSONL of
     this host's rows is the host's fault: RunnerCrashed naming file:line, the file kept aside."""
     path = run_dir.host_dir(name) / "results.jsonl"
     if not path.is_file():
         return []
     try:
-        got: list[dict[str, Any]] = []
-        for where, row in iter_jsonl(path):
-            attempt = row.get("attempt")
-            if not isinstance(row.get("task"), str) or isinstance(attempt, bool) or not isinstance(attempt, int):
-                raise TraceError(f"{where}: a row needs a string task and an integer attempt")
-            if row.get("env") != name:
-                raise TraceError(f"{where}: a row of env {row.get('env')!r}, not {name!r}")
+        got: list[ResultRow] = []
+        for where, row in iter_results(path):
+            if row.env != name:
+                raise TraceError(f"{where}: a row of env {row.env!r}, not {name!r}")
             got.append(row)
     except TraceError as exc:
         kept = path.with_name("results.rejected.jsonl")
@@ -491,14 +480,14 @@ def _host_rows(run_dir: RunDir, name: str) -> list[dict[str, Any]]:
 
 def _merge_results(
     run_dir: RunDir, hosts: list[str], tasks: list[str], repeat: int, records: dict[str, HostRecord]
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
+) -> tuple[list[ResultRow], dict[str, str]]:
     """results.jsonl: every host's rows in inventory order, plus an ``error`` row for each
     task x attempt a host did not deliver (unreachable, crashed, interrupted): an error is never
     silently a missing row, and never the agent's failure.
 
     Also returns the errors found here (host -> line): a host whose results.jsonl is unreadable gets
     ``error`` rows only and the error on its record; the other hosts' rows are kept."""
-    rows: list[dict[str, Any]] = []
+    rows: list[ResultRow] = []
     found: dict[str, str] = {}
     for name in hosts:
         rec = records[name]
@@ -509,41 +498,16 @@ def _merge_results(
             found[name] = exc.one_line()
             rec.error = f"{rec.error} (also: {found[name]})" if rec.error else found[name]
         rows.extend(got)
-        have = {(str(r.get("task")), int(r.get("attempt", -1))) for r in got}
+        have = {(r.task, r.attempt) for r in got}
         reason = rec.error or "no result"
         for task in tasks:
             for attempt in range(repeat):
-                if (task, attempt) in have:
-                    continue
-                rows.append(
-                    {
-                        "run_id": run_dir.run_id, "task": task, "env": name, "env_sha": None,
-                        "attempt": attempt, "exit_code": None, "passed": False, "wall_ms": 0,
-                        "verdict": "error", "reason": reason, "fingerprint": rec.fingerprint,
-                    }
-                )  # fmt: skip
+                if (task, attempt) not in have:
+                    rows.append(
+                        ResultRow(task=task, env=name, attempt=attempt, verdict="error", reason=reason,
+                                  run_id=run_dir.run_id, fingerprint=rec.fingerprint)
+                    )  # fmt: skip
     return rows, found
-
-
-def _pins(run_dir: RunDir, hosts: list[str]) -> dict[str, Any]:
-    """Per task, the pins of the first host (reference first) whose trace header has them."""
-    pins: dict[str, Any] = {}
-    for name in hosts:
-        traces = run_dir.host_dir(name) / "traces"
-        if not traces.is_dir():
-            continue
-        for path in sorted(traces.glob("*.jsonl")):
-            if path.name.endswith(".obs.jsonl"):
-                continue
-            try:
-                with path.open(encoding="utf-8") as fh:
-                    header = json.loads(fh.readline() or "{}")
-            except (OSError, ValueError):
-                continue
-            task = header.get("task") if isinstance(header, dict) else None
-            if isinstance(task, str) and task not in pins and isinstance(header.get("pins"), dict):
-                pins[task] = header["pins"]
-    return pins
 
 
 def _resolve_hosts(request: ReplayRequest) -> tuple[Any, list[Any]]:
@@ -624,7 +588,7 @@ def replay(
         started=utc_now(),
         suite=SuiteRef(name=bundle.suite_name, sha=bundle.suite_sha, path=str(suite_path)),
         bundle_sha=bundle.sha,
-        runner_sha=bundle.runner_sha,
+        zipapp_sha=bundle.zipapp_sha,
         gate=gate,
         alpha=suite_alpha(bundle.normalised),
         sampled=sampled_tasks(bundle, tasks),
@@ -672,7 +636,7 @@ def replay(
             errors[name] = manifest.hosts[name].error or line
             emit(name, "failed", line)
         run_dir.write_results(rows)
-        manifest.pins = _pins(run_dir, names)
+        manifest.pins = run_dir.trace_pins(names)
         manifest.finished = utc_now()
         run_dir.write_manifest(manifest)
 
@@ -717,7 +681,7 @@ def replay_command(request: ReplayRequest, **kwargs: Any) -> ReplayOutcome:
     if outcome.manifest.interrupted:
         return outcome
     after = after_replay(outcome.run_dir.path, compare=request.compare_last)
-    outcome.notes += [n for n in (after.warning, after.message(outcome.manifest.suite.name)) if n]
+    outcome.notes += [n for n in (after.warning, after.message(outcome.manifest.suite_name or "?")) if n]
     code = after.exit_code(outcome.exit_code) if request.compare_last else outcome.exit_code
     if code != outcome.exit_code:
         outcome.exit_code, outcome.exit_reason = code, COMPARE_LAST_REASON

@@ -21,18 +21,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_runner.records import Fingerprint
 from agent_runner.redact import redact
 from agent_runner.trace import Trace, fp, iter_records, read_trace
-from orchestrator.dotted import flatten
+from orchestrator.analysis.run import fingerprint_differences
 from orchestrator.errors import InputError, TraceError
 from orchestrator.exit_policy import repro_exit
+from orchestrator.rundir import RunDir, write_json_atomic
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 OBS_SHOWN_CHARS = 800  # an observation shown side by side is cut here (the full one is in the traces)
 OBS_SHOWN_LINES = 20
-# fingerprint.json keys that are not facts about the host: when it was taken, and the digest itself
-_NOT_HOST_FACTS = {"captured_at", "fingerprint"}
 MISSING_OBS = "(no recorded observation: the trace has no .obs.jsonl sidecar for this step)"
 
 
@@ -266,11 +266,9 @@ def shown(obs: str | None) -> str | None:
     return f"{cut}\n... ({len(obs)} chars in all)"
 
 
-def fingerprint_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, list[Any]]:
+def fingerprint_diff(a: Fingerprint | None, b: Fingerprint | None) -> dict[str, list[Any]]:
     """field -> [value on a, value on b], for every fingerprint field whose values differ."""
-    fa, fb = flatten(a), flatten(b)
-    keys = sorted((fa.keys() | fb.keys()) - _NOT_HOST_FACTS)
-    return {k: [fa.get(k), fb.get(k)] for k in keys if fa.get(k) != fb.get(k)}
+    return {field: [left, right] for field, left, right in fingerprint_differences(a, b)}
 
 
 @dataclass
@@ -327,8 +325,8 @@ def compare_traces(
     host_trace: Path,
     against: str,
     against_trace: Path,
-    host_fingerprint: dict[str, Any] | None = None,
-    against_fingerprint: dict[str, Any] | None = None,
+    host_fingerprint: Fingerprint | None = None,
+    against_fingerprint: Fingerprint | None = None,
 ) -> Comparison:
     """Step by step: the first step whose tool call, error or observation (obs_fp) differs."""
     ta, tb = read_trace(host_trace), read_trace(against_trace)
@@ -359,7 +357,7 @@ def compare_traces(
         steps_compared=n,
         divergence=divergence,
         verdicts={host: (ta.finish or {}).get("verdict"), against: (tb.finish or {}).get("verdict")},
-        fingerprint_diff=fingerprint_diff(host_fingerprint or {}, against_fingerprint or {}),
+        fingerprint_diff=fingerprint_diff(host_fingerprint, against_fingerprint),
     )
 
 
@@ -418,13 +416,8 @@ def _trace_of(run_dir: Path, host: str, task: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _fingerprint_of(run_dir: Path, host: str) -> dict[str, Any]:
-    path = run_dir / "hosts" / host / "fingerprint.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def _fingerprint_of(run_dir: Path, host: str) -> Fingerprint | None:
+    return RunDir(run_dir).read_fingerprint(host)[0]
 
 
 def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) -> ReproOutcome:
@@ -433,7 +426,6 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
 
     from orchestrator import history
     from orchestrator.replay import ReplayRequest, replay
-    from orchestrator.store import write_json_atomic
 
     host, against = _pick_hosts(request)
     request.out.mkdir(parents=True, exist_ok=True)

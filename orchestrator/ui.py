@@ -130,7 +130,7 @@ class ProgressView:
 def summary_table(outcome: ReplayOutcome) -> Table:
     """One row per host: reachable, fingerprint, python, verdict counts, retries, cleanup, error."""
     m = outcome.manifest
-    table = Table(title=escape(f"run {m.run_id}  suite {m.suite.name}  ({len(m.tasks)} task(s) x {m.repeat})"))
+    table = Table(title=escape(f"run {m.run_id}  suite {m.suite_name}  ({len(m.tasks)} task(s) x {m.repeat})"))
     for col in ("host", "reachable", "fingerprint", "python", "pass", "fail", "error", "retries", "cleaned"):
         table.add_column(
             col, justify="right" if col in {"pass", "fail", "error", "retries"} else "left",
@@ -138,8 +138,8 @@ def summary_table(outcome: ReplayOutcome) -> Table:
         )  # fmt: skip
     table.add_column("problem", overflow="fold")
     for name, rec in m.hosts.items():
-        rows = [r for r in outcome.results if r.get("env") == name]
-        count = {v: sum(1 for r in rows if r.get("verdict") == v) for v in ("pass", "fail", "error")}
+        rows = [r for r in outcome.results if r.env == name]
+        count = {v: sum(1 for r in rows if r.verdict == v) for v in ("pass", "fail", "error")}
         retries = sum(1 for r in m.retries if r.get("host") == name)
         label = f"{name} (ref)" if name == m.reference else name
         cleaned = {True: plain("yes"), False: plain("NO", "red"), None: plain("-")}[rec.workspace_removed]

@@ -15,6 +15,7 @@ from typing import Any
 
 from agent_runner.checker import LEAK_KINDS, TurnChecker
 from agent_runner.errors import TraceError
+from agent_runner.records import TraceHeader
 from agent_runner.trace import fp, iter_records
 from orchestrator.analysis.shapes import ShapeHasher, Step, shape_line, step_of
 
@@ -124,9 +125,9 @@ class TraceSummariser:
                 elif kind == "corrupt":
                     summary.problem(f"{path}:{lineno}: {record.get('error', 'corrupt line')}")
                 elif kind == "header":
-                    fingerprint, pins = record.get("fingerprint"), record.get("pins")
-                    summary.fingerprint = fingerprint if isinstance(fingerprint, str) else None
-                    summary.pins = pins if isinstance(pins, dict) else None
+                    header = TraceHeader.from_json(record)  # an older schema's pins migrated
+                    summary.fingerprint = header.fingerprint or None
+                    summary.pins = header.pins if isinstance(record.get("pins"), dict) else None
                 elif kind == "finish":
                     finish = record
                 else:

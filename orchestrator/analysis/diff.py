@@ -10,9 +10,9 @@ from itertools import islice
 from pathlib import Path
 
 from orchestrator.analysis.attempts import iter_steps
-from orchestrator.analysis.rundir import load_run
 from orchestrator.analysis.shapes import args_differences, unified_shape_diff
 from orchestrator.errors import InputError
+from orchestrator.rundir import load_run
 
 MAX_STEPS = 20_000
 

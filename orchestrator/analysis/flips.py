@@ -1,4 +1,5 @@
-"""The flip rule, flakiness and pass^k over verdict lists; the attempt-paired ``flips`` table.
+"""The flip rule, flakiness and pass^k over verdict lists; the attempt-paired ``flips`` table of a
+results.jsonl.
 
 A verdict list is indexed by attempt; ``error`` verdicts never count as a flip (they are counted
 apart). A flip is a host difference that within-host noise cannot explain (``task_flip``):
@@ -12,17 +13,25 @@ apart). A flip is a host difference that within-host noise cannot explain (``tas
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import comb
 from pathlib import Path
 
 from orchestrator.analysis.stats import DEFAULT_ALPHA, Counts, fisher_exact, pass_counts
 from orchestrator.errors import TraceError
-from orchestrator.store import iter_jsonl
+from orchestrator.rundir import iter_results
 
+#: the highest flip rate that passes when neither ``--gate`` nor the suite's ``[gate]`` says
 DEFAULT_GATE = 0.10
 DETERMINISTIC, STATISTICAL = "deterministic", "statistical"
+
+
+def effective_gate(option: float | None, manifest: float | None) -> float:
+    """``--gate`` wins, then the manifest's (the suite's) gate, then ``DEFAULT_GATE``."""
+    if option is not None:
+        return option
+    return manifest if manifest is not None else DEFAULT_GATE
 
 
 @dataclass
@@ -88,36 +97,7 @@ def pass_hat_k(outcomes: Sequence[tuple[int, int]], k: int) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
-# --- any results.jsonl and its attempt-paired flips table -----------------------------------------
-
-
-def row_verdict(row: Mapping[str, object], where: str) -> str:
-    """A results row's verdict: ``verdict`` when present, else the boolean ``passed`` other tools write."""
-    verdict = row.get("verdict")
-    if verdict in ("pass", "fail", "error"):
-        return str(verdict)
-    if verdict is not None:
-        raise TraceError(f"{where}: verdict must be pass, fail or error, not {verdict!r}")
-    passed = row.get("passed")
-    if isinstance(passed, bool) or passed in (0, 1):  # other tools write 0/1
-        return "pass" if passed else "fail"
-    raise TraceError(f"{where}: row has neither 'verdict' nor a boolean 'passed'")
-
-
-def iter_results(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
-    """Stream ``results.jsonl`` rows as (``file:line``, row); a bad line raises TraceError naming it."""
-    for where, row in iter_jsonl(path):
-        for key in ("task", "env"):
-            if not isinstance(row.get(key), str):
-                raise TraceError(f"{where}: row lacks the string field {key!r}")
-        yield where, row
-
-
-def row_attempt(row: Mapping[str, object], where: str) -> int:
-    attempt = row.get("attempt", 0)  # rows of other tools may carry no attempt: one run each
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
-        raise TraceError(f"{where}: attempt must be a non-negative integer, not {attempt!r}")
-    return attempt
+# --- the flips table of any results.jsonl ----------------------------------------------------------
 
 
 @dataclass
@@ -142,15 +122,16 @@ class FlipsTable:
 def flips_table(
     path: Path, env_a: str, env_b: str, attempt: int = 0, gate: float = DEFAULT_GATE
 ) -> FlipsTable:
-    """The flip table of two environments on one attempt of any seed-format ``results.jsonl``."""
+    """The flip table of two environments on one attempt of a ``results.jsonl`` of any known shape
+    (rows of other tools, with ``passed`` and no ``attempt``, among them)."""
     seen: dict[str, dict[str, str]] = {}
     envs: set[str] = set()
-    for where, row in iter_results(path):
-        envs.add(str(row["env"]))
-        if row["env"] not in (env_a, env_b) or row_attempt(row, where) != attempt:
+    for _, row in iter_results(path):
+        envs.add(row.env)
+        if row.env not in (env_a, env_b) or row.attempt != attempt:
             continue
         # a later row for the same task/env/attempt replaces an earlier one (a rerun)
-        seen.setdefault(str(row["task"]), {})[str(row["env"])] = row_verdict(row, where)
+        seen.setdefault(row.task, {})[row.env] = row.verdict
     for env in (env_a, env_b):
         if env not in envs:
             present = ", ".join(sorted(envs)) or "none"

@@ -13,8 +13,16 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from agent_runner.records import Fingerprint
 from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps, iter_turns_by_value
-from orchestrator.analysis.flips import TaskFlip, flaky_hosts, flip_rate, pass_hat_k, task_flip
+from orchestrator.analysis.flips import (
+    TaskFlip,
+    effective_gate,
+    flaky_hosts,
+    flip_rate,
+    pass_hat_k,
+    task_flip,
+)
 from orchestrator.analysis.models import (
     ACTIONS,
     ArgsDiff,
@@ -28,11 +36,11 @@ from orchestrator.analysis.models import (
     ShapeDiff,
     TaskReport,
 )
-from orchestrator.analysis.rundir import AttemptKey, RunDir, effective_gate, load_run
 from orchestrator.analysis.shapes import Step, shape_edits, step_of
-from orchestrator.analysis.stats import pass_rate, wilson_interval
+from orchestrator.analysis.stats import DEFAULT_ALPHA, pass_rate, wilson_interval
 from orchestrator.analysis.verdict import classify_task, same_fingerprint
 from orchestrator.dotted import flatten
+from orchestrator.rundir import AttemptKey, ResultRow, Run, load_run
 
 MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
 MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json
@@ -44,8 +52,9 @@ MAX_LEAK_EXAMPLES = 1  # the rest are in each task's leaks
 def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
     """Analyse ``runs/<run_id>/``; ``gate`` (``--gate``) overrides the suite's flip-rate gate."""
     run = load_run(run_dir)
+    alpha = run.alpha if run.alpha is not None else DEFAULT_ALPHA
     contract = run.contract
-    fingerprints = list(run.fingerprints.values())
+    fingerprints = [f.to_json() for f in run.fingerprints.values()]
 
     summaries: dict[AttemptKey, AttemptSummary] = {}
     summariser = TraceSummariser(contract, fingerprints)  # one memo for every trace of the run
@@ -55,7 +64,7 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
         summaries[(host, task, attempt)] = summariser.summarise(path, host, task, attempt)
     rows = run.results()
 
-    tasks = list(dict.fromkeys([*run.tasks, *sorted({k[1] for k in (*summaries, *rows)})]))
+    tasks = list(dict.fromkeys([*run.manifest.tasks, *sorted({k[1] for k in (*summaries, *rows)})]))
     fp_ids = {host: _fingerprint_id(run, host, summaries) for host in run.hosts}
     reference = run.reference or (run.hosts[0] if run.hosts else "")
 
@@ -66,20 +75,20 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
     task_reports: list[TaskReport] = []
     attribution_cache: dict[str, Attribution] = {}
     for task in tasks:
-        n_attempts = max(run.repeat, attempts_of.get(task, 0))
+        n_attempts = max(run.manifest.repeat or 0, attempts_of.get(task, 0))
         for host in run.hosts:
             for attempt in range(n_attempts):
                 key = (host, task, attempt)
                 if key not in summaries:
                     summaries[key] = _missing_attempt(run, key, rows)
         task_reports.append(
-            _task_report(run, task, n_attempts, summaries, reference, fp_ids, attribution_cache)
+            _task_report(run, task, n_attempts, summaries, reference, fp_ids, attribution_cache, alpha)
         )
 
     flipped = sum(t.flip for t in task_reports)
     comparable = sum(t.comparable for t in task_reports)
     rate = flip_rate(flipped, comparable)
-    gate_value = effective_gate(run, gate)
+    gate_value = effective_gate(gate, run.gate)
     reasons = _invalid_reasons(run, summaries, tasks, reference, fp_ids)
     hosts = [
         HostEntry(
@@ -93,7 +102,7 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
     ]
     return RunReport(
         run_id=run.run_id,
-        suite=run.suite_name,
+        suite=run.manifest.suite_name,
         valid=not reasons,
         invalid_reasons=reasons,
         gate=gate_value,
@@ -101,54 +110,53 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
         reference=reference or None,
         hosts=hosts,
         tasks=task_reports,
-        suite_sha=run.suite_sha,
+        suite_sha=run.manifest.suite.sha if run.manifest.suite else None,
         within_gate=rate <= gate_value,
         flipped=flipped,
         comparable=comparable,
         error_attempts=sum(s.verdict == "error" for s in summaries.values()),
         error_tasks=sum(t.errors > 0 for t in task_reports),
-        interrupted=run.interrupted,
+        interrupted=run.manifest.interrupted,
         stats=[_host_stats(h, tasks, summaries) for h in run.hosts],
         problems=run.problems,
-        alpha=run.alpha,
+        alpha=alpha,
     )
 
 
 # --- per attempt / per host helpers ---------------------------------------------------------------
 
 
-def _fingerprint_id(run: RunDir, host: str, summaries: Mapping[AttemptKey, AttemptSummary]) -> str | None:
+def _fingerprint_id(run: Run, host: str, summaries: Mapping[AttemptKey, AttemptSummary]) -> str | None:
     """The host's fingerprint id: from the manifest, else fingerprint.json, else its trace headers."""
-    meta = run.host_meta.get(host, {}).get("fingerprint")
-    if isinstance(meta, str) and meta:
-        return meta
-    stored = run.fingerprints.get(host, {})
-    for key in ("id", "fingerprint", "sha"):
-        if isinstance(stored.get(key), str) and stored[key]:
-            return str(stored[key])
+    record = run.host_record(host)
+    if record is not None and record.fingerprint:
+        return record.fingerprint
+    stored = run.fingerprints.get(host)
+    if stored is not None and stored.fingerprint:
+        return stored.fingerprint
     for (h, _, _), summary in summaries.items():
         if h == host and summary.fingerprint:
             return summary.fingerprint
     return None
 
 
-def _host_error(run: RunDir, host: str) -> str | None:
-    error = run.host_meta.get(host, {}).get("error")
-    return str(error) if error else None
+def _host_error(run: Run, host: str) -> str | None:
+    record = run.host_record(host)
+    return record.error if record is not None and record.error else None
 
 
-def _reachable(run: RunDir, host: str, summaries: Mapping[AttemptKey, AttemptSummary]) -> bool:
-    meta = run.host_meta.get(host, {}).get("reachable")
-    if isinstance(meta, bool):
-        return meta
+def _reachable(run: Run, host: str, summaries: Mapping[AttemptKey, AttemptSummary]) -> bool:
+    record = run.host_record(host)
+    if record is not None:
+        return record.reachable
     return any(s.path is not None for k, s in summaries.items() if k[0] == host)
 
 
-def _missing_attempt(run: RunDir, key: AttemptKey, rows: Mapping[AttemptKey, Any]) -> AttemptSummary:
+def _missing_attempt(run: Run, key: AttemptKey, rows: Mapping[AttemptKey, ResultRow]) -> AttemptSummary:
     """An attempt without a trace is an ``error``: nothing of it can be checked."""
     host, task, attempt = key
     summary = AttemptSummary(host, task, attempt, None)
-    trace = run.host_dir(host) / "traces" / f"{task}.{attempt}.jsonl"
+    trace = run.dir.trace_path(host, task, attempt)
     row = rows.get(key)
     host_error = _host_error(run, host)
     if row is not None and row.verdict == "error" and row.reason:
@@ -187,18 +195,19 @@ def _host_stats(host: str, tasks: Iterable[str], summaries: Mapping[AttemptKey, 
 
 
 def _task_report(
-    run: RunDir,
+    run: Run,
     task: str,
     n_attempts: int,
     summaries: Mapping[AttemptKey, AttemptSummary],
     reference: str,
     fp_ids: Mapping[str, str | None],
     attribution_cache: dict[str, Attribution],
+    alpha: float,
 ) -> TaskReport:
     attempts = {h: [summaries[(h, task, a)] for a in range(n_attempts)] for h in run.hosts}
     verdicts = {h: [s.verdict for s in seq] for h, seq in attempts.items()}
     sampled = task in run.sampled
-    flip = task_flip(verdicts, reference, alpha=run.alpha, sampled=sampled)
+    flip = task_flip(verdicts, reference, alpha=alpha, sampled=sampled)
     report = TaskReport(
         task=task,
         verdicts=verdicts,
@@ -230,7 +239,7 @@ def _task_report(
         shapes_differ[host] = _compare_shapes(report, host, attempts.get(reference, []), seq)
 
     decision = classify_task(
-        verdicts, reference, fp_ids, shapes_differ, flip, alpha=run.alpha, sampled=sampled
+        verdicts, reference, fp_ids, shapes_differ, flip, alpha=alpha, sampled=sampled
     )
     report.classification, report.action = decision.classification, decision.action
     report.needed_repeat = decision.needed_repeat
@@ -337,25 +346,28 @@ def _flat_text(obj: Any) -> dict[str, str]:
     return {key: _leaf_text(leaf) for key, leaf in flatten(obj).items()}
 
 
-def _flat_fields(obj: Any) -> dict[str, str | None]:
-    """As ``_flat_text``, but a null leaf stays null: "LANG unset" must not read as the string "null"."""
-    return {key: None if leaf is None else _leaf_text(leaf) for key, leaf in flatten(obj).items()}
+# The digest summarises every other field and the capture time always differs: neither is a lead.
+_NOT_HOST_FACTS = {"fingerprint", "captured_at"}
 
 
-# The id summarises every other field and the capture time always differs: neither is a lead.
-_ID_FIELDS = {"id", "fingerprint", "sha", "captured_at"}
+def fingerprint_differences(a: Fingerprint | None, b: Fingerprint | None) -> list[tuple[str, Any, Any]]:
+    """(dotted field, value on a, value on b) for every fingerprint field that differs, sorted by field;
+    a field one side lacks is None there. The one comparison of two hosts' fingerprints."""
+    left = flatten({k: v for k, v in (a.to_json() if a else {}).items() if k not in _NOT_HOST_FACTS})
+    right = flatten({k: v for k, v in (b.to_json() if b else {}).items() if k not in _NOT_HOST_FACTS})
+    return [(k, left.get(k), right.get(k)) for k in sorted(left.keys() | right.keys()) if left.get(k) != right.get(k)]
 
 
-def attribution(
-    reference: str, ref_fp: Mapping[str, Any] | None, host: str, host_fp: Mapping[str, Any] | None
-) -> Attribution:
-    """The fingerprint fields (flattened, dotted) that differ between the reference and ``host``."""
-    left = _flat_fields({k: v for k, v in (ref_fp or {}).items() if k not in _ID_FIELDS})
-    right = _flat_fields({k: v for k, v in (host_fp or {}).items() if k not in _ID_FIELDS})
+def attribution(reference: str, ref_fp: Fingerprint | None, host: str, host_fp: Fingerprint | None) -> Attribution:
+    """The fingerprint fields (flattened, dotted) that differ between the reference and ``host``; a
+    null leaf stays null: "LANG unset" must not read as the string "null"."""
     fields = [
-        FieldDiff(field=key, reference=left.get(key), other=right.get(key))
-        for key in sorted(left.keys() | right.keys())
-        if left.get(key) != right.get(key)
+        FieldDiff(
+            field=key,
+            reference=None if left is None else _leaf_text(left),
+            other=None if right is None else _leaf_text(right),
+        )
+        for key, left, right in fingerprint_differences(ref_fp, host_fp)
     ]
     return Attribution(host=host, reference=reference, fields=fields)
 
@@ -368,7 +380,7 @@ def _flat_pins(pins: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _invalid_reasons(
-    run: RunDir,
+    run: Run,
     summaries: Mapping[AttemptKey, AttemptSummary],
     tasks: list[str],
     reference: str,
@@ -376,7 +388,7 @@ def _invalid_reasons(
 ) -> list[str]:
     """Every reason the run is not valid, in the order of the validity rule; empty means valid."""
     reasons: list[str] = []
-    if run.interrupted:
+    if run.manifest.interrupted:
         reasons.append("run interrupted: not every host finished")
     for host in run.hosts:
         if host not in run.fingerprints:
@@ -418,7 +430,7 @@ def _invalid_reasons(
 
 
 def _pin_reasons(
-    run: RunDir, summaries: Mapping[AttemptKey, AttemptSummary], tasks: list[str], reference: str
+    run: Run, summaries: Mapping[AttemptKey, AttemptSummary], tasks: list[str], reference: str
 ) -> list[str]:
     """``pins differ: <pin> on <host>`` for each pin a host ran with a value other than the reference's."""
     differing: dict[tuple[str, str], list[str]] = {}  # (host, pin) -> tasks

@@ -11,7 +11,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from orchestrator.analysis.models import HostRate, RunReport, TaskReport
-from orchestrator.store import write_bytes_atomic
+from orchestrator.rundir import write_bytes_atomic
 
 __all__ = [
     "errors_line",

@@ -26,6 +26,8 @@ from agent_runner.errors import RunnerError
 from agent_runner.trace import iter_records
 from orchestrator.analysis.models import RunReport, TaskReport
 from orchestrator.analysis.shapes import Step, align_steps, step_of
+from orchestrator.errors import InputError
+from orchestrator.rundir import RunDir
 
 MAX_STEPS_PER_TRACE = 300  # steps of one trace embedded (and aligned); the raw file has them all
 MAX_EMBEDDED_STEPS = 60_000  # steps embedded in one page; tasks that agree lose their traces first
@@ -183,20 +185,7 @@ def _rel(run_dir: Path, path: Path) -> str:
 
 def _trace_files(run_dir: Path) -> dict[tuple[str, str, int], Path]:
     """``hosts/<host>/traces/<task>.<attempt>.jsonl`` by (host, task, attempt); sidecars skipped."""
-    out: dict[tuple[str, str, int], Path] = {}
-    hosts_dir = run_dir / "hosts"
-    if not hosts_dir.is_dir():
-        return out
-    for host_dir in sorted(p for p in hosts_dir.iterdir() if p.is_dir()):
-        traces = host_dir / "traces"
-        if not traces.is_dir():
-            continue
-        for trace in traces.glob("*.jsonl"):
-            stem = trace.name[: -len(".jsonl")]
-            task, _, attempt = stem.rpartition(".")
-            if task and attempt.isdigit():
-                out[(host_dir.name, task, int(attempt))] = trace
-    return out
+    return dict(RunDir(run_dir).trace_files())
 
 
 def _pair(ref: _Trace, other: _Trace) -> dict[str, Any]:
@@ -540,13 +529,10 @@ def _overview(report: RunReport, data: Mapping[str, Any]) -> Iterator[str]:
 def render_html(report: RunReport, run_dir: Path) -> str:
     """The whole page for ``report`` of ``run_dir``."""
     data = build_data(report, run_dir)
-    started = None
     try:
-        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
-        if isinstance(manifest, dict) and isinstance(manifest.get("started"), str):
-            started = manifest["started"]
-    except (OSError, ValueError):
-        pass
+        started = RunDir(run_dir).read_manifest().started
+    except InputError:
+        started = None
     points = trend_points(report, run_dir, started)
     title = f"crosshost run {report.run_id}" + (f" · suite {report.suite}" if report.suite else "")
     meta = [f"reference <strong>{esc(data['run']['reference'] or '—')}</strong>"]

@@ -21,15 +21,14 @@ REPORT = "report.html"
 def ensure_report(run_dir: Path) -> Path:
     """The run's ``report.html``; a run written before the page existed gets it now (nothing else rewritten)."""
     from orchestrator.analysis import analyse_run
-    from orchestrator.analysis.rundir import load_run
     from orchestrator.report.html import render_html
-    from orchestrator.store import write_bytes_atomic
+    from orchestrator.rundir import RunDir, write_bytes_atomic
 
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such directory; give a run directory (runs/<run_id>/)")
     path = run_dir / REPORT
     if not path.is_file():
-        load_run(run_dir)  # not a run directory at all: its one-line InputError
+        RunDir(run_dir).read_manifest()  # not a run directory at all: its one-line InputError
         write_bytes_atomic(path, render_html(analyse_run(run_dir), run_dir).encode())
     return path
 

@@ -106,3 +106,40 @@ def test_writer_redacts_before_writing(tmp_path: Path) -> None:
         assert secret not in text
     turn = read_trace(path).turns[0]
     assert turn["args"] == {"token": "[REDACTED]", "note": "[REDACTED]"} and turn["prompt_tokens"] == 5
+
+
+def test_a_schema_1_trace_reads_as_today(tmp_path: Path) -> None:
+    """Trace /1 named the runner's source digest ``pins.runner_sha``; it reads as ``runner_source_sha``."""
+    path = tmp_path / "t.0.jsonl"
+    header = {"type": "header", "schema": "crosshost.trace/1", "run_id": "r", "host": "h", "task": "t",
+              "attempt": 0, "fingerprint": "f" * 16, "pins": {"runner_sha": "s" * 64}}
+    finish = {"type": "finish", "reason": "stop", "final": "", "predicate_exit": None, "verdict": "pass",
+              "why": "ok", "wall_ms": 1}
+    path.write_text(json.dumps(header) + "\n" + json.dumps(finish) + "\n")
+    trace = read_trace(path)
+    assert trace.problems == []
+    assert trace.header is not None and trace.header["pins"] == {"runner_source_sha": "s" * 64}
+
+
+def test_an_unknown_trace_schema_is_a_problem_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "t.0.jsonl"
+    _write_trace(path)
+    lines = path.read_text().splitlines()
+    lines[0] = lines[0].replace("crosshost.trace/2", "crosshost.trace/9")
+    path.write_text("\n".join(lines) + "\n")
+    assert read_trace(path).problems == [f"{path}:1: schema 'crosshost.trace/9', expected 'crosshost.trace/2'"]
+
+
+def test_records_read_back_what_they_write(tmp_path: Path) -> None:
+    from agent_runner.records import Fingerprint, ResultRow, TraceFinish, TraceHeader, TraceTurn
+
+    path = tmp_path / "t.0.jsonl"
+    _write_trace(path)
+    header, first, _, finish = (record for _, record in iter_records(path))
+    assert TraceHeader.from_json(header).to_json() == header
+    assert TraceTurn.from_json(first).to_json() == first
+    assert TraceFinish.from_json(finish).to_json() == finish
+    row = ResultRow(task="t", env="h", attempt=0, verdict="pass", reason="stop", run_id="r", why="ok")
+    assert ResultRow.from_json(row.to_json()) == row
+    fingerprint = Fingerprint(fingerprint="a" * 16, hostname="h", python="CPython 3.11.2", extra={"new": 1})
+    assert Fingerprint.from_json(fingerprint.to_json()) == fingerprint

@@ -22,7 +22,7 @@ import pytest
 
 from orchestrator.errors import ApiKeyMissing
 from orchestrator.replay import ReplayRequest, replay
-from orchestrator.store import load_manifest, read_jsonl
+from orchestrator.rundir import RunDir, read_jsonl
 from tests.fake_provider import FakeProvider, unused_port
 
 pytestmark = pytest.mark.sshd
@@ -176,7 +176,7 @@ def test_openai_suite_on_local_and_two_sshd_hosts_keeps_the_key_home(
             suite = openai_suite(tmp_path, provider.base_url)  # no repeat: a live model defaults to 3
             out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
         run_dir = out.run_dir.path
-        manifest = load_manifest(run_dir)
+        manifest = RunDir(run_dir).read_manifest()
         rows = read_jsonl(run_dir / "results.jsonl")
 
         # Every attempt passed on every host, three attempts each.

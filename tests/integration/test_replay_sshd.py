@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator.replay import ReplayRequest, replay
-from orchestrator.store import load_manifest, read_jsonl
+from orchestrator.rundir import RunDir, read_jsonl
 from orchestrator.transport import open_host
 
 pytestmark = pytest.mark.sshd
@@ -90,7 +90,7 @@ def test_replay_on_local_and_two_sshd_hosts(sshd_hosts: Any, tmp_path: Path) -> 
     )  # fmt: skip
     out = replay(req)
     rd = out.run_dir.path
-    m = load_manifest(rd)
+    m = RunDir(rd).read_manifest()
     assert out.exit_code in (0, 1), m.hosts  # no infrastructure failure
     assert list(m.hosts) == ["local", "box-a", "box-b"] and m.reference == "local"
     fingerprints = {}
@@ -171,7 +171,7 @@ def test_host_killed_mid_run_others_finish_exit_3(fresh_sshd_host: Any, tmp_path
         on_event=hook, with_analysis=False,
     )  # fmt: skip
     elapsed = time.monotonic() - started
-    m = load_manifest(out.run_dir.path)
+    m = RunDir(out.run_dir.path).read_manifest()
     assert killed.is_set()
     assert out.exit_code == 3
     assert m.hosts["box-c"].reachable is False
@@ -202,7 +202,7 @@ def test_ctrl_c_and_failure_leave_nothing_behind(sshd_hosts: Any, tmp_path: Path
     started = time.monotonic()
     out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs",
                                jobs=3), on_event=hook, with_analysis=False)  # fmt: skip
-    m = load_manifest(out.run_dir.path)
+    m = RunDir(out.run_dir.path).read_manifest()
     assert out.exit_code == 130 and m.interrupted
     assert time.monotonic() - started < 30  # runners were killed, not waited out (4 x 3 s each)
     for name in ("local", "box-a", "box-b"):
@@ -267,7 +267,7 @@ def test_sshd_starting_late_succeeds_and_the_manifest_records_the_retries(
         ReplayRequest(suite_dir=suite, inventory_path=fresh_sshd_host.inventory_path, out=tmp_path / "runs"),
         with_analysis=False,
     )
-    m = load_manifest(out.run_dir.path)
+    m = RunDir(out.run_dir.path).read_manifest()
     assert m.hosts["box-c"].error is None and m.hosts["box-c"].reachable, m.hosts["box-c"]
     retries = [r for r in m.retries if r["host"] == "box-c"]
     assert retries and all("HostUnreachable" in r["error"] for r in retries)

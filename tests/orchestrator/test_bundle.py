@@ -110,8 +110,8 @@ def test_cache_reuses_an_unchanged_bundle_and_rebuilds_a_changed_one(tmp_path: P
     s, cache = _suite(tmp_path), tmp_path / "cache"
     first = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
     again = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
-    assert (again.sha, again.suite_sha, again.runner_sha, again.path) == (
-        first.sha, first.suite_sha, first.runner_sha, first.path
+    assert (again.sha, again.suite_sha, again.zipapp_sha, again.path) == (
+        first.sha, first.suite_sha, first.zipapp_sha, first.path
     )
     # What a fresh cache builds from the same inputs is what the cache handed back.
     fresh = build_bundle(s, tmp_path / "fresh", runner=_runner(tmp_path), normalised=NORMALISED)

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator import history, ui
 from orchestrator.errors import InputError
-from orchestrator.store import HostRecord, Manifest, SuiteRef
+from orchestrator.rundir import HostRecord, Manifest, SuiteRef
 
 HOSTS = ("local", "box-b")
 
@@ -37,7 +37,7 @@ def make_run_dir(
     """
     d = runs_dir / run_id
     (d / "hosts").mkdir(parents=True)
-    pins = pins if pins is not None else {"runner_sha": "r1", "contract_sha": "c1"}
+    pins = pins if pins is not None else {"t1": {"runner_source_sha": "r1", "contract_sha": "c1"}}
     manifest = Manifest(
         run_id=run_id,
         started=started,
@@ -157,7 +157,7 @@ def test_last_and_suite_filter(tmp_path: Path) -> None:
 def test_previous_is_same_suite_and_pins_moved(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     a = make_run_dir(
-        runs, "a", started="2024-05-01T10:00:00Z", pins={"runner_sha": "r1", "budget": {"max_steps": 8}}
+        runs, "a", started="2024-05-01T10:00:00Z", pins={"t1": {"runner_source_sha": "r1", "budget": {"max_steps": 8}}}
     )
     make_run_dir(runs, "x", started="2024-05-01T11:00:00Z", suite="other", flips=("t1",))
     b = make_run_dir(
@@ -165,7 +165,7 @@ def test_previous_is_same_suite_and_pins_moved(tmp_path: Path) -> None:
         "b",
         started="2024-05-01T12:00:00Z",
         suite_sha="t" * 16,
-        pins={"runner_sha": "r2", "budget": {"max_steps": 4}},
+        pins={"t1": {"runner_source_sha": "r2", "budget": {"max_steps": 4}}},
         flips=("t1",),
     )
     history.rebuild(runs)
@@ -175,8 +175,8 @@ def test_previous_is_same_suite_and_pins_moved(tmp_path: Path) -> None:
     assert ch.newly_flipping == ["t1"]
     assert {m["pin"]: (m["old"], m["new"]) for m in ch.pins_moved} == {
         "suite_sha": ("s" * 16, "t" * 16),
-        "runner_sha": ("r1", "r2"),
-        "budget.max_steps": (8, 4),
+        "t1.runner_source_sha": ("r1", "r2"),
+        "t1.budget.max_steps": (8, 4),
     }
     assert history.previous_run(runs, history.read_run(a)) is None
 

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.errors import HostUnreachable
 from orchestrator.replay import ReplayRequest, replay
-from orchestrator.store import load_manifest, read_jsonl
+from orchestrator.rundir import RunDir, read_jsonl
 from orchestrator.transport.base import Host
 from orchestrator.transport.local import LocalHost
 
@@ -70,7 +70,7 @@ def test_replay_writes_a_complete_run_directory(tmp_path: Path) -> None:
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
     out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
     rd = out.run_dir.path
-    m = load_manifest(rd)
+    m = RunDir(rd).read_manifest()
     assert m.kind == "replay" and m.finished and not m.interrupted
     assert m.suite.name == "mini" and m.suite.sha == bundle.suite_sha and m.reference == "local"
     assert m.gate == 0.1 and m.tasks == ["t1", "t2"] and m.repeat == 2
@@ -115,7 +115,7 @@ def test_unreachable_host_is_a_result_with_its_retries(tmp_path: Path) -> None:
     assert len(b_rows) == 4 and all(r["verdict"] == "error" for r in b_rows)
     assert "HostUnreachable" in b_rows[0]["reason"]
     assert sum(1 for r in rows if r["verdict"] == "pass") == 8
-    assert load_manifest(out.run_dir.path) == m
+    assert RunDir(out.run_dir.path).read_manifest() == m
 
 
 def test_runner_crash_is_exit_3_and_the_workspace_still_goes(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ def test_ctrl_c_from_a_hook_cleans_every_host_and_exits_130(tmp_path: Path) -> N
             raise KeyboardInterrupt
 
     out = replay(_req(tmp_path, inv, jobs=2), opener=_local_opener(), bundle=bundle, on_event=hook, with_analysis=False)
-    m = load_manifest(out.run_dir.path)
+    m = RunDir(out.run_dir.path).read_manifest()
     assert out.exit_code == 130 and m.interrupted and m.finished
     for host in ("local", "box-b"):
         assert m.hosts[host].workspace_removed is True, host
@@ -207,7 +207,7 @@ def test_unknown_task_and_host_are_exit_2(tmp_path: Path) -> None:
 def test_a_bad_results_file_is_that_hosts_crash_and_the_run_is_still_written(tmp_path: Path) -> None:
     inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "badresults"})
     out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
-    m = load_manifest(out.run_dir.path)
+    m = RunDir(out.run_dir.path).read_manifest()
     assert out.exit_code == 3  # the host's fault, not bad user input (2)
     assert m.finished and not m.interrupted
     err = m.hosts["box-b"].error
@@ -298,17 +298,18 @@ def test_error_verdicts_from_a_runner_that_exited_0_are_exit_3_and_the_summary_s
 
 
 def test_exit_code_precedence() -> None:
+    import dataclasses
     from types import SimpleNamespace
 
     from orchestrator.exit_policy import replay_exit as exit_code
-    from orchestrator.store import HostRecord, Manifest, SuiteRef
+    from orchestrator.rundir import HostRecord, Manifest, ResultRow, SuiteRef
 
     def manifest(**hosts: HostRecord) -> Manifest:
         return Manifest(run_id="r", started="t", suite=SuiteRef(name="s", sha="x", path="p"), reference="a",
                         crosshost_version="0", hosts=hosts)  # fmt: skip
 
     ok = {"a": HostRecord(reachable=True, fingerprint="1" * 16), "b": HostRecord(reachable=True, fingerprint="2" * 16)}
-    row = {"env": "b", "task": "t", "attempt": 0, "verdict": "error", "reason": "agent_error"}
+    row = ResultRow(env="b", task="t", attempt=0, verdict="error", reason="agent_error")
     invalid = SimpleNamespace(valid=False, invalid_reasons=["fewer than two hosts replayed (a)"], flip_rate=0.5, gate=0.1)
     over = SimpleNamespace(valid=True, invalid_reasons=[], flip_rate=0.5, gate=0.1)
     good = SimpleNamespace(valid=True, invalid_reasons=[], flip_rate=0.0, gate=0.1)
@@ -324,7 +325,7 @@ def test_exit_code_precedence() -> None:
     crashed = {**ok, "b": HostRecord(reachable=True, error="b: RunnerCrashed: boom")}
     code, why = exit_code(manifest(**crashed), good, None, [])
     assert code == 3 and "b: RunnerCrashed: boom" in why
-    crash_row = {**row, "reason": "b: RunnerCrashed: boom"}
+    crash_row = dataclasses.replace(row, reason="b: RunnerCrashed: boom")
     assert exit_code(manifest(**crashed), good, None, [crash_row]) == (3, "1 error verdict(s) on b: RunnerCrashed: boom")
     interrupted = manifest(**crashed)
     interrupted.interrupted = True

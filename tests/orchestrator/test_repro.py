@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agent_runner.records import Fingerprint
 from agent_runner.suite import load_suite
 from agent_runner.trace import TraceWriter
 from orchestrator import repro
@@ -136,14 +137,14 @@ def test_compare_names_first_diverging_step(tmp_path: Path) -> None:
         bad,
         "box-a",
         good,
-        {"hostname": "box-b", "python": {"version": "3.11.2"}, "os": "debian"},
-        {"hostname": "box-a", "python": {"version": "3.11.7"}, "os": "debian"},
+        Fingerprint(hostname="box-b", python="CPython 3.11.2", platform="Linux-debian"),
+        Fingerprint(hostname="box-a", python="CPython 3.11.7", platform="Linux-debian"),
     )
     assert cmp.parted and cmp.divergence is not None
     assert cmp.divergence.step == 4 and cmp.divergence.what == "observation"
     assert cmp.divergence.host.observation == "cat: /opt/x: No such file or directory\n"
     assert cmp.divergence.against.observation == "hello\n"
-    assert cmp.fingerprint_diff == {"hostname": ["box-b", "box-a"], "python.version": ["3.11.2", "3.11.7"]}
+    assert cmp.fingerprint_diff == {"hostname": ["box-b", "box-a"], "python": ["CPython 3.11.2", "CPython 3.11.7"]}
     assert cmp.verdicts == {"box-b": "fail", "box-a": "pass"}
 
     same = repro.compare_traces("box-b", good, "box-a", good)

@@ -11,7 +11,7 @@ from orchestrator import ui
 from orchestrator.analysis import analyse_run
 from orchestrator.probe import ProbeResult
 from orchestrator.replay import ReplayOutcome
-from orchestrator.store import HostRecord, Manifest, RunDir, SuiteRef
+from orchestrator.rundir import HostRecord, Manifest, ResultRow, RunDir, SuiteRef
 from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, two_hosts
 
 # An unmatched closing tag makes Rich raise MarkupError; "[bold]" would style the text instead.
@@ -29,7 +29,7 @@ def _outcome(tmp_path: Path) -> ReplayOutcome:
         hosts={"local": HostRecord(reachable=True, fingerprint="1" * 16),
                "box-b": HostRecord(error=f"box-b: RunnerCrashed: {HOSTILE}")},
     )  # fmt: skip
-    rows = [{"env": "local", "task": "t1", "attempt": 0, "verdict": "pass"}]
+    rows = [ResultRow(env="local", task="t1", attempt=0, verdict="pass")]
     return ReplayOutcome(RunDir(tmp_path / "r1"), manifest, 3, results=rows, errors={"box-b": "b " + HOSTILE},
                          exit_reason=f"why {HOSTILE}", notes=[f"note {HOSTILE}"])  # fmt: skip
 

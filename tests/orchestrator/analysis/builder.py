@@ -12,6 +12,7 @@ from typing import Any
 
 from agent_runner.records import Fingerprint, ResultRow, TraceFinish, TraceHeader, TraceTurn
 from agent_runner.trace import fp
+from orchestrator.rundir import HostRecord, Manifest, RunDir, SuiteRef
 
 CONTRACT: dict[str, Any] = {
     "contract_id": "test.v1",
@@ -97,50 +98,46 @@ def trace_lines(run_id: str, host: str, task: str, attempt: int, fid: str, a: At
 
 
 def build_run(root: Path, spec: RunSpec, run_id: str = "20250101T000000Z-abcdef") -> Path:
-    run = root / run_id
-    run.mkdir(parents=True)
-    hosts_meta = {}
+    rd = RunDir.create(root, run_id)
+    hosts_meta: dict[str, dict[str, Any]] = {}
     for name, fpr in spec.hosts.items():
         meta = {"reachable": True, "error": None, "fingerprint": fpr.fingerprint if fpr else None}
         meta.update(spec.host_meta.get(name, {}))
         hosts_meta[name] = meta
-        (run / "hosts" / name / "traces").mkdir(parents=True)
+        (rd.host_dir(name) / "traces").mkdir(parents=True)
         if fpr is not None:
-            (run / "hosts" / name / "fingerprint.json").write_text(json.dumps(fpr.to_json(), indent=2))
+            rd.write_fingerprint(name, fpr)
     tasks = sorted({k[1] for k in spec.attempts})
-    manifest = {
-        "schema": "crosshost.manifest/1",
-        "run_id": run_id,
-        "kind": "replay",
-        "started": "2025-01-01T00:00:00Z",
-        "finished": "2025-01-01T00:01:00Z",
-        "suite": {"name": "triage", "sha": "s" * 16, "path": "suite"},
-        "gate": spec.gate,
-        "tasks": tasks,
-        "reference": next(iter(spec.hosts)),
-        "hosts": hosts_meta,
-        "crosshost_version": "0.1.0",
-        "retries": [],
-        "interrupted": False,
-    }
-    manifest.update(spec.manifest_extra)
-    (run / "manifest.json").write_text(json.dumps(manifest))
+    manifest = Manifest(
+        run_id=run_id,
+        started="2025-01-01T00:00:00Z",
+        finished="2025-01-01T00:01:00Z",
+        suite=SuiteRef(name="triage", sha="s" * 16, path="suite"),
+        gate=spec.gate,
+        tasks=tasks,
+        repeat=max((k[2] + 1 for k in spec.attempts), default=1),
+        reference=next(iter(spec.hosts)),
+        crosshost_version="0.1.0",
+        hosts={name: HostRecord.model_validate(meta) for name, meta in hosts_meta.items()},
+    )
+    manifest = manifest.model_copy(update=spec.manifest_extra)
+    rd.write_manifest(manifest)
     if spec.contract is not None:
-        (run / "contract.json").write_text(json.dumps(spec.contract))
-    rows = []
+        rd.write_contract(json.dumps(spec.contract).encode())
+    rows: list[ResultRow] = []
     for (host, task, attempt), a in spec.attempts.items():
         fpr = spec.hosts.get(host)
         fid = fpr.fingerprint or "" if fpr else "0" * 16
         lines = a.raw_lines if a.raw_lines is not None else trace_lines(run_id, host, task, attempt, fid, a)
-        (run / "hosts" / host / "traces" / f"{task}.{attempt}.jsonl").write_text("\n".join(lines) + "\n")
+        rd.trace_path(host, task, attempt).write_text("\n".join(lines) + "\n")
         row = ResultRow(
             task=task, env=host, attempt=attempt, verdict=a.verdict, run_id=run_id, env_sha=fid,
             reason="agent_error" if a.verdict == "error" else "stop",
             exit_code=0 if a.verdict == "pass" else 1, wall_ms=5, fingerprint=fid, why=a.why or a.verdict,
         )  # fmt: skip
-        rows.append(row.to_json())
-    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return run
+        rows.append(row)
+    rd.write_results(rows)
+    return rd.path
 
 
 def two_hosts() -> dict[str, Fingerprint | None]:

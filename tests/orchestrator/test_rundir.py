@@ -1,4 +1,5 @@
-"""The run directory: unique sortable ids, atomic writes, a manifest that round-trips."""
+"""The run directory: unique sortable ids, atomic writes, a manifest that round-trips, and the one
+migration step that reads the shapes earlier versions and other tools wrote."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import CrosshostError, TraceError
-from orchestrator.store import (
+from agent_runner.records import Fingerprint, ResultRow
+from orchestrator.errors import CrosshostError, InputError, TraceError
+from orchestrator.rundir import (
     HostRecord,
     Manifest,
     RunDir,
     SuiteRef,
-    load_manifest,
+    iter_results,
+    load_run,
     new_run_id,
     read_jsonl,
     write_json_atomic,
@@ -68,8 +71,8 @@ def test_manifest_round_trip_keeps_retries_and_errors(tmp_path: Path) -> None:
     )
     rd.write_manifest(m)
     raw = json.loads(rd.manifest_path.read_text())
-    assert raw["schema"] == "crosshost.manifest/1" and raw["kind"] == "replay"
-    back = load_manifest(rd.path)
+    assert raw["schema"] == "crosshost.manifest/2" and raw["kind"] == "replay"
+    back = rd.read_manifest()
     assert back == m
     assert back.retries[0]["error"] == "connection refused"
     assert back.hosts["box-b"].error and not back.hosts["box-b"].reachable
@@ -100,18 +103,18 @@ def test_read_jsonl_names_the_bad_line(tmp_path: Path) -> None:
     assert read_jsonl(tmp_path / "missing.jsonl") == []
 
 
-def test_load_manifest_missing(tmp_path: Path) -> None:
-    with pytest.raises(TraceError, match="no manifest"):
-        load_manifest(tmp_path)
+def test_a_directory_without_a_manifest_is_not_a_run(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"manifest\.json: missing; is .* a crosshost run directory"):
+        RunDir(tmp_path).read_manifest()
+    (tmp_path / "manifest.json").write_text('{"run_id": "r", "repeat": "twice"}')
+    with pytest.raises(InputError, match=r"manifest\.json: repeat: "):
+        RunDir(tmp_path).read_manifest()
 
 
 _DAMAGED = b'{"task": "t1", "env": "a", "verdict": "pass"}\n\n\xff\xfe\n[1, 2]\nnot json\n{"task": "t2", "env": "a", "verdict": "fail"}\n'
 
 
 def test_one_jsonl_reader_strict_and_tolerant(tmp_path: Path) -> None:
-    from orchestrator.analysis.flips import iter_results
-    from orchestrator.analysis.rundir import load_run
-
     run = tmp_path / "run"
     run.mkdir()
     (run / "manifest.json").write_text(json.dumps({"run_id": "r", "hosts": {"a": {}}}))
@@ -142,3 +145,66 @@ def test_history_names_a_damaged_results_file(tmp_path: Path) -> None:
     (run / "results.jsonl").write_bytes(_DAMAGED.replace(b"\xff\xfe", b""))
     with pytest.raises(InputError, match=r"results\.jsonl:4: expected a JSON object"):
         history.read_run(run)
+
+
+# --- the one migration step: shapes other tools and earlier versions wrote ------------------------------
+
+
+def test_a_schema_1_manifest_reads_as_today(tmp_path: Path) -> None:
+    """/1 called the zipapp's digest ``runner_sha``, and so did the pins for the runner's sources."""
+    (tmp_path / "manifest.json").write_text(json.dumps({
+        "schema": "crosshost.manifest/1", "run_id": "r1", "started": "2025-01-01T00:00:00Z",
+        "suite": {"name": "triage", "sha": "s" * 64, "path": "/s"}, "runner_sha": "z" * 64,
+        "pins": {"t1": {"runner_sha": "r" * 64, "prompt_sha": "p"}}, "reference": "local",
+        "crosshost_version": "0.1.0", "hosts": {"local": {"reachable": True}},
+    }))  # fmt: skip
+    m = RunDir(tmp_path).read_manifest()
+    assert m.schema_ == "crosshost.manifest/2" and m.zipapp_sha == "z" * 64
+    assert m.pins == {"t1": {"runner_source_sha": "r" * 64, "prompt_sha": "p"}}
+
+
+def test_foreign_manifest_shapes_are_migrated(tmp_path: Path) -> None:
+    run = tmp_path / "r9"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({
+        "suite": "triage", "suite_sha": "s" * 16, "gate": {"flip_rate": 0.25},
+        "hosts": ["local", {"name": "box-b", "reachable": False}], "inventory": [{"name": "box-c"}],
+        "started": 1735689600,
+    }))  # fmt: skip
+    m = RunDir(run).read_manifest()
+    assert (m.run_id, m.suite, m.gate) == ("r9", SuiteRef(name="triage", sha="s" * 16), 0.25)
+    assert list(m.hosts) == ["local", "box-b"] and m.hosts["box-b"].reachable is False
+    assert m.started == "2025-01-01T00:00:00.000000Z"
+    assert load_run(run).hosts == ["local", "box-b", "box-c"]
+
+
+def test_results_rows_of_other_tools_are_migrated(tmp_path: Path) -> None:
+    """Rows other tools write: ``host`` for ``env``, ``passed`` (bool or 0/1) for ``verdict``, no attempt."""
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"task": "a", "host": "x", "passed": true}\n{"task": "a", "env": "y", "passed": 0}\n')
+    rows = [row for _, row in iter_results(path)]
+    assert [(r.task, r.env, r.attempt, r.verdict) for r in rows] == [("a", "x", 0, "pass"), ("a", "y", 0, "fail")]
+    assert rows[0].to_json()["passed"] is True and rows[1].to_json()["verdict"] == "fail"
+
+
+def test_foreign_fingerprint_shapes_are_migrated(tmp_path: Path) -> None:
+    """Other tools wrote the digest as ``id``/``digest``/``sha``/``env_sha`` and python as an object."""
+    for key in ("id", "digest", "sha", "env_sha"):
+        fp = Fingerprint.from_json({key: "a" * 16, "python": {"implementation": "CPython", "version": "3.11.2"}})
+        assert (fp.fingerprint, fp.python) == ("a" * 16, "CPython 3.11.2")
+        assert key not in fp.to_json()
+    host_dir = tmp_path / "hosts" / "box-b"
+    host_dir.mkdir(parents=True)
+    (host_dir / "fingerprint.json").write_text(json.dumps({"id": "b" * 16, "hostname": "box-b", "os": "linux"}))
+    fp, problem = RunDir(tmp_path).read_fingerprint("box-b")
+    assert problem is None and fp is not None and fp.fingerprint == "b" * 16
+    assert fp.to_json()["os"] == "linux"  # a field this version does not know is kept, not dropped
+
+
+def test_results_round_trip_through_the_record(tmp_path: Path) -> None:
+    rd = RunDir.create(tmp_path)
+    row = ResultRow(task="t1", env="box-b", attempt=1, verdict="error", reason="box-b: HostUnreachable", run_id="r")
+    rd.write_results([row])
+    [(where, back)] = list(rd.iter_results())
+    assert back == row and where.endswith("results.jsonl:1")
+    assert "why" not in json.loads(rd.results_path.read_text())  # a row the controller made has no why

@@ -1,0 +1,478 @@
+"""The run directory ``runs/<run_id>/``: the one module that creates, writes and reads it.
+
+Layout and every file's fields: docs/run-directory.md. Writing is atomic (a temporary name, then a
+rename), so a crash or Ctrl-C never leaves half a manifest; a run id is a sortable UTC timestamp plus
+a random suffix and its directory is created exclusively, so two concurrent replays never share one.
+
+The runner's records (trace header/turn/finish, results row, fingerprint) are ``agent_runner.records``;
+the controller's own file, ``manifest.json``, is ``Manifest`` here. Old shapes are accepted in one
+place each: ``migrate_manifest`` below, and the ``migrate_*`` functions of ``agent_runner.records``
+(which every ``from_json`` applies). No reader anywhere else knows an old key name.
+
+``load_run`` reads everything the analysis needs, tolerantly: a missing or unreadable contract or
+fingerprint, or a bad results row, is a recorded problem (it makes the run invalid, and the report
+must say so), not an exception. Only a directory without a readable manifest is not a run (exit 2).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import secrets
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent_runner.records import Fingerprint, ResultRow, TraceHeader, migrate_pins
+from orchestrator.errors import CrosshostError, InputError, TraceError
+
+MANIFEST_SCHEMA = "crosshost.manifest/2"
+#: /1 named the runner zipapp's digest ``runner_sha``; /2 calls it ``zipapp_sha``
+OLD_MANIFEST_SCHEMAS = ("crosshost.manifest/1",)
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+AttemptKey = tuple[str, str, int]  # (host, task, attempt)
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def new_run_id(now: _dt.datetime | None = None) -> str:
+    """``20250102T030405Z-1a2b3c``: sorts by time; the suffix keeps simultaneous runs apart."""
+    now = now or _dt.datetime.now(_dt.UTC)
+    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}"
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any, *, sort_keys: bool = True) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n").encode())
+
+
+# --- manifest.json --------------------------------------------------------------------------------
+
+
+class SuiteRef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    sha: str | None = None
+    path: str | None = None
+
+
+class HostRecord(BaseModel):
+    """What happened on one host. ``reachable`` false means no verdict of it is the agent's."""
+
+    model_config = ConfigDict(extra="ignore")
+    reachable: bool = False
+    error: str | None = None
+    fingerprint: str | None = None
+    python: str | None = None
+    bundle_pushed: bool | None = None
+    runner_exit: int | None = None
+    workspace_removed: bool | None = None
+    stages: dict[str, float] = Field(default_factory=dict)  # stage -> seconds
+
+
+class Manifest(BaseModel):
+    """``manifest.json``. Fields a replay always writes may be absent in a run another tool made;
+    readers treat an absent one as unknown. Unknown keys are ignored (a newer crosshost's)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    schema_: str = Field(default=MANIFEST_SCHEMA, alias="schema")
+    run_id: str
+    kind: str = "replay"  # "replay" or "repro"
+    started: str | None = None
+    finished: str | None = None
+    suite: SuiteRef | None = None
+    bundle_sha: str | None = None
+    zipapp_sha: str | None = None  # sha256 of the runner.pyz shipped (pins.runner_source_sha: its sources)
+    gate: float | None = None
+    alpha: float | None = None  # the suite's [gate] alpha: significance of a host difference
+    sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
+    tasks: list[str] = Field(default_factory=list)
+    repeat: int | None = None
+    pins: dict[str, dict[str, Any]] = Field(default_factory=dict)  # task -> the pins of its trace header
+    inventory: dict[str, Any] = Field(default_factory=dict)
+    reference: str | None = None
+    crosshost_version: str | None = None
+    retries: list[dict[str, Any]] = Field(default_factory=list)
+    hosts: dict[str, HostRecord] = Field(default_factory=dict)
+    interrupted: bool = False
+
+    @property
+    def suite_name(self) -> str | None:
+        return self.suite.name if self.suite is not None else None
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _iso(value: Any) -> Any:
+    """Epoch seconds as the ISO-8601 UTC text a manifest holds (any other value as it is)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return _dt.datetime.fromtimestamp(value, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return value
+
+
+
+
+def migrate_manifest(data: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """A manifest of any known shape as today's; the one place old manifest shapes are accepted.
+
+    - schema /1: ``runner_sha`` (the zipapp's digest) is ``zipapp_sha``; the pins' ``runner_sha``
+      (the runner's source digest) is ``runner_source_sha``.
+    - no ``run_id``: the directory's name.
+    - ``suite`` as a bare name, or ``suite_name``/``suite_sha`` beside it, or ``suite.sha256``;
+      a ``gate`` kept in the suite, or as the suite's ``[gate]`` table ``{"flip_rate": x, "alpha": a}``.
+    - ``hosts`` as a list (of names or of ``{"name": ...}`` objects); ``inventory`` as a bare list.
+    - ``started``/``finished`` as epoch seconds.
+    """
+    out = dict(data)
+    if out.get("schema") in OLD_MANIFEST_SCHEMAS:
+        out["schema"] = MANIFEST_SCHEMA
+        if "runner_sha" in out:
+            out.setdefault("zipapp_sha", out.pop("runner_sha"))
+        pins = out.get("pins")
+        if isinstance(pins, dict):
+            out["pins"] = {t: migrate_pins(p) if isinstance(p, dict) else p for t, p in pins.items()}
+    if not isinstance(out.get("run_id"), str) or not out["run_id"]:
+        out["run_id"] = run_dir.name
+    suite = out.get("suite")
+    if isinstance(suite, str):
+        suite = {"name": suite}
+    if suite is None and isinstance(out.get("suite_name"), str):
+        suite = {"name": out["suite_name"]}
+    if isinstance(suite, dict):
+        suite = dict(suite)
+        suite.setdefault("sha", suite.pop("sha256", None) or out.get("suite_sha"))
+        if out.get("gate") is None and suite.get("gate") is not None:
+            out["gate"] = suite["gate"]
+        out["suite"] = suite
+    out.pop("suite_name", None)
+    out.pop("suite_sha", None)
+    gate = out.get("gate")
+    if isinstance(gate, dict):
+        out["gate"] = gate.get("flip_rate")
+        if out.get("alpha") is None:
+            out["alpha"] = gate.get("alpha")
+    hosts = out.get("hosts")
+    if isinstance(hosts, list):
+        listed = [h if isinstance(h, dict) else {"name": h} for h in hosts]
+        out["hosts"] = {str(h["name"]): h for h in listed if h.get("name")}
+    inventory = out.get("inventory")
+    if isinstance(inventory, list):
+        out["inventory"] = {"hosts": inventory}
+    for key in ("started", "finished"):
+        out[key] = _iso(out.get(key))
+    return out
+
+
+def _read_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(object, None) or (None, why) — why names the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, f"{path}: missing"
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"{path}:{exc.lineno}: not JSON: {exc.msg}"
+    if not isinstance(obj, dict):
+        return None, f"{path}: must hold a JSON object"
+    return obj, None
+
+
+# --- JSONL ------------------------------------------------------------------------------------------
+
+
+def iter_jsonl(
+    path: Path, *, missing_ok: bool = False, on_bad_line: Callable[[str, str], None] | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The JSON objects of a JSONL file, streamed as (``file:line``, object); blank lines are skipped.
+
+    A line that is not UTF-8, not JSON or not an object is a TraceError naming file and line, unless
+    ``on_bad_line(where, why)`` takes it and reading goes on (tolerant readers collect problems).
+    A missing file holds nothing with ``missing_ok``; otherwise it is unreadable, like any OSError.
+    """
+    try:
+        fh = Path(path).open("rb")  # noqa: SIM115 -- closed by the `with fh` below; opening errors differ
+    except OSError as exc:
+        if missing_ok and isinstance(exc, FileNotFoundError):
+            return
+        why = f"cannot read: {exc.strerror or exc}"
+        if on_bad_line is None:
+            raise TraceError(f"{path}: {why}") from exc
+        on_bad_line(str(path), why)
+        return
+    with fh:
+        for lineno, raw in enumerate(fh, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                why = "not UTF-8 text"
+            else:
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    why = f"not JSON ({exc.msg})"
+                else:
+                    if isinstance(row, dict):
+                        yield where, row
+                        continue
+                    why = "expected a JSON object"
+            if on_bad_line is None:
+                raise TraceError(f"{where}: {why}")
+            on_bad_line(where, why)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file (none when it is missing); a bad line is a TraceError naming file:line."""
+    return [row for _, row in iter_jsonl(path, missing_ok=True)]
+
+
+def iter_results(
+    path: Path, *, missing_ok: bool = False, on_bad_line: Callable[[str, str], None] | None = None
+) -> Iterator[tuple[str, ResultRow]]:
+    """The rows of a ``results.jsonl`` of any known shape, as (``file:line``, row). A line that is not
+    a row is a TraceError naming file and line, or goes to ``on_bad_line`` (as in ``iter_jsonl``)."""
+    for where, obj in iter_jsonl(path, missing_ok=missing_ok, on_bad_line=on_bad_line):
+        try:
+            row = ResultRow.from_json(obj)
+        except TraceError as exc:
+            if on_bad_line is None:
+                raise TraceError(f"{where}: {exc}") from None
+            on_bad_line(where, str(exc))
+            continue
+        yield where, row
+
+
+# --- the directory ------------------------------------------------------------------------------------
+
+
+class RunDir:
+    """One ``runs/<run_id>/`` directory: where each file lives, writing it, reading it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.run_id = self.path.name
+
+    @classmethod
+    def create(cls, out_root: Path, run_id: str | None = None) -> RunDir:
+        try:
+            out_root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"{out_root}: cannot create the runs directory ({exc.strerror or exc}); check --out") from exc
+        for _ in range(20):
+            rid = run_id or new_run_id()
+            try:
+                (out_root / rid).mkdir()  # exclusive: an existing directory is never reused
+            except FileExistsError:
+                if run_id is not None:
+                    raise CrosshostError(f"{out_root / rid}: run directory exists already") from None
+                continue
+            return cls(out_root / rid)
+        raise CrosshostError(f"{out_root}: could not allocate a fresh run directory")
+
+    # where things are
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    @property
+    def results_path(self) -> Path:
+        return self.path / "results.jsonl"
+
+    @property
+    def contract_path(self) -> Path:
+        return self.path / "contract.json"
+
+    def host_dir(self, host: str) -> Path:
+        if not _HOST_NAME.match(host):
+            raise CrosshostError(f"host name {host!r} is not usable as a directory name")
+        return self.path / "hosts" / host
+
+    def trace_path(self, host: str, task: str, attempt: int) -> Path:
+        return self.host_dir(host) / "traces" / f"{task}.{attempt}.jsonl"
+
+    def fingerprint_path(self, host: str) -> Path:
+        return self.host_dir(host) / "fingerprint.json"
+
+    # writing
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        # Unsorted: ``hosts`` keeps inventory order (the first is the reference).
+        write_json_atomic(self.manifest_path, manifest.dump(), sort_keys=False)
+
+    def write_contract(self, contract_json: bytes) -> None:
+        write_bytes_atomic(self.contract_path, contract_json)
+
+    def write_results(self, rows: Iterable[ResultRow]) -> None:
+        data = "".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rows)
+        write_bytes_atomic(self.results_path, data.encode())
+
+    def write_fingerprint(self, host: str, fingerprint: Fingerprint) -> None:
+        write_json_atomic(self.fingerprint_path(host), fingerprint.to_json())
+
+    # reading
+
+    def read_manifest(self) -> Manifest:
+        """The manifest, migrated; a directory without a readable one is not a run (InputError)."""
+        data, problem = _read_json_object(self.manifest_path)
+        if data is None:
+            raise InputError(f"{problem}; is {self.path} a crosshost run directory (runs/<run_id>/)?")
+        try:
+            return Manifest.model_validate(migrate_manifest(data, self.path))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InputError(f"{self.manifest_path}: {where}: {first['msg']}") from exc
+
+    def read_contract(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(contract, None) or (None, why it is not usable)."""
+        return _read_json_object(self.contract_path)
+
+    def read_fingerprint(self, host: str) -> tuple[Fingerprint | None, str | None]:
+        """(fingerprint, None) or (None, why it is not usable)."""
+        data, problem = _read_json_object(self.path / "hosts" / host / "fingerprint.json")
+        return (Fingerprint.from_json(data), None) if data is not None else (None, problem)
+
+    def iter_results(
+        self, on_bad_line: Callable[[str, str], None] | None = None
+    ) -> Iterator[tuple[str, ResultRow]]:
+        return iter_results(self.results_path, missing_ok=True, on_bad_line=on_bad_line)
+
+    def hosts_on_disk(self) -> list[str]:
+        hosts_dir = self.path / "hosts"
+        return sorted(p.name for p in hosts_dir.iterdir() if p.is_dir()) if hosts_dir.is_dir() else []
+
+    def trace_files(self) -> Iterator[tuple[AttemptKey, Path]]:
+        """Every ``hosts/<host>/traces/<task>.<attempt>.jsonl``; sidecars and strays are skipped."""
+        for host in self.hosts_on_disk():
+            traces = self.path / "hosts" / host / "traces"
+            if not traces.is_dir():
+                continue
+            for trace in sorted(traces.glob("*.jsonl")):
+                stem = trace.name[: -len(".jsonl")]
+                task, _, attempt = stem.rpartition(".")
+                if task and attempt.isdigit():
+                    yield (host, task, int(attempt)), trace
+
+    def trace_pins(self, hosts: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Per task, the pins of the first host (in ``hosts`` order) whose trace header has them."""
+        pins: dict[str, dict[str, Any]] = {}
+        order = {h: i for i, h in enumerate(hosts)}
+        for (host, task, _), path in sorted(self.trace_files(), key=lambda kv: order.get(kv[0][0], len(order))):
+            if host not in order or task in pins:
+                continue
+            try:
+                with path.open(encoding="utf-8") as fh:
+                    record = json.loads(fh.readline() or "{}")
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("pins"), dict):
+                pins[task] = TraceHeader.from_json(record).pins
+        return pins
+
+
+# --- a run, read for analysis -------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """Everything the analysis reads of one run directory (``load_run``)."""
+
+    dir: RunDir
+    manifest: Manifest
+    hosts: list[str]
+    reference: str | None
+    contract: dict[str, Any] | None
+    contract_problem: str | None
+    fingerprints: dict[str, Fingerprint] = field(default_factory=dict)
+    fingerprint_problems: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.dir.path
+
+    @property
+    def run_id(self) -> str:
+        return self.manifest.run_id
+
+    @property
+    def gate(self) -> float | None:
+        return self.manifest.gate
+
+    @property
+    def alpha(self) -> float | None:
+        """The run's significance level, when it names a usable one (strictly between 0 and 1)."""
+        alpha = self.manifest.alpha
+        return alpha if alpha is not None and 0 < alpha < 1 else None
+
+    @property
+    def sampled(self) -> set[str]:
+        return set(self.manifest.sampled)
+
+    def host_record(self, host: str) -> HostRecord | None:
+        return self.manifest.hosts.get(host)
+
+    def trace_files(self) -> Iterator[tuple[AttemptKey, Path]]:
+        return self.dir.trace_files()
+
+    def results(self) -> dict[AttemptKey, ResultRow]:
+        """``results.jsonl`` rows by (host, task, attempt); a bad row is a problem, not a crash."""
+
+        def problem(where: str, why: str) -> None:
+            self.problems.append(f"{where}: {why}")
+
+        return {(r.env, r.task, r.attempt): r for _, r in self.dir.iter_results(on_bad_line=problem)}
+
+
+def load_run(path: Path) -> Run:
+    """Read ``runs/<run_id>/`` for analysis; InputError (exit 2) only when it holds no readable manifest."""
+    rundir = RunDir(path)
+    manifest = rundir.read_manifest()
+    hosts = list(manifest.hosts)
+    for entry in manifest.inventory.get("hosts") or []:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(name, str) and name not in hosts:
+            hosts.append(name)
+    # hosts with traces the manifest forgot still get analysed
+    hosts += [h for h in rundir.hosts_on_disk() if h not in hosts]
+    reference = manifest.reference or (hosts[0] if hosts else None)
+    if reference is not None and reference not in hosts:
+        hosts.insert(0, reference)
+    contract, contract_problem = rundir.read_contract()
+    run = Run(rundir, manifest, hosts, reference, contract, contract_problem)
+    for host in hosts:
+        fingerprint, problem = rundir.read_fingerprint(host)
+        if fingerprint is not None:
+            run.fingerprints[host] = fingerprint
+        elif problem is not None:
+            run.fingerprint_problems[host] = problem
+    return run
