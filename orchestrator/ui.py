@@ -211,12 +211,9 @@ def report_table(report: RunReport) -> RenderableType:
                 style = _VERDICT_STYLE.get(verdict, "")
                 shown = verdict[0].upper() if compact else verdict
                 cell.append(shown + ("*" if i in flipped else ""), style=style + (" bold" if i in flipped else ""))
-            if host in rates and (task.evidence == "statistical" or rates[host].n > 1):
+            if host in rates and task.evidence == "statistical":  # deterministic: 0% or 100%, said above
                 rate = rates[host]
-                cell.append(
-                    "\n" + rate_text(rate, with_p=task.evidence == "statistical"),
-                    style="bold" if rate.differs else "dim",
-                )
+                cell.append("\n" + rate_text(rate, with_p=True), style="bold" if rate.differs else "dim")
             cells.append(cell)
         cells += [plain("<- flip" if task.flip else ""), plain(task.classification), plain(task.action)]
         table.add_row(*cells)
@@ -227,7 +224,7 @@ def report_table(report: RunReport) -> RenderableType:
         parts.append(Text(errors_line(report), style="yellow"))
     if any(t.flip and t.evidence == "deterministic" for t in report.tasks):
         parts.append(Text("* = verdict differs from the reference's on the same attempt", style="dim"))
-    if any(t.rates and max(r.n for r in t.rates) > 1 for t in report.tasks):
+    if any(t.evidence == "statistical" for t in report.tasks):
         parts.append(Text(rates_legend(report), style="dim"))
     return Group(*parts)
 

@@ -14,8 +14,9 @@ Precedence (highest first), because one task may show several observations at on
 4. On statistical evidence (attempts vary within a host, or the agent is sampled):
    ``host_coupling`` / ``laptop_contamination`` when a host's pass count differs from the
    reference's at p < alpha (the reference passing more often is host coupling); else
-   ``underpowered`` when the agent is sampled and the pass rates differ by an amount that more
-   attempts could settle (its action names how many, for the host that differs most); else ``flaky`` when a host's attempts disagree
+   ``underpowered`` when the agent is sampled, the pass rates differ, and these attempt counts could
+   not reach alpha whatever they showed (one attempt per host, or three: its action names the
+   attempts per host a difference of the observed size needs); else ``flaky`` when a host's attempts disagree
    with each other; else (every attempt of every host the same verdict) the pair rows of 3.
 """
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 from orchestrator.analysis.flips import DETERMINISTIC, TaskFlip, flaky_hosts
 from orchestrator.analysis.models import ACTIONS, PRECEDENCE
-from orchestrator.analysis.stats import DEFAULT_ALPHA, needed_repeat
+from orchestrator.analysis.stats import DEFAULT_ALPHA, min_p_value, needed_repeat
 
 
 @dataclass
@@ -75,9 +76,7 @@ def classify_task(
     ]
     if not others:
         return Decision("same_host")
-    if flip.evidence == DETERMINISTIC:
-        if flaky_hosts(verdicts):  # not reached: varying attempts are statistical evidence
-            return Decision("flaky")
+    if flip.evidence == DETERMINISTIC:  # every host's attempts agree: one verdict a host
         return Decision(_worst_pair(verdicts, reference, others, shapes_differ))
     ref = flip.counts[reference]
     differing = [h for h in others if h in flip.flipped_hosts]
@@ -89,7 +88,8 @@ def classify_task(
         needed = [
             n
             for h in others
-            if (n := _needed(ref.rate, flip.counts[h].rate, alpha, max(ref.n, flip.counts[h].n))) is not None
+            if min_p_value(ref.n, flip.counts[h].n) >= alpha
+            and (n := _needed(ref.rate, flip.counts[h].rate, alpha, max(ref.n, flip.counts[h].n))) is not None
         ]
         if needed:  # the largest observed difference needs the fewest attempts: settle that one first
             return Decision("underpowered", min(needed))

@@ -1,10 +1,10 @@
 """Verdicts for a sampled agent on real sshd hosts (plus local): within-host noise is not a host
 difference, and a real host difference is found with its p-value.
 
-The agent is a coin: a command agent (``sampled = true``) that passes each attempt with a probability
-(0.9 on a host whose private /opt holds a flag file, else the suite's rate). Each draw is seeded from
-a salt, the host, the task and the attempt, so a run is reproducible while every host draws its own
-outcomes; the salts are arbitrary fixed values.
+The agent is the example coin (examples/suites/coin): a command agent (``sampled = true``) that
+passes each attempt with a probability (0.9 on a host whose private /opt holds a flag file, else the
+suite's rate). Each draw is seeded from a salt, the host, the task and the attempt, so a run is
+reproducible while every host draws its own outcomes; the salts are arbitrary fixed values.
 """
 
 from __future__ import annotations
@@ -21,42 +21,17 @@ import pytest
 pytestmark = pytest.mark.sshd
 
 REPO = Path(__file__).resolve().parents[2]
-TRIAGE = REPO / "examples" / "suites" / "triage"
-FLAG_DIR = "crosshost-stats-test"  # under a test host's private /opt
-
-COIN = f'''import json, os, random, socket, sys
-sys.stdin.readline()  # the task message
-here = os.path.dirname(os.path.abspath(__file__))
-params = json.load(open(os.path.join(here, "params.json")))
-# the runner makes <task>.<attempt>.<random>/work the agent's working directory
-task, attempt = os.path.basename(os.path.dirname(os.getcwd())).split(".")[:2]
-host = socket.gethostname()
-host = host if host.startswith("box-") else "local"  # the controller's name differs between machines
-rate = 0.9 if os.path.exists("/opt/{FLAG_DIR}/high") else params["rate"]
-draw = random.Random("%s:%s:%s:%s" % (params["salt"], host, task, attempt)).random()
-with open("verdict", "w") as out:
-    out.write("pass" if draw < rate else "fail")
-sys.stdout.write(json.dumps({{"type": "final", "content": "drew", "finish": "stop"}}) + "\\n")
-'''
+COIN = REPO / "examples" / "suites" / "coin"
+FLAG_DIR = "crosshost-coin"  # /opt/crosshost-coin/high on a host makes the coin pass 90% there
 
 
 def _coin_suite(root: Path, tasks: list[str], *, rate: float, salt: str) -> Path:
+    """The example coin suite with only ``tasks``, its draws seeded by ``salt``."""
     suite = root / "coin"
-    (suite / "agent").mkdir(parents=True)
-    shutil.copy(TRIAGE / "contract.json", suite / "contract.json")
-    shutil.copy(TRIAGE / "tools.json", suite / "tools.json")
-    (suite / "agent" / "coin.py").write_text(COIN)
-    (suite / "suite.toml").write_text(
-        'name = "coin"\nrepeat = 8\ncontract = "contract.json"\ntools = "tools.json"\n'
-        '[agent]\nkind = "command"\ncommand = ["python3", "{suite}/agent/coin.py"]\nsampled = true\n'
-        "[budget]\nmax_steps = 2\nmax_bytes = 4096\ntimeout_s = 30\n[gate]\nflip_rate = 0.10\nalpha = 0.05\n"
-    )
-    for task in tasks:
-        repo = suite / "tasks" / task / "repo"
-        repo.mkdir(parents=True)
-        (suite / "tasks" / task / "task.toml").write_text('description = "a coin"\n')
-        (suite / "tasks" / task / "prompt.md").write_text("draw\n")
-        (repo / "run_tests.sh").write_text('#!/bin/sh\ngrep -q pass verdict\n')
+    shutil.copytree(COIN, suite)
+    for task in (suite / "tasks").iterdir():
+        if task.name not in tasks:
+            shutil.rmtree(task)
     _set_params(suite, rate=rate, salt=salt)
     return suite
 
@@ -83,7 +58,7 @@ def _paired_differences(task: dict[str, Any], reference: str) -> int:
 
 
 def test_a_fair_coin_everywhere_is_no_host_difference_and_compare_last_holds(sshd_hosts: Any, tmp_path: Path) -> None:
-    suite = _coin_suite(tmp_path, ["coin-a", "coin-b"], rate=0.5, salt="first")
+    suite = _coin_suite(tmp_path, ["coin-a", "coin-b", "coin-c"], rate=0.5, salt="first")
     out = tmp_path / "runs"
     for salt in ("first", "second"):
         _set_params(suite, rate=0.5, salt=salt)
@@ -108,7 +83,9 @@ def test_ninety_percent_on_one_host_and_ten_on_the_other_is_host_coupling(sshd_h
     flag.mkdir(parents=True)
     (flag / "high").touch()  # inside box-a only: its /opt is its own
     try:
-        suite = _coin_suite(tmp_path, ["coin"], rate=0.1, salt="ninety-ten")
+        # At --repeat 8 a 90% / 10% difference reaches p < 0.01 in 64% of runs and p < 0.05 in 93%
+        # (exact, docs/statistics.md); this salt's draws (6/8 against 0/8) are one run that does.
+        suite = _coin_suite(tmp_path, ["coin-a"], rate=0.1, salt="90-10")
         code, report, said = _replay(
             suite, sshd_hosts.inventory_path, tmp_path / "runs", "--repeat", "8", "--hosts", "box-a,box-b"
         )

@@ -147,3 +147,16 @@ def test_a_significant_difference_with_varying_attempts_is_host_coupling() -> No
     verdicts = {"local": ["fail"] * 8, "box-a": ["pass"] * 7 + ["fail"], "box-b": ["fail"] * 8}
     flip = task_flip(verdicts, "local")
     assert classify_task(verdicts, "local", FINGERPRINTS, {}, flip).classification == "laptop_contamination"
+
+
+def test_sampled_agent_underpowered_only_where_the_counts_cannot_reach_alpha() -> None:
+    # three attempts a host: even 3/3 against 0/3 is p = 0.1, so no count could show a difference
+    verdicts = {"local": ["pass"] * 3, "box-a": ["fail"] * 3}
+    flip = task_flip(verdicts, "local", sampled=True)
+    decision = classify_task(verdicts, "local", FINGERPRINTS, {}, flip, sampled=True)
+    assert (decision.classification, decision.needed_repeat) == ("underpowered", 4)
+    # eight attempts a host could show one (8/8 against 0/8 is p < 0.001); 5/8 against 4/8 does not
+    verdicts = {"local": ["pass"] * 5 + ["fail"] * 3, "box-a": ["pass"] * 4 + ["fail"] * 4}
+    flip = task_flip(verdicts, "local", sampled=True)
+    decision = classify_task(verdicts, "local", FINGERPRINTS, {}, flip, sampled=True)
+    assert (decision.classification, decision.needed_repeat, flip.flip) == ("flaky", None, False)

@@ -1,0 +1,3 @@
+#!/bin/sh
+# the agent wrote its draw into the workspace
+grep -q pass verdict
