@@ -263,6 +263,29 @@ def report_cmd(
     return report_exit(result)
 
 
+@app.command("compare")
+@guarded
+def compare_cmd(
+    run_a: Annotated[Path, typer.Argument(help="A run directory: the first agent (A).")],
+    run_b: Annotated[Path, typer.Argument(help="A run of the same suite on the same hosts with another agent (B).")],
+    fmt: Annotated[str, typer.Option("--format", help="md or json.")] = "md",
+    alpha: Annotated[
+        float | None, typer.Option("--alpha", min=0.0, max=1.0, help="Significance level (default: run A's).")
+    ] = None,
+) -> int:
+    """The model gap on the reference host beside each run's host differences; exit 0 when the gap exceeds the box's flips, 1 otherwise, 2 when the runs differ in more than the agent."""
+    from orchestrator import report as _report
+    from orchestrator.analysis.compare import compare_runs
+    from orchestrator.errors import InputError
+
+    renderers = {"md": _report.render_compare_markdown, "json": _report.render_compare_json}
+    if fmt not in renderers:
+        raise InputError(f"--format {fmt!r}: choose md or json")
+    result = compare_runs(run_a, run_b, alpha)
+    typer.echo(renderers[fmt](result), nl=False)
+    return result.exit_code
+
+
 @app.command("diff")
 @guarded
 def diff_cmd(

@@ -126,3 +126,9 @@ def repro_exit(replay_code: int, errors: Mapping[str, str], parted: bool | None)
     if errors:
         return HOST_FAILURE
     return FINDING if parted else OK
+
+
+def compare_exit(model_gap: int, box_flips: int) -> int:
+    """``crosshost compare``: 0 when the agents differ on more tasks than the box flips, else 1
+    (two runs that cannot be compared are bad input, exit 2, raised before)."""
+    return OK if model_gap > box_flips else FINDING

@@ -10,10 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.models import HostRate, RunReport, TaskReport
 from orchestrator.rundir import write_bytes_atomic
 
 __all__ = [
+    "render_compare_json",
+    "render_compare_markdown",
     "errors_line",
     "flipped_attempts",
     "gate_verdict",
@@ -277,6 +280,49 @@ def render_junit(report: RunReport) -> str:
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+# --- crosshost compare ---------------------------------------------------------------------------
+
+
+def _agent_rate_text(rate: AgentRate) -> str:
+    if rate.n == 0:
+        return "0/0"
+    return (
+        f"{rate.passes}/{rate.n} {_percent(rate.passes / rate.n)}% "
+        f"[{_percent(rate.ci_low)}-{_percent(rate.ci_high)}]"
+    )
+
+
+def render_compare_markdown(c: Comparison) -> str:
+    """The model gap beside the box, for people: the reading first, then one row per task."""
+    out = [
+        f"# crosshost compare `{c.run_a}` (A) vs `{c.run_b}` (B)",
+        "",
+        f"- suite: **{_md(c.suite)}**, hosts: {_md(', '.join(c.hosts))}, reference: **{_md(c.reference)}**",
+        f"- model gap: the agents differ on **{c.model_gap}** of {len(c.tasks)} task(s) on {_md(c.reference)} "
+        f"(p < {c.alpha:g} where attempts vary or an agent is sampled)",
+        f"- box: **{c.box_flips}** task(s) with a host difference in either run",
+        f"- reading: **{c.reading}**",
+        f"- exit {c.exit_code}: "
+        + ("the model gap exceeds the box's flips" if c.exit_code == 0 else "the model gap does not exceed the box's flips"),
+        "",
+        f"| task | A on {_md(c.reference)} | B on {_md(c.reference)} | p | model gap | box A | box B |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in c.tasks:
+        p = p_text(t.p_value) if t.evidence == "statistical" else "(same attempts)"
+        out.append(
+            f"| {_md(t.task)} | {_agent_rate_text(t.a)} | {_agent_rate_text(t.b)} | {p} | "
+            f"{'**yes**' if t.gap else ''} | {_md(', '.join(t.box_a))} | {_md(', '.join(t.box_b))} |"
+        )
+    if c.left_out:
+        out += ["", f"Left out (replayed by one run only): {_md(', '.join(c.left_out))}"]
+    return "\n".join(out) + "\n"
+
+
+def render_compare_json(c: Comparison) -> str:
+    return c.model_dump_json(indent=2) + "\n"
 
 
 def write_reports(run_dir: Path, report: RunReport) -> None:

@@ -101,3 +101,51 @@ def test_ninety_percent_on_one_host_and_ten_on_the_other_is_host_coupling(sshd_h
     assert rates["box-b"]["p_value"] < 0.01 and rates["box-b"]["differs"]
     assert rates["box-a"]["p_value"] is None
     assert "p=" in said  # the terminal shows the p-value beside the rate
+
+
+def _compare(a: Path, b: Path) -> tuple[int, dict[str, Any], str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "compare", str(a), str(b), "--format", "json"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    return done.returncode, json.loads(done.stdout) if done.returncode in (0, 1) else {}, done.stderr
+
+
+def _runs(out: Path) -> list[Path]:
+    return sorted(p for p in out.iterdir() if (p / "manifest.json").is_file())
+
+
+def test_compare_a_strong_and_a_weak_agent_over_a_quiet_and_a_loud_box(sshd_hosts: Any, tmp_path: Path) -> None:
+    tasks = ["coin-a", "coin-b", "coin-c"]
+    suite = _coin_suite(tmp_path, tasks, rate=0.9, salt="strong")
+    quiet, loud = tmp_path / "quiet", tmp_path / "loud"
+    for rate, salt in ((0.9, "strong"), (0.1, "weak")):  # the agent's files (params.json) are its pin
+        _set_params(suite, rate=rate, salt=salt)
+        _replay(suite, sshd_hosts.inventory_path, quiet, "--repeat", "8")
+    code, result, said = _compare(*_runs(quiet))
+    assert code == 0, said
+    assert result["reading"] == "box quiet; the model comparison stands"
+    assert (result["model_gap"], result["box_flips"]) == (3, 0)
+    assert set(result["agent_pins"]) == set(tasks)
+
+    flag = sshd_hosts.fleet.state / "hosts" / "box-a" / "opt" / FLAG_DIR
+    flag.mkdir(parents=True)
+    (flag / "high").touch()  # box-a passes 90% whatever the agent: the weak agent looks strong there
+    try:
+        for rate, salt in ((0.9, "strong"), (0.1, "weak")):
+            _set_params(suite, rate=rate, salt=salt)
+            _replay(suite, sshd_hosts.inventory_path, loud, "--repeat", "8")
+    finally:
+        shutil.rmtree(flag)
+    code, result, said = _compare(*_runs(loud))
+    assert code == 1, said
+    assert result["reading"] == "an environment comparison wearing a model's name; fix the environment before publishing"
+    assert result["box_flips"] >= result["model_gap"] > 0, result
+    assert all(t["box_b"] == ["box-a"] for t in result["tasks"] if t["box_b"]), result
+
+    # a run of another suite cannot be compared: exit 2, one line naming what differs
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "compare", str(_runs(quiet)[0]), str(tmp_path / "nope")],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 2 and "not a run directory" in done.stderr

@@ -1,0 +1,172 @@
+"""``crosshost compare RUN_A RUN_B``: the model gap beside the box.
+
+Two runs of one suite on the same hosts whose pins differ only in the agent (its settings, model and
+files: ``agent_sha``). Per task, the gap between the two agents on the reference host is judged with
+the flip rule itself (``flips.task_flip``: the same exact test where attempts vary or an agent is
+sampled, the same-attempt pairing where both agents are deterministic), and set beside the host
+differences each run found. If the box moves more tasks than the agents differ on, the comparison
+measures the environment, not the models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from orchestrator.analysis.flips import task_flip
+from orchestrator.analysis.models import RunReport
+from orchestrator.analysis.run import analyse_run
+from orchestrator.analysis.rundir import load_run
+from orchestrator.analysis.stats import pass_counts, wilson_interval
+from orchestrator.dotted import flatten
+from orchestrator.errors import InputError
+
+#: the pins that may differ between the two runs: who the agent is (settings, model, its files)
+AGENT_PINS = ("agent_sha",)
+
+QUIET = "box quiet; the model comparison stands"
+LOUD = "an environment comparison wearing a model's name; fix the environment before publishing"
+SAME_ORDER = "box noise is the same order as the effect; widen the task set or pin harder"
+
+
+class AgentRate(BaseModel):
+    """One run's agent on one task, on the reference host."""
+
+    n: int
+    passes: int
+    pass_rate: float | None = None
+    ci_low: float
+    ci_high: float
+
+
+class TaskGap(BaseModel):
+    task: str
+    a: AgentRate
+    b: AgentRate
+    evidence: str  # "deterministic" or "statistical", as the flip rule decided
+    p_value: float
+    gap: bool  # the agents differ on this task (on the reference host)
+    box_a: list[str] = Field(default_factory=list)  # hosts that differ from the reference in run A
+    box_b: list[str] = Field(default_factory=list)
+
+    @property
+    def box(self) -> bool:
+        return bool(self.box_a or self.box_b)
+
+
+class Comparison(BaseModel):
+    run_a: str
+    run_b: str
+    suite: str | None
+    reference: str | None
+    hosts: list[str]
+    alpha: float
+    agent_pins: dict[str, dict[str, Any]] = Field(default_factory=dict)  # task -> {"a": .., "b": ..}
+    tasks: list[TaskGap] = Field(default_factory=list)
+    left_out: list[str] = Field(default_factory=list)  # tasks only one run replayed
+    model_gap: int = 0  # tasks on which the agents differ
+    box_flips: int = 0  # tasks with a host difference in either run
+    reading: str = ""
+
+    @property
+    def exit_code(self) -> int:
+        from orchestrator.exit_policy import compare_exit
+
+        return compare_exit(self.model_gap, self.box_flips)
+
+
+def _pins(run_dir: Path) -> dict[str, Any]:
+    pins = load_run(run_dir).manifest.get("pins")
+    return pins if isinstance(pins, dict) else {}
+
+
+def _refusals(a: RunReport, b: RunReport, pins_a: dict[str, Any], pins_b: dict[str, Any]) -> list[str]:
+    """Why the two runs cannot be compared: empty when they can."""
+    why: list[str] = []
+    if a.suite != b.suite:
+        why.append(f"suite differs: {a.suite} vs {b.suite}")
+    hosts_a, hosts_b = [h.name for h in a.hosts], [h.name for h in b.hosts]
+    if sorted(hosts_a) != sorted(hosts_b):
+        why.append(f"hosts differ: {', '.join(hosts_a)} vs {', '.join(hosts_b)}")
+    if a.reference != b.reference:
+        why.append(f"reference differs: {a.reference} vs {b.reference}")
+    flat_a, flat_b = flatten(pins_a), flatten(pins_b)
+    differing = sorted(
+        key
+        for key in flat_a.keys() | flat_b.keys()
+        if key.split(".", 1)[0] in (pins_a.keys() & pins_b.keys())  # tasks both replayed
+        and key.split(".")[-1] not in AGENT_PINS
+        and flat_a.get(key) != flat_b.get(key)
+    )
+    if differing:
+        shown = ", ".join(differing[:8]) + (f" and {len(differing) - 8} more" if len(differing) > 8 else "")
+        why.append(f"pins differ beyond the agent: {shown}")
+    return why
+
+
+def _agent_rate(verdicts: list[str]) -> AgentRate:
+    counts = pass_counts(verdicts)
+    low, high = wilson_interval(counts.passes, counts.n)
+    return AgentRate(
+        n=counts.n, passes=counts.passes, pass_rate=counts.rate, ci_low=round(low, 4), ci_high=round(high, 4)
+    )
+
+
+def reading(model_gap: int, box_flips: int) -> str:
+    if box_flips == 0:
+        return QUIET
+    if box_flips >= model_gap:
+        return LOUD
+    return SAME_ORDER
+
+
+def compare_runs(run_a: Path, run_b: Path, alpha: float | None = None) -> Comparison:
+    """Compare two run directories; ``InputError`` (exit 2) names what makes them incomparable."""
+    for run in (run_a, run_b):
+        if not (run / "manifest.json").is_file():
+            raise InputError(f"{run}: not a run directory (no manifest.json); give two runs/<run_id>/ directories")
+    a, b = analyse_run(run_a), analyse_run(run_b)
+    pins_a, pins_b = _pins(run_a), _pins(run_b)
+    why = _refusals(a, b, pins_a, pins_b)
+    if why:
+        raise InputError(f"{run_a} and {run_b} cannot be compared: {'; '.join(why)}")
+    level = alpha if alpha is not None else a.alpha
+    reference = a.reference or ""
+    tasks_b = {t.task: t for t in b.tasks}
+    out = Comparison(
+        run_a=a.run_id,
+        run_b=b.run_id,
+        suite=a.suite,
+        reference=a.reference,
+        hosts=[h.name for h in a.hosts],
+        alpha=level,
+        left_out=sorted({t.task for t in a.tasks} ^ tasks_b.keys()),
+    )
+    for ta in a.tasks:
+        tb = tasks_b.get(ta.task)
+        if tb is None:
+            continue
+        seq_a, seq_b = ta.verdicts.get(reference, []), tb.verdicts.get(reference, [])
+        flip = task_flip({"a": seq_a, "b": seq_b}, "a", alpha=level, sampled=ta.sampled or tb.sampled)
+        out.tasks.append(
+            TaskGap(
+                task=ta.task,
+                a=_agent_rate(seq_a),
+                b=_agent_rate(seq_b),
+                evidence=flip.evidence,
+                p_value=round(flip.p_values.get("b", 1.0), 6),
+                gap=flip.flip,
+                box_a=list(ta.flipped_hosts),
+                box_b=list(tb.flipped_hosts),
+            )
+        )
+        agent_a = (pins_a.get(ta.task) or {}).get("agent_sha")
+        agent_b = (pins_b.get(ta.task) or {}).get("agent_sha")
+        if agent_a != agent_b:
+            out.agent_pins[ta.task] = {"a": agent_a, "b": agent_b}
+    out.model_gap = sum(t.gap for t in out.tasks)
+    out.box_flips = sum(t.box for t in out.tasks)
+    out.reading = reading(out.model_gap, out.box_flips)
+    return out
