@@ -18,10 +18,10 @@ from pydantic import BaseModel, Field
 from orchestrator.analysis.flips import task_flip
 from orchestrator.analysis.models import RunReport
 from orchestrator.analysis.run import analyse_run
-from orchestrator.analysis.rundir import load_run
 from orchestrator.analysis.stats import pass_counts, wilson_interval
 from orchestrator.dotted import flatten
 from orchestrator.errors import InputError
+from orchestrator.rundir import load_run
 
 #: the pins that may differ between the two runs: who the agent is (settings, model, its files)
 AGENT_PINS = ("agent_sha",)
@@ -78,8 +78,7 @@ class Comparison(BaseModel):
 
 
 def _pins(run_dir: Path) -> dict[str, Any]:
-    pins = load_run(run_dir).manifest.get("pins")
-    return pins if isinstance(pins, dict) else {}
+    return dict(load_run(run_dir).manifest.pins)
 
 
 def _refusals(a: RunReport, b: RunReport, pins_a: dict[str, Any], pins_b: dict[str, Any]) -> list[str]:
