@@ -23,6 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     fp = sub.add_parser("fingerprint", help="print this host's fingerprint as JSON")
     fp.add_argument("--cwd", help="the working directory to describe (default: the current one)")
     fp.add_argument("--tools", help="tools.json: record the versions of the commands it allows")
+    fp.add_argument("--suite", help="a suite directory: record the versions of the commands its tools allow")
     fp.add_argument("--run-id", help="the run this is part of: a cwd containing it is digested as "
                     "{run_id}, so the digest is the same on every run (as `run --run-id` does)")
 
@@ -55,6 +56,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .tools import load_policy
 
         commands: List[str] = commands_of(load_policy(args.tools)) if args.tools else []
+        if args.suite:
+            from .suite import load_suite
+
+            commands = sorted(set(commands) | set(commands_of(load_suite(args.suite).tools)))
         fingerprint = collect(cwd=args.cwd, allowed_commands=commands, run_id=args.run_id)
         print(json.dumps(fingerprint.to_json(), indent=2, sort_keys=True))
         return 0

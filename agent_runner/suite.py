@@ -1,8 +1,9 @@
 """Suite input: a suite directory (suite.toml + tasks/<id>/task.toml) or its normalised ``suite.json``.
 
-There is exactly one validator (``suite_from_dict``). ``normalise_suite(dir)`` reads the TOML layout
-into the JSON-able dict the controller ships as ``suite.json``; ``load_suite(dir)`` reads either form
-and returns dataclasses. Every problem is a ``SuiteError`` whose message names the file and what is
+There is exactly one validator (``suite_from_dict``). ``read_suite(dir)`` reads the TOML layout (or a
+shipped ``suite.json``) into the typed ``Suite``, whose ``data`` is the JSON-able dict the controller
+ships as ``suite.json``; ``load_suite(dir)`` does the same for an absolute path. A task's agent
+inherits the suite's by one rule (``inherit_agent``). Every problem is a ``SuiteError`` whose message names the file and what is
 wrong. Files that stay files (``tasks/<id>/repo/``, ``agent/``) live next to ``suite.json``.
 """
 
@@ -48,6 +49,18 @@ class Budget:
 
 
 @dataclass
+class Gate:
+    """``[gate]``: the highest flip rate that passes, and the significance level a sampled agent's
+    difference must reach to count as a flip."""
+
+    flip_rate: float = 0.1
+    alpha: float = 0.05
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"flip_rate": self.flip_rate, "alpha": self.alpha}
+
+
+@dataclass
 class AgentSpec:
     kind: str
     command: Optional[List[str]] = None
@@ -89,11 +102,19 @@ class Suite:
     repeat: int
     agent: AgentSpec
     budget: Budget
-    gate: Dict[str, Any]
+    gate: Gate
     contract: Dict[str, Any]
     tools: Dict[str, List[List[str]]]
     tasks: List[Task]
     data: Dict[str, Any]  # the normalised dict (what suite.json holds)
+
+    @property
+    def task_ids(self) -> List[str]:
+        return [task.id for task in self.tasks]
+
+    def sampled_task_ids(self) -> List[str]:
+        """The tasks whose agent is sampled (``is_sampled``): their verdicts are draws."""
+        return [task.id for task in self.tasks if is_sampled(task.agent)]
 
     def task(self, task_id: str) -> Task:
         for task in self.tasks:
@@ -141,12 +162,18 @@ def _inside(root: Path, rel: Any, where: str) -> Path:
 
 def normalise_suite(directory: "str | os.PathLike[str]") -> Dict[str, Any]:
     """Read a suite directory (TOML layout) into the normalised, JSON-able dict (validated)."""
+    return read_suite(directory).data
+
+
+def read_suite(directory: "str | os.PathLike[str]") -> Suite:
+    """A suite directory (suite.toml, else a shipped suite.json), validated; messages name its files
+    as ``directory`` spells them."""
     root = Path(directory)
     if not root.is_dir():
         raise SuiteError(f"{root}: not a suite directory")
     if not (root / "suite.toml").is_file() and (root / "suite.json").is_file():
         shipped = _read_json(root / "suite.json", "normalised suite")
-        return suite_from_dict(shipped, root, _json_where(root)).data
+        return suite_from_dict(shipped, root, _json_where(root))
     suite_toml = root / "suite.toml"
     raw = _read_toml(suite_toml)
     unknown = sorted(set(raw) - SUITE_KEYS)
@@ -201,14 +228,13 @@ def normalise_suite(directory: "str | os.PathLike[str]") -> Dict[str, Any]:
         }
         if "description" in traw:
             task["description"] = traw["description"]
-        kind = task["agent"].get("kind") if isinstance(task["agent"], dict) else None
-        if kind is None and isinstance(data["agent"], dict):
-            kind = data["agent"].get("kind")
+        own, base = task["agent"], data["agent"]
+        kind = inherit_agent(own if isinstance(own, dict) else {}, base if isinstance(base, dict) else None).get("kind")
         script_path = task_dir / "script.json"
         if kind == "scripted" or script_path.exists():
             task["script"] = _read_json(script_path, "the scripted agent's turns")
         data["tasks"].append(task)
-    return suite_from_dict(data, root, _toml_where(root)).data
+    return suite_from_dict(data, root, _toml_where(root))
 
 
 def _toml_where(root: Path) -> Where:
@@ -265,13 +291,20 @@ def _budget(raw: Any, base: Dict[str, Any], where: str) -> Dict[str, Any]:
     return merged
 
 
+def inherit_agent(own: Dict[str, Any], suite: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A task's ``[agent]`` over the suite's: the suite's keys, then the task's; a task that names
+    another kind brings all its own options (none of the suite's)."""
+    merged = dict(suite or {})
+    if "kind" in own and own.get("kind") != merged.get("kind"):
+        merged = {}
+    merged.update(own)
+    return merged
+
+
 def _agent(raw: Any, base: Optional[Dict[str, Any]], where: str) -> AgentSpec:
     if not isinstance(raw, dict):
         raise SuiteError(f"{where} must be a table with 'kind'")
-    merged = dict(base or {})
-    if "kind" in raw and raw.get("kind") != merged.get("kind"):
-        merged = {}  # a different kind brings its own options
-    merged.update(raw)
+    merged = inherit_agent(raw, base)
     kind = merged.get("kind")
     if kind not in AGENT_KINDS:
         raise SuiteError(f"{where}.kind: unknown agent kind {kind!r} (known: {', '.join(AGENT_KINDS)})")
@@ -295,18 +328,6 @@ def is_sampled(agent: AgentSpec) -> bool:
     only with ``sampled = true``. One attempt of a sampled agent is never evidence of a host difference."""
     default = agent.kind == "openai"
     return bool(agent.options.get("sampled", default))
-
-
-def sampled_task_ids(data: Dict[str, Any]) -> List[str]:
-    """The ids of a normalised suite's tasks whose agent (the suite's, merged with the task's) is sampled."""
-    suite_agent = _agent(data.get("agent", {"kind": "scripted"}), None, "[agent]")
-    out: List[str] = []
-    for raw in data.get("tasks") or []:
-        if isinstance(raw, dict) and isinstance(raw.get("id"), str):
-            agent = _agent(raw.get("agent") or {}, suite_agent.to_dict(), f"tasks.{raw['id']}.[agent]")
-            if is_sampled(agent):
-                out.append(raw["id"])
-    return out
 
 
 # [agent] keys of kind = "openai": name -> (required, check, what it must be). The caps are enforced by
@@ -404,8 +425,10 @@ def parse_tools_policy(raw: Any, where: str, error: Type[InputError] = SuiteErro
     return policy
 
 
-def suite_from_dict(data: Any, root: Path, where: Where) -> Suite:
-    """Validate a normalised suite dict and build the dataclasses. The only suite validator."""
+def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Suite:
+    """Validate a normalised suite dict and build the dataclasses. The only suite validator; ``where``
+    names a problem's place (default: ``<root>/suite.json``)."""
+    where = where or _json_where(root)
     if not isinstance(data, dict):
         raise SuiteError(where(None, "the suite must be a JSON object"))
     name = data.get("name")
@@ -420,13 +443,12 @@ def suite_from_dict(data: Any, root: Path, where: Where) -> Suite:
     gate = data.get("gate", {})
     if not isinstance(gate, dict) or set(gate) - GATE_KEYS:
         raise SuiteError(where(None, f"[gate] may only hold {', '.join(sorted(GATE_KEYS))}"))
-    rate = gate.get("flip_rate", 0.1)
+    rate = gate.get("flip_rate", Gate.flip_rate)
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 <= rate <= 1:
         raise SuiteError(where(None, f"[gate].flip_rate must be a number from 0 to 1, got {rate!r}"))
-    alpha = gate.get("alpha", 0.05)
+    alpha = gate.get("alpha", Gate.alpha)
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < 1:
         raise SuiteError(where(None, f"[gate].alpha must be a number between 0 and 1 (exclusive), got {alpha!r}"))
-    gate = {"flip_rate": rate, "alpha": alpha}
     contract = validate_contract(data.get("contract"), where(None, "contract"), SuiteError)
     tools = parse_tools_policy(data.get("tools", {}), where(None, "tools"))
     raw_tasks = data.get("tasks")
@@ -480,8 +502,8 @@ def suite_from_dict(data: Any, root: Path, where: Where) -> Suite:
         ))
     normalised = dict(data)
     normalised["tools"] = tools
-    return Suite(name=name, root=root, repeat=repeat, agent=suite_agent, budget=Budget(**budget), gate=gate,
-                 contract=contract, tools=tools, tasks=tasks, data=normalised)
+    return Suite(name=name, root=root, repeat=repeat, agent=suite_agent, budget=Budget(**budget),
+                 gate=Gate(flip_rate=rate, alpha=alpha), contract=contract, tools=tools, tasks=tasks, data=normalised)
 
 
 def load_suite(directory: "str | os.PathLike[str]") -> Suite:
@@ -489,8 +511,6 @@ def load_suite(directory: "str | os.PathLike[str]") -> Suite:
     root = Path(directory).resolve()
     if not root.is_dir():
         raise SuiteError(f"{directory}: not a suite directory (no such directory)")
-    if (root / "suite.toml").is_file():
-        return suite_from_dict(normalise_suite(root), root, _toml_where(root))
-    if (root / "suite.json").is_file():
-        return suite_from_dict(_read_json(root / "suite.json", "normalised suite"), root, _json_where(root))
+    if (root / "suite.toml").is_file() or (root / "suite.json").is_file():
+        return read_suite(root)
     raise SuiteError(f"{root}: not a suite (neither suite.toml nor suite.json)")

@@ -23,11 +23,14 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_runner.pins import is_cache_name
 from orchestrator.errors import InputError, RunnerCrashed, SuiteError, TransferError
 from orchestrator.transport.base import Host
+
+if TYPE_CHECKING:
+    from agent_runner.suite import Suite
 
 SUITE_JSON = "suite.json"
 _SHELL_TIMEOUT_S = 120.0
@@ -133,9 +136,12 @@ class Bundle:
     sha: str
     zipapp_sha: str  # sha256 of runner.pyz (its sources' digest is the trace pin runner_source_sha)
     suite_sha: str
-    suite_name: str
     suite_dir: Path
-    normalised: dict[str, Any]
+    suite: Suite  # validated by the runner's one validator; ``suite.data`` is the shipped suite.json
+
+    @property
+    def suite_name(self) -> str:
+        return self.suite.name
 
     def remote_dir(self, workspace_root: str) -> str:
         return posixpath.join(workspace_root, "bundles", self.sha)
@@ -147,13 +153,13 @@ class Bundle:
         return posixpath.join(self.remote_dir(workspace_root), "suite")
 
 
-def normalise(suite_dir: Path) -> dict[str, Any]:
-    """The runner's one suite validator (its SuiteError is exit 2)."""
-    from agent_runner.suite import normalise_suite
+def read_suite(suite_dir: Path) -> Suite:
+    """The suite, typed, through the runner's one validator (its SuiteError is exit 2)."""
+    from agent_runner.suite import read_suite as _read
 
     if not suite_dir.is_dir():
         raise SuiteError(f"{suite_dir}: not a directory (expected a suite with suite.toml)")
-    return normalise_suite(suite_dir)
+    return _read(suite_dir)
 
 
 _CACHE_KEY_FORMAT = b"crosshost bundle cache v2\0"
@@ -186,15 +192,14 @@ def _cached_bundle(out_dir: Path, key: str, zipapp_sha: str) -> tuple[Path, str,
     return path, bundle_sha, suite_sha
 
 
-def build_bundle(
-    suite_dir: Path, out_dir: Path, *, runner: Path | None = None, normalised: dict[str, Any] | None = None
-) -> Bundle:
+def build_bundle(suite_dir: Path, out_dir: Path, *, runner: Path | None = None, suite: Suite | None = None) -> Bundle:
     """Validate the suite, build the runner zipapp (unless given) and the one bundle tar.
 
     ``out_dir`` is a cache: a bundle built there from the same inputs (same runner, files and
     normalised suite) is reused after its sha is checked, so a second replay skips both tars."""
     suite_dir = suite_dir.resolve()
-    normalised = normalised if normalised is not None else normalise(suite_dir)
+    suite = suite if suite is not None else read_suite(suite_dir)
+    normalised = suite.data
     _check_no_suite_json(suite_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -209,12 +214,11 @@ def build_bundle(
     else:
         zipapp_sha = sha256_file(runner)
     entries = _suite_entries(suite_dir)
-    name = str(normalised.get("name") or suite_dir.name)
     key = _inputs_key(zipapp_sha, entries, normalised)
     cached = _cached_bundle(out_dir, key, zipapp_sha)
     if cached is not None:
         path, sha, suite_sha = cached
-        return Bundle(path, sha, zipapp_sha, suite_sha, name, suite_dir, normalised)
+        return Bundle(path, sha, zipapp_sha, suite_sha, suite_dir, suite)
     if runner is None:
         from orchestrator.runner_zipapp import build_runner_zipapp
 
@@ -227,7 +231,7 @@ def build_bundle(
     path, sha = _store_tar(out_dir, "bundle", buf.getvalue())
     index = {"bundle_sha": sha, "suite_sha": suite_sha, "zipapp_sha": zipapp_sha}
     _write_once(out_dir / f"index-{key}.json", (json.dumps(index, sort_keys=True) + "\n").encode())
-    return Bundle(path, sha, zipapp_sha, suite_sha, name, suite_dir, normalised)
+    return Bundle(path, sha, zipapp_sha, suite_sha, suite_dir, suite)
 
 
 def bundle_present_test(bundle: Bundle, workspace_root: str) -> str:

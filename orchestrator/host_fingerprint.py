@@ -33,12 +33,18 @@ def work_dir(workspace: str) -> str:
     return posixpath.join(workspace, "work")
 
 
-def fingerprint_script(cfg: Any, runner: str, run_id: str, *, tools: str | None = None) -> str:
+def fingerprint_script(
+    cfg: Any, runner: str, run_id: str, *, tools: str | None = None, suite: str | None = None
+) -> str:
     """``runner.pyz fingerprint`` as shell text, started as a replay's runner is: in the run's ``work``
-    directory (which must exist), through ``env -i`` with the allowlist, under ``timeout -s KILL``."""
+    directory (which must exist), through ``env -i`` with the allowlist, under ``timeout -s KILL``.
+    The commands whose versions it records are those a tools.json (``tools``) or the suite (``suite``,
+    a directory on the host) allows."""
     args = ["fingerprint", "--run-id", run_id]
     if tools:
         args += ["--tools", tools]
+    if suite:
+        args += ["--suite", suite]
     cmd = remote.clean_env_command(cfg.env_allowlist, cfg.env, [cfg.python, runner, *args])
     cwd = work_dir(run_workspace(cfg.workspace_root, run_id))
     return f"cd {remote.q(cwd)} && exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"

@@ -92,7 +92,7 @@ def probe_host(
 def probe(
     inventory_path: Path, *, accept_new: bool = False, opener: Opener | None = None, suite: Path | None = None
 ) -> list[ProbeResult]:
-    from orchestrator.bundle import normalise
+    from orchestrator.bundle import read_suite
     from orchestrator.inventory import load_inventory
     from orchestrator.runner_zipapp import build_runner_zipapp
 
@@ -100,7 +100,7 @@ def probe(
     configs = {h.name: h for h in inventory.hosts}
     # The suite's shell policy as its runner reads it (validated, normalised): a replay records the
     # versions of the commands it allows, so the probe does too.
-    policy = normalise(suite.resolve())["tools"] if suite is not None else None
+    policy = read_suite(suite.resolve()).tools if suite is not None else None
     with tempfile.TemporaryDirectory(prefix="crosshost-probe-") as tmp:
         runner = build_runner_zipapp(Path(tmp))
         tools = None

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
@@ -58,6 +58,9 @@ from agent_runner.wire import (
 from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
 from orchestrator.transport.base import Host
 
+if TYPE_CHECKING:
+    from agent_runner.suite import Suite
+
 FORWARDED_PATH = API_BASE_PATH + CHAT_PATH  # the one path the proxy serves
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -66,28 +69,18 @@ MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _KEYISH = re.compile(r"\b(sk|pk|rk|key)[-_][A-Za-z0-9_\-*.]{4,}", re.IGNORECASE)
 
 
-def openai_agent_config(
-    normalised: Mapping[str, Any], tasks: list[str] | None = None
-) -> dict[str, Any] | None:
-    """The proxy's settings for a normalised suite whose (selected) tasks use ``kind = "openai"``.
+def openai_agent_config(suite: Suite, tasks: list[str] | None = None) -> dict[str, Any] | None:
+    """The proxy's settings for a suite whose (selected) tasks use ``kind = "openai"``.
 
-    None when no selected task talks to a model. One proxy serves a host's whole run, so every such
-    task must agree on ``base_url`` and ``api_key_env``; ``model`` is pinned only when they agree on it.
+    None when no selected task talks to a model. Each task's agent is the validated one (the suite's
+    inherited by the suite's one rule). One proxy serves a host's whole run, so every such task must
+    agree on ``base_url``, ``api_key_env`` and the caps; ``model`` is pinned only when they agree on it.
     """
-    raw_agent = normalised.get("agent")
-    suite_agent: dict[str, Any] = raw_agent if isinstance(raw_agent, dict) else {}
-    agents: list[dict[str, Any]] = []
-    for task in normalised.get("tasks") or []:
-        if not isinstance(task, dict) or (tasks is not None and task.get("id") not in tasks):
-            continue
-        raw_own = task.get("agent")
-        own: dict[str, Any] = raw_own if isinstance(raw_own, dict) else {}
-        merged = (
-            dict(suite_agent) if own.get("kind", suite_agent.get("kind")) == suite_agent.get("kind") else {}
-        )
-        merged.update(own)
-        if merged.get("kind") == "openai":
-            agents.append(merged)
+    agents = [
+        task.agent.to_dict()
+        for task in suite.tasks
+        if task.agent.kind == "openai" and (tasks is None or task.id in tasks)
+    ]
     if not agents:
         return None
     config = dict(agents[0])
@@ -230,7 +223,7 @@ class ModelProxy:
         environ: Mapping[str, str] | None = None,
         **kw: Any,
     ) -> ModelProxy:
-        """A proxy for a normalised suite's ``[agent]`` table of ``kind = "openai"`` (not started)."""
+        """A proxy for a validated ``[agent]`` of ``kind = "openai"`` (``AgentSpec.to_dict()``; not started)."""
         return cls(
             str(agent.get("base_url", "")),
             str(agent.get("api_key_env", "")),

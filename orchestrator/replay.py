@@ -116,53 +116,9 @@ class ReplayOutcome:
 # --------------------------------------------------------------------------------------------- suite
 
 
-def suite_tasks(normalised: dict[str, Any]) -> list[str]:
-    tasks = normalised.get("tasks") or []
-    if isinstance(tasks, dict):
-        return list(tasks)
-    ids: list[str] = []
-    for t in tasks:
-        ids.append(str(t.get("id") or t.get("task_id") or t.get("name")) if isinstance(t, dict) else str(t))
-    return ids
-
-
-def suite_alpha(normalised: dict[str, Any]) -> float | None:
-    gate = normalised.get("gate")
-    alpha = gate.get("alpha") if isinstance(gate, dict) else None
-    return float(alpha) if isinstance(alpha, int | float) and not isinstance(alpha, bool) else None
-
-
-def sampled_tasks(bundle: Bundle, tasks: list[str]) -> list[str]:
-    """The selected tasks whose agent is sampled (a live model, or ``sampled = true``)."""
-    from agent_runner.suite import sampled_task_ids
-
-    return [t for t in sampled_task_ids(bundle.normalised) if t in tasks]
-
-
-def suite_gate(normalised: dict[str, Any]) -> float | None:
-    gate = normalised.get("gate")
-    if isinstance(gate, dict):
-        gate = gate.get("flip_rate")
-    return float(gate) if isinstance(gate, int | float) and not isinstance(gate, bool) else None
-
-
 def _contract_bytes(bundle: Bundle) -> bytes:
-    contract = bundle.normalised.get("contract")
-    if isinstance(contract, dict):
-        return (json.dumps(contract, indent=2, sort_keys=True) + "\n").encode()
-    name = contract if isinstance(contract, str) else "contract.json"
-    path = bundle.suite_dir / name
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise SuiteError(f"{path}: cannot read the contract ({exc.strerror or exc})") from exc
-
-
-def _tools_file(bundle: Bundle) -> str | None:
-    tools = bundle.normalised.get("tools")
-    if isinstance(tools, str) and (bundle.suite_dir / tools).is_file():
-        return tools
-    return "tools.json" if (bundle.suite_dir / "tools.json").is_file() else None
+    """The run's contract.json: the suite's contract as the runner checks it."""
+    return (json.dumps(bundle.suite.contract, indent=2, sort_keys=True) + "\n").encode()
 
 
 # ----------------------------------------------------------------------------------------- per host
@@ -293,13 +249,11 @@ class HostJob:
 
     def _fingerprint_script(self) -> str:
         """``runner fingerprint`` exactly as ``crosshost hosts --suite`` takes it (same digest)."""
-        tools = _tools_file(self.plan.bundle)
-        suite = self.plan.bundle.remote_suite(self.cfg.workspace_root)
         return fingerprint_script(
             self.cfg,
             self.plan.bundle.remote_runner(self.cfg.workspace_root),
             self.plan.run_dir.run_id,
-            tools=posixpath.join(suite, tools) if tools else None,
+            suite=self.plan.bundle.remote_suite(self.cfg.workspace_root),
         )
 
     def kill_after_s(self) -> int:
@@ -519,7 +473,7 @@ def _resolve_hosts(request: ReplayRequest) -> tuple[Any, list[Any]]:
 
 
 def _resolve_tasks(bundle: Bundle, wanted: list[str] | None) -> tuple[list[str], bool]:
-    every = suite_tasks(bundle.normalised)
+    every = bundle.suite.task_ids
     if not wanted:
         return every, True
     unknown = [t for t in wanted if t not in every]
@@ -567,11 +521,11 @@ def replay(
     inventory, selected = _resolve_hosts(request)
     bundle = bundle or build_bundle(request.suite_dir, _cache_dir(request))
     tasks, all_tasks = _resolve_tasks(bundle, request.tasks)
-    model = openai_agent_config(bundle.normalised, tasks)
+    model = openai_agent_config(bundle.suite, tasks)
     if model is not None:  # an unset api_key_env stops the run here, before any host is touched
         require_api_key(str(model.get("api_key_env", "")), where=str(bundle.suite_dir / "suite.toml"))
-    repeat = request.repeat or int(bundle.normalised.get("repeat") or 1)
-    gate = request.gate if request.gate is not None else suite_gate(bundle.normalised)
+    repeat = request.repeat or bundle.suite.repeat
+    gate = request.gate if request.gate is not None else bundle.suite.gate.flip_rate
     names = [h.name for h in selected]
     emit = on_event or (lambda host, stage, detail: None)
 
@@ -590,8 +544,8 @@ def replay(
         bundle_sha=bundle.sha,
         zipapp_sha=bundle.zipapp_sha,
         gate=gate,
-        alpha=suite_alpha(bundle.normalised),
-        sampled=sampled_tasks(bundle, tasks),
+        alpha=bundle.suite.gate.alpha,
+        sampled=[t for t in bundle.suite.sampled_task_ids() if t in tasks],
         tasks=tasks,
         repeat=repeat,
         inventory={"path": str(Path(request.inventory_path).resolve()), "hosts": [h.public_dict() for h in selected]},

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from math import comb
 from pathlib import Path
 
+from agent_runner.suite import Gate
 from orchestrator.analysis.stats import DEFAULT_ALPHA, Counts, fisher_exact, pass_counts
 from orchestrator.errors import TraceError
 from orchestrator.rundir import iter_results
 
 #: the highest flip rate that passes when neither ``--gate`` nor the suite's ``[gate]`` says
-DEFAULT_GATE = 0.10
+DEFAULT_GATE = Gate.flip_rate
 DETERMINISTIC, STATISTICAL = "deterministic", "statistical"
 
 

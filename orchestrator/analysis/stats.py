@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import comb, sqrt
 
-DEFAULT_ALPHA = 0.05
+from agent_runner.suite import Gate
+
+DEFAULT_ALPHA = Gate.alpha  # the suite's [gate] default
 #: the largest --repeat a suite accepts; a difference needing more attempts than this is noise
 MAX_REPEAT = 1000
 Z95 = 1.959963984540054  # the 97.5% point of the standard normal: a two-sided 95% interval

@@ -120,7 +120,7 @@ def test_unknown_task_selected_is_bad_input(tmp_path: Path) -> None:
 
 
 def test_sampled_agents_and_alpha_are_read_from_the_suite(tmp_path: Path) -> None:
-    from agent_runner.suite import is_sampled, sampled_task_ids
+    from agent_runner.suite import Gate, is_sampled
 
     command = '[agent]\nkind = "command"\ncommand = ["python3", "x.py"]\n'
     suite = write_suite(
@@ -129,6 +129,6 @@ def test_sampled_agents_and_alpha_are_read_from_the_suite(tmp_path: Path) -> Non
         suite_toml='name = "t"\n[gate]\nalpha = 0.01\n',
     )
     loaded = load_suite(suite)
-    assert loaded.gate == {"flip_rate": 0.1, "alpha": 0.01}
+    assert loaded.gate == Gate(flip_rate=0.1, alpha=0.01)
     assert [t.id for t in loaded.tasks if is_sampled(t.agent)] == ["coin"]
-    assert sampled_task_ids(normalise_suite(suite)) == ["coin"]
+    assert loaded.sampled_task_ids() == ["coin"]

@@ -8,13 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from agent_runner.suite import suite_from_dict
 from orchestrator.bundle import build_bundle, build_suite_tar, ensure_bundle, sha256_file
 from orchestrator.errors import SuiteError
 from orchestrator.testing import FakeHost
 from orchestrator.transport.local import LocalHost
 
-NORMALISED = {"name": "mini", "repeat": 1, "tasks": [{"id": "t1"}]}
-
+NORMALISED = {
+    "name": "mini",
+    "repeat": 1,
+    "agent": {"kind": "none"},
+    "contract": {"tools": []},
+    "tasks": [{"id": "t1", "prompt": "p"}],
+}
 
 def _suite(root: Path) -> Path:
     s = root / "mini"
@@ -63,7 +69,7 @@ def test_symlink_in_suite_is_refused(tmp_path: Path) -> None:
 
 def test_push_is_one_transfer_then_skipped(tmp_path: Path) -> None:
     s = _suite(tmp_path)
-    bundle = build_bundle(s, tmp_path / "cache", runner=_runner(tmp_path), normalised=NORMALISED)
+    bundle = build_bundle(s, tmp_path / "cache", runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s))
     assert bundle.path.name == f"bundle-{bundle.sha}.tar" and sha256_file(bundle.path) == bundle.sha
     root = tmp_path / "ws"
     host = LocalHost("local")
@@ -81,7 +87,7 @@ def test_push_is_one_transfer_then_skipped(tmp_path: Path) -> None:
 
 def test_push_counts_on_a_fake_host(tmp_path: Path) -> None:
     s = _suite(tmp_path)
-    bundle = build_bundle(s, tmp_path / "cache", runner=_runner(tmp_path), normalised=NORMALISED)
+    bundle = build_bundle(s, tmp_path / "cache", runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s))
     held: set[str] = set()
 
     def handler(argv: list[str]) -> tuple[int, str, str]:
@@ -108,38 +114,38 @@ def _bundle_tar_members(path: Path) -> dict[str, bytes]:
 
 def test_cache_reuses_an_unchanged_bundle_and_rebuilds_a_changed_one(tmp_path: Path) -> None:
     s, cache = _suite(tmp_path), tmp_path / "cache"
-    first = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
-    again = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
+    first = build_bundle(s, cache, runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s))
+    again = build_bundle(s, cache, runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s))
     assert (again.sha, again.suite_sha, again.zipapp_sha, again.path) == (
         first.sha, first.suite_sha, first.zipapp_sha, first.path
     )
     # What a fresh cache builds from the same inputs is what the cache handed back.
-    fresh = build_bundle(s, tmp_path / "fresh", runner=_runner(tmp_path), normalised=NORMALISED)
+    fresh = build_bundle(s, tmp_path / "fresh", runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s))
     assert fresh.sha == again.sha and fresh.path.read_bytes() == again.path.read_bytes()
     # A changed file, mode, normalised suite or runner gives a new bundle holding the change.
     (s / "tasks" / "t1" / "repo" / "run_tests.sh").write_text("#!/bin/sh\nexit 1\n")
-    edited = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
+    edited = build_bundle(s, cache, runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s))
     assert edited.sha != first.sha and sha256_file(edited.path) == edited.sha
     (s / "tasks" / "t1" / "repo" / "run_tests.sh").chmod(0o644)
-    assert build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED).sha != edited.sha
-    renamed = build_bundle(s, cache, runner=_runner(tmp_path), normalised={**NORMALISED, "repeat": 2})
+    assert build_bundle(s, cache, runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s)).sha != edited.sha
+    renamed = build_bundle(s, cache, runner=_runner(tmp_path), suite=suite_from_dict({**NORMALISED, "repeat": 2}, s))
     assert renamed.suite_sha != edited.suite_sha
     other_runner = tmp_path / "other.pyz"
     other_runner.write_bytes(b"PK another zipapp")
-    swapped = build_bundle(s, cache, runner=other_runner, normalised=NORMALISED)
+    swapped = build_bundle(s, cache, runner=other_runner, suite=suite_from_dict(NORMALISED, s))
     assert _bundle_tar_members(swapped.path)["runner.pyz"] == b"PK another zipapp"
 
 
 def test_a_damaged_cached_bundle_is_rebuilt_not_used(tmp_path: Path) -> None:
     s, cache = _suite(tmp_path), tmp_path / "cache"
-    first = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
+    first = build_bundle(s, cache, runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s))
     good = first.path.read_bytes()
     first.path.write_bytes(good[:-512] + b"\0" * 511 + b"x")  # same size, different bytes
-    again = build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED)
+    again = build_bundle(s, cache, runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s))
     assert again.sha == first.sha and again.path.read_bytes() == good
     for index in cache.glob("index-*.json"):
         index.write_text("{not json")
-    assert build_bundle(s, cache, runner=_runner(tmp_path), normalised=NORMALISED).path.read_bytes() == good
+    assert build_bundle(s, cache, runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s)).path.read_bytes() == good
 
 
 def test_replay_keeps_bundles_in_the_users_cache_shared_by_every_out(

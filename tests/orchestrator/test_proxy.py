@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent_runner.suite import Suite, suite_from_dict
 from agent_runner.wire import CALL_HEADER
 from orchestrator.errors import ApiKeyMissing, SuiteError
 from orchestrator.proxy import ModelProxy, model_route, openai_agent_config
@@ -180,7 +182,7 @@ def test_records_hold_no_key_and_proxy_closes_its_port(tmp_path: Any) -> None:
         urllib.request.urlopen(url + "/chat/completions", data=b"{}", timeout=2)
 
 
-def test_openai_agent_config_merges_suite_and_tasks_and_selects_only_model_tasks() -> None:
+def test_openai_agent_config_merges_suite_and_tasks_and_selects_only_model_tasks(tmp_path: Path) -> None:
     agent = {
         "kind": "openai",
         "model": "m1",
@@ -188,17 +190,26 @@ def test_openai_agent_config_merges_suite_and_tasks_and_selects_only_model_tasks
         "api_key_env": "K",
         "max_requests": 5,
     }
-    suite = {
-        "agent": agent,
-        "tasks": [{"id": "a"}, {"id": "b", "agent": {"model": "m2"}}, {"id": "p", "agent": {"kind": "none"}}],
-    }
-    both = openai_agent_config(suite)
+
+    def suite(suite_agent: dict[str, Any], tasks: list[dict[str, Any]]) -> Suite:
+        data = {"name": "s", "agent": suite_agent, "contract": {"tools": []}, "tasks": tasks}
+        return suite_from_dict(data, tmp_path)
+
+    three = suite(
+        agent,
+        [
+            {"id": "a", "prompt": "p"},
+            {"id": "b", "prompt": "p", "agent": {"model": "m2"}},
+            {"id": "p", "prompt": "p", "agent": {"kind": "none"}},
+        ],
+    )
+    both = openai_agent_config(three)
     assert both is not None and both["max_requests"] == 5 and both["model"] is None  # two models: no pin
-    only_a = openai_agent_config(suite, ["a", "p"])
+    only_a = openai_agent_config(three, ["a", "p"])
     assert only_a is not None and only_a["model"] == "m1"
-    assert openai_agent_config(suite, ["p"]) is None
-    assert openai_agent_config({"agent": {"kind": "scripted"}, "tasks": [{"id": "a"}]}) is None
-    split = {"agent": agent, "tasks": [{"id": "a"}, {"id": "b", "agent": {"base_url": "http://y/v1"}}]}
+    assert openai_agent_config(three, ["p"]) is None
+    assert openai_agent_config(suite({"kind": "none"}, [{"id": "a", "prompt": "p"}])) is None
+    split = suite(agent, [{"id": "a", "prompt": "p"}, {"id": "b", "prompt": "p", "agent": {"base_url": "http://y/v1"}}])
     with pytest.raises(SuiteError, match="base_url"):
         openai_agent_config(split)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agent_runner.suite import suite_from_dict
 from orchestrator.bundle import Bundle, build_bundle
 from orchestrator.errors import HostUnreachable
 from orchestrator.replay import ReplayRequest, replay
@@ -21,7 +22,14 @@ from orchestrator.transport.base import Host
 from orchestrator.transport.local import LocalHost
 
 FAKE_RUNNER = Path(__file__).with_name("fake_runner.py")
-NORMALISED = {"name": "mini", "repeat": 2, "tasks": [{"id": "t1"}, {"id": "t2"}], "gate": {"flip_rate": 0.1}}
+NORMALISED = {
+    "name": "mini",
+    "repeat": 2,
+    "agent": {"kind": "none"},
+    "contract": {"contract_id": "c.v1", "tools": []},
+    "tasks": [{"id": "t1", "prompt": "p"}, {"id": "t2", "prompt": "p"}],
+    "gate": {"flip_rate": 0.1},
+}
 
 
 def _setup(tmp_path: Path, hosts: list[str], behaviour: dict[str, str] | None = None) -> tuple[Path, Bundle]:
@@ -39,7 +47,7 @@ def _setup(tmp_path: Path, hosts: list[str], behaviour: dict[str, str] | None = 
     lines.append('[hosts.env]\nTZ = "Pinned/Zone"\n')  # the last host pins TZ
     inv = tmp_path / "hosts.toml"
     inv.write_text("\n".join(lines))
-    bundle = build_bundle(suite, tmp_path / "cache", runner=FAKE_RUNNER, normalised=NORMALISED)
+    bundle = build_bundle(suite, tmp_path / "cache", runner=FAKE_RUNNER, suite=suite_from_dict(NORMALISED, suite))
     return inv, bundle
 
 
@@ -75,7 +83,7 @@ def test_replay_writes_a_complete_run_directory(tmp_path: Path) -> None:
     assert m.suite.name == "mini" and m.suite.sha == bundle.suite_sha and m.reference == "local"
     assert m.gate == 0.1 and m.tasks == ["t1", "t2"] and m.repeat == 2
     assert [h["name"] for h in m.inventory["hosts"]] == ["local", "box-b"]
-    assert (rd / "contract.json").read_text() == '{"contract_id": "c.v1", "tools": []}\n'
+    assert json.loads((rd / "contract.json").read_text()) == {"contract_id": "c.v1", "tools": []}
     fps = set()
     for host in ("local", "box-b"):
         rec = m.hosts[host]
