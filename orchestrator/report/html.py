@@ -27,6 +27,7 @@ from agent_runner.trace import iter_records
 from orchestrator.analysis.models import RunReport, TaskReport
 from orchestrator.analysis.shapes import Step, align_steps, step_of
 from orchestrator.errors import InputError
+from orchestrator.report import flipped_attempts
 from orchestrator.rundir import RunDir
 
 MAX_STEPS_PER_TRACE = 300  # steps of one trace embedded (and aligned); the raw file has them all
@@ -246,16 +247,6 @@ def host_names(report: RunReport) -> list[str]:
     return names
 
 
-def flipped_attempts(task: TaskReport, host: str, reference: str | None) -> list[int]:
-    """Attempts whose verdict differs from the reference's on the same attempt (errors apart)."""
-    ref = task.verdicts.get(reference or "", [])
-    return [
-        i
-        for i, v in enumerate(task.verdicts.get(host, []))
-        if host != reference and i < len(ref) and "error" not in (v, ref[i]) and v != ref[i]
-    ]
-
-
 def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
     """Everything the page's script shows, as plain JSON-able data."""
     hosts = host_names(report)
@@ -334,7 +325,7 @@ def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
             for k, v in dumped.items()
             if k not in _TASK_FIELDS and k not in ("comparable", "errors") and v
         }
-        row["flipped_attempts"] = {h: flipped_attempts(task, h, reference) for h in hosts}
+        row["flipped_attempts"] = {h: sorted(flipped_attempts(task, h, reference)) for h in hosts}
         row.update(per_task.get(task.task, {}))
         tasks.append(row)
 

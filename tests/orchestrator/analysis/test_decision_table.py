@@ -196,3 +196,13 @@ def test_report_markdown_shows_rates_intervals_and_p_values(tmp_path):
     md = render_markdown(report)
     assert "## Pass rates" in md
     assert "| t | statistical | 8/8 100% [68-100] | **0/8 0% [0-32] p=<0.001** |" in md
+
+
+def test_attempt_marks_only_where_the_same_attempt_is_the_evidence(tmp_path):
+    from orchestrator.report import flipped_attempts
+    from orchestrator.report.html import build_data
+
+    report, task = _sampled_run(tmp_path, ["pass", "fail"] * 4, ["fail", "pass"] * 4)
+    assert task.evidence == "statistical" and flipped_attempts(task, "box-b", "local") == set()
+    row = next(t for t in build_data(report, tmp_path / report.run_id)["tasks"] if t["task"] == "t")
+    assert row["flipped_attempts"] == {"local": [], "box-b": []}  # attempt i on box-b means nothing here
