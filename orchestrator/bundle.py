@@ -192,6 +192,26 @@ def _cached_bundle(out_dir: Path, key: str, zipapp_sha: str) -> tuple[Path, str,
     return path, bundle_sha, suite_sha
 
 
+def user_bundle_cache() -> Path:
+    """``$XDG_CACHE_HOME/crosshost/bundles`` (default ``~/.cache/...``): shared by every ``--out``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "crosshost" / "bundles"
+
+
+def bundle_cache_dir(out: Path) -> Path:
+    """Where a replay writing to ``out`` keeps its bundles: one cache per user, so a new ``--out``
+    does not rebuild an unchanged bundle; where that cannot be made (no home, read-only),
+    ``<out>/.bundles``."""
+    try:
+        cache = user_bundle_cache()
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if os.access(cache, os.W_OK | os.X_OK):
+            return cache
+    except (OSError, RuntimeError):  # RuntimeError: Path.home() without a home
+        pass
+    return out / ".bundles"
+
+
 def build_bundle(suite_dir: Path, out_dir: Path, *, runner: Path | None = None, suite: Suite | None = None) -> Bundle:
     """Validate the suite, build the runner zipapp (unless given) and the one bundle tar.
 

@@ -12,26 +12,18 @@ of that suite records them.
 from __future__ import annotations
 
 import json
-import posixpath
 import secrets
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import remote
 from orchestrator.errors import HostError, RunnerCrashed, TransferError, WorkspaceLeft, one_line
 from orchestrator.fanout import default_jobs, fan_out
-from orchestrator.host_fingerprint import (
-    run_workspace,
-    tail,
-    take_fingerprint,
-    work_dir,
-)
+from orchestrator.host_fingerprint import take_fingerprint
 from orchestrator.transport import Opener, default_opener
 from orchestrator.transport.base import Host
-
-_TIMEOUT_S = 90.0
+from orchestrator.workspace import Workspace
 
 
 @dataclass
@@ -59,19 +51,11 @@ def probe_host(
     host: Host = opener(cfg, accept_new=accept_new, on_retry=on_retry)
     result.reachable = True
     probe_id = f"probe-{secrets.token_hex(6)}"
-    probe_dir = run_workspace(cfg.workspace_root, probe_id)
-    q = remote.q
+    ws = Workspace(host, cfg.name, cfg.workspace_root, probe_id)
     try:
-        runs, work = posixpath.dirname(probe_dir), work_dir(probe_dir)
-        made = host.exec(["sh", "-c", f"mkdir -p {q(runs)} && mkdir -m 700 {q(probe_dir)} && mkdir {q(work)}"], _TIMEOUT_S)
-        if not made.ok:
-            raise TransferError(cfg.name, f"cannot create {probe_dir}: {tail(made.stderr)}")
-        remote_runner = posixpath.join(probe_dir, "runner.pyz")
-        host.put(runner, remote_runner)
-        remote_tools = None
-        if tools is not None:
-            remote_tools = posixpath.join(probe_dir, "tools.json")
-            host.put(tools, remote_tools)
+        ws.create(failure=TransferError)
+        remote_runner = ws.put(runner, "runner.pyz")
+        remote_tools = ws.put(tools, "tools.json") if tools is not None else None
         fp = take_fingerprint(host, cfg, remote_runner, probe_id, tools=remote_tools)
         result.fingerprint = fp.fingerprint
         result.python = fp.python
@@ -79,13 +63,13 @@ def probe_host(
         result.findings = [f for f in fp.findings if isinstance(f, dict)] if isinstance(fp.findings, list) else []
     finally:
         try:
-            gone = host.exec(["sh", "-c", remote.remove_script(probe_dir)], _TIMEOUT_S)
-            result.cleaned = gone.ok
+            ws.remove()
+            result.cleaned = True
         except HostError:
             result.cleaned = False
         host.close()
     if not result.cleaned:
-        raise WorkspaceLeft(cfg.name, f"{probe_dir} could not be removed")
+        raise WorkspaceLeft(cfg.name, f"{ws.path} could not be removed")
     return result
 
 

@@ -38,9 +38,6 @@ if TYPE_CHECKING:
     from orchestrator.replay import ReplayOutcome
     from orchestrator.repro import ReproOutcome
 
-#: the stages of one host in a replay, in order (the progress and summary columns)
-STAGES = ("connect", "push", "run", "pull", "clean")
-
 
 def plain(text: object, style: str = "") -> Text:
     """Untrusted text as a table cell: shown as it is, never parsed as markup (titles and column
@@ -69,6 +66,9 @@ class ProgressView:
     """Per-host progress: a live table on a terminal, one line per event otherwise (CI, pipes)."""
 
     def __init__(self, hosts: list[str], console: Console | None = None) -> None:
+        from orchestrator.workspace import STAGES  # here: the transport is not every command's import
+
+        self.stages = STAGES
         self.hosts = hosts
         self.console = console or err_console()
         self.state: dict[str, tuple[str, str]] = {h: ("waiting", "") for h in hosts}
@@ -93,7 +93,7 @@ class ProgressView:
             if stage == "retry":
                 self.retries[host] = self.retries.get(host, 0) + 1
             elif host in self.state:
-                if stage in STAGES and stage != "clean":
+                if stage in self.stages and stage != "clean":
                     self.failed_at[host] = stage  # where a failure reported later happened
                 self.state[host] = (stage, detail)
             if self.live is not None:
@@ -104,16 +104,16 @@ class ProgressView:
     def _table(self) -> Table:
         table = Table(title="replay", show_edge=False)
         table.add_column("host")
-        for stage in STAGES:
+        for stage in self.stages:
             table.add_column(stage, justify="center")
         table.add_column("note", overflow="fold")
         for host in self.hosts:
             stage, detail = self.state[host]
             failed = stage == "failed"
             at = self.failed_at.get(host, "connect") if failed else stage
-            reached = STAGES.index(at) if at in STAGES else (len(STAGES) if at == "done" else -1)
+            reached = self.stages.index(at) if at in self.stages else (len(self.stages) if at == "done" else -1)
             cells: list[Text] = []
-            for i, _ in enumerate(STAGES):
+            for i, _ in enumerate(self.stages):
                 if i < reached:
                     cells.append(Text("✓", style="green"))
                 elif i == reached:

@@ -151,14 +151,14 @@ def test_a_damaged_cached_bundle_is_rebuilt_not_used(tmp_path: Path) -> None:
 def test_replay_keeps_bundles_in_the_users_cache_shared_by_every_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.replay import ReplayRequest, _cache_dir
+    from orchestrator.bundle import bundle_cache_dir
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    a = _cache_dir(ReplayRequest(tmp_path / "suite", out=tmp_path / "runs-a"))
-    b = _cache_dir(ReplayRequest(tmp_path / "suite", out=tmp_path / "runs-b"))
+    a = bundle_cache_dir(tmp_path / "runs-a")
+    b = bundle_cache_dir(tmp_path / "runs-b")
     assert a == b == tmp_path / "xdg" / "crosshost" / "bundles" and a.is_dir()
     assert (a.stat().st_mode & 0o777) == 0o700
     # Where the user's cache cannot be made, the run directory holds it, as before.
     (tmp_path / "blocked").write_text("a file")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))
-    assert _cache_dir(ReplayRequest(tmp_path / "suite", out=tmp_path / "runs-c")) == tmp_path / "runs-c" / ".bundles"
+    assert bundle_cache_dir(tmp_path / "runs-c") == tmp_path / "runs-c" / ".bundles"

@@ -229,11 +229,11 @@ def test_a_bad_results_file_is_that_hosts_crash_and_the_run_is_still_written(tmp
 def test_an_archive_over_the_cap_is_refused_before_it_is_transferred(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import replay as replay_mod
+    from orchestrator import workspace
     from orchestrator.archive import ArchiveLimits, max_archive_bytes
 
     limits = ArchiveLimits(max_members=10, max_total_bytes=100_000)
-    monkeypatch.setattr(replay_mod, "PULL_LIMITS", limits)
+    monkeypatch.setattr(workspace, "PULL_LIMITS", limits)
     fetched: list[str] = []
 
     class CountingHost(LocalHost):
@@ -405,9 +405,9 @@ def test_a_runner_refusing_before_its_fingerprint_still_gets_one_taken(tmp_path:
 def test_a_runner_killed_by_the_timeout_still_sends_what_it_wrote(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orchestrator.replay as replay_mod
+    from orchestrator import host_job
 
-    monkeypatch.setattr(replay_mod, "RUN_MARGIN_S", -18)  # timeout_s 5 x 4 attempts - 18: killed after 2 s
+    monkeypatch.setattr(host_job, "RUN_MARGIN_S", -18)  # timeout_s 5 x 4 attempts - 18: killed after 2 s
     inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "sleep"})
     log: list[tuple[str, str]] = []
     out = replay(_req(tmp_path, inv, jobs=2), opener=_counting_opener(log), bundle=bundle, with_analysis=False)

@@ -1,0 +1,208 @@
+"""One host's part of a replay: connect, push, run, pull, judge, clean; each stage timed and reported.
+
+``HostJob`` drives the host's ``Workspace`` (``orchestrator/workspace.py``) through its lifecycle and
+fills the host's record for the manifest: the fingerprint its runner sent, the runner's exit, whether
+the workspace is gone. It never leaves the run's workspace behind; the first error is the host's
+error, a cleanup failure is said beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator import remote
+from orchestrator.bundle import Bundle
+from orchestrator.errors import (
+    AuthenticationFailed,
+    HostError,
+    HostKeyRejected,
+    HostUnreachable,
+    RunnerCrashed,
+    WorkspaceLeft,
+)
+from orchestrator.host_fingerprint import fingerprint_script, tail
+from orchestrator.inventory import HostConfig
+from orchestrator.proxy import model_route
+from orchestrator.rundir import HostRecord, RunDir, utc_now
+from orchestrator.transport import Opener
+from orchestrator.transport.base import ExecResult, Host
+from orchestrator.workspace import Running, Workspace
+
+#: on top of timeout_s x attempts: start-up, fingerprint, writing out/ and packing it
+RUN_MARGIN_S = 60
+#: connection-level failures: the host is unreachable, not merely failing
+UNREACHABLE = (HostUnreachable, HostKeyRejected, AuthenticationFailed)
+#: (host, stage, detail): stage is one of workspace.STAGES, or "retry", "done", "failed"
+EventSink = Callable[[str, str, str], None]
+
+
+@dataclass
+class HostPlan:
+    run_dir: RunDir
+    bundle: Bundle
+    tasks: list[str]
+    all_tasks: bool
+    repeat: int
+    opener: Opener
+    accept_new: bool
+    emit: EventSink
+    #: the model proxy's settings when a task uses agent.kind = "openai" (orchestrator/proxy.py)
+    model: dict[str, Any] | None = None
+    running: Running = field(default_factory=Running)  # the runs in flight (Ctrl-C kills them)
+    retries: list[dict[str, Any]] = field(default_factory=list)  # every connect retry, for the manifest
+
+
+class HostJob:
+    """Everything one host does in one replay; ``__call__`` never leaves the run's workspace behind."""
+
+    def __init__(self, cfg: HostConfig, plan: HostPlan) -> None:
+        self.cfg = cfg
+        self.plan = plan
+        self.record = HostRecord()
+        self.cleanup_error: str | None = None
+        self.host_dir = plan.run_dir.host_dir(cfg.name)
+
+    def __call__(self, _name: str) -> HostRecord:
+        ws: Workspace | None = None
+        run_started = run_finished = False
+        error: BaseException | None = None
+        try:
+            host = self._stage("connect", self._connect)
+            ws = Workspace(host, self.cfg.name, self.cfg.workspace_root, self.plan.run_dir.run_id)
+            self.record.reachable = True
+            self.plan.running.check_cancel()
+            self.record.bundle_pushed = self._stage("push", lambda: ws.create_with_bundle(self.plan.bundle))
+            self.plan.running.check_cancel()
+            run_started = True
+            # The runner writes out/fingerprint.json before its first task; the run's exec packs out/.
+            result = self._stage("run", lambda: self._run(ws))
+            run_finished = True
+            self.record.runner_exit = result.exit_code
+            stdout, size = remote.split_out_tar(result.stdout)
+            result = dataclasses.replace(result, stdout=stdout)
+            pulled = self._stage("pull", lambda: self._pull(ws, size))
+            self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
+            self._judge(result, pulled)
+        except BaseException as exc:
+            error = exc
+            if ws is not None and ws.created and run_started and not run_finished:
+                # Partial results: whatever the runner wrote before it was stopped.
+                with contextlib.suppress(Exception):  # the host may be gone; the first error counts
+                    self._pull(ws)
+            raise
+        finally:
+            self._record_fingerprint()
+            if ws is not None:
+                self._clean(ws, run_started and not run_finished, error)
+                ws.host.close()
+        self.plan.emit(self.cfg.name, "done", self._done_detail())
+        return self.record
+
+    def _stage(self, stage: str, fn: Callable[[], Any]) -> Any:
+        self.plan.emit(self.cfg.name, stage, "")
+        t0 = time.monotonic()
+        try:
+            return fn()
+        finally:
+            self.record.stages[stage] = round(time.monotonic() - t0, 3)
+
+    def _connect(self) -> Host:
+        name = self.cfg.name
+
+        def on_retry(info: dict[str, Any]) -> None:
+            entry = {"host": name, "at": utc_now(), **info}
+            with self.plan.running.lock:
+                self.plan.retries.append(entry)
+            self.plan.emit(name, "retry", str(info.get("error") or info))
+
+        host: Host = self.plan.opener(self.cfg, accept_new=self.plan.accept_new, on_retry=on_retry)
+        return host
+
+    def _fingerprint_script(self) -> str:
+        """``runner fingerprint`` exactly as ``crosshost hosts --suite`` takes it (same digest)."""
+        return fingerprint_script(
+            self.cfg,
+            self.plan.bundle.remote_runner(self.cfg.workspace_root),
+            self.plan.run_dir.run_id,
+            suite=self.plan.bundle.remote_suite(self.cfg.workspace_root),
+        )
+
+    def kill_after_s(self) -> int:
+        attempts = max(1, len(self.plan.tasks)) * max(1, self.plan.repeat)
+        return int(math.ceil(self.cfg.timeout_s * attempts)) + RUN_MARGIN_S
+
+    def _run(self, ws: Workspace) -> ExecResult:
+        suite = self.plan.bundle.remote_suite(self.cfg.workspace_root)
+        args = [
+            "run", "--suite", suite, "--out", posixpath.join(ws.path, "out"),
+            "--host", self.cfg.name, "--run-id", self.plan.run_dir.run_id,
+            "--workspace-root", posixpath.join(ws.path, "work"),
+            "--env-allow", ",".join(self.cfg.env_allowlist),
+        ]  # fmt: skip
+        if not self.plan.all_tasks:
+            args += ["--tasks", ",".join(self.plan.tasks)]
+        args += ["--repeat", str(self.plan.repeat)]
+        runner = [self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), *args]
+        # A live model: the controller's proxy (key added there), reached through a reverse forward on
+        # an SSH host; the runner itself gets CROSSHOST_MODEL_URL only (not in --env-allow: tools never see it).
+        with model_route(ws.host, self.plan.model, self.host_dir) as model_env:
+            script = remote.run_script(
+                ws.path,
+                [*self.cfg.env_allowlist, *model_env],
+                {**self.cfg.env, **model_env},
+                runner,
+                self.kill_after_s(),
+                fingerprint=self._fingerprint_script(),
+            )
+            return ws.run(script, self.kill_after_s() + 30, self.plan.running)
+
+    def _pull(self, ws: Workspace, size: str | None = None) -> int:
+        return ws.pull(self.host_dir, scratch=self.plan.run_dir.path, size=size)
+
+    def _judge(self, result: ExecResult, pulled: int) -> None:
+        name = self.cfg.name
+        if result.timed_out or result.exit_code in (137, -9):  # 128+KILL via a shell, -KILL directly
+            raise RunnerCrashed(name, f"runner killed after {self.kill_after_s()} s (timeout_s x attempts + margin)")
+        if result.exit_code == 2:
+            raise RunnerCrashed(name, f"runner refused its input: {tail(result.stderr or result.stdout)}")
+        if result.exit_code != 0:
+            raise RunnerCrashed(
+                name, f"runner exited {result.exit_code}: {tail(result.stderr or result.stdout) or 'no output'}"
+            )
+        if not (self.host_dir / "results.jsonl").is_file():
+            raise RunnerCrashed(name, f"runner exited 0 but sent no results.jsonl ({pulled} files pulled)")
+
+    def _record_fingerprint(self) -> None:
+        """The host's digest and Python, from the fingerprint.json its run sent (none: not reached)."""
+        fingerprint, _ = self.plan.run_dir.read_fingerprint(self.cfg.name)
+        if fingerprint is not None:
+            self.record.fingerprint = fingerprint.fingerprint
+            self.record.python = fingerprint.python
+
+    def _clean(self, ws: Workspace, kill_first: bool, error: BaseException | None) -> None:
+        """Remove the run's workspace and verify it is gone; record the answer, never hide a failure."""
+        with contextlib.suppress(BaseException):  # a progress hook must never stop the cleanup
+            self.plan.emit(self.cfg.name, "clean", "")
+        t0 = time.monotonic()
+        try:
+            ws.remove(kill_first=kill_first)
+            self.record.workspace_removed = True
+        except HostError as exc:
+            self.record.workspace_removed = False
+            if error is None:
+                raise
+            if isinstance(exc, WorkspaceLeft) or not isinstance(error, UNREACHABLE):
+                self.cleanup_error = exc.one_line()  # said beside the first error, never instead of it
+        finally:
+            self.record.stages["clean"] = round(time.monotonic() - t0, 3)
+
+    def _done_detail(self) -> str:
+        fp = self.record.fingerprint or "?"
+        return f"fingerprint {fp}, bundle {'pushed' if self.record.bundle_pushed else 'cached'}"

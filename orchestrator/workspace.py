@@ -1,0 +1,168 @@
+"""One run's workspace on one host, from creation to its verified removal.
+
+``<workspace_root>/runs/<run_id>/`` (mode 700) with ``out/`` (what the runner writes and the
+controller brings home) and ``work/`` (the attempts' workspaces, the directory the fingerprint
+describes). ``Workspace`` creates it (looking for the bundle in the same exec) and pushes the bundle
+when it is missing, runs a script in it, pulls ``out/`` home as one tar whose size is checked on the
+host before anything is transferred, removes it and verifies it is gone, and kills what runs in it.
+``Running`` knows which workspaces run a runner now, so Ctrl-C kills them all. ``crosshost replay``
+and ``crosshost hosts`` use it; ``crosshost repro`` through the replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from orchestrator import remote
+from orchestrator.archive import ArchiveLimits, max_archive_bytes, read_archive
+from orchestrator.bundle import Bundle, bundle_present_test, ensure_bundle
+from orchestrator.errors import ArchiveRejected, HostError, RunnerCrashed, WorkspaceLeft
+from orchestrator.fanout import Interrupted
+from orchestrator.host_fingerprint import run_workspace, tail, work_dir
+from orchestrator.transport.base import ExecResult, Host
+
+#: the stages of one host in a replay, in order (the progress view and the manifest's timings)
+STAGES = ("connect", "push", "run", "pull", "clean")
+#: every exec of the lifecycle but the run itself
+SHORT_TIMEOUT_S = 120.0
+#: what a host's out.tar may hold; its size is checked on the host before anything is transferred
+PULL_LIMITS = ArchiveLimits()
+#: how long Ctrl-C waits for one kill
+KILL_TIMEOUT_S = 30
+
+
+class Workspace:
+    """``<workspace_root>/runs/<run_id>/`` on ``host`` (``name`` is the inventory's: every error names it)."""
+
+    def __init__(self, host: Host, name: str, workspace_root: str, run_id: str) -> None:
+        self.host = host
+        self.name = name
+        self.root = workspace_root
+        self.path = run_workspace(workspace_root, run_id)
+        self.created = False  # it exists on the host: remove it
+
+    def _exec(self, script: str, timeout: float = SHORT_TIMEOUT_S) -> ExecResult:
+        return self.host.exec(["sh", "-c", script], timeout)
+
+    def create(self, bundle: Bundle | None = None, *, failure: type[HostError] = RunnerCrashed) -> bool:
+        """Create it, with ``out/`` and ``work/``; an existing one is never reused. With ``bundle``,
+        look for it in the same exec: True when it is on the host already. A failure is ``failure``."""
+        ws = remote.q(self.path)
+        runs = remote.q(posixpath.dirname(self.path))
+        work = remote.q(work_dir(self.path))
+        look = f"{{ {bundle_present_test(bundle, self.root)}; }} && echo bundle-cached; " if bundle else ""
+        made = self._exec(f"{look}mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {work}")
+        if not made.ok:
+            raise failure(self.name, f"cannot create {self.path}: {tail(made.stderr)}")
+        self.created = True
+        return bundle is not None and "bundle-cached" in made.stdout.split()
+
+    def create_with_bundle(self, bundle: Bundle) -> bool:
+        """Create it and make sure the bundle is on the host (one exec when it is); True when pushed."""
+        if self.create(bundle):
+            return False
+        return ensure_bundle(self.host, bundle, self.root, look=False)
+
+    def put(self, local: Path, name: str) -> str:
+        """Copy a local file into the workspace; its path on the host."""
+        path = posixpath.join(self.path, name)
+        self.host.put(local, path)
+        return path
+
+    def run(self, script: str, timeout: float, running: Running | None = None) -> ExecResult:
+        """Run ``script`` (built by ``remote.run_script`` for this workspace); while it runs, it is
+        in ``running``, so Ctrl-C can kill it."""
+        if running is None:
+            return self._exec(script, timeout)
+        with running.started(self):
+            return self._exec(script, timeout)
+
+    def pull(self, into: Path, *, scratch: Path, size: str | None = None) -> int:
+        """Bring ``out/`` home into ``into`` as one tar; the number of files accepted. ``size`` is what
+        the run's own exec said of ``out.tar`` (``remote.split_out_tar``); without it (the exec was
+        cut off) the archive is made and measured here, in one exec. ``scratch``: a local directory on
+        the same file system as ``into`` for the tar in transit."""
+        if size is None:
+            ws = remote.q(self.path)
+            made = self._exec(f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar . && wc -c < {ws}/out.tar")
+            size = made.stdout if made.ok else "none"
+        if size.strip() == "none":
+            return 0
+        self._check_archive_size(size)
+        with tempfile.TemporaryDirectory(prefix=".pull-", dir=scratch) as tmp:
+            local = Path(tmp) / f"{self.name}.out.tar"
+            self.host.get(posixpath.join(self.path, "out.tar"), local)
+            written = read_archive(local, into, host=self.name, limits=PULL_LIMITS)
+        return len(written)
+
+    def _check_archive_size(self, reported: str) -> None:
+        """Refuse, before transferring it, an out.tar larger than read_archive would accept: a host
+        must not be able to fill the controller's disk. ``reported`` is ``wc -c`` of it on the host."""
+        where = posixpath.join(self.path, "out.tar")
+        words = reported.split()
+        if not words or not words[-1].isdigit():
+            raise ArchiveRejected(self.name, f"{where}: cannot tell its size ({tail(reported) or 'no answer'})")
+        size, cap = int(words[-1]), max_archive_bytes(PULL_LIMITS)
+        if size > cap:
+            raise ArchiveRejected(
+                self.name,
+                f"{where} is {size} bytes, more than the {cap} bytes an archive may have; not transferred "
+                "(look for what fills the run's out/)",
+            )
+
+    def remove(self, *, kill_first: bool = False) -> None:
+        """Remove it and verify it is gone (``kill_first``: a runner may still run in it). Not gone is
+        ``WorkspaceLeft``; a host that cannot be asked raises its ``HostError``."""
+        script = remote.remove_script(self.path)
+        if kill_first:
+            script = f"{remote.kill_script(self.path)}; {script}"
+        res = self._exec(script)
+        if not res.ok:
+            raise WorkspaceLeft(self.name, f"{self.path} is still there after rm -rf: {tail(res.stderr)}")
+
+    def kill(self) -> None:
+        """Kill the runner's process group, if any; a dead host cannot be helped (its worker says so)."""
+        with contextlib.suppress(Exception):
+            self._exec(remote.kill_script(self.path), KILL_TIMEOUT_S)
+
+
+class Running:
+    """The workspaces running a runner now, and the cancel flag Ctrl-C sets: a run is either seen
+    and killed, or never started."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cancel = threading.Event()
+        self._now: dict[int, Workspace] = {}
+
+    def check_cancel(self) -> None:
+        if self.cancel.is_set():
+            raise Interrupted("interrupted")
+
+    @contextlib.contextmanager
+    def started(self, ws: Workspace) -> Iterator[None]:
+        with self.lock:  # checked under the lock stop_all's snapshot takes
+            self.check_cancel()
+            self._now[id(ws)] = ws
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._now.pop(id(ws), None)
+
+    def stop_all(self) -> None:
+        """Ctrl-C: no new run starts, every runner in flight is killed (its process group); the
+        workers then clean up."""
+        with self.lock:
+            self.cancel.set()
+            now = list(self._now.values())
+        threads = [threading.Thread(target=ws.kill, daemon=True) for ws in now]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=KILL_TIMEOUT_S + 5)

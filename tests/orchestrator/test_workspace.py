@@ -1,0 +1,61 @@
+"""The remote workspace lifecycle on a real LocalHost: create, put, pull (size checked), remove."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from orchestrator import workspace
+from orchestrator.archive import ArchiveLimits
+from orchestrator.errors import ArchiveRejected, RunnerCrashed, TransferError
+from orchestrator.fanout import Interrupted
+from orchestrator.transport.local import LocalHost
+from orchestrator.workspace import Running, Workspace
+
+
+def _ws(tmp_path: Path, run_id: str = "r1") -> Workspace:
+    return Workspace(LocalHost("box"), "box", str(tmp_path / "root"), run_id)
+
+
+def test_create_makes_a_private_workspace_once_and_remove_leaves_nothing(tmp_path: Path) -> None:
+    ws = _ws(tmp_path)
+    assert ws.create() is False and ws.created
+    path = Path(ws.path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700 and (path / "out").is_dir() and (path / "work").is_dir()
+    with pytest.raises(RunnerCrashed, match="cannot create"):
+        _ws(tmp_path).create()  # an existing workspace is never reused
+    with pytest.raises(TransferError, match="cannot create"):
+        _ws(tmp_path).create(failure=TransferError)
+    assert ws.put(Path(__file__), "x.py") == str(path / "x.py") and (path / "x.py").is_file()
+    ws.remove()
+    assert not path.exists() and list((tmp_path / "root" / "runs").iterdir()) == []
+
+
+def test_pull_brings_out_home_and_refuses_an_archive_over_the_cap_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = _ws(tmp_path)
+    ws.create()
+    (Path(ws.path) / "out" / "results.jsonl").write_text("{}\n")
+    home = tmp_path / "home"
+    assert ws.pull(home, scratch=tmp_path) == 1 and (home / "results.jsonl").read_text() == "{}\n"
+    (Path(ws.path) / "out" / "big").write_bytes(b"x" * 200_000)
+    monkeypatch.setattr(workspace, "PULL_LIMITS", ArchiveLimits(max_members=10, max_total_bytes=100_000))
+    with pytest.raises(ArchiveRejected, match="not transferred"):
+        ws.pull(tmp_path / "home2", scratch=tmp_path)
+    assert not (tmp_path / "home2").exists()
+
+
+def test_a_cancelled_run_never_starts(tmp_path: Path) -> None:
+    ws = _ws(tmp_path)
+    ws.create()
+    running = Running()
+    running.stop_all()
+    started = Path(ws.path) / "started"
+    with pytest.raises(Interrupted):
+        ws.run(f"touch {started}", 10, running)
+    assert not started.exists()
+    ws.run(f"touch {started}", 10, Running())
+    assert started.exists()
