@@ -401,6 +401,10 @@ class Fleet:
             lines.append(f"{key} = {json.dumps(value)}")
         if include_local:
             lines += ["", "[[hosts]]", 'name = "local"', 'transport = "local"']
+            if "workspace_root" not in (extra_defaults or {}):
+                # The fleet's own root: the default /tmp/crosshost is shared by every fleet on this
+                # machine, and "nothing left behind" must see only this fleet's runs.
+                lines.append(f"workspace_root = {_toml_str(str(self.state / 'local-root'))}")
         for name in names:
             host = self.hosts[name]
             lines += [
