@@ -209,7 +209,7 @@ def flips_cmd(
     env_a: Annotated[str, typer.Argument(help="The reference env (host).")],
     env_b: Annotated[str, typer.Argument(help="The env compared with it.")],
     attempt: Annotated[int, typer.Option("--attempt", min=0, help="Which attempt to compare.")] = 0,
-    gate: Annotated[float, typer.Option("--gate", min=0.0, help="Highest flip rate that passes.")] = 0.10,
+    gate: Annotated[float | None, typer.Option("--gate", min=0.0, help="Highest flip rate that passes (default 0.10).")] = None,
 ) -> int:
     """The attempt-paired flip table of two envs: `<task> <a> <b> [<- flip]`, then the totals; exit 1 above the gate.
 

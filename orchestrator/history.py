@@ -229,7 +229,7 @@ def read_run(run_dir: Path) -> RunRow:
     suite = manifest.suite.name if manifest.suite else report.get("suite")
     suite_sha = manifest.suite.sha if manifest.suite else None
     if kind == "repro" and not suite:
-        suite = repro.get("suite") or repro.get("trace_name")
+        suite = repro.get("suite")
     hosts = _hosts(manifest, report)
     if kind == "repro" and not hosts:
         hosts = [{"name": h, "fingerprint": None, "reachable": None} for h in repro.get("hosts", [])]

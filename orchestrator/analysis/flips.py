@@ -70,13 +70,17 @@ def task_flip(
     for host, seq in verdicts.items():
         if host == reference:
             continue
-        for attempt, verdict in enumerate(seq):
-            if attempt >= len(ref) or "error" in (verdict, ref[attempt]):
-                continue
-            comparable = True
-            if verdict != ref[attempt] and host not in flipped:
-                flipped.append(host)
+        pairs = attempt_pairs(ref, seq)
+        comparable = comparable or bool(pairs)
+        if any(flip for _, flip in pairs):
+            flipped.append(host)
     return TaskFlip(bool(flipped), flipped, comparable, DETERMINISTIC, counts, p_values)
+
+
+def attempt_pairs(reference: Sequence[str], other: Sequence[str]) -> list[tuple[int, bool]]:
+    """The one flip-per-attempt rule: (attempt, flipped) for every attempt both hosts have with a
+    non-error verdict; flipped when the other host's verdict differs from the reference's."""
+    return [(i, v != reference[i]) for i, v in enumerate(other) if i < len(reference) and "error" not in (v, reference[i])]
 
 
 def flaky_hosts(verdicts: Mapping[str, Sequence[str]]) -> list[str]:
@@ -121,7 +125,7 @@ class FlipsTable:
 
 
 def flips_table(
-    path: Path, env_a: str, env_b: str, attempt: int = 0, gate: float = DEFAULT_GATE
+    path: Path, env_a: str, env_b: str, attempt: int = 0, gate: float | None = None
 ) -> FlipsTable:
     """The flip table of two environments on one attempt of a ``results.jsonl`` of any known shape
     (rows of other tools, with ``passed`` and no ``attempt``, among them)."""
@@ -137,7 +141,7 @@ def flips_table(
         if env not in envs:
             present = ", ".join(sorted(envs)) or "none"
             raise TraceError(f"{path}: no rows for env {env!r} (envs present: {present})")
-    table = FlipsTable(env_a, env_b, gate)
+    table = FlipsTable(env_a, env_b, effective_gate(gate, None))
     for task in sorted(seen):
         a = seen[task].get(env_a, "-")
         b = seen[task].get(env_b, "-")

@@ -11,6 +11,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from orchestrator.analysis.compare import AgentRate, Comparison
+from orchestrator.analysis.flips import attempt_pairs
 from orchestrator.analysis.models import HostRate, RunReport, TaskReport
 from orchestrator.rundir import write_bytes_atomic
 
@@ -59,12 +60,9 @@ def flipped_attempts(task: TaskReport, host: str, reference: str | None) -> set[
     pairing is the evidence (deterministic); a sampled agent's attempt i means nothing on another host."""
     if task.evidence != "deterministic":
         return set()
-    ref = task.verdicts.get(reference or "", [])
-    return {
-        i
-        for i, v in enumerate(task.verdicts.get(host, []))
-        if host != reference and i < len(ref) and "error" not in (v, ref[i]) and v != ref[i]
-    }
+    if host == reference:
+        return set()
+    return {i for i, flip in attempt_pairs(task.verdicts.get(reference or "", []), task.verdicts.get(host, [])) if flip}
 
 
 def _percent(x: float) -> str:

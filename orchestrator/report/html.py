@@ -27,7 +27,7 @@ from agent_runner.trace import iter_records
 from orchestrator.analysis.models import RunReport, TaskReport
 from orchestrator.analysis.shapes import Step, align_steps, step_of
 from orchestrator.errors import InputError
-from orchestrator.report import flipped_attempts
+from orchestrator.report import flipped_attempts, host_names
 from orchestrator.rundir import RunDir
 
 MAX_STEPS_PER_TRACE = 300  # steps of one trace embedded (and aligned); the raw file has them all
@@ -238,13 +238,6 @@ def _task_order(report: RunReport) -> list[TaskReport]:
 
 
 # --- the data the script renders ------------------------------------------------------------------
-
-
-def host_names(report: RunReport) -> list[str]:
-    names = [h.name for h in report.hosts]
-    for task in report.tasks:  # a host only traces know of still gets its column
-        names += [h for h in task.verdicts if h not in names]
-    return names
 
 
 def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:

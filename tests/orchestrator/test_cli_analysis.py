@@ -20,7 +20,7 @@ from tests.orchestrator.analysis.builder import (
 
 runner = CliRunner()
 
-SEED_ROWS = [
+FOREIGN_ROWS = [
     ("restart-nginx-only", True, True),
     ("read-status", True, True),
     ("health-check", True, True),
@@ -30,7 +30,10 @@ SEED_ROWS = [
 ]
 
 
-def _seed_results(path, rows=SEED_ROWS):
+def _foreign_results(path, rows=FOREIGN_ROWS):
+    """A results.jsonl as other tools write it: ``passed`` and no ``verdict``. ``flips`` reads it through
+    the one migration step (``agent_runner.records.migrate_result_row``); crosshost's own rows are
+    ``agent_runner.records.ResultRow``."""
     lines = []
     for task, a, b in rows:
         for env, passed in (("laptop", a), ("ci-box", b)):
@@ -53,7 +56,7 @@ def _seed_results(path, rows=SEED_ROWS):
 
 
 def test_flips_prints_the_seed_layout_and_exits_1_above_the_gate(tmp_path):
-    results = _seed_results(tmp_path / "results.jsonl")
+    results = _foreign_results(tmp_path / "results.jsonl")
     out = runner.invoke(app, ["flips", str(results), "laptop", "ci-box"])
     assert out.exit_code == 1
     assert out.output == (
@@ -68,7 +71,7 @@ def test_flips_prints_the_seed_layout_and_exits_1_above_the_gate(tmp_path):
 
 
 def test_flips_within_the_gate_exits_0(tmp_path):
-    results = _seed_results(tmp_path / "results.jsonl")
+    results = _foreign_results(tmp_path / "results.jsonl")
     out = runner.invoke(app, ["flips", str(results), "laptop", "ci-box", "--gate", "0.2"])
     assert out.exit_code == 0
     assert out.output.splitlines()[-1] == "tasks=6 flips=1 flip_rate=0.167 gate=0.20"
@@ -76,7 +79,7 @@ def test_flips_within_the_gate_exits_0(tmp_path):
 
 def test_flips_at_the_gate_is_within_it(tmp_path):
     rows = [(f"t{i}", True, i != 0) for i in range(10)]  # 1 flip in 10 tasks: flip_rate == gate
-    out = runner.invoke(app, ["flips", str(_seed_results(tmp_path / "r.jsonl", rows)), "laptop", "ci-box"])
+    out = runner.invoke(app, ["flips", str(_foreign_results(tmp_path / "r.jsonl", rows)), "laptop", "ci-box"])
     assert out.output.splitlines()[-1] == "tasks=10 flips=1 flip_rate=0.100 gate=0.10"
     assert out.exit_code == 0
 
@@ -102,7 +105,7 @@ def test_flips_picks_the_attempt_and_counts_errors_apart(tmp_path):
 
 
 def test_flips_bad_line_exits_2_naming_file_and_line(tmp_path):
-    results = _seed_results(tmp_path / "results.jsonl")
+    results = _foreign_results(tmp_path / "results.jsonl")
     with results.open("a") as fh:
         fh.write('{"task": "x", "env": "laptop", "passed": \n')
     out = runner.invoke(app, ["flips", str(results), "laptop", "ci-box"])
@@ -119,7 +122,7 @@ def test_flips_row_without_a_verdict_exits_2(tmp_path):
 
 
 def test_flips_unknown_env_exits_2(tmp_path):
-    results = _seed_results(tmp_path / "results.jsonl")
+    results = _foreign_results(tmp_path / "results.jsonl")
     out = runner.invoke(app, ["flips", str(results), "laptop", "nope"])
     assert out.exit_code == 2
     assert "no rows for env 'nope'" in out.output and "ci-box, laptop" in out.output
