@@ -572,28 +572,28 @@ def model_route(
 ) -> Iterator[dict[str, str]]:
     """Serve the model to one host's run: yields the runner's extra environment (``CROSSHOST_MODEL_URL``).
 
-    The local host (and a FakeHost) reaches the proxy on the controller's loopback; a host with
-    ``forward_remote`` (SshHost) gets a reverse forward on its own 127.0.0.1, on the same SSH transport,
-    closed when the run ends. ``record_dir/model_calls.jsonl`` gets every request. ``agent`` None: no
-    model, nothing started, nothing added.
+    A host that reaches the controller's loopback (``Host.reaches_controller_loopback``: the local
+    host, a FakeHost) is given the proxy's own URL; any other gets a reverse forward on its own
+    127.0.0.1 (``Host.forward_remote``: on an SSH host, over the same transport), closed when the run
+    ends; a backend that can do neither refuses with a HostError naming it. ``record_dir/model_calls.jsonl``
+    gets every request. ``agent`` None: no model, nothing started, nothing added.
     """
     if agent is None:
         yield {}
         return
     proxy = ModelProxy.from_agent(agent)
     with proxy:
-        forward = getattr(host, "forward_remote", None) if host.kind not in ("local", "fake") else None
         port: int | None = None
         try:
-            if forward is not None:
-                port = int(forward(proxy.port))
-                url = model_url(port)
-            else:
+            if host.reaches_controller_loopback:
                 url = proxy.url
+            else:
+                port = host.forward_remote(proxy.port)
+                url = model_url(port)
             yield {MODEL_URL_ENV: url}
         finally:
             if port is not None:
-                host.cancel_forward(port)  # type: ignore[attr-defined]
+                host.cancel_forward(port)
             if record_dir is not None:
                 with contextlib.suppress(OSError):
                     record_dir.mkdir(parents=True, exist_ok=True)

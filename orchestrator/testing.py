@@ -17,6 +17,7 @@ Handler = Callable[[list[str]], "ExecResult | tuple[int, str, str]"]
 
 class FakeHost(Host):
     kind = "fake"
+    reaches_controller_loopback = True  # it stands for a host the controller reaches directly
 
     def __init__(self, name: str, handler: Handler | None = None, *, fail: HostError | None = None) -> None:
         self.name = name

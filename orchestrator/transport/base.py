@@ -1,8 +1,12 @@
 """The one transport abstraction (as pyinfra's connectors): four operations, one file per backend.
 
 A non-zero exit is data in ``ExecResult``; only transport failures raise (``HostError`` subclasses).
-The same conformance suite (tests/orchestrator/test_transport_conformance.py) runs against every
-backend: LocalHost, a real SshHost, and FakeHost.
+What a backend must do is checked by ``orchestrator/transport/conformance.py`` (``self_check``),
+which the tests run against every backend: LocalHost, a real SshHost, and FakeHost (its file part).
+
+Optional capabilities are declared here with a refusal default; a backend that has one overrides it.
+Today there is one: reaching the controller's loopback from the host (the model proxy listens there),
+either directly (``reaches_controller_loopback``) or through a reverse port forward (``forward_remote``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import abc
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from orchestrator.errors import HostError
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,8 @@ class Host(abc.ABC):
     name: str
     #: "local", "ssh" or "fake"
     kind: str
+    #: a process on the host reaches the controller's 127.0.0.1 as it is (the host is the controller)
+    reaches_controller_loopback: bool = False
 
     @abc.abstractmethod
     def exec(self, argv: list[str], timeout: float) -> ExecResult:
@@ -54,6 +62,22 @@ class Host(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the connection; idempotent."""
+
+    # Optional capabilities: refused unless a backend has them ------------------------------------
+
+    def forward_remote(self, local_port: int) -> int:
+        """Listen on the host's 127.0.0.1 (a port the host picks) and carry each connection to the
+        controller's 127.0.0.1:``local_port``; return the host's port. Refused by default."""
+        raise HostError(
+            self.name,
+            f"the {self.kind} transport cannot forward a port from the host to the controller "
+            f"(needed for 127.0.0.1:{local_port}, e.g. the model proxy); use an ssh host",
+        )
+
+    def cancel_forward(self, port: int) -> None:
+        """Stop forwarding the host's ``port`` (from ``forward_remote``); idempotent. A backend that
+        cannot forward has nothing to stop."""
+        return None
 
     def __enter__(self) -> Host:
         return self

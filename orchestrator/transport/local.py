@@ -16,6 +16,7 @@ from orchestrator.transport.base import ExecResult, Host
 
 class LocalHost(Host):
     kind = "local"
+    reaches_controller_loopback = True  # it is the controller
 
     def __init__(self, name: str = "local") -> None:
         self.name = name
