@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from agent_runner.errors import RunnerError
 from agent_runner.trace import iter_records
 from orchestrator.analysis.models import RunReport, TaskReport
 from orchestrator.analysis.shapes import Step, align_steps, step_of
-from orchestrator.errors import InputError
+from orchestrator.errors import InputError, TraceError
 from orchestrator.report import flipped_attempts, host_names
 from orchestrator.rundir import RunDir
 
@@ -123,7 +122,7 @@ def _observations(path: Path, limit: int) -> dict[int, str]:
                 if step > limit:
                     break
                 out[step] = _cut(content)
-    except (RunnerError, OSError):
+    except (TraceError, OSError):
         pass
     return out
 
@@ -162,7 +161,7 @@ def _load_trace(run_dir: Path, path: Path, budget: int) -> _Trace:
                 finish = record
             elif kind == "corrupt":
                 problems.append(f"line {lineno}: {record.get('error', 'corrupt line')}")
-    except (RunnerError, OSError) as exc:
+    except (TraceError, OSError) as exc:
         problems.append(str(exc))
     if steps:
         observed = _observations(obs_file, steps[-1]["n"])

@@ -167,3 +167,12 @@ def test_serve_gives_the_run_directory_and_nothing_outside_it(tmp_path):
         finally:
             server.shutdown()
             thread.join(timeout=5)
+
+
+def test_an_unreadable_trace_is_a_problem_on_the_page_not_a_crash(tmp_path):
+    run = build_known_run(tmp_path)
+    trace = run / "hosts" / "box-b" / "traces" / "flip-task.0.jsonl"
+    trace.unlink()
+    trace.mkdir()  # unreadable as a file: the runner's TraceError
+    write_reports(run, analyse_run(run))
+    assert "cannot read trace" in (run / "report.html").read_text(encoding="utf-8")
