@@ -12,7 +12,6 @@ import re
 import shlex
 import shutil
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -90,17 +89,6 @@ def crosshost_command() -> list[str]:
     if found:
         return [str(Path(found).resolve())]
     return [str(Path(sys.executable).absolute()), "-m", "orchestrator.cli"]
-
-
-def _suite_name(suite_dir: Path) -> str:
-    toml = suite_dir / "suite.toml"
-    if not toml.is_file():
-        raise SuiteError(f"{toml}: missing; SUITE must be a suite directory with a suite.toml")
-    try:
-        name = tomllib.loads(toml.read_text()).get("name")
-    except tomllib.TOMLDecodeError as exc:
-        raise SuiteError(f"{toml}: not valid TOML: {exc}") from exc
-    return str(name) if name else suite_dir.name
 
 
 def unit_stem(suite_name: str) -> str:
@@ -199,7 +187,9 @@ def plan_schedule(
     suite_dir = suite_dir.expanduser().absolute()
     if not suite_dir.is_dir():
         raise SuiteError(f"{suite_dir}: no such suite directory")
-    suite_name = _suite_name(suite_dir)
+    from orchestrator.bundle import read_suite
+
+    suite_name = read_suite(suite_dir).name  # a broken suite is refused now, not at every replay
     inventory = inventory.expanduser().absolute()
     if not inventory.is_file():
         raise InputError(f"{inventory}: no such inventory; pass -i hosts.toml")

@@ -18,11 +18,13 @@ from orchestrator import schedule
 from orchestrator.cli import app
 from orchestrator.errors import InputError
 
+TRIAGE = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
+
 
 @pytest.fixture()
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "suites" / "tri age").mkdir(parents=True)
-    (tmp_path / "suites" / "tri age" / "suite.toml").write_text('name = "triage"\nrepeat = 2\n')
+    (tmp_path / "suites").mkdir()
+    shutil.copytree(TRIAGE, tmp_path / "suites" / "tri age")  # a real suite: schedule validates it
     (tmp_path / "hosts.toml").write_text("[[hosts]]\nname = 'local'\ntransport = 'local'\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
@@ -134,8 +136,7 @@ def test_crontab_line(project: Path, every: str, fields: str) -> None:
 
 
 def test_cron_escapes_percent(project: Path) -> None:
-    (project / "suites" / "50%").mkdir()
-    (project / "suites" / "50%" / "suite.toml").write_text('name = "p"\n')
+    shutil.copytree(TRIAGE, project / "suites" / "50%")
     plan = schedule.plan_schedule(Path("suites/50%"), "1h", Path("hosts.toml"), Path("runs"), "cron")
     assert plan.cron_line is not None and "50\\%" in plan.cron_line and "50%" not in plan.cron_line
 
@@ -148,9 +149,13 @@ def test_cron_escapes_percent(project: Path) -> None:
         (["nope", "--every", "6h"], "nope: no such suite directory"),
         (["suites/tri age", "-i", "missing.toml"], "missing.toml: no such inventory"),
         (["suites", "--every", "6h"], "suite.toml: missing"),
+        (["suites/broken", "--every", "6h"], "suite.toml: unknown key(s) retries"),
     ],
 )
 def test_bad_input_exits_2(project: Path, args: list[str], message: str) -> None:
+    shutil.copytree(TRIAGE, project / "suites" / "broken")
+    toml = project / "suites" / "broken" / "suite.toml"
+    toml.write_text("retries = 3\n" + toml.read_text())
     res = CliRunner().invoke(app, ["schedule", *args])
     assert res.exit_code == 2
     assert message in res.output and "Traceback" not in res.output
