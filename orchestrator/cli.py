@@ -1,7 +1,7 @@
 """The crosshost command line. Thin: each command parses, calls one function, renders.
 
-Commands return their exit code; ``guarded`` maps an error to one line and its exit code
-(docs/errors-and-exit-codes.md).
+Rendering is ``orchestrator/ui.py``'s; a command's exit code is ``orchestrator/exit_policy.py``'s and
+is returned; ``guarded`` maps an error to one line and its exit code (docs/errors-and-exit-codes.md).
 Add a command as a small function below; keep logic in the modules it calls.
 """
 
@@ -245,21 +245,15 @@ def report_cmd(
     gate: Annotated[float | None, typer.Option("--gate", min=0.0, help="Override the suite's gate.")] = None,
 ) -> int:
     """Re-analyse a run, rewrite report.json/report.md/junit.xml, print one; exit 0 valid and within gate."""
-    from orchestrator import report as _report
     from orchestrator import ui
-    from orchestrator.analysis import analyse_run
     from orchestrator.errors import InputError
     from orchestrator.exit_policy import report_exit
+    from orchestrator.report import FORMATS, analyse_and_write
 
-    renderers = {"md": _report.render_markdown, "json": _report.render_json, "junit": _report.render_junit}
-    if fmt not in (*renderers, "table"):
+    if fmt not in (*FORMATS, "table"):
         raise InputError(f"--format {fmt!r}: choose table, md, json or junit")
-    result = analyse_run(run, gate)
-    _report.write_reports(run, result)
-    if fmt == "table":
-        ui.print_report(result)
-    else:
-        typer.echo(renderers[fmt](result), nl=False)
+    result = analyse_and_write(run, gate)
+    ui.print_report(result, fmt)
     return report_exit(result)
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__
-from orchestrator.analysis import analyse_run
 from orchestrator.analysis.models import RunReport
 from orchestrator.bundle import Bundle, build_bundle, bundle_cache_dir
 from orchestrator.errors import (
@@ -37,7 +36,7 @@ from orchestrator.history import after_replay
 from orchestrator.host_job import UNREACHABLE, EventSink, HostJob, HostPlan
 from orchestrator.inventory import HostConfig, load_inventory
 from orchestrator.proxy import openai_agent_config, require_api_key
-from orchestrator.report import write_reports
+from orchestrator.report import analyse_and_write
 from orchestrator.rundir import HostRecord, Manifest, ResultRow, RunDir, SuiteRef, iter_results, utc_now
 from orchestrator.transport import Opener, default_opener
 
@@ -247,20 +246,13 @@ def replay(
 
     outcome = ReplayOutcome(run_dir, manifest, 0, results=rows, errors=errors)
     if not manifest.interrupted:
-        outcome.report = analyse(run_dir, gate) if with_analysis else None
+        outcome.report = analyse_and_write(run_dir.path, gate) if with_analysis else None
     outcome.exit_code, outcome.exit_reason = replay_exit(manifest, outcome.report, gate, rows)
     return outcome
 
 
 def outcome_interrupted(fan: FanoutResult[HostRecord]) -> bool:
     return any(isinstance(o.error, Interrupted) for o in fan.outcomes.values())
-
-
-def analyse(run_dir: RunDir, gate: float | None) -> RunReport:
-    """Analyse the run and write its reports (report.json, report.md, junit.xml)."""
-    report = analyse_run(run_dir.path, gate=gate)
-    write_reports(run_dir.path, report)
-    return report
 
 
 def _quick_exit_gc() -> None:

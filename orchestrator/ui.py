@@ -229,9 +229,17 @@ def report_table(report: RunReport) -> RenderableType:
     return Group(*parts)
 
 
-def print_report(report: RunReport, console: Console | None = None) -> None:
-    """``crosshost report --format table``."""
-    (console or Console()).print(report_table(report))
+def print_report(report: RunReport, fmt: str = "table", console: Console | None = None) -> None:
+    """``crosshost report``: the table, or the text of one of the report files (``report.FORMATS``)."""
+    if fmt == "table":
+        (console or Console()).print(report_table(report))
+        return
+    import sys
+
+    from orchestrator.report import FORMATS
+
+    sys.stdout.write(FORMATS[fmt](report))
+    sys.stdout.flush()
 
 
 # ----------------------------------------------------------------------------------------- history

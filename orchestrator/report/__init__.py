@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from orchestrator.analysis import analyse_run
 from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.flips import attempt_pairs
 from orchestrator.analysis.models import HostRate, RunReport, TaskReport
@@ -29,7 +30,9 @@ __all__ = [
     "rates_legend",
     "render_markdown",
     "validity_line",
+    "analyse_and_write",
     "write_reports",
+    "FORMATS",
 ]
 
 
@@ -331,3 +334,14 @@ def write_reports(run_dir: Path, report: RunReport) -> None:
     write_bytes_atomic(run_dir / "report.md", render_markdown(report).encode())
     write_bytes_atomic(run_dir / "junit.xml", render_junit(report).encode())
     write_bytes_atomic(run_dir / "report.html", render_html(report, run_dir).encode())
+
+
+def analyse_and_write(run_dir: Path, gate: float | None = None) -> RunReport:
+    """Analyse a run directory (``gate`` overrides the suite's) and write its reports into it."""
+    report = analyse_run(run_dir, gate=gate)
+    write_reports(run_dir, report)
+    return report
+
+
+#: ``crosshost report --format``: the text renderers (``table`` is ``orchestrator.ui.report_table``)
+FORMATS = {"md": render_markdown, "json": render_json, "junit": render_junit}

@@ -61,7 +61,7 @@ def test_report_table_shows_task_ids_as_text(tmp_path: Path) -> None:
     report = analyse_run(build_run(tmp_path, RunSpec(hosts=two_hosts(), attempts=attempts)))
     report.tasks[0].task = f"t1 {HOSTILE}"
     console = _console()
-    ui.print_report(report, console)
+    ui.print_report(report, console=console)
     row = next(line for line in console.export_text().splitlines() if "t1 " in line)
     assert HOSTILE in row and "fail*" in row and "<- flip" in row
 
