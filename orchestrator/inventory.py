@@ -8,6 +8,7 @@ The first host is the reference.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -45,12 +46,36 @@ class HostConfig(BaseModel):
     timeout_s: float = Field(default=120, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     python: str = "python3"
     connect_timeout_s: float = Field(default=10, gt=0, le=MAX_CONNECT_TIMEOUT_S, allow_inf_nan=False)
+    #: an ssh_config Host alias: address, port, user, keys and jump hosts come from ssh_config
+    ssh: str | None = None
+    #: authenticate with the keys of the running ssh-agent ($SSH_AUTH_SOCK); never forwarded
+    use_agent: bool = False
+    #: a controller variable holding identity_file's passphrase (read at connect, never recorded)
+    passphrase_env: str | None = None
+    #: with use_agent: only the agent key matching identity_file (as OpenSSH's IdentitiesOnly)
+    identities_only: bool = False
+    #: jump host(s), comma-separated: inventory host names or [user@]host[:port]
+    proxy_jump: str | None = None
+    #: at most this many connections being opened through one jump host at once (sshd MaxStartups: 10)
+    bastion_connections: int = Field(default=8, ge=1, le=64)
+    # Filled by load_inventory, never read from the file:
+    #: the resolved jump hosts, outermost first
+    jump: list[HostConfig] = Field(default_factory=list)
+    #: ssh_config directives that were not followed, one line each
+    notes: list[str] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
     def _safe_name(cls, v: str) -> str:
         if not _HOST_NAME.match(v):
             raise ValueError("must be letters, digits, '.', '_' or '-' (it names a directory)")
+        return v
+
+    @field_validator("passphrase_env")
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is not None and not _ENV_KEY.match(v):
+            raise ValueError(f"{v!r} is not an environment variable name")
         return v
 
     @field_validator("env_allowlist")
@@ -83,7 +108,11 @@ class HostConfig(BaseModel):
 
     def public_dict(self) -> dict[str, Any]:
         """What the manifest records: no key or known_hosts paths (they are the controller's)."""
-        data = self.model_dump(mode="json", exclude={"identity_file", "known_hosts"})
+        data = self.model_dump(
+            mode="json", exclude={"identity_file", "known_hosts", "passphrase_env", "jump", "notes"}
+        )
+        if self.jump:
+            data["via"] = [hop.name for hop in self.jump]
         return data
 
 
@@ -116,7 +145,11 @@ class Inventory(BaseModel):
 
 
 _TOP_KEYS = {"defaults", "hosts"}
-_NOT_A_DEFAULT = {"name"}
+_NOT_A_DEFAULT = {"name", "ssh"}
+#: HostConfig fields load_inventory fills; the file cannot set them
+_INTERNAL = {"jump", "notes"}
+#: ssh_config may give these; a key written in the inventory wins
+_FROM_SSH_CONFIG = ("address", "port", "user", "identity_file", "identities_only", "proxy_jump", "connect_timeout_s")
 _PATH_KEYS = ("identity_file", "known_hosts")
 
 
@@ -138,19 +171,22 @@ def load_inventory(path: Path) -> Inventory:
     for key in data:
         if key not in _TOP_KEYS:
             raise InventoryError(f"{label}: unknown key {key!r} (expected [defaults] and [[hosts]])")
-    defaults = data.get("defaults", {})
-    if not isinstance(defaults, dict):
+    defaults = dict(data.get("defaults", {})) if isinstance(data.get("defaults", {}), dict) else None
+    if defaults is None:
         raise InventoryError(f"{label}: 'defaults' must be a table ([defaults])")
+    ssh_config_setting = defaults.pop("ssh_config", True)
     for key in defaults:
-        if key in _NOT_A_DEFAULT or key not in HostConfig.model_fields:
+        if key in _NOT_A_DEFAULT or key in _INTERNAL or key not in HostConfig.model_fields:
             raise InventoryError(f"{label}: [defaults]: unknown key {key!r}")
     entries = data.get("hosts")
     if not isinstance(entries, list) or not entries:
         raise InventoryError(f"{label}: no hosts: add at least one [[hosts]] table")
 
     base = path.resolve().parent
+    ssh_config = _SshConfigSource(label, base, ssh_config_setting)
     hosts: list[HostConfig] = []
     seen: dict[str, int] = {}
+    wheres: dict[str, str] = {}
     for index, entry in enumerate(entries, start=1):
         where = f"{label}: host #{index}"
         if not isinstance(entry, dict):
@@ -158,23 +194,144 @@ def load_inventory(path: Path) -> Inventory:
         if isinstance(entry.get("name"), str):
             where = f"{label}: host {entry['name']!r}"
         for key in entry:
-            if key not in HostConfig.model_fields:
+            if key in _INTERNAL or key not in HostConfig.model_fields:
                 raise InventoryError(f"{where}: unknown key {key!r}")
         # default: a tool-owned known_hosts next to the inventory
         merged = {"known_hosts": "known_hosts", **defaults, **entry}
         for key in _PATH_KEYS:
             if isinstance(merged.get(key), str):
                 merged[key] = (base / Path(merged[key]).expanduser()).resolve()
+        if merged.get("transport", "ssh") == "ssh":
+            merged = ssh_config.apply(where, merged, explicit=set(defaults) | set(entry))
         try:
             host = HostConfig.model_validate(merged)
         except ValidationError as exc:
             raise InventoryError(f"{where}: {_first_error(exc)}") from exc
-        _check_host(where, host)
         if host.name in seen:
             raise InventoryError(f"{where}: key 'name': duplicate host name (also host #{seen[host.name]})")
         seen[host.name] = index
+        wheres[host.name] = where
         hosts.append(host)
+    by_name = {h.name: h for h in hosts}
+    hosts = [_with_jumps(wheres[h.name], h, by_name, ssh_config) for h in hosts]
+    for host in hosts:
+        _check_host(wheres[host.name], host)
+        for hop in host.jump:
+            if hop.name not in by_name:  # an inventory host is checked as itself
+                _check_host(f"{wheres[host.name]} (jump host {hop.name})", hop)
     return Inventory(path=path, hosts=hosts)
+
+
+class _SshConfigSource:
+    """``[defaults] ssh_config``: ``~/.ssh/config`` unless a path or ``false``; read once, when needed."""
+
+    def __init__(self, label: str, base: Path, setting: object) -> None:
+        self.label = label
+        self.setting = setting
+        if setting is True:
+            self.path: Path | None = Path("~/.ssh/config")
+        elif setting is False:
+            self.path = None
+        elif isinstance(setting, str) and setting:
+            self.path = (base / Path(setting).expanduser()).resolve()
+        else:
+            raise InventoryError(f"{label}: [defaults]: key 'ssh_config': a path or false (got {setting!r})")
+        self._file: Any = None
+        self._read = False
+
+    def file(self) -> Any:
+        if not self._read and self.path is not None:
+            from orchestrator.transport import sshconfig
+
+            self._file = sshconfig.read(self.path, explicit=self.setting is not True)
+            self._read = True
+        return self._file
+
+    def apply(self, where: str, merged: dict[str, Any], *, explicit: set[str]) -> dict[str, Any]:
+        """``merged`` with what ssh_config says about its alias (or address) where the inventory is silent."""
+        alias = merged.get("ssh")
+        lookup = alias or merged.get("address")
+        if not isinstance(lookup, str) or not lookup:
+            return merged
+        cfg = self.file() if self.path is not None else None
+        if cfg is None:
+            if alias is not None:
+                why = "ssh_config = false in [defaults]" if self.path is None else f"{self.path} does not exist"
+                raise InventoryError(f"{where}: key 'ssh': alias {alias!r} needs an ssh_config ({why})")
+            return merged
+        if alias is not None and not cfg.knows(alias):
+            raise InventoryError(f"{where}: key 'ssh': no Host {alias!r} in {cfg.path}")
+        found, notes = cfg.settings(lookup)
+        if alias is None:
+            explicit = explicit - {"address"}  # the address is the alias: its HostName replaces it, as in ssh
+        out = dict(merged)
+        for key in _FROM_SSH_CONFIG:
+            if key in found and key not in explicit:
+                out[key] = found[key]
+        out["notes"] = notes
+        return out
+
+
+def _with_jumps(where: str, host: HostConfig, by_name: dict[str, HostConfig], ssh_config: _SshConfigSource) -> HostConfig:
+    """``host`` with ``jump`` resolved: each hop an inventory host (with its own jumps) or ``[user@]host[:port]``."""
+    if host.transport != "ssh" or not host.proxy_jump:
+        return host
+    chain: list[HostConfig] = []
+    for spec in [s.strip() for s in host.proxy_jump.split(",") if s.strip()]:
+        chain += _hop_chain(where, host, spec, by_name, ssh_config, [host.name])
+    return host.model_copy(update={"jump": chain})
+
+
+def _hop_chain(
+    where: str,
+    target: HostConfig,
+    spec: str,
+    by_name: dict[str, HostConfig],
+    ssh_config: _SshConfigSource,
+    path: list[str],
+) -> list[HostConfig]:
+    if spec in by_name:
+        hop = by_name[spec]
+        if hop.transport != "ssh":
+            raise InventoryError(f"{where}: key 'proxy_jump': {spec!r} is not an ssh host")
+        if spec in path:
+            raise InventoryError(f"{where}: key 'proxy_jump': a loop ({' -> '.join([*path, spec])})")
+        before: list[HostConfig] = []
+        for inner in [s.strip() for s in (hop.proxy_jump or "").split(",") if s.strip()]:
+            before += _hop_chain(where, target, inner, by_name, ssh_config, [*path, spec])
+        return [*before, hop.model_copy(update={"jump": []})]
+    m = _HOP.match(spec)
+    if m is None:
+        raise InventoryError(
+            f"{where}: key 'proxy_jump': {spec!r} is neither an inventory host nor [user@]host[:port]"
+        )
+    user, address, port = m.group("user"), m.group("host"), m.group("port")
+    hop_fields: dict[str, Any] = {"address": address, "port": 22}
+    cfg = ssh_config.file() if ssh_config.path is not None else None
+    if cfg is not None:
+        found, _notes = cfg.settings(address)
+        hop_fields.update({k: v for k, v in found.items() if k in ("address", "port", "user", "identity_file")})
+        if found.get("proxy_jump") and len(path) < 8:
+            before = []
+            for inner in [s.strip() for s in found["proxy_jump"].split(",") if s.strip()]:
+                before += _hop_chain(where, target, inner, by_name, ssh_config, [*path, spec])
+            return [*before, _hop(target, spec, hop_fields, user, port)]
+    return [_hop(target, spec, hop_fields, user, port)]
+
+
+def _hop(target: HostConfig, spec: str, fields: dict[str, Any], user: str | None, port: str | None) -> HostConfig:
+    """A jump host given as ``[user@]host[:port]``: the target's keys and known_hosts, its own address."""
+    update = {**fields, "name": spec, "jump": [], "notes": [], "proxy_jump": None}
+    if user:
+        update["user"] = user
+    if port:
+        update["port"] = int(port)
+    if "user" not in update:
+        update["user"] = target.user
+    return target.model_copy(update=update)
+
+
+_HOP = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d{1,5}))?$")
 
 
 def _check_host(where: str, host: HostConfig) -> None:
@@ -184,13 +341,31 @@ def _check_host(where: str, host: HostConfig) -> None:
     if host.transport != "ssh":
         return
     if not host.address:
-        raise InventoryError(f"{where}: key 'address': missing (an ssh host needs an address)")
-    if host.identity_file is None:
+        raise InventoryError(f"{where}: key 'address': missing (an ssh host needs an address or an ssh alias)")
+    if host.use_agent and not os.environ.get("SSH_AUTH_SOCK"):
         raise InventoryError(
-            f"{where}: key 'identity_file': missing (crosshost uses no agent and no default keys)"
+            f"{where}: key 'use_agent': SSH_AUTH_SOCK is not set on the controller "
+            "(start ssh-agent and ssh-add the key, or use identity_file)"
+        )
+    if host.identity_file is None:
+        if host.use_agent:
+            return
+        raise InventoryError(
+            f"{where}: key 'identity_file': missing (give identity_file, or use_agent = true; "
+            "crosshost uses no default keys)"
         )
     if not host.identity_file.is_file():
+        if host.use_agent and host.identities_only is False:
+            return  # the agent's keys are enough; OpenSSH too skips a missing IdentityFile
         raise InventoryError(f"{where}: key 'identity_file': {host.identity_file} does not exist")
+    from orchestrator.transport import keys
+
+    if host.passphrase_env is not None:
+        keys.load_identity(host.identity_file, host.passphrase_env, where=where)  # a wrong passphrase: here
+    elif not host.use_agent and keys.is_locked(host.identity_file):
+        raise InventoryError(
+            f"{where}: key file {host.identity_file} is passphrase-protected: {keys.unlock_hint(host.identity_file)}"
+        )
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -18,12 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import HostError, RunnerCrashed, TransferError, WorkspaceLeft, one_line
+from orchestrator.errors import (
+    AuthenticationFailed,
+    HostError,
+    HostKeyRejected,
+    HostUnreachable,
+    TransferError,
+    WorkspaceLeft,
+    one_line,
+)
 from orchestrator.fanout import default_jobs, fan_out
 from orchestrator.host_fingerprint import take_fingerprint
 from orchestrator.transport import Opener, default_opener
 from orchestrator.transport.base import Host
 from orchestrator.workspace import Workspace
+
+#: failures that mean the host was never connected
+_UNREACHABLE = (HostUnreachable, HostKeyRejected, AuthenticationFailed)
 
 
 @dataclass
@@ -38,6 +49,8 @@ class ProbeResult:
     retries: int = 0
     cleaned: bool | None = None
     error: str | None = None
+    #: ssh_config directives not followed for this host (said once, under the table)
+    notes: list[str] = field(default_factory=list)
 
 
 def probe_host(
@@ -106,6 +119,10 @@ def probe(
         exc = outcome.error
         assert exc is not None  # an outcome holds a value or an error
         res = ProbeResult(name, configs[name].transport, error=one_line(exc))
-        res.reachable = not isinstance(exc, HostError) or isinstance(exc, RunnerCrashed | WorkspaceLeft)
+        # Reachable only when the failure came after the connection: an error of any other kind
+        # (say, a key that could not be used) must not read as "reachable" when a replay cannot connect.
+        res.reachable = isinstance(exc, HostError) and not isinstance(exc, _UNREACHABLE)
         results.append(res)
+    for res in results:
+        res.notes = list(configs[res.name].notes)
     return results

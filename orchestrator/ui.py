@@ -348,6 +348,9 @@ def render_probe(
     for r in results:
         if r.error:
             say(err, r.error)
+    for r in results:  # ssh_config directives crosshost does not follow: once per host
+        for note in r.notes:
+            say(err, f"{r.name}: {note}")
 
 
 # ------------------------------------------------------------------------------------------- repro

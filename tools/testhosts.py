@@ -35,7 +35,8 @@ SSHD_CONFIG = """\
 Port {port}
 ListenAddress 127.0.0.1
 HostKey {dir}/hostkey
-AuthorizedKeysFile {dir}/authorized_keys
+AuthorizedKeysFile {dir}/authorized_keys /home/%u/.ssh/authorized_keys
+LogLevel {log_level}
 PidFile {dir}/sshd.pid
 PasswordAuthentication no
 KbdInteractiveAuthentication no
@@ -44,7 +45,7 @@ PubkeyAuthentication yes
 StrictModes no
 UsePAM no
 AllowTcpForwarding yes
-AllowAgentForwarding no
+AllowAgentForwarding yes
 X11Forwarding no
 PrintMotd no
 Subsystem sftp internal-sftp
@@ -128,6 +129,8 @@ class TestHost:
     name: str
     port: int
     dir: Path
+    #: the login user the inventory uses ("root", or one made by ``Fleet.create(user=...)``)
+    user: str = "root"
 
     @property
     def log(self) -> Path:
@@ -141,9 +144,9 @@ class TestHost:
     def known_hosts_name(self) -> str:
         return f"[127.0.0.1]:{self.port}"
 
-    def known_hosts_line(self) -> str:
+    def known_hosts_line(self, label: str | None = None) -> str:
         key_type, key_b64 = self.hostkey_pub.read_text().split()[:2]
-        return f"{self.known_hosts_name} {key_type} {key_b64}\n"
+        return f"{label or self.known_hosts_name} {key_type} {key_b64}\n"
 
     def log_tail(self, lines: int = 15) -> str:
         try:
@@ -187,8 +190,9 @@ class Fleet:
         meta = self._read_meta()
         self.identity = Path(identity or meta.get("identity") or self.state / "id_ed25519").resolve()
         self.known_hosts = Path(known_hosts or meta.get("known_hosts") or self.state / "known_hosts").resolve()
+        users = meta.get("users", {})
         self.hosts: dict[str, TestHost] = {
-            name: TestHost(name, int(port), self.state / "hosts" / name)
+            name: TestHost(name, int(port), self.state / "hosts" / name, users.get(name, "root"))
             for name, port in meta.get("hosts", {}).items()
         }
 
@@ -209,6 +213,7 @@ class Fleet:
             "identity": str(self.identity),
             "known_hosts": str(self.known_hosts),
             "hosts": {h.name: h.port for h in self.hosts.values()},
+            "users": {h.name: h.user for h in self.hosts.values() if h.user != "root"},
         }
         self._meta_path.write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -219,20 +224,40 @@ class Fleet:
             self.identity.chmod(0o600)
 
     # -- hosts -------------------------------------------------------------------------------
-    def create(self, name: str, port: int, *, trust: bool = True) -> TestHost:
-        """Prepare a host's state directory (keys, config, private dirs); does not start it."""
+    def create(
+        self,
+        name: str,
+        port: int,
+        *,
+        trust: bool = True,
+        user: str | None = None,
+        etc_hosts: dict[str, str] | None = None,
+        log_level: str = "INFO",
+    ) -> TestHost:
+        """Prepare a host's state directory (keys, config, private dirs); does not start it.
+
+        ``user``: a non-root login user that exists only inside this host (its own /etc/passwd,
+        /etc/shadow, /etc/group and /home, bound over the machine's), holding the fleet's key.
+        ``etc_hosts``: names only this host resolves (its own /etc/hosts), e.g. a target behind it.
+        ``log_level``: sshd's LogLevel (DEBUG1 logs each direct-tcpip channel a jump host opens).
+        """
         if not name or not all(c.isalnum() or c in "-." for c in name):
             raise TestHostError(f"bad host name {name!r}")
         if shutil.which("ssh-keygen") is None or not Path(SSHD).exists():
             raise TestHostError(f"{SSHD} or ssh-keygen missing: apt-get install openssh-server openssh-client")
         self._ensure_client_key()
-        host = TestHost(name, port, self.state / "hosts" / name)
-        for sub in ("root", "tmp", "opt"):
+        host = TestHost(name, port, self.state / "hosts" / name, user or "root")
+        for sub in ("root", "tmp", "opt", "home", "etc"):
             (host.dir / sub).mkdir(parents=True, exist_ok=True)
         (host.dir / "tmp").chmod(0o1777)
         _keygen(host.dir / "hostkey", f"crosshost-test-{name}")
         shutil.copyfile(self.identity.with_name(self.identity.name + ".pub"), host.dir / "authorized_keys")
-        (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(port=port, dir=host.dir))
+        if user is not None:
+            _make_user(host.dir, user, self.identity.with_name(self.identity.name + ".pub"))
+        hosts_file = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
+        hosts_file += "".join(f"{addr} {alias}\n" for alias, addr in (etc_hosts or {}).items())
+        (host.dir / "etc" / "hosts").write_text(hosts_file)
+        (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(port=port, dir=host.dir, log_level=log_level))
         self.hosts[name] = host
         self._write_meta()
         if trust:
@@ -253,6 +278,8 @@ class Fleet:
             f"{'sleep ' + repr(float(delay_s)) + ';' if delay_s > 0 else ''}"
             f"hostname {shlex.quote(name)} && "
             f"mount --bind {d}/root /root && mount --bind {d}/tmp /tmp && mount --bind {d}/opt /opt && "
+            f"mount --bind {d}/home /home && mount --bind {d}/etc/hosts /etc/hosts && "
+            f"{_bind_user_files(host.dir)}"
             f"exec {SSHD} -D -f {d}/sshd_config -E {d}/sshd.log"
         )
         host.log.unlink(missing_ok=True)
@@ -340,12 +367,25 @@ class Fleet:
         if running:
             self.start(name)
 
-    def trust(self, name: str) -> None:
-        """Record the host's current key in the fleet's known_hosts (replacing any older entry)."""
-        self.forget(name)
+    def trust(self, name: str, label: str | None = None) -> None:
+        """Record the host's current key in the fleet's known_hosts (replacing any older entry);
+        ``label``: under another name than ``[127.0.0.1]:PORT`` (as a jump host's target is known)."""
+        if label is None:
+            self.forget(name)
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         with self.known_hosts.open("a") as f:
-            f.write(self.hosts[name].known_hosts_line())
+            f.write(self.hosts[name].known_hosts_line(label))
+
+    def authorize(self, name: str, public_key: Path) -> None:
+        """Let ``public_key`` log in to the host too (as root and as its own user)."""
+        host = self.hosts[name]
+        line = Path(public_key).read_text()
+        targets = [host.dir / "authorized_keys"]
+        if host.user != "root":
+            targets.append(host.dir / "home" / host.user / ".ssh" / "authorized_keys")
+        for path in targets:
+            with path.open("a") as f:
+                f.write(line if line.endswith("\n") else line + "\n")
 
     def forget(self, name: str) -> None:
         """Remove the host's entries from the fleet's known_hosts (its key becomes unknown)."""
@@ -365,11 +405,11 @@ class Fleet:
         shutil.rmtree(host.dir, ignore_errors=True)
         self._write_meta()
 
-    def up(self, names: list[str], ports: list[int]) -> list[TestHost]:
+    def up(self, names: list[str], ports: list[int], *, user: str | None = None) -> list[TestHost]:
         hosts = []
         try:
             for name, port in zip(names, ports, strict=True):
-                self.create(name, port)
+                self.create(name, port, user=user)
                 hosts.append(self.start(name))
         except BaseException:
             self.down()
@@ -414,7 +454,7 @@ class Fleet:
                 'transport = "ssh"',
                 'address = "127.0.0.1"',
                 f"port = {host.port}",
-                'user = "root"',
+                f"user = {_toml_str(host.user)}",
                 f"identity_file = {_toml_str(str(self.identity))}",
             ]
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -438,6 +478,43 @@ def retarget_inventory(source: Path, port: int, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return out
+
+
+def _free_id() -> int:
+    taken = set()
+    for name in ("/etc/passwd", "/etc/group"):
+        for line in Path(name).read_text().splitlines():
+            fields = line.split(":")
+            if len(fields) > 2 and fields[2].isdigit():
+                taken.add(int(fields[2]))
+    return next(i for i in range(2000, 60000) if i not in taken)
+
+
+def _make_user(host_dir: Path, user: str, public_key: Path) -> None:
+    """passwd/shadow/group files that add ``user`` to the machine's, and its home with the key."""
+    if not user.isidentifier() or user == "root":
+        raise TestHostError(f"bad user name {user!r}")
+    uid = _free_id()
+    etc = host_dir / "etc"
+    (etc / "passwd").write_text(Path("/etc/passwd").read_text() + f"{user}:x:{uid}:{uid}::/home/{user}:/bin/sh\n")
+    (etc / "group").write_text(Path("/etc/group").read_text() + f"{user}:x:{uid}:\n")
+    # "*": no password, but not locked ("!"), so sshd lets the key in with UsePAM no
+    shadow = (etc / "shadow")
+    shadow.write_text(Path("/etc/shadow").read_text() + f"{user}:*:19000:0:99999:7:::\n")
+    shadow.chmod(0o640)
+    ssh_dir = host_dir / "home" / user / ".ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(public_key, ssh_dir / "authorized_keys")
+    for path in (ssh_dir.parent, ssh_dir, ssh_dir / "authorized_keys"):
+        os.chown(path, uid, uid)
+    (host_dir / "user").write_text(user)
+
+
+def _bind_user_files(host_dir: Path) -> str:
+    if not (host_dir / "user").exists():
+        return ""
+    d = shlex.quote(str(host_dir))
+    return " && ".join(f"mount --bind {d}/etc/{f} /etc/{f}" for f in ("passwd", "shadow", "group")) + " && "
 
 
 def _toml_str(s: str) -> str:
@@ -487,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     retarget.add_argument("source", type=Path)
     retarget.add_argument("port", type=int)
     retarget.add_argument("out", type=Path)
+    up.add_argument("--user", help="log in as this non-root user (made inside each host) instead of root")
     down = sub.add_parser("down", help="stop the test hosts of a state directory")
     down.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-hosts"))
     args = parser.parse_args(argv)
@@ -509,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in list(fleet.hosts):
             if name not in names:
                 fleet.remove(name)
-        hosts = fleet.up(names, [args.base_port + i for i in range(len(names))])
+        hosts = fleet.up(names, [args.base_port + i for i in range(len(names))], user=args.user)
         inventory = fleet.write_inventory(
             args.inventory_out or fleet.state / "hosts.toml", include_local=not args.no_local
         )
@@ -517,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"testhosts: error: {exc}", file=sys.stderr)
         return 1
     for h in hosts:
-        print(f"{h.name}: root@127.0.0.1 -p {h.port} -i {fleet.identity}")
+        print(f"{h.name}: {h.user}@127.0.0.1 -p {h.port} -i {fleet.identity}")
     print(f"known_hosts: {fleet.known_hosts}")
     print(f"inventory: {inventory}")
     return 0

@@ -21,7 +21,7 @@ from orchestrator.transport.local import LocalHost
 
 if "paramiko" not in sys.modules and "invoke" not in sys.modules:
     # paramiko.config imports invoke (and with it unittest.mock: ~60 ms of every start) only to run
-    # ssh_config "Match exec" lines; crosshost never reads an ssh_config (no SSHConfig anywhere), and
+    # ssh_config "Match exec" lines, which crosshost refuses before any lookup (sshconfig.read), and
     # paramiko treats a missing invoke as "Match exec unavailable". Hidden for paramiko's own import
     # only: a later `import invoke` works as usual.
     sys.modules["invoke"] = None  # type: ignore[assignment]

@@ -3,8 +3,11 @@
 crosshost's SSH rules, each learned from a fabric/paramiko bug report:
 
 - host keys only from the tool-owned known_hosts (orchestrator.known_hosts); unknown -> refused
-  unless ``accept_new``; changed -> refused always; ``~/.ssh`` is never read or written;
-- no agent, no default keys, no agent forwarding: the inventory's identity_file or nothing;
+  unless ``accept_new``; changed -> refused always; ``~/.ssh/known_hosts`` is never read or written;
+- no default keys and never agent forwarding: the inventory's identity_file (plain, or unlocked by
+  passphrase_env), and the running ssh-agent's keys only with use_agent = true;
+- behind jump hosts (``cfg.jump``), the connection runs in a direct-tcpip channel of one shared
+  bastion connection (orchestrator.transport.jump); host keys of every hop are checked the same way;
 - every remote command runs under ``timeout -s KILL N`` so nothing outlives its budget, and the
   controller gives up on the channel a little after N: a vanished host cannot hang us;
 - connect/banner/auth/channel timeouts and a keepalive;
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import os
 import select
 import shlex
 import shutil
@@ -30,6 +34,7 @@ import paramiko
 from orchestrator import known_hosts
 from orchestrator.errors import AuthenticationFailed, HostError, HostUnreachable, TransferError
 from orchestrator.inventory import HostConfig
+from orchestrator.transport import jump, keys
 from orchestrator.transport.base import ExecResult, Host
 
 #: seconds between keepalive packets (keeps NAT/firewall state alive on long, quiet runs)
@@ -60,61 +65,29 @@ class SshHost(Host):
         self._transport: paramiko.Transport | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._forwards: dict[int, int] = {}  # remote port -> controller port
+        self._bastion: jump.Bastion | None = None
         self._lock = threading.Lock()
         self._connect()
 
     # -- connection ------------------------------------------------------------------------
-    def _load_key(self) -> paramiko.PKey:
-        path = self.cfg.identity_file
-        if path is None:
-            raise AuthenticationFailed(self.name, "no identity_file in the inventory")
-        try:
-            return paramiko.PKey.from_path(str(path))
-        except (OSError, paramiko.SSHException, ValueError) as exc:
-            # not transient: a retry cannot fix an unreadable or passphrase-protected key
-            raise AuthenticationFailed(self.name, f"cannot load identity_file {path}: {exc}") from exc
-
     def _connect(self) -> None:
-        pkey = self._load_key()
-        transport: paramiko.Transport | None = None
-        try:
+        if not self.cfg.jump:
             with self._mapped("connect to"):
                 sock = socket.create_connection((self.address, self.port), timeout=self.timeout_s)
-                transport = paramiko.Transport(sock)
-                transport.banner_timeout = self.timeout_s
-                transport.handshake_timeout = self.timeout_s
-                transport.auth_timeout = self.timeout_s
-                transport.channel_timeout = self.timeout_s
-                self._prefer_known_key_types(transport)
-                transport.start_client(timeout=self.timeout_s)
-                key = transport.get_remote_server_key()
-                known_hosts.verify(
-                    self.known_hosts_path,
-                    self.name,
-                    self.label,
-                    key.get_name(),
-                    key.get_base64(),
-                    accept_new=self.accept_new,
+            self._transport = start_transport(sock, self.cfg, self.name, accept_new=self.accept_new)
+            return
+        bastion = jump.acquire(self.cfg.jump, self.name, accept_new=self.accept_new)
+        try:
+            # The gate bounds connections being opened through the bastion (its targets' MaxStartups).
+            with bastion.gate:
+                chan = bastion.open(self.address, self.port, self.name, self.timeout_s)
+                self._transport = start_transport(
+                    chan, self.cfg, self.name, accept_new=self.accept_new, via=bastion.name
                 )
-                self.server_key_fingerprint = key.fingerprint
-                transport.auth_publickey(self.user, pkey)
-                if not transport.is_authenticated():
-                    raise AuthenticationFailed(self.name, f"{self.user}@{self.label}: not authenticated")
-                transport.set_keepalive(KEEPALIVE_S)
         except BaseException:
-            if transport is not None:
-                transport.close()
+            jump.release(bastion)
             raise
-        self._transport = transport
-
-    def _prefer_known_key_types(self, transport: paramiko.Transport) -> None:
-        """Ask for the key type we already hold, so a host with several keys offers that one."""
-        known = {k.key_type for k in known_hosts.lookup(self.known_hosts_path, self.label, host=self.name)}
-        opts = transport.get_security_options()
-        types = list(opts.key_types)
-        first = [t for t in types if t in known]
-        if first:
-            opts.key_types = tuple(first + [t for t in types if t not in known])
+        self._bastion = bastion
 
     def _live(self) -> paramiko.Transport:
         t = self._transport
@@ -132,22 +105,15 @@ class SshHost(Host):
             yield
         except HostError:
             raise
-        except paramiko.AuthenticationException as exc:
-            raise AuthenticationFailed(
-                self.name,
-                f"{self.user}@{self.label} refused key {self.cfg.identity_file}: {exc}",
-            ) from exc
-        except paramiko.ssh_exception.NoValidConnectionsError as exc:
-            raise HostUnreachable(self.name, f"{what} {self.label}: {exc}") from exc
         except (OSError, paramiko.SFTPError) as exc:
             # A file error over a live connection is the file's fault, not the host's.
             if transfer and self.is_connected() and (
                 isinstance(exc, paramiko.SFTPError) or getattr(exc, "errno", None) is not None
             ):
                 raise TransferError(self.name, f"{what}: {exc}") from exc
-            raise HostUnreachable(self.name, f"{what} {self.label}: {_describe(exc)}") from exc
+            raise mapped_error(exc, self.name, f"{what} {self.label}") from exc
         except (EOFError, paramiko.SSHException) as exc:
-            raise HostUnreachable(self.name, f"{what} {self.label}: {_describe(exc)}") from exc
+            raise mapped_error(exc, self.name, f"{what} {self.label}") from exc
 
     # -- exec ------------------------------------------------------------------------------
     def exec(self, argv: list[str], timeout: float) -> ExecResult:
@@ -267,6 +233,112 @@ class SshHost(Host):
                 sftp.close()
         if transport is not None:
             transport.close()
+        bastion, self._bastion = self._bastion, None
+        if bastion is not None:
+            jump.release(bastion)
+
+
+def start_transport(
+    sock: socket.socket | paramiko.Channel,
+    cfg: HostConfig,
+    owner: str,
+    *,
+    accept_new: bool,
+    via: str | None = None,
+) -> paramiko.Transport:
+    """SSH over ``sock`` to ``cfg``'s host: handshake, host key checked against crosshost's
+    known_hosts, authenticated. Errors name ``owner`` (the inventory host this connection serves)."""
+    assert cfg.address is not None
+    label = known_hosts.host_label(cfg.address, cfg.port)
+    where = f"{label} (via {via})" if via else label
+    if owner != cfg.name:
+        where = f"jump host {cfg.name} ({where})"
+    timeout = cfg.connect_timeout_s
+    known = Path(cfg.known_hosts or Path("known_hosts")).resolve()
+    transport: paramiko.Transport | None = None
+    try:
+        try:
+            transport = paramiko.Transport(sock)
+            transport.banner_timeout = timeout
+            transport.handshake_timeout = timeout
+            transport.auth_timeout = timeout
+            transport.channel_timeout = timeout
+            _prefer_known_key_types(transport, known, label, owner)
+            transport.start_client(timeout=timeout)
+            key = transport.get_remote_server_key()
+            known_hosts.verify(known, owner, label, key.get_name(), key.get_base64(), accept_new=accept_new)
+            _authenticate(transport, cfg, owner, where)
+            transport.set_keepalive(KEEPALIVE_S)
+        except HostError:
+            raise
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise mapped_error(exc, owner, f"connect to {where}") from exc
+    except BaseException:
+        if transport is not None:
+            transport.close()
+        raise
+    return transport
+
+
+def mapped_error(exc: BaseException, owner: str, what: str) -> HostError:
+    """The one mapping of a paramiko/socket error to crosshost's tree (the caller raises it ``from exc``)."""
+    if isinstance(exc, paramiko.AuthenticationException):
+        return AuthenticationFailed(owner, f"{what}: {_describe(exc)}")
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return HostUnreachable(owner, f"{what}: {exc}")
+    return HostUnreachable(owner, f"{what}: {_describe(exc)}")
+
+
+def _prefer_known_key_types(transport: paramiko.Transport, known: Path, label: str, owner: str) -> None:
+    """Ask for the key type we already hold, so a host with several keys offers that one."""
+    held = {k.key_type for k in known_hosts.lookup(known, label, host=owner)}
+    opts = transport.get_security_options()
+    types = list(opts.key_types)
+    first = [t for t in types if t in held]
+    if first:
+        opts.key_types = tuple(first + [t for t in types if t not in held])
+
+
+def _authenticate(transport: paramiko.Transport, cfg: HostConfig, owner: str, where: str) -> None:
+    """Offer identity_file's key (unlocked by passphrase_env), then the agent's keys (use_agent)."""
+    user = cfg.user or getpass.getuser()
+    path = cfg.identity_file
+    offers: list[tuple[str, paramiko.PKey]] = []
+    if path is not None and path.is_file() and (cfg.passphrase_env is not None or not keys.is_locked(path)):
+        offers.append((f"key {path}", keys.load_identity(path, cfg.passphrase_env, where=owner)))
+    agent: paramiko.Agent | None = None
+    if cfg.use_agent:
+        agent = paramiko.Agent()
+        held = list(agent.get_keys())
+        blob = keys.public_blob(path) if path is not None else None
+        if cfg.identities_only and path is not None:
+            held = [k for k in held if k.asbytes() == blob]
+        held.sort(key=lambda k: k.asbytes() != blob)  # the identity file's own key first
+        offers += [(f"agent key {k.fingerprint}", k) for k in held]
+    refused: list[str] = []
+    try:
+        for what, key in offers:
+            try:
+                transport.auth_publickey(user, key)
+            except paramiko.BadAuthenticationType as exc:
+                raise AuthenticationFailed(owner, f"{user}@{where} accepts no public key: {exc}") from exc
+            except paramiko.AuthenticationException:
+                refused.append(what)
+                continue
+            if transport.is_authenticated():
+                return
+            refused.append(what)
+    finally:
+        if agent is not None:
+            agent.close()
+    if offers:
+        raise AuthenticationFailed(owner, f"{user}@{where} refused {', '.join(refused)}")
+    sock = os.environ.get("SSH_AUTH_SOCK", "")
+    only = f" matching {path}.pub (identities_only)" if cfg.identities_only and path is not None else ""
+    add = f"`ssh-add {path}`" if path is not None else "ssh-add a key"
+    raise AuthenticationFailed(
+        owner, f"{user}@{where}: the ssh-agent at {sock} offers no key{only}; {add} or set passphrase_env"
+    )
 
 
 def _pipe(chan: paramiko.Channel, local_port: int, connect_timeout: float) -> None:

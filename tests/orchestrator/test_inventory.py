@@ -126,7 +126,7 @@ def test_duplicate_host_name(tmp_path: Path) -> None:
 def test_ssh_host_without_address(tmp_path: Path) -> None:
     msg = _error(_write(tmp_path, GOOD.replace('address = "127.0.0.1"\n', "")))
     assert msg == (
-        f"{tmp_path / 'hosts.toml'}: host 'box-b': key 'address': missing (an ssh host needs an address)"
+        f"{tmp_path / 'hosts.toml'}: host 'box-b': key 'address': missing (an ssh host needs an address or an ssh alias)"
     )
 
 

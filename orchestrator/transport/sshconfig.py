@@ -1,0 +1,99 @@
+"""The user's OpenSSH client configuration (``~/.ssh/config``), read with ``paramiko.SSHConfig``.
+
+Followed: Host aliases and patterns, HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump,
+ConnectTimeout. Not followed, and said once per host by ``crosshost hosts``: what would weaken the
+security model (ForwardAgent yes, StrictHostKeyChecking no, UserKnownHostsFile: host keys are
+always checked against crosshost's own known_hosts) and what crosshost cannot do (ProxyCommand,
+Include). ``Match exec`` is refused: crosshost never runs a command from ssh_config.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from orchestrator.errors import InventoryError
+
+DEFAULT_PATH = Path("~/.ssh/config")
+_MATCH_EXEC = re.compile(r"^\s*match\s.*\bexec\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class SshConfigFile:
+    path: Path
+    config: paramiko.SSHConfig
+
+    def knows(self, alias: str) -> bool:
+        """Whether a ``Host`` line other than ``*`` names ``alias`` (a typo'd alias is an error)."""
+        patterns = [p for p in self.config.get_hostnames() if p != "*" and not p.startswith("!")]
+        return any(fnmatch.fnmatch(alias, p) for p in patterns)
+
+    def settings(self, alias: str) -> tuple[dict[str, Any], list[str]]:
+        """The inventory keys ssh_config gives ``alias``, and what it says that is not followed."""
+        opts = self.config.lookup(alias)
+        where = f"{self.path} (Host {alias})"
+        out: dict[str, Any] = {"address": opts["hostname"]}
+        try:
+            if "port" in opts:
+                out["port"] = int(opts["port"])
+            if "connecttimeout" in opts:
+                out["connect_timeout_s"] = float(opts["connecttimeout"])
+        except ValueError as exc:
+            raise InventoryError(f"{where}: {exc}") from exc
+        if "user" in opts:
+            out["user"] = opts["user"]
+        files = [Path(f).expanduser() for f in opts.get("identityfile", [])]
+        if files:
+            # OpenSSH tries each in turn; crosshost uses one: the first that exists
+            out["identity_file"] = next((f for f in files if f.is_file()), files[0])
+        if opts.get("identitiesonly", "no").lower() == "yes":
+            out["identities_only"] = True
+        jump = opts.get("proxyjump")
+        if jump and jump.lower() != "none":
+            out["proxy_jump"] = jump
+        return out, self._notes(opts)
+
+    def _notes(self, opts: Any) -> list[str]:
+        notes = []
+        if opts.get("forwardagent", "no").lower() not in ("no", ""):
+            notes.append(f"ForwardAgent {opts['forwardagent']} (crosshost never forwards an agent)")
+        if opts.get("stricthostkeychecking", "").lower() in ("no", "off", "accept-new"):
+            notes.append(
+                f"StrictHostKeyChecking {opts['stricthostkeychecking']} "
+                "(host keys are always checked against crosshost's known_hosts)"
+            )
+        if "userknownhostsfile" in opts:
+            notes.append(f"UserKnownHostsFile {opts['userknownhostsfile']} (crosshost uses its own known_hosts)")
+        if opts.get("proxycommand"):
+            notes.append("ProxyCommand (crosshost runs no command from ssh_config; use ProxyJump)")
+        if "include" in opts:
+            notes.append(f"Include {opts['include']} (not read)")
+        return [f"{self.path}: not followed: {n}" for n in notes]
+
+
+def read(path: Path, *, explicit: bool) -> SshConfigFile | None:
+    """Parse ``path``; ``None`` when the default file does not exist. Errors name the file."""
+    path = path.expanduser()
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        if not explicit:
+            return None
+        raise InventoryError(f"ssh_config {path}: no such file (set ssh_config = false to read none)") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(f"ssh_config {path}: cannot read it: {exc}") from exc
+    for number, line in enumerate(text.splitlines(), start=1):
+        if _MATCH_EXEC.match(line):
+            raise InventoryError(
+                f"ssh_config {path}:{number}: 'Match exec' runs a command, which crosshost never does; "
+                "remove it, or set ssh_config = PATH (a file without it) or false in [defaults]"
+            )
+    try:
+        return SshConfigFile(path, paramiko.SSHConfig.from_text(text))
+    except (paramiko.ssh_exception.ConfigParseError, ValueError) as exc:
+        raise InventoryError(f"ssh_config {path}: {exc}") from exc

@@ -1,0 +1,232 @@
+"""Real fleets over SSH, on real sshd test hosts: an ssh_config alias, a host reached only through a
+bastion (its name resolves only on the bastion), a non-root login, passphrase keys through a real
+ssh-agent and through passphrase_env."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from testhosts import Fleet, TestHost, TestHostError, free_port
+
+from orchestrator.errors import HostKeyRejected, HostUnreachable
+from orchestrator.inventory import load_inventory
+from orchestrator.transport import jump, open_host
+
+pytestmark = pytest.mark.sshd
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET_NAME = "box-t.internal"  # in box-j's /etc/hosts only: the controller cannot resolve it
+PASSPHRASE = "correct horse battery"
+
+
+@dataclass
+class Bastioned:
+    fleet: Fleet
+    bastion: TestHost
+    target: TestHost
+    locked_key: Path
+
+    def inventory(self, path: Path, target: str, *, defaults: str = "") -> Path:
+        f = self.fleet
+        path.write_text(
+            f'[defaults]\nknown_hosts = "{f.known_hosts}"\nconnect_timeout_s = 5\nssh_config = false\n{defaults}\n'
+            f'[[hosts]]\nname = "bastion"\naddress = "127.0.0.1"\nport = {self.bastion.port}\nuser = "root"\n'
+            f'identity_file = "{f.identity}"\n\n'
+            f'[[hosts]]\nname = "inner"\naddress = "{TARGET_NAME}"\nport = {self.target.port}\n'
+            f'user = "{self.target.user}"\nproxy_jump = "bastion"\n{target}\n'
+        )
+        return path
+
+    def accepted(self, host: TestHost) -> int:
+        return host.log.read_text().count("Accepted publickey")
+
+
+@pytest.fixture(scope="module")
+def bastioned() -> Iterator[Bastioned]:
+    state = Path(tempfile.mkdtemp(prefix="crosshost-fleet-", dir="/var/tmp"))
+    fleet = Fleet(state)
+    try:
+        bastion = fleet.create("box-j", free_port(), etc_hosts={TARGET_NAME: "127.0.0.1"}, log_level="DEBUG1")
+        target = fleet.create("box-t", free_port(), user="crossuser")
+        fleet.start("box-j")
+        fleet.start("box-t")
+        fleet.trust("box-t", label=f"[{TARGET_NAME}]:{target.port}")
+        locked = state / "locked_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", PASSPHRASE, "-f", str(locked)], check=True)
+        fleet.authorize("box-t", locked.with_name(locked.name + ".pub"))
+    except (TestHostError, subprocess.CalledProcessError) as exc:
+        fleet.down()
+        shutil.rmtree(state, ignore_errors=True)
+        pytest.fail(f"cannot start the sshd test hosts: {exc}", pytrace=False)
+    try:
+        yield Bastioned(fleet, bastion, target, locked)
+    finally:
+        fleet.down()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _crosshost(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    code = "from orchestrator.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd, timeout=180,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": str(cwd), "XDG_CACHE_HOME": str(cwd),
+             **(env or {})},
+    )  # fmt: skip
+
+
+def test_an_alias_only_entry_resolves_through_an_ssh_config_file(bastioned: Bastioned, tmp_path: Path) -> None:
+    f, j = bastioned.fleet, bastioned.bastion
+    (tmp_path / "ssh_config").write_text(
+        f"Host fleet-*\n    HostName 127.0.0.1\n    User nobody\n    IdentityFile {f.identity}\n"
+        f"    ForwardAgent yes\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n\n"
+        f"Host fleet-j\n    Port {j.port}\n"
+    )
+    inv = tmp_path / "hosts.toml"
+    # user: the inventory's wins over ssh_config's (nobody has no shell)
+    inv.write_text(f'[defaults]\nknown_hosts = "{f.known_hosts}"\nssh_config = "ssh_config"\n\n'
+                   '[[hosts]]\nname = "j"\nssh = "fleet-j"\nuser = "root"\n')  # fmt: skip
+    done = _crosshost("hosts", "-i", str(inv), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "box-j" in done.stdout  # the host's own hostname: the alias reached it
+    notes = [line for line in done.stderr.splitlines() if line.startswith("j: ")]
+    assert len(notes) == 3, done.stderr
+    assert "ForwardAgent yes" in notes[0] and "StrictHostKeyChecking no" in notes[1] and "/dev/null" in notes[2]
+
+    # StrictHostKeyChecking no is not followed: an unknown host key is still refused
+    (tmp_path / "empty_known_hosts").write_text("")
+    inv.write_text(inv.read_text().replace(str(f.known_hosts), str(tmp_path / "empty_known_hosts")))
+    refused = _crosshost("hosts", "-i", str(inv), cwd=tmp_path)
+    assert refused.returncode == 3
+    assert f"j: HostKeyRejected: unknown host key for [127.0.0.1]:{j.port}" in refused.stderr
+
+
+def test_a_host_reached_only_through_the_bastion_as_a_non_root_user(bastioned: Bastioned, tmp_path: Path) -> None:
+    f = bastioned.fleet
+    inv = load_inventory(bastioned.inventory(tmp_path / "hosts.toml", f'identity_file = "{f.identity}"'))
+    direct = inv.get("inner").model_copy(update={"jump": []})
+    with pytest.raises(HostUnreachable):
+        open_host(direct)  # the controller cannot even resolve the name
+    with open_host(inv.get("inner")) as host:
+        r = host.exec(["sh", "-c", "hostname; id -un; echo $HOME"], 10)
+    assert r.ok and r.stdout.split() == ["box-t", "crossuser", "/home/crossuser"]
+    # the bastion opened the forwarded connection to the target's name, resolved on its side
+    log = bastioned.bastion.log.read_text()
+    assert f"server_request_direct_tcpip: originator 127.0.0.1 port 0, target {TARGET_NAME} port {bastioned.target.port}" in log
+
+
+def test_hosts_behind_one_bastion_share_one_connection_to_it(bastioned: Bastioned, tmp_path: Path) -> None:
+    f = bastioned.fleet
+    inv = load_inventory(bastioned.inventory(tmp_path / "hosts.toml", f'identity_file = "{f.identity}"'))
+    cfgs = [inv.get("inner").model_copy(update={"name": f"inner-{i}"}) for i in range(4)]
+    before = bastioned.accepted(bastioned.bastion)
+    with cf.ThreadPoolExecutor(4) as pool:
+        hosts = list(pool.map(open_host, cfgs))
+    try:
+        assert [h.exec(["hostname"], 10).stdout.strip() for h in hosts] == ["box-t"] * 4
+        assert jump.live()["bastion"].opened >= 4
+    finally:
+        for h in hosts:
+            h.close()
+    assert bastioned.accepted(bastioned.bastion) - before == 1
+    assert "bastion" not in jump.live()  # the last host behind it closed it
+
+
+def test_a_bastion_with_an_unknown_host_key_is_refused_like_any_host(bastioned: Bastioned, tmp_path: Path) -> None:
+    f = bastioned.fleet
+    kh = tmp_path / "known_hosts"
+    kh.write_text(bastioned.target.known_hosts_line(f"[{TARGET_NAME}]:{bastioned.target.port}"))  # the target only
+    inv = load_inventory(bastioned.inventory(tmp_path / "hosts.toml", f'identity_file = "{f.identity}"',
+                                             defaults=""))  # fmt: skip
+    inner = inv.get("inner")
+    cfg = inner.model_copy(update={"jump": [hop.model_copy(update={"known_hosts": kh}) for hop in inner.jump]})
+    with pytest.raises(HostKeyRejected) as info:
+        open_host(cfg)
+    assert info.value.host == "inner" and f"[127.0.0.1]:{bastioned.bastion.port}" in str(info.value)
+
+
+def test_two_hops_from_ssh_config_proxy_jump(bastioned: Bastioned, tmp_path: Path) -> None:
+    f, j, t = bastioned.fleet, bastioned.bastion, bastioned.target
+    (tmp_path / "ssh_config").write_text(
+        f"Host hop\n    HostName 127.0.0.1\n    Port {j.port}\n    User root\n    IdentityFile {f.identity}\n\n"
+        f"Host far\n    HostName {TARGET_NAME}\n    Port {t.port}\n    User {t.user}\n"
+        f"    IdentityFile {f.identity}\n    ProxyJump hop,root@127.0.0.1:{j.port}\n"
+    )
+    inv = tmp_path / "hosts.toml"
+    inv.write_text(f'[defaults]\nknown_hosts = "{f.known_hosts}"\nssh_config = "ssh_config"\n\n'
+                   '[[hosts]]\nname = "far"\nssh = "far"\n')  # fmt: skip
+    cfg = load_inventory(inv).get("far")
+    assert [h.name for h in cfg.jump] == ["hop", f"root@127.0.0.1:{j.port}"]
+    with open_host(cfg) as host:
+        assert host.exec(["hostname"], 10).stdout.strip() == "box-t"
+    log = j.log.read_text()
+    assert f"target 127.0.0.1 port {j.port}" in log  # hop 1 -> hop 2 (the bastion reached through itself)
+
+
+def _askpass(tmp_path: Path) -> Path:
+    script = tmp_path / "askpass.sh"
+    script.write_text(f"#!/bin/sh\necho '{PASSPHRASE}'\n")
+    script.chmod(0o700)
+    return script
+
+
+@pytest.fixture
+def ssh_agent(tmp_path: Path) -> Iterator[str]:
+    """A real ssh-agent on a socket of its own, stopped after the test."""
+    sock = tmp_path / "agent.sock"
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            if time.monotonic() > deadline or proc.poll() is not None:
+                pytest.fail("ssh-agent did not start", pytrace=False)
+            time.sleep(0.05)
+        yield str(sock)
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def test_a_passphrase_key_through_a_real_ssh_agent(
+    bastioned: Bastioned, tmp_path: Path, ssh_agent: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = bastioned.locked_key
+    env = {"SSH_AUTH_SOCK": ssh_agent, "SSH_ASKPASS": str(_askpass(tmp_path)), "SSH_ASKPASS_REQUIRE": "force",
+           "DISPLAY": ":0", "PATH": "/usr/bin:/bin"}  # fmt: skip
+    subprocess.run(["ssh-add", str(key)], env=env, check=True, capture_output=True, timeout=30)
+    monkeypatch.setenv("SSH_AUTH_SOCK", ssh_agent)
+    inv = bastioned.inventory(tmp_path / "hosts.toml", f'identity_file = "{key}"\nuse_agent = true\n'
+                              "identities_only = true")  # fmt: skip
+    with open_host(load_inventory(inv).get("inner")) as host:
+        r = host.exec(["sh", "-c", "hostname; echo agent=${SSH_AUTH_SOCK:-none}"], 10)
+    # the agent signed on the controller; nothing was forwarded (the host's sshd would allow it)
+    assert r.ok and r.stdout.split() == ["box-t", "agent=none"]
+
+    # the same key without the agent holding it: refused, saying how to add it
+    subprocess.run(["ssh-add", "-D"], env=env, check=True, capture_output=True, timeout=30)
+    done = _crosshost("hosts", "-i", str(inv), cwd=tmp_path, env={"SSH_AUTH_SOCK": ssh_agent})
+    assert done.returncode == 3
+    assert f"inner: AuthenticationFailed: crossuser@[{TARGET_NAME}]:{bastioned.target.port} (via bastion): " \
+           f"the ssh-agent at {ssh_agent} offers no key matching {key}.pub (identities_only); `ssh-add {key}`" in done.stderr
+
+
+def test_a_passphrase_key_through_passphrase_env(bastioned: Bastioned, tmp_path: Path) -> None:
+    key = bastioned.locked_key
+    inv = bastioned.inventory(tmp_path / "hosts.toml", f'identity_file = "{key}"\npassphrase_env = "FLEET_KEY_PASS"')
+    done = _crosshost("hosts", "-i", str(inv), cwd=tmp_path, env={"FLEET_KEY_PASS": PASSPHRASE})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "box-t" in done.stdout and "box-j" in done.stdout
+    locked = _crosshost("hosts", "-i", str(inv), cwd=tmp_path)
+    assert locked.returncode == 2
+    assert locked.stderr.strip().endswith(f"key 'passphrase_env': FLEET_KEY_PASS is not set on the controller "
+                                          f"(it must hold the passphrase of {key})")  # fmt: skip
