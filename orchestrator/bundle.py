@@ -12,6 +12,7 @@ so a half-pushed bundle is never mistaken for a complete one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -21,6 +22,7 @@ import secrets
 import shlex
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -238,6 +240,8 @@ def build_bundle(suite_dir: Path, out_dir: Path, *, runner: Path | None = None, 
     cached = _cached_bundle(out_dir, key, zipapp_sha)
     if cached is not None:
         path, sha, suite_sha = cached
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used now: the local cache keeps the most recently used
         return Bundle(path, sha, zipapp_sha, suite_sha, suite_dir, suite)
     if runner is None:
         from orchestrator.runner_zipapp import build_runner_zipapp
@@ -254,10 +258,90 @@ def build_bundle(suite_dir: Path, out_dir: Path, *, runner: Path | None = None, 
     return Bundle(path, sha, zipapp_sha, suite_sha, suite_dir, suite)
 
 
+#: a host keeps this many bundles (newest used first) under <workspace_root>/bundles after a replay
+KEEP_HOST_BUNDLES = 5
+#: the name of the file in a run's workspace that says which bundle the run uses
+IN_USE = "bundle-sha"
+
+
+def in_use_marker(bundle: Bundle, workspace: str) -> str:
+    """Shell text that marks ``workspace``'s run as using ``bundle`` (pruning skips it) and touches
+    the bundle, so the newest used ones are the ones kept."""
+    q = shlex.quote
+    return f"echo {q(bundle.sha)} > {q(posixpath.join(workspace, IN_USE))}"
+
+
+def prune_host_bundles_script(workspace_root: str, keep: int = KEEP_HOST_BUNDLES) -> str:
+    """Shell text that removes all but the ``keep`` most recently used bundles of a host, never one
+    a run in progress names in its ``runs/<id>/bundle-sha``; it always exits 0 (pruning is tidying)."""
+    q = shlex.quote
+    bundles, runs = posixpath.join(workspace_root, "bundles"), posixpath.join(workspace_root, "runs")
+    return (
+        f"( cd {q(bundles)} 2>/dev/null || exit 0; used=\" $(cat {q(runs)}/*/{IN_USE} 2>/dev/null | tr '\\n' ' ') \"; "
+        f"ls -1t | grep -E '^[0-9a-f]{{64}}$' | tail -n +{keep + 1} | while read -r d; do "
+        f'case "$used" in *" $d "*) ;; *) rm -rf -- "$d" ;; esac; done ) >/dev/null 2>&1; true'
+    )
+
+
+#: the local bundle cache keeps what was used within this many days, and at most this many bytes
+LOCAL_CACHE_MAX_AGE_S = 30 * 86_400
+LOCAL_CACHE_MAX_BYTES = 1 << 30
+
+
+def prune_local_cache(
+    cache: Path,
+    *,
+    keep: frozenset[Path] = frozenset(),
+    max_bytes: int = LOCAL_CACHE_MAX_BYTES,
+    max_age_s: float = LOCAL_CACHE_MAX_AGE_S,
+) -> list[Path]:
+    """Remove cache files unused for ``max_age_s``, then the least recently used until the cache holds
+    at most ``max_bytes``; never a file in ``keep`` (the bundle this replay uses). Returns the removed."""
+    try:
+        files = [(e.stat().st_mtime, e.stat().st_size, Path(e.path)) for e in os.scandir(cache) if e.is_file()]
+    except OSError:
+        return []
+    files.sort()  # oldest first
+    total = sum(size for _, size, _ in files)
+    cutoff = time.time() - max_age_s
+    removed: list[Path] = []
+    for mtime, size, path in files:
+        if path in keep or (mtime >= cutoff and total <= max_bytes):
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total -= size
+        removed.append(path)
+    return removed
+
+
+def empty_local_cache(cache: Path) -> tuple[int, int]:
+    """``crosshost cache prune``: remove every file of the local cache; (files, bytes) removed."""
+    count = size = 0
+    try:
+        entries = list(os.scandir(cache))
+    except FileNotFoundError:
+        return 0, 0
+    except OSError as exc:
+        raise InputError(f"{cache}: cannot read the bundle cache ({exc.strerror or exc})") from exc
+    for entry in entries:
+        if entry.is_file(follow_symlinks=False):
+            n = entry.stat(follow_symlinks=False).st_size
+            try:
+                os.unlink(entry.path)
+            except OSError as exc:
+                raise InputError(f"{entry.path}: cannot remove it ({exc.strerror or exc})") from exc
+            count, size = count + 1, size + n
+    return count, size
+
+
 def bundle_present_test(bundle: Bundle, workspace_root: str) -> str:
     """Shell text that exits 0 when the bundle is published under ``workspace_root`` on the host."""
     final = shlex.quote(bundle.remote_dir(workspace_root))
-    return f"test -f {final}/runner.pyz && test -d {final}/suite"
+    # touch: the bundle's mtime says when it was last used (the host keeps the newest few)
+    return f"test -f {final}/runner.pyz && test -d {final}/suite && touch {final}"
 
 
 def ensure_bundle(host: Host, bundle: Bundle, workspace_root: str, *, look: bool = True) -> bool:

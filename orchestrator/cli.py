@@ -116,6 +116,10 @@ def replay_cmd(
     compare_last: Annotated[
         bool, typer.Option("--compare-last", help="Exit 1 when a task newly flips against the previous run.")
     ] = False,
+    reference: Annotated[
+        str | None,
+        typer.Option("--reference", help="The host the others are compared with (default: the first selected)."),
+    ] = None,
 ) -> int:
     """Replay SUITE on every host of the inventory and write runs/<run_id>/.
 
@@ -131,7 +135,7 @@ def replay_cmd(
 
     request = ReplayRequest(
         suite_dir=suite, inventory_path=inventory, hosts=split(hosts), tasks=split(tasks), repeat=repeat,
-        out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last,
+        out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last, reference=reference,
     )  # fmt: skip
     with ui.ProgressView(planned_hosts(request)) as view:
         outcome = replay_command(request, on_event=view)
@@ -362,3 +366,19 @@ def repro_cmd(
 
 if __name__ == "__main__":
     main()
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="The local bundle cache ($XDG_CACHE_HOME/crosshost/bundles).")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("prune")
+@guarded
+def cache_prune_cmd() -> int:
+    """Empty the local bundle cache (a replay rebuilds what it needs)."""
+    from orchestrator.bundle import empty_local_cache, user_bundle_cache
+
+    cache = user_bundle_cache()
+    count, size = empty_local_cache(cache)
+    typer.echo(f"removed {count} file(s), {size / 1e6:.1f} MB, from {cache}")
+    return 0

@@ -192,7 +192,7 @@ class HostJob:
             self.plan.emit(self.cfg.name, "clean", "")
         t0 = time.monotonic()
         try:
-            ws.remove(kill_first=kill_first)
+            ws.remove(kill_first=kill_first, prune_bundles=True)
             self.record.workspace_removed = True
         except HostError as exc:
             self.record.workspace_removed = False

@@ -23,8 +23,9 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.analysis.models import RunReport
-from orchestrator.bundle import Bundle, build_bundle, bundle_cache_dir
+from orchestrator.bundle import Bundle, build_bundle, bundle_cache_dir, prune_local_cache
 from orchestrator.errors import (
+    InventoryError,
     RunnerCrashed,
     SuiteError,
     TraceError,
@@ -58,6 +59,7 @@ class ReplayRequest:
     #: keep a copy of the suite in the run directory under this name; the manifest points at it (a
     #: suite built for this one run, as ``repro``'s, lives nowhere else)
     keep_suite: str | None = None
+    reference: str | None = None  # the host the others are compared with (default: the first selected)
 
 
 @dataclass
@@ -142,7 +144,15 @@ def _merge_results(
 
 def _resolve_hosts(request: ReplayRequest) -> list[HostConfig]:
     inventory = load_inventory(request.inventory_path)
-    return inventory.select(request.hosts) if request.hosts else list(inventory.hosts)
+    selected = inventory.select(request.hosts) if request.hosts else list(inventory.hosts)
+    if request.reference is not None:
+        inventory.get(request.reference)  # an unknown name: the inventory's one-line error
+        if request.reference not in {h.name for h in selected}:
+            raise InventoryError(
+                f"{inventory.path}: --reference {request.reference!r} is not among the selected hosts "
+                f"({', '.join(h.name for h in selected)}); add it to --hosts"
+            )
+    return selected
 
 
 def _resolve_tasks(bundle: Bundle, wanted: list[str] | None) -> tuple[list[str], bool]:
@@ -171,7 +181,10 @@ def replay(
     if request.jobs is not None and request.jobs < 1:
         raise SuiteError("--jobs must be at least 1")
     selected = _resolve_hosts(request)
-    bundle = bundle or build_bundle(request.suite_dir, request.cache_dir or bundle_cache_dir(request.out))
+    if bundle is None:
+        cache = request.cache_dir or bundle_cache_dir(request.out)
+        bundle = build_bundle(request.suite_dir, cache)
+        prune_local_cache(cache, keep=frozenset({bundle.path, cache / f"suite-{bundle.suite_sha}.tar"}))
     tasks, all_tasks = _resolve_tasks(bundle, request.tasks)
     model = openai_agent_config(bundle.suite, tasks)
     if model is not None:  # an unset api_key_env stops the run here, before any host is touched
@@ -200,7 +213,7 @@ def replay(
         tasks=tasks,
         repeat=repeat,
         inventory={"path": str(Path(request.inventory_path).resolve()), "hosts": [h.public_dict() for h in selected]},
-        reference=names[0],
+        reference=request.reference or names[0],
         crosshost_version=__version__,
         hosts={n: HostRecord() for n in names},
     )

@@ -20,7 +20,13 @@ from pathlib import Path
 
 from orchestrator import remote
 from orchestrator.archive import ArchiveLimits, max_archive_bytes, read_archive
-from orchestrator.bundle import Bundle, bundle_present_test, ensure_bundle
+from orchestrator.bundle import (
+    Bundle,
+    bundle_present_test,
+    ensure_bundle,
+    in_use_marker,
+    prune_host_bundles_script,
+)
 from orchestrator.errors import ArchiveRejected, HostError, RunnerCrashed, WorkspaceLeft
 from orchestrator.fanout import Interrupted
 from orchestrator.host_fingerprint import run_workspace, tail, work_dir
@@ -56,7 +62,9 @@ class Workspace:
         runs = remote.q(posixpath.dirname(self.path))
         work = remote.q(work_dir(self.path))
         look = f"{{ {bundle_present_test(bundle, self.root)}; }} && echo bundle-cached; " if bundle else ""
-        made = self._exec(f"{look}mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {work}")
+        # the run names its bundle: a concurrent run's pruning never removes it (prune_host_bundles_script)
+        mark = f" && {in_use_marker(bundle, self.path)}" if bundle else ""
+        made = self._exec(f"{look}mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {work}{mark}")
         if not made.ok:
             raise failure(self.name, f"cannot create {self.path}: {tail(made.stderr)}")
         self.created = True
@@ -115,12 +123,15 @@ class Workspace:
                 "(look for what fills the run's out/)",
             )
 
-    def remove(self, *, kill_first: bool = False) -> None:
+    def remove(self, *, kill_first: bool = False, prune_bundles: bool = False) -> None:
         """Remove it and verify it is gone (``kill_first``: a runner may still run in it). Not gone is
-        ``WorkspaceLeft``; a host that cannot be asked raises its ``HostError``."""
+        ``WorkspaceLeft``; a host that cannot be asked raises its ``HostError``. ``prune_bundles``: in
+        the same exec, keep only the host's newest bundles (never one a run in progress uses)."""
         script = remote.remove_script(self.path)
         if kill_first:
             script = f"{remote.kill_script(self.path)}; {script}"
+        if prune_bundles:
+            script = f"{script}; gone=$?; {prune_host_bundles_script(self.root)}; exit $gone"
         res = self._exec(script)
         if not res.ok:
             raise WorkspaceLeft(self.name, f"{self.path} is still there after rm -rf: {tail(res.stderr)}")

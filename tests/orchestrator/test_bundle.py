@@ -162,3 +162,40 @@ def test_replay_keeps_bundles_in_the_users_cache_shared_by_every_out(
     (tmp_path / "blocked").write_text("a file")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocked"))
     assert bundle_cache_dir(tmp_path / "runs-c") == tmp_path / "runs-c" / ".bundles"
+
+
+def test_the_local_cache_is_bounded_by_age_and_size_and_keeps_the_bundle_in_use(tmp_path: Path) -> None:
+    import os
+    import time
+
+    from orchestrator.bundle import prune_local_cache
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    now = time.time()
+    for name, age_days, size in (("old", 40, 10), ("in-use-old", 40, 10), ("a", 3, 400), ("b", 2, 400), ("c", 1, 400)):
+        path = cache / name
+        path.write_bytes(b"x" * size)
+        os.utime(path, (now - age_days * 86_400, now - age_days * 86_400))
+    removed = prune_local_cache(cache, keep=frozenset({cache / "in-use-old"}), max_bytes=900)
+    assert sorted(p.name for p in removed) == ["a", "old"]  # too old; then the least recently used over 900 bytes
+    assert sorted(p.name for p in cache.iterdir()) == ["b", "c", "in-use-old"]
+
+
+def test_crosshost_cache_prune_empties_the_local_cache(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    cache = tmp_path / "xdg" / "crosshost" / "bundles"
+    cache.mkdir(parents=True)
+    (cache / "bundle-1.tar").write_bytes(b"x" * 2_000_000)
+    (cache / "index-1.json").write_text("{}")
+    done = subprocess.run(
+        [sys.executable, "-c", "from orchestrator.cli import main; main()", "cache", "prune"],
+        capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo), "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"removed 2 file(s), 2.0 MB, from {cache}"
+    assert list(cache.iterdir()) == []

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -416,3 +417,50 @@ def test_a_runner_killed_by_the_timeout_still_sends_what_it_wrote(
     assert (out.run_dir.path / "hosts" / "box-b" / "traces" / "t1.0.jsonl").is_file()
     assert rec.fingerprint and rec.workspace_removed and _left(tmp_path, "box-b") == []
     assert rec.stages["run"] < 15
+
+
+def test_a_chosen_reference_is_recorded_and_named_by_the_report(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b", "box-c"])
+    out = replay(_req(tmp_path, inv, reference="box-b"), opener=_local_opener(), bundle=bundle)
+    assert out.manifest.reference == "box-b"
+    assert "- reference host: **box-b**" in (out.run_dir.path / "report.md").read_text()
+    default = replay(_req(tmp_path, inv, hosts=["box-c", "box-b"]), opener=_local_opener(), bundle=bundle,
+                     with_analysis=False)  # fmt: skip
+    assert default.manifest.reference == "box-b"  # the first selected host in inventory order
+
+
+def test_a_reference_outside_the_selection_is_exit_2_before_any_run(tmp_path: Path) -> None:
+    from orchestrator.errors import InputError
+
+    inv, bundle = _setup(tmp_path, ["local", "box-b", "box-c"])
+    with pytest.raises(InputError) as info:
+        replay(_req(tmp_path, inv, hosts=["local", "box-b"], reference="box-c"), opener=_local_opener(), bundle=bundle)
+    assert str(info.value) == (
+        f"{inv}: --reference 'box-c' is not among the selected hosts (local, box-b); add it to --hosts"
+    )
+    with pytest.raises(InputError, match="no host 'box-z'"):
+        replay(_req(tmp_path, inv, reference="box-z"), opener=_local_opener(), bundle=bundle)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_after_seven_suites_each_host_keeps_the_five_newest_bundles_and_any_in_use(tmp_path: Path) -> None:
+    inv, first = _setup(tmp_path, ["local", "box-b"])
+    # a run in progress elsewhere on box-b still uses the first bundle: it must survive the pruning
+    busy = tmp_path / "roots" / "box-b" / "runs" / "other-run"
+    shas = []
+    for i in range(7):
+        bundle = first if i == 0 else build_bundle(
+            tmp_path / "mini", tmp_path / "cache", runner=FAKE_RUNNER, normalised={**NORMALISED, "name": f"mini{i}"}
+        )
+        shas.append(bundle.sha)
+        out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+        assert out.exit_code == 0 and all(r.workspace_removed for r in out.manifest.hosts.values())
+        if i == 0:
+            busy.mkdir(parents=True)
+            (busy / "bundle-sha").write_text(first.sha + "\n")
+        time.sleep(0.01)  # distinct mtimes: "newest" is the order of use
+    assert len(set(shas)) == 7
+    kept_a = sorted(p.name for p in (tmp_path / "roots" / "local" / "bundles").iterdir())
+    kept_b = sorted(p.name for p in (tmp_path / "roots" / "box-b" / "bundles").iterdir())
+    assert kept_a == sorted(shas[2:])
+    assert kept_b == sorted([shas[0], *shas[2:]])
