@@ -15,6 +15,16 @@ from . import __version__
 from .errors import CrosshostError, InputError, RunnerError
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent_runner", description="The crosshost runner (stdlib only).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -37,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workspace-root", help="where disposable attempt workspaces go (default: a temp dir)")
     run.add_argument("--env-allow", help="comma-separated environment keys the agent may see "
                      "(default: PATH,LANG,LC_ALL,TZ)")
+    run.add_argument("--slots", type=_positive, default=1,
+                     help="attempts at once, each in its own workspace, HOME, TMPDIR and budget (default 1)")
 
     check = sub.add_parser("check", help="check a trace against a contract: PASS or FAIL, one reason a line")
     check.add_argument("contract")
@@ -85,6 +97,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             tasks=[t for t in args.tasks.split(",") if t] if args.tasks else None,
             repeat=args.repeat, workspace_root=args.workspace_root,
             env_allow=[k for k in args.env_allow.split(",") if k] if args.env_allow is not None else None,
+            slots=args.slots,
         )
         return run_suite(options)
     raise RunnerError(f"unknown command {args.command!r}")

@@ -25,10 +25,11 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import agents, golden
 from .checker import check_turns
@@ -56,6 +57,8 @@ class RunOptions:
     repeat: Optional[int] = None
     workspace_root: Optional[str] = None
     env_allow: Optional[List[str]] = None
+    #: attempts run at once, each in its own workspace, HOME, TMPDIR and budget (default 1)
+    slots: int = 1
 
 
 @dataclass
@@ -276,22 +279,29 @@ def run_suite(options: RunOptions) -> int:
         host = options.host or fingerprint.hostname or default_host()
         runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow)
         failed = False
+        attempts = [(task, attempt) for task in tasks for attempt in range(repeat)]
         with open(out / "results.jsonl", "w", encoding="utf-8") as results:
-            for task in tasks:
-                for attempt in range(repeat):
-                    result = runner.run_attempt(task, attempt)
-                    failed = failed or result.internal_error
-                    row = ResultRow(task=task.id, env=host, attempt=attempt, verdict=result.verdict,
-                                    reason=result.reason, run_id=run_id, env_sha=result.env_sha,
-                                    exit_code=result.predicate_exit, wall_ms=result.wall_ms,
-                                    fingerprint=fingerprint.fingerprint, why=result.why)
-                    results.write(json.dumps(redact(row.to_json())) + "\n")
-                    results.flush()
-                    # stderr reaches the controller's terminal and manifest: redacted like the files
-                    print(redact_text(f"[{host}] {task.id}.{attempt} {result.verdict} ({result.reason}, "
-                                      f"{result.steps} steps, {result.wall_ms} ms)"
-                                      f"{'' if result.verdict == 'pass' else ': ' + redact_text(result.why)[:160]}"),
-                          file=sys.stderr, flush=True)
+
+            def record(result: AttemptResult) -> None:
+                nonlocal failed
+                failed = failed or result.internal_error
+                row = ResultRow(task=result.task, env=host, attempt=result.attempt, verdict=result.verdict,
+                                reason=result.reason, run_id=run_id, env_sha=result.env_sha,
+                                exit_code=result.predicate_exit, wall_ms=result.wall_ms,
+                                fingerprint=fingerprint.fingerprint, why=result.why)
+                results.write(json.dumps(redact(row.to_json())) + "\n")
+                results.flush()
+                # stderr reaches the controller's terminal and manifest: redacted like the files
+                print(redact_text(f"[{host}] {result.task}.{result.attempt} {result.verdict} ({result.reason}, "
+                                  f"{result.steps} steps, {result.wall_ms} ms)"
+                                  f"{'' if result.verdict == 'pass' else ': ' + redact_text(result.why)[:160]}"),
+                      file=sys.stderr, flush=True)
+
+            if options.slots <= 1:
+                for task, attempt in attempts:
+                    record(runner.run_attempt(task, attempt))
+            else:
+                run_in_slots(runner, attempts, options.slots, record)
         leftovers = sorted(p.name for p in workspace_root.iterdir()) if workspace_root.exists() else []
         if leftovers and not own_root:
             raise RunnerError(f"{workspace_root}: attempt workspaces left behind: {', '.join(leftovers[:5])}")
@@ -304,6 +314,64 @@ def run_suite(options: RunOptions) -> int:
             signal.signal(signal.SIGTERM, previous)
         if own_root:
             _remove_tree(workspace_root)
+
+
+def run_in_slots(runner: Runner, attempts: List[Tuple[Task, int]], slots: int,
+                 record: Callable[[AttemptResult], None]) -> None:
+    """Run ``attempts`` up to ``slots`` at once; ``record`` sees the results in the order of ``attempts``
+    (so results.jsonl is the file one slot writes). Each attempt already has its own workspace, HOME,
+    TMPDIR and budget. On SIGTERM (``_Terminated`` in this, the main thread) no attempt starts any more
+    and the running ones are stopped: every process group this runner started is killed until the
+    workers are done, and each worker removes its own workspace on the way out."""
+    cancel = threading.Event()
+
+    def one(index: int) -> Optional[AttemptResult]:
+        if cancel.is_set():
+            return None
+        task, attempt = attempts[index]
+        return runner.run_attempt(task, attempt)
+
+    pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="slot")
+    futures: Dict["Future[Optional[AttemptResult]]", int] = {}
+    try:
+        futures = {pool.submit(one, i): i for i in range(len(attempts))}
+        ready: Dict[int, AttemptResult] = {}
+        next_index = 0
+        for future in as_completed(futures):
+            result = future.result()
+            if result is not None:
+                ready[futures[future]] = result
+            while next_index in ready:
+                record(ready.pop(next_index))
+                next_index += 1
+    except BaseException:
+        cancel.set()
+        for future in futures:
+            future.cancel()
+        while not all(f.done() for f in futures):
+            _kill_own_process_groups()
+            time.sleep(0.05)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+def _kill_own_process_groups() -> None:
+    """SIGKILL the process group of every child of this process (each agent, tool and predicate is
+    started in a session of its own, so its group is its pid). Linux: read from /proc."""
+    me = os.getpid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and int(fields[1]) == me:
+            kill_group(pid)
 
 
 def default_host() -> str:

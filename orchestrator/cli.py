@@ -120,6 +120,10 @@ def replay_cmd(
         str | None,
         typer.Option("--reference", help="The host the others are compared with (default: the first selected)."),
     ] = None,
+    slots: Annotated[
+        int | None,
+        typer.Option("--slots", min=1, help="Attempts at once on every host (default: each host's slots, 1)."),
+    ] = None,
 ) -> int:
     """Replay SUITE on every host of the inventory and write runs/<run_id>/.
 
@@ -136,6 +140,7 @@ def replay_cmd(
     request = ReplayRequest(
         suite_dir=suite, inventory_path=inventory, hosts=split(hosts), tasks=split(tasks), repeat=repeat,
         out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last, reference=reference,
+        slots=slots,
     )  # fmt: skip
     with ui.ProgressView(planned_hosts(request)) as view:
         outcome = replay_command(request, on_event=view)

@@ -57,6 +57,8 @@ class HostPlan:
     model: dict[str, Any] | None = None
     running: Running = field(default_factory=Running)  # the runs in flight (Ctrl-C kills them)
     retries: list[dict[str, Any]] = field(default_factory=list)  # every connect retry, for the manifest
+    #: --slots: attempts at once on every host, over the inventory's slots
+    slots: int | None = None
 
 
 class HostJob:
@@ -82,7 +84,8 @@ class HostJob:
             self.plan.running.check_cancel()
             run_started = True
             # The runner writes out/fingerprint.json before its first task; the run's exec packs out/.
-            result = self._stage("run", lambda: self._run(ws))
+            slots = self.slots()
+            result = self._stage("run", lambda: self._run(ws), f"{slots} slots" if slots > 1 else "")
             run_finished = True
             self.record.runner_exit = result.exit_code
             stdout, size = remote.split_out_tar(result.stdout)
@@ -105,8 +108,8 @@ class HostJob:
         self.plan.emit(self.cfg.name, "done", self._done_detail())
         return self.record
 
-    def _stage(self, stage: str, fn: Callable[[], Any]) -> Any:
-        self.plan.emit(self.cfg.name, stage, "")
+    def _stage(self, stage: str, fn: Callable[[], Any], detail: str = "") -> Any:
+        self.plan.emit(self.cfg.name, stage, detail)
         t0 = time.monotonic()
         try:
             return fn()
@@ -134,6 +137,10 @@ class HostJob:
             suite=self.plan.bundle.remote_suite(self.cfg.workspace_root),
         )
 
+    def slots(self) -> int:
+        """Attempts at once on this host: ``--slots`` for every host, else the inventory's ``slots``."""
+        return self.plan.slots or self.cfg.slots
+
     def kill_after_s(self) -> int:
         attempts = max(1, len(self.plan.tasks)) * max(1, self.plan.repeat)
         return int(math.ceil(self.cfg.timeout_s * attempts)) + RUN_MARGIN_S
@@ -149,6 +156,8 @@ class HostJob:
         if not self.plan.all_tasks:
             args += ["--tasks", ",".join(self.plan.tasks)]
         args += ["--repeat", str(self.plan.repeat)]
+        if self.slots() > 1:
+            args += ["--slots", str(self.slots())]
         runner = [self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), *args]
         # A live model: the controller's proxy (key added there), reached through a reverse forward on
         # an SSH host; the runner itself gets CROSSHOST_MODEL_URL only (not in --env-allow: tools never see it).

@@ -58,6 +58,8 @@ class HostConfig(BaseModel):
     proxy_jump: str | None = None
     #: at most this many connections being opened through one jump host at once (sshd MaxStartups: 10)
     bastion_connections: int = Field(default=8, ge=1, le=64)
+    #: attempts at once on this host, each in its own workspace, HOME, TMPDIR and budget
+    slots: int = Field(default=1, ge=1, le=64)
     # Filled by load_inventory, never read from the file:
     #: the resolved jump hosts, outermost first
     jump: list[HostConfig] = Field(default_factory=list)

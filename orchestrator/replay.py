@@ -60,6 +60,7 @@ class ReplayRequest:
     #: suite built for this one run, as ``repro``'s, lives nowhere else)
     keep_suite: str | None = None
     reference: str | None = None  # the host the others are compared with (default: the first selected)
+    slots: int | None = None  # attempts at once on every host (default: each host's inventory slots)
 
 
 @dataclass
@@ -180,6 +181,8 @@ def replay(
         raise SuiteError("--repeat must be at least 1")
     if request.jobs is not None and request.jobs < 1:
         raise SuiteError("--jobs must be at least 1")
+    if request.slots is not None and request.slots < 1:
+        raise SuiteError("--slots must be at least 1")
     selected = _resolve_hosts(request)
     if bundle is None:
         cache = request.cache_dir or bundle_cache_dir(request.out)
@@ -220,6 +223,7 @@ def replay(
     run_dir.write_manifest(manifest)  # a crash from here on still leaves a readable record
 
     plan = HostPlan(run_dir, bundle, tasks, all_tasks, repeat, opener or default_opener, request.accept_new, emit, model)
+    plan.slots = request.slots
     jobs = {h.name: HostJob(h, plan) for h in selected}
     fan: FanoutResult[HostRecord] = FanoutResult()
     try:

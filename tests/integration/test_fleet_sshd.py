@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from testhosts import Fleet, TestHost, TestHostError, free_port
@@ -230,3 +231,44 @@ def test_a_passphrase_key_through_passphrase_env(bastioned: Bastioned, tmp_path:
     assert locked.returncode == 2
     assert locked.stderr.strip().endswith(f"key 'passphrase_env': FLEET_KEY_PASS is not set on the controller "
                                           f"(it must hold the passphrase of {key})")  # fmt: skip
+
+
+def test_slots_on_an_sshd_host_give_the_verdicts_of_one_slot_with_attempts_overlapping(
+    sshd_hosts: Any, tmp_path: Path
+) -> None:
+    from orchestrator.replay import ReplayRequest, replay
+    from orchestrator.store import read_jsonl
+
+    suite = tmp_path / "slow"
+    for i in range(8):
+        task = suite / "tasks" / f"sleep-{i}"
+        (task / "repo").mkdir(parents=True)
+        (task / "task.toml").write_text('[agent]\nkind = "none"\n')
+        (task / "prompt.md").write_text("nothing to do\n")
+        # on the host: when this attempt's predicate ran; odd tasks fail
+        (task / "repo" / "run_tests.sh").write_text(
+            f'echo "start $(date +%s%N)" >> /tmp/slots-{tmp_path.name}.log; sleep 1\n'
+            f'echo "end $(date +%s%N)" >> /tmp/slots-{tmp_path.name}.log; exit {i % 2}\n'
+        )
+    shutil.copy(REPO / "examples" / "suites" / "triage" / "contract.json", suite / "contract.json")
+    shutil.copy(REPO / "examples" / "suites" / "triage" / "tools.json", suite / "tools.json")
+    (suite / "suite.toml").write_text('name = "slow"\nrepeat = 1\ncontract = "contract.json"\ntools = "tools.json"\n'
+                                      '[agent]\nkind = "none"\n[budget]\ntimeout_s = 30\n')
+    events: list[tuple[str, str, str]] = []
+    runs = {}
+    for slots in (1, 4):
+        out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, hosts=["box-a"],
+                                   out=tmp_path / "runs", slots=slots),
+                     on_event=lambda h, s, d: events.append((h, s, d)), with_analysis=False)  # fmt: skip
+        assert out.manifest.hosts["box-a"].error is None
+        runs[slots] = read_jsonl(out.run_dir.results_path)
+        with open_host(sshd_hosts.config("box-a")) as host:
+            log = host.exec(["sh", "-c", f"cat /tmp/slots-{tmp_path.name}.log; rm -f /tmp/slots-{tmp_path.name}.log"], 10)
+        live = peak = 0
+        for _, delta in sorted((int(ns), 1 if kind == "start" else -1) for kind, ns in (ln.split() for ln in log.stdout.splitlines())):
+            live += delta
+            peak = max(peak, live)
+        assert peak == slots
+    assert [(r["task"], r["verdict"]) for r in runs[4]] == [(r["task"], r["verdict"]) for r in runs[1]]
+    assert [r["verdict"] for r in runs[4]] == ["pass", "fail"] * 4
+    assert ("box-a", "run", "4 slots") in events and ("box-a", "run", "") in events  # the progress shows them
