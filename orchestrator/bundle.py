@@ -265,8 +265,7 @@ IN_USE = "bundle-sha"
 
 
 def in_use_marker(bundle: Bundle, workspace: str) -> str:
-    """Shell text that marks ``workspace``'s run as using ``bundle`` (pruning skips it) and touches
-    the bundle, so the newest used ones are the ones kept."""
+    """Shell text that marks ``workspace``'s run as using ``bundle``: pruning on any host skips it."""
     q = shlex.quote
     return f"echo {q(bundle.sha)} > {q(posixpath.join(workspace, IN_USE))}"
 

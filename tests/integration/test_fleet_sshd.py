@@ -237,7 +237,7 @@ def test_slots_on_an_sshd_host_give_the_verdicts_of_one_slot_with_attempts_overl
     sshd_hosts: Any, tmp_path: Path
 ) -> None:
     from orchestrator.replay import ReplayRequest, replay
-    from orchestrator.store import read_jsonl
+    from orchestrator.rundir import read_jsonl
 
     suite = tmp_path / "slow"
     for i in range(8):
