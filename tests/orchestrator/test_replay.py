@@ -450,7 +450,8 @@ def test_after_seven_suites_each_host_keeps_the_five_newest_bundles_and_any_in_u
     shas = []
     for i in range(7):
         bundle = first if i == 0 else build_bundle(
-            tmp_path / "mini", tmp_path / "cache", runner=FAKE_RUNNER, normalised={**NORMALISED, "name": f"mini{i}"}
+            tmp_path / "mini", tmp_path / "cache", runner=FAKE_RUNNER,
+            suite=suite_from_dict({**NORMALISED, "name": f"mini{i}"}, tmp_path / "mini"),
         )
         shas.append(bundle.sha)
         out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
