@@ -20,7 +20,7 @@ from typing import Annotated, ParamSpec
 import typer
 
 from orchestrator.errors import CrosshostError
-from orchestrator.exit_policy import INTERRUPTED
+from orchestrator.exit_policy import INTERRUPTED, OK
 
 P = ParamSpec("P")
 
@@ -322,7 +322,36 @@ def view_cmd(
     if serve:
         return view.serve(run, lambda url: typer.echo(f"serving {run} at {url} (Ctrl-C to stop)"))
     typer.echo(view.ensure_report(run))
-    return 0
+    return OK
+
+
+export_app = typer.Typer(no_args_is_help=True, help="Send a run to other tools.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("otel")
+@guarded
+def export_otel_cmd(
+    run: Annotated[Path, typer.Argument(help="A run directory, runs/<run_id>/.")],
+    endpoint: Annotated[
+        str | None, typer.Option("--endpoint", help="OTLP/HTTP receiver, e.g. http://127.0.0.1:4318/v1/traces.")
+    ] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="Append OTLP/JSON lines to this file.")] = None,
+    content: Annotated[
+        bool, typer.Option("--content", help="Add tool-call arguments (as the trace holds them, redacted).")
+    ] = False,
+) -> int:
+    """The run as OpenTelemetry GenAI traces: invoke_agent per attempt, chat and execute_tool children."""
+    from orchestrator.otel import export_run
+
+    summary = export_run(run, endpoint=endpoint, file=file, with_content=content)
+    for line in summary.skipped:
+        typer.echo(f"skipped {line}", err=True)
+    typer.echo(
+        f"exported {summary.spans} span(s) of {summary.attempts} attempt(s) to {summary.destination} "
+        f"in {summary.requests} request(s)"
+    )
+    return OK
 
 
 @app.command("repro")

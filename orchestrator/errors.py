@@ -13,7 +13,8 @@ error from this module. The controller adds:
     ├── TransferError        SFTP put/get failed
     ├── ArchiveRejected      a pulled archive held an unsafe member
     ├── RunnerCrashed        the runner exited in a way that is not a verdict
-    └── WorkspaceLeft        the remote workspace could not be removed or verified gone
+    ├── WorkspaceLeft        the remote workspace could not be removed or verified gone
+    └── ExportFailed         an export's receiver (an OTLP endpoint) unreachable or refusing
 
 A CLI error is one line: ``box-b: HostKeyRejected: ...`` (host prefix only for HostError).
 """
@@ -36,6 +37,7 @@ __all__ = [
     "AuthenticationFailed",
     "ContractError",
     "CrosshostError",
+    "ExportFailed",
     "HostError",
     "HostKeyRejected",
     "HostUnreachable",
@@ -102,6 +104,10 @@ class RunnerCrashed(HostError):
 
 class WorkspaceLeft(HostError):
     """The remote workspace could not be removed, or is still there after removal."""
+
+
+class ExportFailed(HostError):
+    """The receiver of an export (an OTLP endpoint) could not be reached or refused what was sent."""
 
 
 def one_line(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import InputError
+from orchestrator.exit_policy import OK
 
 REPORT = "report.html"
 
@@ -76,4 +77,4 @@ def serve(run_dir: Path, announce: Callable[[str], None]) -> int:
         announce(url)
         with contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
-    return 0
+    return OK

@@ -14,7 +14,12 @@ OBSERVATION = "active (running) [REDACTED]"
 EXTRA_CALL = ("http_get_health", {"url": "http://127.0.0.1:9/health"})
 
 
-def build_known_run(root: Path, run_id: str = "20250101T000000Z-abcdef", **spec: object) -> Path:
+def build_known_run(
+    root: Path,
+    run_id: str = "20250101T000000Z-abcdef",
+    extra_attempts: dict[tuple[str, str, int], Attempt] | None = None,
+    **spec: object,
+) -> Path:
     """``flip-task`` passes on local (the reference) and box-c and fails on box-b, whose attempt 0
     makes an extra call at step 2; box-c calls with another value at step 1. Two attempts each."""
     hosts = two_hosts()
@@ -37,6 +42,7 @@ def build_known_run(root: Path, run_id: str = "20250101T000000Z-abcdef", **spec:
         "pass", calls=[("read_unit_status", {"unit": "nginx-alt.service"}), healthy[1]]
     )
     attempts[("box-c", "flip-task", 1)] = Attempt("pass")
+    attempts.update(extra_attempts or {})
     run = build_run(root, RunSpec(hosts=hosts, attempts=attempts, **spec), run_id=run_id)  # type: ignore[arg-type]
     # the runner's observation sidecars (already redacted) for flip-task's attempt 0
     for host, n_calls in (("local", 2), ("box-b", 3), ("box-c", 2)):
