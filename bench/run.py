@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import analysis_bench
+from bench import analysis_bench, report_html_bench
 from bench.baselines import BaselineError, BenchHost, ansible_bin, run_ansible, run_limit, run_naive
 from bench.gen_suite import BenchSuite, generate_suite
 
@@ -237,6 +237,9 @@ class Bench:
         analysis: dict[str, Any] | None = None
         if self.args.analysis_lines > 0:
             analysis = self.run_analysis()
+        report_html: dict[str, Any] | None = None
+        if self.args.html_tasks > 0:
+            report_html = self.run_report_html()
         # The order that decides the targets first: the faster Ansible everywhere, naive at T=100 (the
         # 5x target) at the larger S, default Ansible, then the naive points that only inform.
         pts = self.points()
@@ -248,7 +251,16 @@ class Bench:
         for _ in range(self.args.slow_reps):
             for point, tool in slow_order:
                 self.measure(point, tool)
-        return self.result(info, analysis, time.monotonic() - started)
+        return self.result(info, analysis, time.monotonic() - started, report_html)
+
+    def run_report_html(self) -> dict[str, Any]:
+        tasks, hosts = self.args.html_tasks, 4
+        print(f"  report.html: {tasks} tasks x {hosts} hosts x 2 attempts in headless Chromium ...", flush=True)
+        out = report_html_bench.measure(tasks, hosts, attempts=2, reps=3)
+        print(f"  report.html: interactive in {out['wall_to_ready_median_s']:.2f} s (target < "
+              f"{out['target_s']:.0f} s), task view {out['open_task_median_s']:.3f} s, "
+              f"page {out['page_mb']} MB written in {out['render_s']:.2f} s", flush=True)
+        return out
 
     def run_analysis(self) -> dict[str, Any]:
         lines = self.args.analysis_lines
@@ -261,7 +273,10 @@ class Bench:
         return out
 
     # -- results ------------------------------------------------------------------------------
-    def result(self, info: dict[str, Any], analysis: dict[str, Any] | None, wall_s: float) -> dict[str, Any]:
+    def result(
+        self, info: dict[str, Any], analysis: dict[str, Any] | None, wall_s: float,
+        report_html: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         points = []
         for point in self.points():
             h, t, s = point
@@ -279,7 +294,7 @@ class Bench:
             "crosshost_via": self.crosshost_via,
             "settings": {"reps": self.args.reps, "slow_reps": self.args.slow_reps,
                          "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},
-            "points": points, "analysis": analysis,
+            "points": points, "analysis": analysis, "report_html": report_html,
         }
 
     def close(self) -> None:
@@ -357,6 +372,16 @@ def render_table(result: dict[str, Any]) -> str:
             f"| analyse_run | {a['lines']:,} | {a['analyse_median_s']:.2f} | {a['json_limit_median_s']:.2f} "
             f"| {_fmt(a['ratio'], '×')} | {a['analyse_peak_rss_mb']:.0f} | {_mark(a['met'])} |",
         ]
+    h = result.get("report_html")
+    if h:
+        lines += [
+            "",
+            "| report.html | cells | page MB | written s | interactive s | task view s | filter s | < 2 s |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {h['tasks']} tasks x {h['hosts']} hosts x {h['attempts']} | {h['cells']:,} | {h['page_mb']} "
+            f"| {h['render_s']:.2f} | {h['wall_to_ready_median_s']:.2f} | {h['open_task_median_s']:.3f} "
+            f"| {h['filter_median_s']:.3f} | {_mark(h['within_target'])} |",
+        ]
     return "\n".join(lines)
 
 
@@ -378,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=510, help="measurement budget in seconds; 0: none")
     p.add_argument("--analysis-lines", type=int, default=1_000_000)
     p.add_argument("--analysis-reps", type=int, default=1)
+    p.add_argument("--html-tasks", type=int, default=2000, help="report.html benchmark tasks (x 4 hosts); 0: skip")
     p.add_argument("--base-port", type=int, default=2400)
     p.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-bench"))
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")

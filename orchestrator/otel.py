@@ -490,7 +490,7 @@ def export_run(
 ) -> ExportSummary:
     """Analyse ``run_dir`` and send every attempt's spans to ``endpoint`` or append them to ``file``."""
     from orchestrator.analysis import analyse_run
-    from orchestrator.report.html import flipped_attempts, host_names
+    from orchestrator.report import flipped_attempts, host_names
 
     if (endpoint is None) == (file is None):
         raise InputError("export otel: give exactly one of --endpoint URL or --file PATH")

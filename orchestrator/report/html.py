@@ -30,7 +30,7 @@ from orchestrator.report import flipped_attempts, host_names
 from orchestrator.rundir import RunDir
 
 MAX_STEPS_PER_TRACE = 300  # steps of one trace embedded (and aligned); the raw file has them all
-MAX_EMBEDDED_STEPS = 60_000  # steps embedded in one page; tasks that agree lose their traces first
+MAX_EMBEDDED_STEPS = 25_000  # steps embedded in one page; tasks that agree lose their traces first
 MAX_TEXT = 2_000  # characters of one argument value or observation shown
 MAX_TREND_RUNS = 60
 
@@ -50,6 +50,10 @@ _TASK_FIELDS = (
     "attribution",
     "problems",
 )
+
+
+# shown by the page in their own way, or not at all (the statistics only for sampled agents)
+_KNOWN = {*_TASK_FIELDS, "comparable", "errors", "evidence", "sampled", "rates", "needed_repeat"}
 
 
 def esc(value: object) -> str:
@@ -83,10 +87,10 @@ class _Trace:
     """One attempt's trace as the page shows it."""
 
     path: str  # relative to the run directory
-    steps: list[dict[str, Any]]
+    steps: list[list[Any]]  # STEP_FIELDS each
     shape: list[Step]
     finish: dict[str, Any] | None
-    more: int  # steps left out (over MAX_STEPS_PER_TRACE)
+    more: int  # 1 when steps were left out (over the trace's budget); the raw file has them
     problems: list[str]
     obs_path: str | None
 
@@ -127,8 +131,22 @@ def _observations(path: Path, limit: int) -> dict[int, str]:
     return out
 
 
-def _load_trace(run_dir: Path, path: Path, budget: int) -> _Trace:
-    steps: list[dict[str, Any]] = []
+def _finish_at_end(path: Path) -> dict[str, Any] | None:
+    """The finish record from the end of a trace not read to the end (the last line, when it is one)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - 65_536))
+            tail = handle.read().decode("utf-8", "replace").strip().splitlines()
+        record = json.loads(tail[-1]) if tail else None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("type") == "finish" else None
+
+
+def _load_trace(path: Path, budget: int) -> _Trace:
+    steps: list[list[Any]] = []
     shape: list[Step] = []
     finish: dict[str, Any] | None = None
     problems: list[str] = []
@@ -142,20 +160,20 @@ def _load_trace(run_dir: Path, path: Path, budget: int) -> _Trace:
                 if step is None:
                     continue
                 if len(steps) >= budget:
-                    more += 1
-                    continue
+                    more = 1  # at least: the rest of a long trace is not read
+                    break
                 shape.append(step)
                 args = record.get("args")
                 steps.append(
-                    {
-                        "n": step.step,
-                        "tool": step.tool,
-                        "args": _shown(args if isinstance(args, dict) else {}),
-                        "afp": step.args_fp,
-                        "ofp": record.get("obs_fp") if isinstance(record.get("obs_fp"), str) else None,
-                        "err": _cut(str(record["error"])) if record.get("error") else None,
-                        "obs": None,
-                    }
+                    [  # STEP_FIELDS, as a list: a long run embeds tens of thousands of steps
+                        step.step,
+                        step.tool,
+                        _shown(args if isinstance(args, dict) else {}),
+                        step.args_fp,
+                        record.get("obs_fp") if isinstance(record.get("obs_fp"), str) else None,
+                        _cut(str(record["error"])) if record.get("error") else None,
+                        None,
+                    ]
                 )
             elif kind == "finish":
                 finish = record
@@ -163,24 +181,31 @@ def _load_trace(run_dir: Path, path: Path, budget: int) -> _Trace:
                 problems.append(f"line {lineno}: {record.get('error', 'corrupt line')}")
     except (TraceError, OSError) as exc:
         problems.append(str(exc))
-    if steps:
-        observed = _observations(obs_file, steps[-1]["n"])
+    if more:
+        finish = _finish_at_end(path)
+    obs_exists = obs_file.is_file()
+    if steps and obs_exists:
+        observed = _observations(obs_file, steps[-1][0])
         for s in steps:
-            s["obs"] = observed.get(s["n"])
+            s[6] = observed.get(s[0])
+    host = path.parent.parent.name
     return _Trace(
-        path=_rel(run_dir, path),
+        path=_link(host, path.name),
         steps=steps,
         shape=shape,
         finish=finish,
         more=more,
         problems=problems[:10],
-        obs_path=_rel(run_dir, obs_file) if obs_file.is_file() else None,
+        obs_path=_link(host, obs_file.name) if obs_exists else None,
     )
 
 
-def _rel(run_dir: Path, path: Path) -> str:
-    """A link relative to report.html, each part percent-encoded (names come from hosts and suites)."""
-    return "/".join(quote(part, safe="") for part in path.relative_to(run_dir).parts)
+def _link(host: str, name: str) -> str:
+    """A trace's link relative to report.html, each part percent-encoded (names come from hosts and suites)."""
+    return f"hosts/{quote(host, safe='')}/traces/{quote(name, safe='')}"
+
+
+STEP_FIELDS = ("n", "tool", "args", "args_fp", "obs_fp", "error", "observation")
 
 
 def _trace_files(run_dir: Path) -> dict[tuple[str, str, int], Path]:
@@ -191,10 +216,17 @@ def _trace_files(run_dir: Path) -> dict[tuple[str, str, int], Path]:
 def _pair(ref: _Trace, other: _Trace) -> dict[str, Any]:
     """The aligned rows of two traces and the first row where they part.
 
-    Row ops: ``equal`` (same shape and values), ``values`` (same shape, other argument values),
+    Traces of the same shapes come as ``{"same": n, "values": [rows whose values differ]}``, the
+    page's script lays them out row by row. Row ops: ``equal`` (same shape and values), ``values`` (same shape, other argument values),
     and the shape diff's ``changed``/``missing``/``extra``. The first divergence is the first shape
     difference, else the first value difference.
     """
+    if [s.shape for s in ref.shape] == [s.shape for s in other.shape]:
+        # the same shapes step for step: difflib's answer is one equal block, so skip it
+        values = [
+            i for i, (a, b) in enumerate(zip(ref.shape, other.shape, strict=True)) if a.args_fp != b.args_fp
+        ]
+        return {"same": len(ref.shape), "values": values, "first": values[0] if values else None}
     ref_index = {id(s): i for i, s in enumerate(ref.shape)}
     other_index = {id(s): i for i, s in enumerate(other.shape)}
     rows: list[list[Any]] = []
@@ -262,18 +294,12 @@ def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
                     entry["embedded"] = False
                     ids.append(None)
                     continue
-                trace = _load_trace(run_dir, path, min(MAX_STEPS_PER_TRACE, budget))
+                trace = _load_trace(path, min(MAX_STEPS_PER_TRACE, budget))
                 budget -= max(1, len(trace.steps))
                 loaded[(host, attempt)] = trace
                 ids.append(len(traces))
                 traces.append(trace.to_json())
             entry["traces"][host] = ids
-        links = {
-            host: [_rel(run_dir, files[(host, task.task, a)]) if (host, task.task, a) in files else None
-                   for a in range(n_attempts)]
-            for host in hosts
-        }  # fmt: skip
-        entry["links"] = links
         for host in hosts:
             if host == reference:
                 continue
@@ -312,11 +338,13 @@ def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
         dumped = task.model_dump(mode="json")
         row = {k: dumped.get(k) for k in _TASK_FIELDS}
         # fields the analysis adds later (evidence, explanations) are shown as they come
-        row["extra"] = {
-            k: v
-            for k, v in dumped.items()
-            if k not in _TASK_FIELDS and k not in ("comparable", "errors") and v
-        }
+        if task.sampled or task.evidence != "deterministic":
+            row["statistics"] = {
+                "evidence": task.evidence,
+                "needed_repeat": task.needed_repeat,
+                "rates": dumped["rates"],
+            }
+        row["extra"] = {k: v for k, v in dumped.items() if k not in _KNOWN and v}
         row["flipped_attempts"] = {h: sorted(flipped_attempts(task, h, reference)) for h in hosts}
         row.update(per_task.get(task.task, {}))
         tasks.append(row)

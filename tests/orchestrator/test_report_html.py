@@ -27,6 +27,10 @@ def _written(tmp_path: Path) -> tuple[Path, str]:
     return run, (run / "report.html").read_text(encoding="utf-8")
 
 
+def _step(trace: dict, i: int) -> dict:
+    return dict(zip(report_html.STEP_FIELDS, trace["steps"][i], strict=True))
+
+
 def _data(page: str) -> dict:
     block = re.search(r'<script type="application/json" id="crosshost-data">(.*?)</script>', page, re.S)
     assert block is not None
@@ -53,7 +57,7 @@ def test_hostile_task_ids_and_values_stay_text(tmp_path):
     data = _data(page)  # ...yet the values arrive intact for the script to show as text
     task = next(t for t in data["tasks"] if t["task"] == HOSTILE_TASK)
     assert task["why"]["local"][0] == HOSTILE_VALUE
-    assert data["traces"][task["traces"]["box-b"][0]]["steps"][0]["args"] == {"unit": HOSTILE_VALUE}
+    assert _step(data["traces"][task["traces"]["box-b"][0]], 0)["args"] == {"unit": HOSTILE_VALUE}
 
 
 def test_the_page_holds_the_matrix_and_the_aligned_traces(tmp_path):
@@ -70,23 +74,23 @@ def test_the_page_holds_the_matrix_and_the_aligned_traces(tmp_path):
     assert [row[2] for row in pair["rows"]] == ["equal", "extra", "equal"]
     assert pair["first"] == 1
     host_trace = data["traces"][flip["traces"]["box-b"][0]]
-    assert host_trace["steps"][pair["rows"][1][1]]["tool"] == "http_get_health"
-    assert host_trace["steps"][0]["obs"] == f"box-b says {OBSERVATION} 1"  # the sidecar, as redacted
+    assert _step(host_trace, pair["rows"][1][1])["tool"] == "http_get_health"
+    assert _step(host_trace, 0)["observation"] == f"box-b says {OBSERVATION} 1"  # the sidecar, as redacted
     assert host_trace["finish"]["why"] == "predicate exit 1: nginx still unhealthy"
     assert host_trace["path"] == "hosts/box-b/traces/flip-task.0.jsonl"
-    # box-c: the same shapes, another argument value at step 1
-    assert [row[2] for row in flip["pairs"]["box-c"][0]["rows"]] == ["values", "equal"]
-    assert flip["pairs"]["box-c"][0]["first"] == 0
+    # box-c: the same shapes (so no alignment needed), another argument value at step 1
+    assert flip["pairs"]["box-c"][0] == {"same": 2, "values": [0], "first": 0}
     # identical traces: nothing diverges
     agree = next(t for t in data["tasks"] if t["task"] == "agree-task")
-    assert agree["pairs"]["box-b"][0]["first"] is None
+    assert agree["pairs"]["box-b"][0] == {"same": 2, "values": [], "first": None}
     assert flip["attribution"][0]["host"] == "box-b"
 
 
 def test_links_to_raw_traces_are_percent_encoded(tmp_path):
     _, page = _written(tmp_path)
-    task = next(t for t in _data(page)["tasks"] if t["task"] == HOSTILE_TASK)
-    link = task["links"]["local"][0]
+    data = _data(page)
+    task = next(t for t in data["tasks"] if t["task"] == HOSTILE_TASK)
+    link = data["traces"][task["traces"]["local"][0]]["path"]
     assert link.startswith("hosts/local/traces/%3Cimg%20src%3Dx") and link.endswith(".0.jsonl")
 
 
@@ -95,8 +99,7 @@ def test_a_large_run_keeps_the_traces_of_flips_first(tmp_path, monkeypatch):
     _, page = _written(tmp_path)
     tasks = {t["task"]: t for t in _data(page)["tasks"]}
     assert tasks["flip-task"]["embedded"] and tasks["flip-task"]["pairs"]["box-b"][0] is not None
-    assert not tasks["agree-task"]["embedded"]
-    assert tasks["agree-task"]["links"]["box-b"][0] == "hosts/box-b/traces/agree-task.0.jsonl"
+    assert not tasks["agree-task"]["embedded"] and tasks["agree-task"]["traces"]["box-b"] == [None, None]
 
 
 def test_trend_from_the_history_index(tmp_path):
@@ -176,3 +179,13 @@ def test_an_unreadable_trace_is_a_problem_on_the_page_not_a_crash(tmp_path):
     trace.mkdir()  # unreadable as a file: the runner's TraceError
     write_reports(run, analyse_run(run))
     assert "cannot read trace" in (run / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_long_trace_is_cut_and_its_finish_still_shown(tmp_path, monkeypatch):
+    monkeypatch.setattr(report_html, "MAX_STEPS_PER_TRACE", 1)
+    _, page = _written(tmp_path)
+    data = _data(page)
+    flip = next(t for t in data["tasks"] if t["task"] == "flip-task")
+    trace = data["traces"][flip["traces"]["box-b"][0]]
+    assert len(trace["steps"]) == 1 and trace["more"] == 1
+    assert trace["finish"]["why"] == "predicate exit 1: nginx still unhealthy"

@@ -103,6 +103,25 @@
 
   // --- the task view --------------------------------------------------------------------------
 
+  // a step is embedded as [n, tool, args, args_fp, obs_fp, error, observation]
+  function stepAt(trace, i) {
+    if (i === null || i === undefined || !trace) return null;
+    var a = trace.steps[i];
+    return { n: a[0], tool: a[1], args: a[2], afp: a[3], ofp: a[4], err: a[5], obs: a[6] };
+  }
+
+  // aligned rows [ref index, host index, op]; traces of the same shapes come as {same: n, values: [...]}
+  function pairRows(pair) {
+    if (pair.rows) return pair.rows;
+    var rows = [];
+    for (var i = 0; i < pair.same; i++) rows.push([i, i, pair.values.indexOf(i) >= 0 ? "values" : "equal"]);
+    return rows;
+  }
+
+  function rawLink(host, task, attempt) {
+    return "hosts/" + encodeURIComponent(host) + "/traces/" + encodeURIComponent(task + "." + attempt + ".jsonl");
+  }
+
   function json(value) {
     return typeof value === "string" ? JSON.stringify(value) : JSON.stringify(value);
   }
@@ -176,19 +195,25 @@
     fins.appendChild(finishBlock(host + " attempt " + attempt, oth));
     var pair = (t.pairs[host] || [])[attempt];
     if (!pair) {
-      var links = (t.links[host] || [])[attempt] || (t.links[REF] || [])[attempt];
-      add(wrap, el("p", { "class": "absent" }, t.embedded ? "no trace on one side: nothing to align" : "trace not embedded (the run is large): open the raw trace"));
-      if (!t.embedded && links) add(wrap, el("a", { href: links }, "raw trace"));
+      if (t.embedded) {
+        add(wrap, el("p", { "class": "absent" }, "no trace on one side: nothing to align"));
+      } else {
+        var p = add(wrap, el("p", { "class": "absent" }, "traces not embedded (the run is large): the raw traces are "));
+        add(p, el("a", { href: rawLink(REF, t.task, attempt) }, REF));
+        p.appendChild(document.createTextNode(" and "));
+        add(p, el("a", { href: rawLink(host, t.task, attempt) }, host));
+      }
       return wrap;
     }
-    if (!pair.rows.length) {
+    var rows = pairRows(pair);
+    if (!rows.length) {
       add(wrap, el("p", { "class": "note" }, "no tool calls on either side: the verdicts come from the predicate alone (above)."));
       return wrap;
     }
     var note = "same tool-call shapes and argument values on both hosts";
     if (pair.first !== null) {
-      var fr = pair.rows[pair.first];
-      var where = fr[1] !== null ? host + " step " + oth.steps[fr[1]].n : REF + " step " + ref.steps[fr[0]].n;
+      var fr = rows[pair.first];
+      var where = fr[1] !== null ? host + " step " + stepAt(oth, fr[1]).n : REF + " step " + stepAt(ref, fr[0]).n;
       note = "first divergence: " + where + " (" + OP_TEXT[fr[2]] + ")";
     }
     add(wrap, el("p", { "class": pair.first === null ? "note" : "note bad" }, note));
@@ -200,9 +225,9 @@
     add(head, el("th", null, "#"));
     add(head, el("th", null, host));
     var body = add(table, el("tbody"));
-    pair.rows.forEach(function (row, i) {
-      var a = row[0] === null ? null : ref.steps[row[0]];
-      var b = row[1] === null ? null : oth.steps[row[1]];
+    rows.forEach(function (row, i) {
+      var a = stepAt(ref, row[0]);
+      var b = stepAt(oth, row[1]);
       var tr = add(body, el("tr", { "class": "op-" + row[2] + (i === pair.first ? " first-divergence" : "") }));
       tr.dataset.op = row[2];
       add(tr, el("td", { "class": "mark" }, i === pair.first ? "▶ first divergence" : OP_TEXT[row[2]]));
@@ -241,6 +266,19 @@
         return f.field + " (" + (f.reference === null ? "unset" : f.reference) + " → " + (f.other === null ? "unset" : f.other) + ")";
       }).join(", ") : "no differing field");
     });
+    if (t.statistics) {
+      add(section, el("h3", null, "Pass rates (" + t.statistics.evidence + " evidence" + (t.statistics.needed_repeat ? "; --repeat " + t.statistics.needed_repeat + " could settle it" : "") + ")"));
+      var st = add(section, el("table", { "class": "rates" }));
+      var hr = add(add(st, el("thead")), el("tr"));
+      ["host", "attempts", "passes", "pass rate", "95% interval", "p-value vs reference", "differs"].forEach(function (c) { add(hr, el("th", null, c)); });
+      var sb = add(st, el("tbody"));
+      t.statistics.rates.forEach(function (r) {
+        var tr = add(sb, el("tr"));
+        [r.host, r.n, r.passes, r.pass_rate === null ? "—" : r.pass_rate.toFixed(3),
+         r.ci_low === null ? "—" : r.ci_low.toFixed(3) + " – " + r.ci_high.toFixed(3),
+         r.p_value === null ? "—" : r.p_value.toPrecision(3), r.differs ? "yes" : ""].forEach(function (c) { add(tr, el("td", null, c)); });
+      });
+    }
     list(section, "Leaks", t.leaks, function (l) { return l.host + " attempt " + l.attempt + " step " + l.step + ": " + l.kind + ": " + l.message; });
     list(section, "Contract findings", t.findings, function (l) { return l.host + " attempt " + l.attempt + " step " + l.step + ": " + l.kind + ": " + l.message; });
     list(section, "Problems", t.problems, function (p) { return p; });
