@@ -29,6 +29,7 @@ from agent_runner.errors import RunnerError
 from agent_runner.redact import redact, redact_text
 from agent_runner.trace import iter_records
 from orchestrator.errors import ExportFailed, InputError
+from orchestrator.rundir import RunDir
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -497,12 +498,8 @@ def export_run(
     url = endpoint_url(endpoint) if endpoint is not None else None
     _require_sdk()
     report = analyse_run(run_dir)
-    manifest_started = None
-    try:
-        manifest = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
-        manifest_started = _iso_ns(manifest.get("started")) if isinstance(manifest, dict) else None
-    except (OSError, ValueError):
-        pass
+    rundir = RunDir(run_dir)
+    manifest_started = _iso_ns(rundir.read_manifest().started)
     hosts = host_names(report)
     reference = report.reference or (hosts[0] if hosts else "")
     run = {"run_id": report.run_id, "suite": report.suite, "reference": reference}
@@ -541,7 +538,7 @@ def export_run(
                 )
             summary.spans += len(batch)
 
-    files = {(h, t, a): p for (h, t, a), p in _attempt_files(run_dir)}
+    files = dict(rundir.trace_files())
     clock = {h: manifest_started or _iso_ns(_dt.datetime.now(_dt.UTC).isoformat()) or 0 for h in hosts}
     try:
         for task in report.tasks:
@@ -578,8 +575,3 @@ def export_run(
             handle.close()
     return summary
 
-
-def _attempt_files(run_dir: Path) -> Iterator[tuple[tuple[str, str, int], Path]]:
-    from orchestrator.analysis.rundir import load_run
-
-    yield from load_run(run_dir).trace_files()
