@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from agent_runner.errors import RunnerError
 from agent_runner.redact import redact, redact_text
 from agent_runner.trace import iter_records
-from orchestrator.errors import ExportFailed, InputError
+from orchestrator.errors import ExportFailed, InputError, TraceError
 from orchestrator.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -562,7 +561,7 @@ def export_run(
                             task_info,
                             host_info.get(host, {}),
                         )
-                    except (RunnerError, OSError) as exc:
+                    except (TraceError, OSError) as exc:
                         summary.skipped.append(f"{host} {task.task} attempt {attempt}: {exc}")
                         continue
                     summary.attempts += 1

@@ -312,3 +312,13 @@ def test_every_gen_ai_attribute_is_one_the_conventions_define(tmp_path, receiver
         if k.startswith(("gen_ai.", "openai."))
     }
     assert used and used <= known, used - known
+
+
+def test_an_unreadable_trace_is_skipped_and_said(tmp_path):
+    run = _run(tmp_path)
+    trace = run / "hosts" / "box-b" / "traces" / "flip-task.0.jsonl"
+    trace.unlink()
+    trace.mkdir()  # listed as a trace, unreadable as one
+    result = CliRunner().invoke(app, ["export", "otel", str(run), "--file", str(tmp_path / "spans.jsonl")])
+    assert result.exit_code == 0, result.output
+    assert "skipped box-b flip-task attempt 0: " in result.output and "Traceback" not in result.output
