@@ -295,7 +295,7 @@ def run_dirs(runs_dir: Path) -> list[Path]:
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         return []
-    return sorted(p for p in runs_dir.iterdir() if (p / "manifest.json").is_file())
+    return sorted(p for p in runs_dir.iterdir() if RunDir(p).manifest_path.is_file())
 
 
 def rebuild(runs_dir: Path) -> tuple[int, list[str]]:

@@ -185,7 +185,7 @@ class HostJob:
             raise RunnerCrashed(
                 name, f"runner exited {result.exit_code}: {tail(result.stderr or result.stdout) or 'no output'}"
             )
-        if not (self.host_dir / "results.jsonl").is_file():
+        if not self.plan.run_dir.host_results_path(name).is_file():
             raise RunnerCrashed(name, f"runner exited 0 but sent no results.jsonl ({pulled} files pulled)")
 
     def _record_fingerprint(self) -> None:

@@ -93,7 +93,7 @@ def _error_line(exc: BaseException) -> str:
 def _host_rows(run_dir: RunDir, name: str) -> list[ResultRow]:
     """The rows a host sent (none when it sent no file). A file that is not the runner's JSONL of
     this host's rows is the host's fault: RunnerCrashed naming file:line, the file kept aside."""
-    path = run_dir.host_dir(name) / "results.jsonl"
+    path = run_dir.host_results_path(name)
     if not path.is_file():
         return []
     try:

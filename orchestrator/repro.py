@@ -412,7 +412,7 @@ def _pick_hosts(request: ReproRequest) -> tuple[str, str]:
 
 
 def _trace_of(run_dir: Path, host: str, task: str) -> Path | None:
-    path = run_dir / "hosts" / host / "traces" / f"{task}.0.jsonl"
+    path = RunDir(run_dir).trace_path(host, task, 0)
     return path if path.is_file() else None
 
 

@@ -322,6 +322,10 @@ class RunDir:
     def fingerprint_path(self, host: str) -> Path:
         return self.host_dir(host) / "fingerprint.json"
 
+    def host_results_path(self, host: str) -> Path:
+        """The rows one host's runner sent, until the replay merges them into ``results.jsonl``."""
+        return self.host_dir(host) / "results.jsonl"
+
     # writing
 
     def write_manifest(self, manifest: Manifest) -> None:

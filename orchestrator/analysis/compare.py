@@ -21,7 +21,7 @@ from orchestrator.analysis.run import analyse_run
 from orchestrator.analysis.stats import pass_counts, wilson_interval
 from orchestrator.dotted import flatten
 from orchestrator.errors import InputError
-from orchestrator.rundir import load_run
+from orchestrator.rundir import RunDir, load_run
 
 #: the pins that may differ between the two runs: who the agent is (settings, model, its files)
 AGENT_PINS = ("agent_sha",)
@@ -124,7 +124,7 @@ def reading(model_gap: int, box_flips: int) -> str:
 def compare_runs(run_a: Path, run_b: Path, alpha: float | None = None) -> Comparison:
     """Compare two run directories; ``InputError`` (exit 2) names what makes them incomparable."""
     for run in (run_a, run_b):
-        if not (run / "manifest.json").is_file():
+        if not RunDir(run).manifest_path.is_file():
             raise InputError(f"{run}: not a run directory (no manifest.json); give two runs/<run_id>/ directories")
     a, b = analyse_run(run_a), analyse_run(run_b)
     pins_a, pins_b = _pins(run_a), _pins(run_b)
