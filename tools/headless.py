@@ -259,14 +259,50 @@ class Page:
         ]
 
     def screenshot(
-        self, path: Path, *, width: int = 1280, full_page: bool = True, max_height: int = 4000
+        self, path: Path, *, width: int = 1280, max_height: int = 4000, selector: str | None = None
     ) -> None:
-        height = 900
-        if full_page:
-            height = min(max_height, int(self.evaluate("document.documentElement.scrollHeight")))
+        """A PNG of the whole page (up to ``max_height``), or of the element ``selector`` only."""
         self.send(
             "Emulation.setDeviceMetricsOverride",
-            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+            {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
         )
-        shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+        if selector is None:
+            height = min(max_height, int(self.evaluate("document.documentElement.scrollHeight")))
+            clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+        else:
+            box = self.evaluate(
+                f"(() => {{ const r = document.querySelector({json.dumps(selector)}).getBoundingClientRect();"
+                " return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })()"
+            )
+            clip = {"x": box[0], "y": box[1], "width": box[2], "height": min(max_height, box[3]), "scale": 1}
+        shot = self.send(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+        )
         path.write_bytes(base64.b64decode(shot["data"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tools/headless.py URL OUT.png [--selector CSS] [--max-height N]``: a screenshot of a page
+    once it is loaded (for report.html: once its script has run)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("url")
+    p.add_argument("out", type=Path)
+    p.add_argument("--selector")
+    p.add_argument("--max-height", type=int, default=4000)
+    p.add_argument("--width", type=int, default=1280)
+    args = p.parse_args(argv)
+    with Browser() as browser:
+        page = browser.page()
+        page.goto(args.url)
+        page.wait_for("!document.getElementById('crosshost-data') || document.body.dataset.ready === '1'")
+        errors = page.console_errors()
+        page.screenshot(args.out, width=args.width, max_height=args.max_height, selector=args.selector)
+    for error in errors:
+        print(f"console error: {error}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
