@@ -76,19 +76,23 @@ def _predicates_tar(suite: BenchSuite) -> bytes:
     return buf.getvalue()
 
 
-def run_limit(suite: BenchSuite, hosts: Sequence[BenchHost]) -> float:
-    """One ssh per host, in parallel: unpack the predicates, run them in sequence, clean up."""
+def run_limit(suite: BenchSuite, hosts: Sequence[BenchHost], *, slots: int = 1) -> float:
+    """One ssh per host (``slots`` per host, each with its share of the tasks), all in parallel: unpack
+    the predicates, run them in sequence, clean up. With ``slots``, the limit of the same parallelism."""
     payload = _predicates_tar(suite)
-    runs = " && ".join(f"(cd {t}/repo && ./run_tests.sh >/dev/null)" for t in suite.predicate_tasks) or "true"
-    remote = (
-        'd=$(mktemp -d /tmp/limit.XXXXXX) && cd "$d" && tar xzf - && '
-        f'{{ {runs}; }}; rc=$?; cd / && rm -rf "$d"; exit $rc'
-    )
+    remotes = []
+    for k in range(slots):
+        share = suite.predicate_tasks[k::slots]
+        runs = " && ".join(f"(cd {t}/repo && ./run_tests.sh >/dev/null)" for t in share) or "true"
+        remotes.append(
+            'd=$(mktemp -d /tmp/limit.XXXXXX) && cd "$d" && tar xzf - && '
+            f'{{ {runs}; }}; rc=$?; cd / && rm -rf "$d"; exit $rc'
+        )
     start = time.perf_counter()
     procs = [
         (h, subprocess.Popen(h.ssh(remote), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE))
-        for h in hosts
+        for h in hosts for remote in remotes
     ]
     for _h, p in procs:
         assert p.stdin is not None

@@ -43,6 +43,9 @@ GRID = ((2, 12), (2, 100), (8, 12))
 SLEEPS = (0, 50)
 TOOLS = ("limit", "crosshost", "naive", "ansible", "ansible_pipelined")
 Point = tuple[int, int, int]  # (hosts, tasks, sleep_ms)
+#: fleet points, crosshost against the limit of the same parallelism only: (hosts, tasks, sleep_ms, slots)
+FLEET = ((32, 100, 0, 1), (8, 100, 200, 4))
+FleetPoint = tuple[int, int, int, int]
 
 
 @dataclass
@@ -122,7 +125,9 @@ class Bench:
         self.cells: dict[tuple[Point, str], Cell] = {}
         self.scratch = Path(tempfile.mkdtemp(prefix="crosshost-bench-"))
         self.fleet = Fleet(args.state)
-        self.names = [f"bench-{chr(ord('a') + i)}" for i in range(max(h for h, _ in args.grid))]
+        most = max([h for h, _ in args.grid] + [f[0] for f in args.fleet])
+        self.names = [f"bench-{i:02d}" for i in range(most)]
+        self.fleet_cells: dict[tuple[FleetPoint, str], Cell] = {}
         self.suites: dict[Point, BenchSuite] = {}
         self.unit_cost: dict[str, float] = {"naive": 0.75, "ansible": 0.35, "ansible_pipelined": 0.3}
         self.crosshost_via = crosshost_entry()
@@ -132,10 +137,11 @@ class Bench:
         return [BenchHost(n, "127.0.0.1", self.fleet.hosts[n].port, "root", self.fleet.identity,
                           self.fleet.known_hosts) for n in self.names[:count]]
 
-    def inventory(self, count: int) -> Path:
-        path = self.scratch / f"hosts-{count}.toml"
+    def inventory(self, count: int, slots: int = 1) -> Path:
+        path = self.scratch / f"hosts-{count}-s{slots}.toml"
         if not path.exists():
-            self.fleet.write_inventory(path, self.names[:count], include_local=False)
+            extra: dict[str, object] = {"slots": slots} if slots > 1 else {}
+            self.fleet.write_inventory(path, self.names[:count], include_local=False, extra_defaults=extra)
         return path
 
     def suite(self, point: Point) -> BenchSuite:
@@ -190,16 +196,39 @@ class Bench:
             self.unit_cost[tool] = seconds / self.work_units(tool, point)
         print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  {seconds:7.2f} s", flush=True)
 
-    def run_crosshost(self, point: Point, scratch: Path, cell: Cell) -> float:
+    def measure_fleet(self, fp: FleetPoint, tool: str) -> None:
+        """A fleet point: crosshost (``slots`` per host) or the limit with the same parallelism."""
+        h, t, s, slots = fp
+        cell = self.fleet_cells.setdefault((fp, tool), Cell())
+        if cell.errors and not cell.seconds:
+            return
+        point = (h, t, s)
+        scratch = self.scratch / f"fleet-{tool}-H{h}-T{t}-S{s}-P{slots}-{len(cell.seconds) + len(cell.errors)}"
+        try:
+            if tool == "limit":
+                seconds = run_limit(self.suite(point), self.hosts(h), slots=slots)
+            else:
+                seconds = self.run_crosshost(point, scratch, cell, slots=slots)
+        except (BaselineError, OSError) as exc:
+            cell.errors.append(str(exc)[:500])
+            print(f"  {tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}  FAILED: {str(exc)[:300]}", flush=True)
+            return
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        cell.seconds.append(seconds)
+        print(f"  {tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}  {seconds:7.2f} s", flush=True)
+
+    def run_crosshost(self, point: Point, scratch: Path, cell: Cell, *, slots: int = 1) -> float:
         """``crosshost replay SUITE -i hosts.toml``: the whole command, as a user runs it."""
         h, t, _ = point
         suite = self.suite(point)
         runs = scratch / "runs"
+        inventory = self.inventory(h, slots)
         if self.crosshost_via == "cli":
             exe = Path(sys.executable).with_name("crosshost")
-            argv = [str(exe), "replay", str(suite.root), "-i", str(self.inventory(h)), "--out", str(runs)]
+            argv = [str(exe), "replay", str(suite.root), "-i", str(inventory), "--out", str(runs)]
         else:  # until the CLI command exists: the same replay() in a fresh interpreter
-            argv = [sys.executable, "-c", _REPLAY_API, str(suite.root), str(self.inventory(h)), str(runs)]
+            argv = [sys.executable, "-c", _REPLAY_API, str(suite.root), str(inventory), str(runs)]
         start = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True, cwd=scratch.parent)
         seconds = time.perf_counter() - start
@@ -234,6 +263,9 @@ class Bench:
             for point in self.points():
                 for tool in fast if rep % 2 == 0 else fast[::-1]:  # alternate order: no tool always goes first
                     self.measure(point, tool)
+            for fp in self.args.fleet:
+                for tool in fast if rep % 2 == 0 else fast[::-1]:
+                    self.measure_fleet(fp, tool)
         analysis: dict[str, Any] | None = None
         if self.args.analysis_lines > 0:
             analysis = self.run_analysis()
@@ -295,7 +327,23 @@ class Bench:
             "settings": {"reps": self.args.reps, "slow_reps": self.args.slow_reps,
                          "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},
             "points": points, "analysis": analysis, "report_html": report_html,
+            "fleet_points": self.fleet_result(),
         }
+
+    def fleet_result(self) -> list[dict[str, Any]]:
+        out = []
+        for fp in self.args.fleet:
+            h, t, s, slots = fp
+            tools = {tool: self.fleet_cells[(fp, tool)] for tool in ("limit", "crosshost") if (fp, tool) in self.fleet_cells}
+            c = tools["crosshost"].median if "crosshost" in tools else None
+            lim = tools["limit"].median if "limit" in tools else None
+            out.append({
+                "hosts": h, "tasks": t, "sleep_ms": s, "slots": slots,
+                "tools": {tool: cell.summary() for tool, cell in tools.items()},
+                "ratios": {"crosshost/limit": _ratio(c, lim)},
+                "targets": {"within_1.3x_limit_plus_1s": (c <= 1.3 * lim + 1.0) if c is not None and lim is not None else None},
+            })
+        return out
 
     def close(self) -> None:
         self.fleet.down()
@@ -363,6 +411,22 @@ def render_table(result: dict[str, Any]) -> str:
             f"| {_mark(tg['within_1.3x_limit_plus_1s'])} | {_mark(tg['5x_faster_than_naive'])} "
             f"| {_mark(tg['faster_than_ansible'])} |"
         )
+    fleet = result.get("fleet_points") or []
+    if fleet:
+        lines += ["", "| H | T | S ms | slots | limit s (same parallelism) | crosshost s | crosshost/limit | ≤1.3×limit+1s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for p in fleet:
+            def fcell(tool: str, tools: dict[str, Any] = p["tools"]) -> str:
+                c = tools.get(tool)
+                if not c or c["median"] is None:
+                    return "failed" if c and c["errors"] else "—"
+                spread = f" ({c['min']:.2f}–{c['max']:.2f}, n={c['n']})" if c["n"] > 1 else " (n=1)"
+                return f"{c['median']:.2f}{spread}"
+
+            lines.append(
+                f"| {p['hosts']} | {p['tasks']} | {p['sleep_ms']} | {p['slots']} | {fcell('limit')} | {fcell('crosshost')} "
+                f"| {_fmt(p['ratios']['crosshost/limit'], '×')} | {_mark(p['targets']['within_1.3x_limit_plus_1s'])} |"
+            )
     a = result.get("analysis")
     if a:
         lines += [
@@ -393,10 +457,20 @@ def _grid(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _fleet(text: str) -> list[FleetPoint]:
+    out: list[FleetPoint] = []
+    for item in (x for x in text.split(",") if x):
+        h, t, s, slots = (int(v) for v in item.split("x"))
+        out.append((h, t, s, slots))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--grid", type=_grid, default=list(GRID), help="HxT,HxT,... (default 2x12,2x100,8x12)")
     p.add_argument("--sleeps", type=lambda s: [int(x) for x in s.split(",")], default=list(SLEEPS))
+    p.add_argument("--fleet", type=_fleet, default=list(FLEET),
+                   help="HxTxSxSLOTS,... fleet points, crosshost and the limit only (default 32x100x0x1,8x100x200x4; '' for none)")
     p.add_argument("--tools", type=lambda s: s.split(","), default=list(TOOLS))
     p.add_argument("--reps", type=int, default=3, help="repetitions of crosshost and the limit")
     p.add_argument("--slow-reps", type=int, default=3, help="repetitions of naive/Ansible, budget permitting")

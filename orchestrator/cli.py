@@ -110,7 +110,7 @@ def replay_cmd(
     tasks: Annotated[str | None, typer.Option("--tasks", help="Only these tasks (comma-separated).")] = None,
     repeat: Annotated[int | None, typer.Option("--repeat", min=1, help="Attempts per task per host.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Where run directories are written.")] = Path("runs"),
-    jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Hosts at once (default min(8, hosts)).")] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Hosts at once (default: all, up to 64).")] = None,
     gate: Annotated[float | None, typer.Option("--gate", min=0, max=1, help="Flip-rate gate (default: the suite's).")] = None,
     accept_new: Annotated[bool, typer.Option("--accept-new", help="Trust unknown host keys (first use).")] = False,
     compare_last: Annotated[

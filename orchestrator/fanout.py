@@ -43,8 +43,12 @@ class FanoutResult(Generic[T]):
         return {h: o.error for h, o in self.outcomes.items() if o.error is not None}
 
 
+#: hosts at once by default: every selected host, up to this many (each is one thread and one SSH connection)
+MAX_DEFAULT_JOBS = 64
+
+
 def default_jobs(n_hosts: int) -> int:
-    return max(1, min(8, n_hosts))
+    return max(1, min(MAX_DEFAULT_JOBS, n_hosts))
 
 
 def fan_out(

@@ -59,7 +59,9 @@ class TestHostError(RuntimeError):
 
 
 def default_names(count: int) -> list[str]:
-    return [f"box-{HOST_NAME_LETTERS[i]}" for i in range(count)]
+    """box-a ... box-z, then box-aa, box-ab, ... (a fleet of 32 hosts needs more than 26 names)."""
+    letters = HOST_NAME_LETTERS
+    return [f"box-{letters[i]}" if i < 26 else f"box-{letters[i // 26 - 1]}{letters[i % 26]}" for i in range(count)]
 
 
 def free_port() -> int:

@@ -72,4 +72,4 @@ def test_keyboard_interrupt_in_a_worker_interrupts_the_run() -> None:
 
 
 def test_default_jobs() -> None:
-    assert default_jobs(1) == 1 and default_jobs(3) == 3 and default_jobs(50) == 8
+    assert default_jobs(1) == 1 and default_jobs(32) == 32 and default_jobs(100) == 64
