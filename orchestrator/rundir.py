@@ -264,7 +264,7 @@ def iter_results(
             row = ResultRow.from_json(obj)
         except TraceError as exc:
             if on_bad_line is None:
-                raise TraceError(f"{where}: {exc}") from None
+                raise TraceError(f"{where}: {exc}") from exc
             on_bad_line(where, str(exc))
             continue
         yield where, row
@@ -290,9 +290,9 @@ class RunDir:
             rid = run_id or new_run_id()
             try:
                 (out_root / rid).mkdir()  # exclusive: an existing directory is never reused
-            except FileExistsError:
+            except FileExistsError as exc:
                 if run_id is not None:
-                    raise CrosshostError(f"{out_root / rid}: run directory exists already") from None
+                    raise CrosshostError(f"{out_root / rid}: run directory exists already") from exc
                 continue
             return cls(out_root / rid)
         raise CrosshostError(f"{out_root}: could not allocate a fresh run directory")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import typer
+
 import agent_runner.errors
 from orchestrator import errors
 
@@ -44,3 +46,18 @@ def test_a_host_error_names_its_host_and_others_do_not() -> None:
     assert errors.WorkspaceLeft("box-b", "/w is still there").one_line() == "box-b: WorkspaceLeft: /w is still there"
     assert errors.one_line(errors.SecretVisible("X_TOKEN visible")) == "SecretVisible: X_TOKEN visible"
     assert errors.one_line(ValueError("bad")) == "ValueError: bad"
+
+
+def test_every_command_has_its_exit_codes_documented() -> None:
+    from orchestrator.cli import app
+
+    def name(info: typer.models.CommandInfo) -> str:
+        return info.name or (info.callback.__name__ if info.callback else "")
+
+    commands = {name(c) for c in app.registered_commands}
+    for group in app.registered_groups:
+        assert group.typer_instance is not None
+        commands |= {f"{group.name} {name(c)}" for c in group.typer_instance.registered_commands}
+    rows = re.findall(r"^\| (`[\w ]+`(?:, `[\w ]+`)*) \|", DOC.read_text(), flags=re.M)
+    documented = set(re.findall(r"`([\w ]+)`", " ".join(rows)))
+    assert "export otel" in commands and commands <= documented, commands - documented
