@@ -137,7 +137,12 @@ def _systemd_units(
             f"Description=crosshost: replay suite {suite_name} across hosts and compare with the last run",
             "",
             "[Service]",
+            # a timer never starts a service that is still running, so replays do not overlap; this
+            # stops one that outlives its interval with SIGINT (the replay's Ctrl-C: remote workspaces
+            # removed), as the crontab line's timeout does
             "Type=oneshot",
+            f"TimeoutStartSec={every.seconds}s",
+            "KillSignal=SIGINT",
             f"WorkingDirectory={systemd_quote(str(workdir))}",
             "ExecStart=" + " ".join(systemd_quote(a) for a in command),
             "",
@@ -167,11 +172,33 @@ def _systemd_units(
     return {f"{stem}.service": service, f"{stem}.timer": timer}
 
 
-def _cron_line(every: Interval, command: list[str], workdir: Path, log: Path) -> str:
-    shell = (
-        f"cd {shlex.quote(str(workdir))} && mkdir -p {shlex.quote(str(log.parent))}"
-        f" && {shlex.join(command)} >> {shlex.quote(str(log))} 2>&1"
+#: flock's exit code when the lock is held (a previous replay still runs); 75 is EX_TEMPFAIL
+LOCK_BUSY_EXIT = 75
+#: after TERM at the interval's end, KILL this much later (the replay's Ctrl-C path cleans the hosts)
+KILL_AFTER_S = 60
+
+
+def cron_shell(command: list[str], workdir: Path, log: Path, lock: Path, timeout_s: int) -> str:
+    """The crontab line's shell: one replay at a time (``flock -n``: a start while the previous
+    replay still holds the lock is skipped and logged) and never longer than ``timeout_s``
+    (``timeout``: SIGINT, the replay's Ctrl-C that removes its remote workspaces, then KILL after
+    ``KILL_AFTER_S``), everything appended to ``log``."""
+    q = shlex.quote
+    run = (
+        f"flock -n -E {LOCK_BUSY_EXIT} {q(str(lock))} "
+        f"timeout -s INT -k {KILL_AFTER_S} {timeout_s} {shlex.join(command)}"
     )
+    skipped = q(f"crosshost schedule: skipped, the previous replay still holds {lock}")
+    stopped = q(f"crosshost schedule: replay stopped after {timeout_s} s (the interval)")
+    said = f"case $rc in {LOCK_BUSY_EXIT}) echo {skipped};; 124|137) echo {stopped};; esac"
+    return (
+        f"cd {q(str(workdir))} && mkdir -p {q(str(log.parent))}"
+        f" && {{ {run}; rc=$?; {said}; }} >> {q(str(log))} 2>&1"
+    )
+
+
+def _cron_line(every: Interval, command: list[str], workdir: Path, log: Path, lock: Path) -> str:
+    shell = cron_shell(command, workdir, log, lock, every.seconds)
     return f"{cron_schedule(every)} {shell.replace('%', chr(92) + '%')}"  # cron turns a bare % into newline
 
 
@@ -203,7 +230,8 @@ def plan_schedule(
     if chosen == "systemd":
         sched.files = _systemd_units(unit_stem(suite_name), suite_name, interval, command, workdir)
     else:
-        sched.cron_line = _cron_line(interval, command, workdir, out / "schedule.log")
+        lock = out / f".{unit_stem(suite_name)}.lock"
+        sched.cron_line = _cron_line(interval, command, workdir, out / "schedule.log", lock)
     return sched
 
 

@@ -130,12 +130,19 @@ def flips_table(
     """The flip table of two environments on one attempt of a ``results.jsonl`` of any known shape
     (rows of other tools, with ``passed`` and no ``attempt``, among them)."""
     seen: dict[str, dict[str, str]] = {}
+    first_at: dict[tuple[str, str], str] = {}
     envs: set[str] = set()
-    for _, row in iter_results(path):
+    for where, row in iter_results(path):
         envs.add(row.env)
         if row.env not in (env_a, env_b) or row.attempt != attempt:
             continue
-        # a later row for the same task/env/attempt replaces an earlier one (a rerun)
+        # Two rows for one task, env and attempt: which one is the verdict is the user's call, not ours.
+        if (row.task, row.env) in first_at:
+            raise TraceError(
+                f"{where}: task {row.task!r} env {row.env!r} attempt {attempt} again "
+                f"(first at {first_at[row.task, row.env]}); keep one row per task, env and attempt"
+            )
+        first_at[row.task, row.env] = where
         seen.setdefault(row.task, {})[row.env] = row.verdict
     for env in (env_a, env_b):
         if env not in envs:

@@ -121,6 +121,25 @@ def test_flips_row_without_a_verdict_exits_2(tmp_path):
     assert f"{results}:2: row has neither 'verdict' nor a boolean 'passed'" in out.output
 
 
+def test_flips_refuses_two_rows_for_one_task_env_and_attempt_naming_both_lines(tmp_path):
+    results = tmp_path / "r.jsonl"
+    results.write_text(
+        '{"task": "a", "env": "x", "attempt": 0, "passed": true}\n'
+        '{"task": "a", "env": "y", "attempt": 0, "passed": true}\n'
+        '{"task": "a", "env": "x", "attempt": 1, "passed": false}\n'
+        '{"task": "a", "env": "x", "attempt": 0, "passed": false}\n'
+    )
+    out = runner.invoke(app, ["flips", str(results), "x", "y"])
+    assert out.exit_code == 2
+    assert out.output == (
+        f"TraceError: {results}:4: task 'a' env 'x' attempt 0 again (first at {results}:1); "
+        "keep one row per task, env and attempt\n"
+    )
+    # another attempt of the same task and env is not a duplicate
+    ok = runner.invoke(app, ["flips", str(results), "x", "y", "--attempt", "1"])
+    assert ok.exit_code == 0, ok.output
+
+
 def test_flips_unknown_env_exits_2(tmp_path):
     results = _foreign_results(tmp_path / "results.jsonl")
     out = runner.invoke(app, ["flips", str(results), "laptop", "nope"])

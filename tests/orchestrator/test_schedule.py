@@ -9,6 +9,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,9 @@ def test_systemd_pair(project: Path, every: str) -> None:
     timer = parse_unit(plan.files["crosshost-triage.timer"])
 
     assert service["Service"]["Type"] == "oneshot"
+    # the timer never overlaps a running oneshot; a replay longer than the interval is stopped as by Ctrl-C
+    assert service["Service"]["TimeoutStartSec"] == f"{schedule.parse_every(every).seconds}s"
+    assert service["Service"]["KillSignal"] == "SIGINT"
     argv = split_exec(service["Service"]["ExecStart"])
     assert Path(argv[0]).is_absolute() and Path(argv[0]).exists()
     i = argv.index("replay")
@@ -132,7 +137,67 @@ def test_crontab_line(project: Path, every: str, fields: str) -> None:
     i = cmd.index("replay")
     assert Path(cmd[i - 1]).is_absolute()
     assert cmd[i + 1] == str(project / "suites" / "tri age")
-    assert "--compare-last" in cmd and cmd[cmd.index(">>") + 1] == str(project / "runs" / "schedule.log")
+    assert "--compare-last;" in cmd and cmd[cmd.index(">>") + 1] == str(project / "runs" / "schedule.log")
+    # one replay at a time, each at most one interval long
+    lock = cmd.index("flock")
+    assert cmd[lock + 1 : lock + 5] == ["-n", "-E", "75", str(project / "runs" / ".crosshost-triage.lock")]
+    assert cmd[lock + 5 : lock + 11] == [
+        "timeout", "-s", "INT", "-k", "60", str(schedule.parse_every(every).seconds)
+    ]  # fmt: skip
+
+
+SLOW = """
+import signal, sys, time
+def stop(*_):
+    print("replay: interrupted, workspaces removed", flush=True)
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+print("replay: started", flush=True)
+time.sleep(float(sys.argv[1]))
+print("replay: finished", flush=True)
+"""
+
+
+def _cron_shell(tmp_path: Path, seconds: float, timeout_s: int) -> str:
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW)
+    return schedule.cron_shell(
+        [sys.executable, str(script), str(seconds)], tmp_path, tmp_path / "runs" / "schedule.log",
+        tmp_path / "runs" / ".lock", timeout_s,
+    )  # fmt: skip
+
+
+def test_cron_line_skips_a_start_while_the_previous_replay_still_runs(tmp_path: Path) -> None:
+    shell = _cron_shell(tmp_path, 3, 60)
+    log = tmp_path / "runs" / "schedule.log"
+    first = subprocess.Popen(["sh", "-c", shell])
+    try:
+        deadline = time.monotonic() + 10
+        while "started" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = subprocess.run(["sh", "-c", shell], timeout=10)
+        assert second.returncode == 0
+        assert log.read_text().splitlines() == [
+            "replay: started",
+            f"crosshost schedule: skipped, the previous replay still holds {tmp_path / 'runs' / '.lock'}",
+        ]
+    finally:
+        first.wait(timeout=20)
+    assert log.read_text().splitlines()[-1] == "replay: finished"
+    # the lock is free again: the next start runs
+    subprocess.run(["sh", "-c", _cron_shell(tmp_path, 0, 60)], timeout=10, check=True)
+    assert log.read_text().splitlines()[-2:] == ["replay: started", "replay: finished"]
+
+
+def test_cron_line_stops_a_replay_that_outlives_its_interval_with_ctrl_c(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    subprocess.run(["sh", "-c", _cron_shell(tmp_path, 60, 1)], timeout=30, check=True)
+    assert time.monotonic() - t0 < 20
+    assert (tmp_path / "runs" / "schedule.log").read_text().splitlines() == [
+        "replay: started",
+        "replay: interrupted, workspaces removed",
+        "crosshost schedule: replay stopped after 1 s (the interval)",
+    ]
 
 
 def test_cron_escapes_percent(project: Path) -> None:
