@@ -183,7 +183,6 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
     tools_path = _inside(root, raw.get("tools", "tools.json"), f"{suite_toml}: tools")
     contract = _read_json(contract_path, "the tool-shape contract")
     validate_contract(contract, str(contract_path), SuiteError)
-    tools = _read_json(tools_path, "the shell allow/deny list")
     data: Dict[str, Any] = {
         "schema": SCHEMA,
         "name": raw.get("name", root.name),
@@ -194,7 +193,7 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
         "budget": raw.get("budget", {}),
         "gate": raw.get("gate", {}),
         "contract": contract,
-        "tools": tools,
+        "tools": {},
         "tasks": [],
     }
     if "description" in raw:
@@ -234,7 +233,30 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
         if kind == "scripted" or script_path.exists():
             task["script"] = _read_json(script_path, "the scripted agent's turns")
         data["tasks"].append(task)
+    # tools.json is the shell's allow/deny list: needed when a task can call shell, or when named.
+    callers = shell_callers(data["tasks"], contract, data["agent"])
+    if tools_path.exists() or "tools" in raw or callers:
+        why = f"task {callers[0]!r} can call shell" if callers else "the shell allow/deny list"
+        data["tools"] = _read_json(tools_path, why)
     return suite_from_dict(data, root, _toml_where(root))
+
+
+def shell_callers(tasks: List[Dict[str, Any]], contract: Dict[str, Any], suite_agent: Any) -> List[str]:
+    """The ids of the tasks that can call ``shell``: a script that calls it, or an agent that picks
+    its own calls (command, openai) under a contract that declares it."""
+    declared = any(isinstance(t, dict) and t.get("name") == "shell" for t in contract.get("tools") or [])
+    base_kind = suite_agent.get("kind", "scripted") if isinstance(suite_agent, dict) else "scripted"
+    found: List[str] = []
+    for task in tasks:
+        agent = task.get("agent")
+        kind = agent.get("kind", base_kind) if isinstance(agent, dict) else base_kind
+        script = task.get("script")
+        script = script if isinstance(script, list) else []
+        calls = {c.get("name") for turn in script if isinstance(turn, dict)
+                 for c in (turn.get("tool_calls") or []) if isinstance(c, dict)}
+        if "shell" in calls or (declared and kind in ("command", "openai")):
+            found.append(str(task.get("id")))
+    return found
 
 
 def _toml_where(root: Path) -> Where:

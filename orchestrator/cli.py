@@ -147,6 +147,20 @@ def replay_cmd(
     return ui.render_replay(outcome)
 
 
+@app.command("lint")
+@guarded
+def lint_cmd(
+    suite: Annotated[Path, typer.Argument(help="The suite directory (suite.toml, tasks/).")],
+) -> int:
+    """Check a suite: tools the contract lacks (error), unused fixtures, tasks that cannot fail (warning)."""
+    from orchestrator.lint import lint_lines, lint_suite
+
+    report = lint_suite(suite)
+    for line in lint_lines(report):
+        typer.echo(line)
+    return report.exit_code()
+
+
 @app.command("hosts")
 @guarded
 def hosts_cmd(
