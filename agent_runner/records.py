@@ -233,6 +233,8 @@ class TraceFinish:
     wall_ms: int
     steps: Optional[int] = None
     findings: Optional[List[Dict[str, Any]]] = None
+    #: the predicate's output (its last bytes, capped by the runner), for a pass as for a fail
+    predicate_output: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> Dict[str, Any]:
@@ -243,6 +245,8 @@ class TraceFinish:
             record["steps"] = self.steps
         if self.findings is not None:
             record["findings"] = self.findings
+        if self.predicate_output is not None:
+            record["predicate_output"] = self.predicate_output
         record.update(self.extra)
         return record
 
@@ -253,7 +257,7 @@ class TraceFinish:
                    predicate_exit=_int(obj.get("predicate_exit")), verdict=str(obj.get("verdict") or ""),
                    why=str(obj.get("why") or ""), wall_ms=_int(obj.get("wall_ms")) or 0,
                    steps=_int(obj.get("steps")), findings=findings if isinstance(findings, list) else None,
-                   extra=_extra(obj, cls))
+                   predicate_output=_str(obj.get("predicate_output")), extra=_extra(obj, cls))
 
 
 # --- results.jsonl ---------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ from .trace import TraceWriter
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
 PREDICATE = "run_tests.sh"
+#: the predicate's output kept in the trace, pass or fail: its last this many bytes
+PREDICATE_OUTPUT_CAP = 2000
 
 
 @dataclass
@@ -147,7 +149,7 @@ class Runner:
                           fingerprint=digest, pins=pins, env_sha=this_env_sha,
                           agent=task.agent.kind)
             outcome = self._run_agent(task, work, env, scratch, writer, started)
-            predicate_exit, predicate_said, predicate_error = self._run_predicate(task, pristine, work, env)
+            predicate_exit, predicate_output, predicate_error = self._run_predicate(task, pristine, work, env)
             checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
             findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []
@@ -157,13 +159,16 @@ class Runner:
                 verdict, why = "error", outcome.infra_error or predicate_error or ""
             else:
                 if predicate_exit not in (None, 0):
-                    said = f" ({predicate_said})" if predicate_said else ""
+                    last = predicate_output.splitlines()[-1][:200] if predicate_output else ""
+                    said = f" ({last})" if last else ""
                     reasons.insert(0, f"predicate {PREDICATE} exited {predicate_exit}{said}")
                 verdict, why = ("fail", "; ".join(reasons)) if reasons else ("pass", "ok")
             wall_ms = int((time.monotonic() - started) * 1000)
             writer.finish(reason=outcome.reason, final=outcome.final, predicate_exit=predicate_exit,
                           verdict=verdict, why=why, wall_ms=wall_ms, steps=len(outcome.turns),
-                          findings=[f.to_dict() for f in findings], **outcome.agent_record)
+                          findings=[f.to_dict() for f in findings],
+                          predicate_output=predicate_output if task.predicate is not None else None,
+                          **outcome.agent_record)
             return AttemptResult(task.id, attempt, verdict, outcome.reason, why, predicate_exit, wall_ms,
                                  len(outcome.turns), this_env_sha)
         except Exception as exc:  # a runner bug in one attempt is recorded; the others still run
@@ -202,8 +207,8 @@ class Runner:
 
     def _run_predicate(self, task: Task, pristine: Optional[bytes], work: Path,
                        env: Dict[str, str]) -> Tuple[Optional[int], str, Optional[str]]:
-        """(exit code, last output line, harness error). An agent that rewrote run_tests.sh gets the
-        pristine one back before it runs."""
+        """(exit code, its output's last ``PREDICATE_OUTPUT_CAP`` bytes, harness error). An agent that
+        rewrote run_tests.sh gets the pristine one back before it runs."""
         if pristine is None:
             return None, "", None
         target = work / PREDICATE
@@ -229,8 +234,8 @@ class Runner:
             return 124, "timed out", None  # like timeout(1): a predicate that hangs fails
         finally:
             kill_group(proc.pid)
-        lines = output[-2000:].decode("utf-8", "replace").strip().splitlines()
-        return proc.returncode, (lines[-1][:200] if lines else ""), None
+        kept = output[-PREDICATE_OUTPUT_CAP:].decode("utf-8", "replace").strip()
+        return proc.returncode, ("…" + kept if len(output) > PREDICATE_OUTPUT_CAP else kept), None
 
 
 def _select_tasks(suite: Suite, wanted: Optional[List[str]]) -> List[Task]:

@@ -241,10 +241,11 @@ class TraceWriter:
 
     def finish(self, *, reason: str, final: str, predicate_exit: Optional[int], verdict: str, why: str,
                wall_ms: int, steps: Optional[int] = None, findings: Optional[List[Dict[str, Any]]] = None,
-               **extra: Any) -> Dict[str, Any]:
+               predicate_output: Optional[str] = None, **extra: Any) -> Dict[str, Any]:
         """``extra``: the agent's own finish fields (``Agent.finish_record``)."""
         record = TraceFinish(reason=reason, final=final, predicate_exit=predicate_exit, verdict=verdict,
-                             why=why, wall_ms=wall_ms, steps=steps, findings=findings, extra=extra).to_json()
+                             why=why, wall_ms=wall_ms, steps=steps, findings=findings,
+                             predicate_output=predicate_output, extra=extra).to_json()
         self._write(self._handle, record)
         return record
 

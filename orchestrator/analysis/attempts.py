@@ -41,6 +41,7 @@ class AttemptSummary:
     path: Path | None
     verdict: str = "error"
     why: str = ""
+    predicate_output: str | None = None  # what run_tests.sh printed (capped by the runner), pass or fail
     fingerprint: str | None = None
     pins: dict[str, Any] | None = None
     steps: int = 0
@@ -162,6 +163,8 @@ def _settle_verdict(summary: AttemptSummary, path: Path, finish: dict[str, Any] 
         summary.verdict = str(finish["verdict"])
         why = finish.get("why")
         summary.why = why if isinstance(why, str) else ""
+        said = finish.get("predicate_output")
+        summary.predicate_output = said if isinstance(said, str) else None
         if summary.verdict == "pass" and summary.n_findings:
             # pass needs a clean contract check, and ours sees every host's fingerprint
             first = summary.findings[0]

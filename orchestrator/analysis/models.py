@@ -106,6 +106,10 @@ class HostRate(BaseModel):
     differs: bool = False
 
 
+#: how much of a predicate's output report.json keeps per attempt (the trace keeps the runner's cap)
+PREDICATE_OUTPUT_CAP = 1000
+
+
 class TaskReport(BaseModel):
     task: str
     verdicts: dict[str, list[str]]
@@ -120,6 +124,8 @@ class TaskReport(BaseModel):
     comparable: bool = False
     errors: int = 0
     why: dict[str, list[str]] = Field(default_factory=dict)
+    #: per host, per attempt: the predicate's output (last PREDICATE_OUTPUT_CAP chars), null without one
+    predicate_output: dict[str, list[str | None]] = Field(default_factory=dict)
     args_diff: list[ArgsDiff] = Field(default_factory=list)
     findings: list[Leak] = Field(default_factory=list)  # contract findings that are not leaks
     attribution: list[Attribution] = Field(default_factory=list)

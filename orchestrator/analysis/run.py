@@ -25,6 +25,7 @@ from orchestrator.analysis.flips import (
 )
 from orchestrator.analysis.models import (
     ACTIONS,
+    PREDICATE_OUTPUT_CAP,
     ArgsDiff,
     Attribution,
     FieldDiff,
@@ -194,6 +195,13 @@ def _host_stats(host: str, tasks: Iterable[str], summaries: Mapping[AttemptKey, 
 # --- per task -------------------------------------------------------------------------------------
 
 
+def _tail(output: str | None) -> str | None:
+    """The end of a predicate's output, where its verdict line is."""
+    if output is None or len(output) <= PREDICATE_OUTPUT_CAP:
+        return output
+    return "…" + output[-PREDICATE_OUTPUT_CAP:]
+
+
 def _task_report(
     run: Run,
     task: str,
@@ -222,6 +230,7 @@ def _task_report(
         evidence=flip.evidence,
         sampled=sampled,
         rates=[_host_rate(h, flip, reference) for h in verdicts],
+        predicate_output={h: [_tail(s.predicate_output) for s in seq] for h, seq in attempts.items()},
     )
     for seq in attempts.values():
         for s in seq:

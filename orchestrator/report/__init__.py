@@ -160,11 +160,14 @@ def render_markdown(report: RunReport) -> str:
     for task in details:
         out += ["", f"### {_md(task.task)}: {task.classification} — {_md(task.action)}", ""]
         for host, whys in task.why.items():
+            said = task.predicate_output.get(host, [])
             for attempt, why in enumerate(whys):
-                if why and task.verdicts[host][attempt] != "pass":
-                    out.append(
-                        f"- {_md(host)} attempt {attempt} ({task.verdicts[host][attempt]}): {_md(why)}"
-                    )
+                verdict = task.verdicts[host][attempt]
+                if why and verdict != "pass":
+                    out.append(f"- {_md(host)} attempt {attempt} ({verdict}): {_md(why)}")
+                last = _last_line(said[attempt] if attempt < len(said) else None)
+                if last and verdict == "pass":  # a fail's why already ends with it
+                    out.append(f"- {_md(host)} attempt {attempt} (pass): predicate said: {_md(last)}")
         for d in task.shape_diff:
             out.append(
                 f"- shape {d.op} on {_md(d.host)} attempt {d.attempt}: "
@@ -216,6 +219,11 @@ def _markdown_rates(report: RunReport, hosts: list[str]) -> list[str]:
             cells.append(f"**{text}**" if rate and rate.differs else text)
         out.append(f"| {_md(task.task)} | {task.evidence} | " + " | ".join(cells) + " |")
     return out
+
+
+def _last_line(output: str | None) -> str:
+    lines = (output or "").strip().splitlines()
+    return lines[-1][:200] if lines else ""
 
 
 # --- junit.xml ------------------------------------------------------------------------------------

@@ -150,6 +150,30 @@ def test_an_agent_that_rewrites_its_pass_test_still_fails(tmp_path: Path) -> Non
     assert honest[-1]["predicate_exit"] == 0 and honest[-1]["verdict"] == "pass"
 
 
+def test_the_predicate_output_is_kept_for_a_pass_as_for_a_fail_and_capped(tmp_path: Path) -> None:
+    from agent_runner.runner import PREDICATE_OUTPUT_CAP
+
+    script = [{"content": "done", "finish": "stop"}]
+    noisy = "i=0; while [ $i -lt 400 ]; do echo line $i of the build log; i=$((i+1)); done\n"
+    suite = write_suite(tmp_path / "s", {
+        "passes": {"script": script, "repo": {"run_tests.sh": "echo checking\necho 'ok: 3 checks passed'\n"}},
+        "fails": {"script": script, "repo": {"run_tests.sh": "echo 'FAIL: 1 of 3'\nexit 1\n"}},
+        "noisy": {"script": script, "repo": {"run_tests.sh": noisy + "echo 'ok: the end'\n"}},
+        "none": {"script": script},
+    })  # fmt: skip
+    done = run_runner("run", "--suite", str(suite), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    finish = {t: records(tmp_path / "out" / "traces" / f"{t}.0.jsonl")[-1] for t in ("passes", "fails", "noisy", "none")}
+    assert finish["passes"]["verdict"] == "pass"
+    assert finish["passes"]["predicate_output"] == "checking\nok: 3 checks passed"
+    assert finish["fails"]["verdict"] == "fail" and finish["fails"]["predicate_output"] == "FAIL: 1 of 3"
+    assert finish["fails"]["why"] == "predicate run_tests.sh exited 1 (FAIL: 1 of 3)"
+    noisy_out = finish["noisy"]["predicate_output"]
+    assert noisy_out.startswith("…") and noisy_out.endswith("line 399 of the build log\nok: the end")
+    assert len(noisy_out.encode()) <= PREDICATE_OUTPUT_CAP + len("…".encode())
+    assert "predicate_output" not in finish["none"]  # no predicate, nothing claimed
+
+
 CRASH_AGENT = "import sys\nsys.stdin.readline()\nraise SystemExit('boom: the agent crashed')\n"
 HANG_AGENT = ("import json, subprocess, sys, time\nsys.stdin.readline()\n"
               "subprocess.Popen(['sleep', '307.123'])\n"  # a child that must die with the agent
@@ -283,3 +307,4 @@ def test_a_secret_printed_by_the_predicate_is_redacted_on_stderr_too(tmp_path: P
     assert "t.0 fail" in done.stderr
     assert token not in done.stderr
     assert token not in (tmp_path / "out" / "results.jsonl").read_text()
+    assert token not in (tmp_path / "out" / "traces" / "t.0.jsonl").read_text()  # its kept output too

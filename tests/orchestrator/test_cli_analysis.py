@@ -220,6 +220,29 @@ def test_report_writes_all_three_files_and_follows_the_exit_codes(tmp_path):
     assert runner.invoke(app, ["report", str(run), "--format", "md", "--gate", "0.5"]).exit_code == 0
 
 
+def test_report_keeps_the_predicate_output_of_a_passing_attempt_as_of_a_failing_one(tmp_path):
+    attempts = {
+        ("local", "t-flip", 0): Attempt("pass", predicate_output="checking /opt\nok: the flag is absent"),
+        ("box-b", "t-flip", 0): Attempt("fail", why="predicate run_tests.sh exited 1 (FAIL: the flag is set)",
+                                        predicate_output="checking /opt\nFAIL: the flag is set"),
+        ("local", "t-long", 0): Attempt("pass", predicate_output="x" * 5000 + "\nok: long"),
+        ("box-b", "t-long", 0): Attempt("pass"),
+    }  # fmt: skip
+    run = build_run(tmp_path, RunSpec(hosts=two_hosts(), attempts=attempts, gate=1.0))
+    out = runner.invoke(app, ["report", str(run), "--format", "md"])
+    assert out.exit_code == 0, out.output
+    data = json.loads((run / "report.json").read_text())
+    tasks = {t["task"]: t for t in data["tasks"]}
+    assert tasks["t-flip"]["predicate_output"] == {
+        "local": ["checking /opt\nok: the flag is absent"], "box-b": ["checking /opt\nFAIL: the flag is set"]
+    }  # fmt: skip
+    kept = tasks["t-long"]["predicate_output"]["local"][0]
+    assert kept.startswith("…") and kept.endswith("\nok: long") and len(kept) == 1001
+    assert tasks["t-long"]["predicate_output"]["box-b"] == [None]  # a trace without one says nothing
+    assert "- local attempt 0 (pass): predicate said: ok: the flag is absent" in out.output
+    assert "- box-b attempt 0 (fail): predicate run_tests.sh exited 1 (FAIL: the flag is set)" in out.output
+
+
 def test_report_junit_one_case_per_task_flip_is_a_failure(tmp_path):
     run = _flipped_run(tmp_path)
     out = runner.invoke(app, ["report", str(run), "--format", "junit"])

@@ -68,6 +68,7 @@ class Attempt:
     pins: dict[str, Any] | None = None
     raw_lines: list[str] | None = None  # replaces the generated trace text entirely
     why: str = ""
+    predicate_output: str | None = None
 
 
 @dataclass
@@ -92,6 +93,7 @@ def trace_lines(run_id: str, host: str, task: str, attempt: int, fid: str, a: At
     finish = TraceFinish(
         reason="stop", final=f"done on {host}", predicate_exit=0 if a.verdict == "pass" else 1,
         verdict=a.verdict, why=a.why or a.verdict, wall_ms=5, steps=len(a.calls), findings=[],
+        predicate_output=a.predicate_output,
     )  # fmt: skip
     lines.append(json.dumps(finish.to_json()))
     return lines
