@@ -33,7 +33,7 @@ DEFAULT_BUDGET = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
 SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate"}
 TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent"}
 BUDGET_KEYS = set(DEFAULT_BUDGET)
-GATE_KEYS = {"flip_rate", "alpha"}
+GATE_KEYS = {"flip_rate", "alpha", "burn_invalidates"}
 
 Where = Callable[[Optional[str], str], str]  # (task id or None, part) -> "file: location"
 
@@ -55,9 +55,10 @@ class Gate:
 
     flip_rate: float = 0.1
     alpha: float = 0.05
+    burn_invalidates: bool = False  # a host's burn isolation finding makes the run invalid
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"flip_rate": self.flip_rate, "alpha": self.alpha}
+        return {"flip_rate": self.flip_rate, "alpha": self.alpha, "burn_invalidates": self.burn_invalidates}
 
 
 @dataclass
@@ -471,6 +472,9 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
     alpha = gate.get("alpha", Gate.alpha)
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < 1:
         raise SuiteError(where(None, f"[gate].alpha must be a number between 0 and 1 (exclusive), got {alpha!r}"))
+    burn = gate.get("burn_invalidates", Gate.burn_invalidates)
+    if not isinstance(burn, bool):
+        raise SuiteError(where(None, f"[gate].burn_invalidates must be true or false, got {burn!r}"))
     contract = validate_contract(data.get("contract"), where(None, "contract"), SuiteError)
     tools = parse_tools_policy(data.get("tools", {}), where(None, "tools"))
     raw_tasks = data.get("tasks")
@@ -525,7 +529,7 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
     normalised = dict(data)
     normalised["tools"] = tools
     return Suite(name=name, root=root, repeat=repeat, agent=suite_agent, budget=Budget(**budget),
-                 gate=Gate(flip_rate=rate, alpha=alpha), contract=contract, tools=tools, tasks=tasks, data=normalised)
+                 gate=Gate(flip_rate=rate, alpha=alpha, burn_invalidates=burn), contract=contract, tools=tools, tasks=tasks, data=normalised)
 
 
 def load_suite(directory: "str | os.PathLike[str]") -> Suite:

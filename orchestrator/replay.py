@@ -212,6 +212,7 @@ def replay(
         zipapp_sha=bundle.zipapp_sha,
         gate=gate,
         alpha=bundle.suite.gate.alpha,
+        burn_invalidates=bundle.suite.gate.burn_invalidates,
         sampled=[t for t in bundle.suite.sampled_task_ids() if t in tasks],
         tasks=tasks,
         repeat=repeat,

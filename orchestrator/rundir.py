@@ -107,6 +107,7 @@ class Manifest(BaseModel):
     zipapp_sha: str | None = None  # sha256 of the runner.pyz shipped (pins.runner_source_sha: its sources)
     gate: float | None = None
     alpha: float | None = None  # the suite's [gate] alpha: significance of a host difference
+    burn_invalidates: bool = False  # the suite's [gate] burn_invalidates: a host's burn finding invalidates
     sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
     tasks: list[str] = Field(default_factory=list)
     repeat: int | None = None
@@ -174,6 +175,8 @@ def migrate_manifest(data: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         out["gate"] = gate.get("flip_rate")
         if out.get("alpha") is None:
             out["alpha"] = gate.get("alpha")
+        if out.get("burn_invalidates") is None and isinstance(gate.get("burn_invalidates"), bool):
+            out["burn_invalidates"] = gate["burn_invalidates"]
     hosts = out.get("hosts")
     if isinstance(hosts, list):
         listed = [h if isinstance(h, dict) else {"name": h} for h in hosts]

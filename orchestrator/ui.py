@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.report import (
+    burn_lines,
     errors_line,
     flipped_attempts,
     gate_verdict,
@@ -220,6 +221,7 @@ def report_table(report: RunReport) -> RenderableType:
     validity = Text(validity_line(report), style="green" if report.valid else "bold red")
     gate = Text(gate_verdict(report), style="green" if report.within_gate else "bold red")
     parts: list[RenderableType] = [table, validity, gate]
+    parts += [Text(line, style="yellow") for line in burn_lines(report)]
     if report.error_attempts:
         parts.append(Text(errors_line(report), style="yellow"))
     if any(t.flip and t.evidence == "deterministic" for t in report.tasks):

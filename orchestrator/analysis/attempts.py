@@ -47,6 +47,7 @@ class AttemptSummary:
     steps: int = 0
     shape_hash: str = ""
     values_hash: str = ""
+    answers_hash: str = ""  # the tools' answers (obs_fp), step by step
     findings: list[CheckFinding] = field(default_factory=list)
     n_findings: int = 0
     n_leaks: int = 0
@@ -119,8 +120,12 @@ class TraceSummariser:
                             if len(memo) >= MEMO_TURNS:
                                 memo.clear()
                             memo[key] = known
-                    args_fp = record.get("args_fp")
-                    add_line(known[0], args_fp if isinstance(args_fp, str) else fp(dict(args)))
+                    args_fp, obs_fp = record.get("args_fp"), record.get("obs_fp")
+                    add_line(
+                        known[0],
+                        args_fp if isinstance(args_fp, str) else fp(dict(args)),
+                        obs_fp if isinstance(obs_fp, str) else "",
+                    )
                     if known[1]:
                         _record_findings(summary, known[1], record.get("step"), tool)
                 elif kind == "corrupt":
@@ -138,6 +143,7 @@ class TraceSummariser:
         summary.steps = hasher.steps
         summary.shape_hash = hasher.shape_hash
         summary.values_hash = hasher.values_hash
+        summary.answers_hash = hasher.answers_hash
         _settle_verdict(summary, path, finish)
         return summary
 

@@ -148,6 +148,15 @@ class HostStats(BaseModel):
     pass_k: dict[str, float] = Field(default_factory=dict)
 
 
+class BurnFinding(BaseModel):
+    """An isolation finding of action ``burn`` in a host's fingerprint: this box leaks into runs."""
+
+    host: str
+    kind: str
+    detail: str
+    meaning: str
+
+
 class RunReport(BaseModel):
     run_id: str
     suite: str | None = None
@@ -169,3 +178,6 @@ class RunReport(BaseModel):
     stats: list[HostStats] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
     alpha: float = 0.05
+    #: every host's burn findings, always listed; they invalidate the run under [gate] burn_invalidates
+    burn: list[BurnFinding] = Field(default_factory=list)
+    burn_invalidates: bool = False

@@ -28,6 +28,7 @@ from orchestrator.analysis.models import (
     PREDICATE_OUTPUT_CAP,
     ArgsDiff,
     Attribution,
+    BurnFinding,
     FieldDiff,
     HostEntry,
     HostRate,
@@ -39,7 +40,7 @@ from orchestrator.analysis.models import (
 )
 from orchestrator.analysis.shapes import Step, shape_edits, step_of
 from orchestrator.analysis.stats import DEFAULT_ALPHA, pass_rate, wilson_interval
-from orchestrator.analysis.verdict import classify_task, same_fingerprint
+from orchestrator.analysis.verdict import AGENT_CALL_KINDS, classify_task, same_fingerprint, who_acts
 from orchestrator.dotted import flatten
 from orchestrator.rundir import AttemptKey, ResultRow, Run, load_run
 
@@ -91,6 +92,9 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
     rate = flip_rate(flipped, comparable)
     gate_value = effective_gate(gate, run.gate)
     reasons = _invalid_reasons(run, summaries, tasks, reference, fp_ids)
+    burn = burn_findings(run)
+    if run.manifest.burn_invalidates:
+        reasons += _burn_reasons(burn)
     hosts = [
         HostEntry(
             name=h,
@@ -121,6 +125,8 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
         stats=[_host_stats(h, tasks, summaries) for h in run.hosts],
         problems=run.problems,
         alpha=alpha,
+        burn=burn,
+        burn_invalidates=run.manifest.burn_invalidates,
     )
 
 
@@ -250,7 +256,17 @@ def _task_report(
     decision = classify_task(
         verdicts, reference, fp_ids, shapes_differ, flip, alpha=alpha, sampled=sampled
     )
-    report.classification, report.action = decision.classification, decision.action
+    report.classification = decision.classification
+    report.action = who_acts(
+        decision.classification,
+        decision.action,
+        agent_call_wrong=bool(report.leaks) or any(f.kind in AGENT_CALL_KINDS for f in report.findings),
+        tool_answers_differ=any(
+            _answers_differ(ref, oth)
+            for host in report.flipped_hosts
+            for ref, oth in zip(attempts.get(reference, []), attempts[host], strict=False)
+        ),
+    )
     report.needed_repeat = decision.needed_repeat
     for host in report.flipped_hosts:
         if host not in attribution_cache:
@@ -275,6 +291,15 @@ def _host_rate(host: str, flip: TaskFlip, reference: str) -> HostRate:
         p_value=None if host == reference or p_value is None else round(p_value, 6),
         differs=host in flip.flipped_hosts,
     )
+
+
+def _answers_differ(ref: AttemptSummary, oth: AttemptSummary) -> bool:
+    """The same calls with the same argument values, and a tool answered differently."""
+    return (
+        ref.has_trace and oth.has_trace and ref.steps > 0
+        and ref.shape_hash == oth.shape_hash and ref.values_hash == oth.values_hash
+        and ref.answers_hash != oth.answers_hash
+    )  # fmt: skip
 
 
 def _compare_shapes(
@@ -386,6 +411,34 @@ def attribution(reference: str, ref_fp: Fingerprint | None, host: str, host_fp: 
 
 def _flat_pins(pins: Mapping[str, Any]) -> dict[str, str]:
     return _flat_text(dict(pins))
+
+
+def burn_findings(run: Run) -> list[BurnFinding]:
+    """The ``burn`` isolation findings of every host's fingerprint, in host order."""
+    found: list[BurnFinding] = []
+    for host in run.hosts:
+        fingerprint = run.fingerprints.get(host)
+        entries = fingerprint.findings if fingerprint is not None else None
+        for f in entries if isinstance(entries, list) else []:
+            if isinstance(f, dict) and f.get("action") == "burn":
+                found.append(
+                    BurnFinding(
+                        host=host, kind=str(f.get("kind") or "?"), detail=str(f.get("detail") or ""),
+                        meaning=str(f.get("meaning") or ""),
+                    )  # fmt: skip
+                )
+    return found
+
+
+def _burn_reasons(burn: list[BurnFinding]) -> list[str]:
+    by_host: dict[str, list[BurnFinding]] = {}
+    for f in burn:
+        by_host.setdefault(f.host, []).append(f)
+    return [
+        f"isolation: {host} has {len(found)} burn finding(s) ([gate] burn_invalidates): "
+        + "; ".join(f"{f.kind} ({f.detail})" for f in found)
+        for host, found in by_host.items()
+    ]
 
 
 def _invalid_reasons(

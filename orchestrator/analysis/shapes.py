@@ -89,17 +89,20 @@ class ShapeHasher:
     def __init__(self) -> None:
         self._shape = hashlib.sha256()
         self._values = hashlib.sha256()
+        self._answers = hashlib.sha256()
         self._shape_lines: list[bytes] = []
         self._value_lines: list[str] = []
+        self._answer_lines: list[str] = []
         self.steps = 0
 
     def add(self, step: Step) -> None:
         self.add_line(repr(step.shape).encode() + b"\n", step.args_fp)
 
-    def add_line(self, line: bytes, args_fp: str) -> None:
-        """One step given as its ``shape_line`` and its ``args_fp``."""
+    def add_line(self, line: bytes, args_fp: str, obs_fp: str = "") -> None:
+        """One step given as its ``shape_line``, its ``args_fp`` and the tool's answer (``obs_fp``)."""
         self._shape_lines.append(line)
         self._value_lines.append(args_fp)
+        self._answer_lines.append(obs_fp)
         self.steps += 1
         if len(self._shape_lines) >= self._BLOCK:
             self._flush()
@@ -108,8 +111,10 @@ class ShapeHasher:
         if self._shape_lines:
             self._shape.update(b"".join(self._shape_lines))
             self._values.update(("\n".join(self._value_lines) + "\n").encode())
+            self._answers.update(("\n".join(self._answer_lines) + "\n").encode())
             self._shape_lines.clear()
             self._value_lines.clear()
+            self._answer_lines.clear()
 
     @property
     def shape_hash(self) -> str:
@@ -120,6 +125,13 @@ class ShapeHasher:
     def values_hash(self) -> str:
         self._flush()
         return self._values.hexdigest()[:16]
+
+    @property
+    def answers_hash(self) -> str:
+        """What the tools answered, step by step: two traces with the same calls and another
+        answers_hash met a tool that answers differently."""
+        self._flush()
+        return self._answers.hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,24 @@ def _worst_pair(
     return next(c for c in PRECEDENCE if c in found)
 
 
+#: contract findings that are the agent's own call (a leak is too): the agent's author must act
+AGENT_CALL_KINDS = frozenset({"forbidden_args", "missing_args", "unknown_tool"})
+FIX_AGENT_CALL = "fix the agent's call"
+FIX_TOOL = "fix the tool"
+
+
+def who_acts(classification: str, action: str, *, agent_call_wrong: bool, tool_answers_differ: bool) -> str:
+    """The action, naming who must act where the traces say: a task that fails the same way (or
+    with other shapes) because of the agent's own call — a forbidden or missing argument, an unknown
+    tool, a leak — is the agent's to fix; a flip where the agent made the same calls on both hosts
+    and a tool answered differently is the tool's."""
+    if classification in ("honest_bug", "unstable_contract") and agent_call_wrong:
+        return FIX_AGENT_CALL
+    if classification in ("host_coupling", "laptop_contamination") and tool_answers_differ:
+        return FIX_TOOL
+    return action
+
+
 def action_for(classification: str, needed_repeat: int | None = None) -> str:
     action = ACTIONS[classification]
     if classification == "underpowered" and needed_repeat is not None:

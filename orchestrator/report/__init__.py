@@ -17,6 +17,7 @@ from orchestrator.analysis.models import HostRate, RunReport, TaskReport
 from orchestrator.rundir import write_bytes_atomic
 
 __all__ = [
+    "burn_lines",
     "render_compare_json",
     "render_compare_markdown",
     "errors_line",
@@ -42,6 +43,12 @@ def gate_verdict(report: RunReport) -> str:
         f"flip_rate={report.flip_rate:.3f} ({report.flipped}/{report.comparable} comparable tasks) "
         f"{state} gate={report.gate:.2f}"
     )
+
+
+def burn_lines(report: RunReport) -> list[str]:
+    """Every host's ``burn`` isolation finding, one a line (listed whether or not they invalidate)."""
+    effect = "invalidates the run" if report.burn_invalidates else "listed; [gate] burn_invalidates = true makes it invalidate"
+    return [f"burn: {f.host}: {f.kind} ({f.detail}): {f.meaning} ({effect})" for f in report.burn]
 
 
 def validity_line(report: RunReport) -> str:
@@ -122,6 +129,7 @@ def render_markdown(report: RunReport) -> str:
     out.append(f"- reference host: **{_md(report.reference)}**")
     out.append(f"- validity: **{'valid' if report.valid else 'INVALID'}**")
     out += [f"  - {_md(reason)}" for reason in report.invalid_reasons]
+    out += [f"- {_md(line)}" for line in burn_lines(report)]
     out.append(f"- gate: {_md(gate_verdict(report))}")
     if report.error_attempts:
         out.append(f"- {errors_line(report)}")

@@ -69,6 +69,7 @@ class Attempt:
     raw_lines: list[str] | None = None  # replaces the generated trace text entirely
     why: str = ""
     predicate_output: str | None = None
+    answers: Sequence[str] | None = None  # what the tool answered per call (default "ok")
 
 
 @dataclass
@@ -88,7 +89,8 @@ def trace_lines(run_id: str, host: str, task: str, attempt: int, fid: str, a: At
     )  # fmt: skip
     lines = [json.dumps(header.to_json())]
     for step, (tool, args) in enumerate(a.calls, 1):
-        turn = TraceTurn(step=step, tool=tool, args=args, args_fp=fp(args), obs_fp=fp("ok"), latency_ms=1)
+        answer = a.answers[step - 1] if a.answers is not None else "ok"
+        turn = TraceTurn(step=step, tool=tool, args=args, args_fp=fp(args), obs_fp=fp(answer), latency_ms=1)
         lines.append(json.dumps(turn.to_json()))
     finish = TraceFinish(
         reason="stop", final=f"done on {host}", predicate_exit=0 if a.verdict == "pass" else 1,

@@ -206,3 +206,30 @@ def test_attempt_marks_only_where_the_same_attempt_is_the_evidence(tmp_path):
     assert task.evidence == "statistical" and flipped_attempts(task, "box-b", "local") == set()
     row = next(t for t in build_data(report, tmp_path / report.run_id)["tasks"] if t["task"] == "t")
     assert row["flipped_attempts"] == {"local": [], "box-b": []}  # attempt i on box-b means nothing here
+
+
+FORBIDDEN_CALL = [("restart_unit", {"unit": "nginx.service", "ssh_identity": "~/.ssh/id_ed25519"})]
+LEAKY_CALL = [("read_unit_status", {"unit": "/tmp/crosshost/box-b-ws/nginx.service"})]
+
+
+@pytest.mark.parametrize(
+    ("local", "box_b", "classification", "action"),
+    [
+        # the agent's own call is wrong on both hosts: its author acts, not the tool's
+        ([Attempt("fail", calls=FORBIDDEN_CALL)], [Attempt("fail", calls=FORBIDDEN_CALL)], "honest_bug",
+         "fix the agent's call"),
+        ([Attempt("fail", calls=LEAKY_CALL)], [Attempt("fail", calls=LEAKY_CALL)], "honest_bug",
+         "fix the agent's call"),
+        # the same calls, the same argument values, and a tool that answered otherwise on box-b
+        ([Attempt("pass")], [Attempt("fail", answers=["ActiveState=failed", "ok"])], "host_coupling", "fix the tool"),
+        ([Attempt("fail")], [Attempt("pass", answers=["ok", "ok=true"])], "laptop_contamination", "fix the tool"),
+        # the same answers: the verdict moved with the host alone
+        ([Attempt("pass")], [Attempt("fail")], "host_coupling", "quarantine the agent"),
+    ],
+    ids=["forbidden_argument", "leak", "tool_answers_differently", "tool_answers_differently_ref", "same_answers"],
+)  # fmt: skip
+def test_the_action_names_who_must_act(
+    tmp_path: Path, local: list[Attempt], box_b: list[Attempt], classification: str, action: str
+) -> None:
+    _, task = _run(tmp_path, local, box_b)
+    assert (task.classification, task.action) == (classification, action)

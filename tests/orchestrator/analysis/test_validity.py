@@ -185,3 +185,59 @@ def test_a_pass_row_without_its_trace_is_an_error(tmp_path):
     task = next(t for t in analyse_run(run).tasks if t.task == "t2")
     assert task.verdicts["box-b"] == ["error"]
     assert task.why["box-b"] == [f"{trace}: missing"]
+
+
+BURN = {"kind": "ssh_dir", "detail": "/root/.ssh", "action": "burn",
+        "meaning": "private keys are readable by an agent run as this user; use a user or box without ~/.ssh"}
+KEEP = {"kind": "tmp_shared", "detail": "/tmp", "action": "keep", "meaning": "fine, but look"}
+
+
+def _burning_hosts():
+    hosts = two_hosts()
+    hosts["box-b"] = dataclasses.replace(hosts["box-b"], findings=[KEEP, BURN])
+    return hosts
+
+
+@pytest.mark.parametrize("invalidates", [False, True])
+def test_burn_findings_are_always_listed_and_invalidate_only_when_the_suite_asks(tmp_path, invalidates):
+    from rich.console import Console
+
+    from orchestrator.report import render_markdown
+    from orchestrator.ui import report_table
+
+    spec = _spec(hosts=_burning_hosts(), manifest_extra={"burn_invalidates": invalidates})
+    report = analyse_run(build_run(tmp_path, spec))
+    assert [(f.host, f.kind, f.detail) for f in report.burn] == [("box-b", "ssh_dir", "/root/.ssh")]
+    console = Console(width=200, record=True)
+    console.print(report_table(report))
+    line = next(x for x in console.export_text().splitlines() if x.startswith("burn:"))
+    assert line.startswith("burn: box-b: ssh_dir (/root/.ssh): private keys are readable")
+    assert "- burn: box-b: ssh_dir (/root/.ssh)" in render_markdown(report)
+    if invalidates:
+        assert not report.valid
+        assert report.invalid_reasons == [
+            "isolation: box-b has 1 burn finding(s) ([gate] burn_invalidates): ssh_dir (/root/.ssh)"
+        ]
+        assert line.endswith("(invalidates the run)")
+    else:
+        assert report.valid, report.invalid_reasons
+        assert line.endswith("(listed; [gate] burn_invalidates = true makes it invalidate)")
+
+
+def test_the_suite_asks_for_it_with_gate_burn_invalidates(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from agent_runner.errors import SuiteError
+    from agent_runner.suite import load_suite
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "suites" / "triage"
+    suite = tmp_path / "triage"
+    shutil.copytree(example, suite)
+    assert load_suite(suite).gate.burn_invalidates is False
+    toml = suite / "suite.toml"
+    toml.write_text(toml.read_text().replace("[gate]\n", "[gate]\nburn_invalidates = true\n"))
+    assert load_suite(suite).gate.burn_invalidates is True
+    toml.write_text(toml.read_text().replace("burn_invalidates = true", 'burn_invalidates = "yes"'))
+    with pytest.raises(SuiteError, match=r"suite.toml: \[gate\].burn_invalidates must be true or false"):
+        load_suite(suite)
