@@ -193,12 +193,17 @@ def history_cmd(
         bool, typer.Option("--rebuild", help="Recreate the index from the run directories first.")
     ] = False,
     out: Annotated[Path, typer.Option("--out", help="The runs directory (holds index.sqlite).")] = Path("runs"),
+    wide: Annotated[
+        bool, typer.Option("--wide", help="Every column: start time, kind, repeat, tasks, fingerprints.")
+    ] = False,
 ) -> int:
-    """One row per run (when, hosts, pass rate per host, flip rate, valid), then what changed."""
+    """One row per run (run, suite, flip rate, valid, pass rate per host; fits 80 columns), then what
+    changed, starting with what makes two runs different measurements (hosts, tasks, repeat, fingerprints)."""
     from orchestrator import ui
     from orchestrator.history import history_listing
 
-    return ui.render_history(history_listing(out, suite, last, rebuild_index=rebuild), as_json=as_json)
+    listing = history_listing(out, suite, last, rebuild_index=rebuild)
+    return ui.render_history(listing, as_json=as_json, wide=wide)
 
 
 @app.command("schedule")

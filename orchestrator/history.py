@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS runs (
     hosts      TEXT NOT NULL,   -- JSON: [{"name", "fingerprint", "reachable"}]
     flip_rate  REAL,
     valid      INTEGER,         -- 0/1, NULL when the run has no verdict on validity
-    pass_rate  TEXT NOT NULL    -- JSON: {"<host>": rate or null}
+    pass_rate  TEXT NOT NULL,   -- JSON: {"<host>": rate or null}
+    repeat     INTEGER          -- attempts per task per host; NULL when the run did not record it
 );
 CREATE TABLE IF NOT EXISTS task_results (
     run_id         TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
@@ -71,6 +72,7 @@ class RunRow:
     valid: bool | None
     pass_rate: dict[str, float | None]
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> {classification, flip}
+    repeat: int | None = None
 
     @property
     def flipping(self) -> set[str]:
@@ -89,10 +91,22 @@ class Changes:
     newly_flipping: list[str]
     stopped_flipping: list[str]
     pins_moved: list[dict[str, Any]]  # [{"pin": "a.b", "old": ..., "new": ...}]
+    # what makes the two runs not the same measurement: compare them knowing it
+    hosts_added: list[str] = field(default_factory=list)
+    hosts_removed: list[str] = field(default_factory=list)
+    tasks_added: list[str] = field(default_factory=list)
+    tasks_removed: list[str] = field(default_factory=list)
+    repeat: dict[str, int | None] | None = None  # {"old": n, "new": m} when they differ
+    # hosts in both runs whose fingerprint changed: [{"host", "old", "new", "python_old", "python_new"}]
+    fingerprints_changed: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.newly_flipping or self.stopped_flipping or self.pins_moved)
+        return not (
+            self.newly_flipping or self.stopped_flipping or self.pins_moved or self.hosts_added
+            or self.hosts_removed or self.tasks_added or self.tasks_removed or self.repeat
+            or self.fingerprints_changed
+        )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +142,13 @@ def _connect(runs_dir: Path) -> Iterator[sqlite3.Connection]:
         conn.close()
 
 
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """An index written before ``repeat`` existed gets the column (NULL: unknown until --rebuild)."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(runs)")}
+    if "repeat" not in have:
+        conn.execute("ALTER TABLE runs ADD COLUMN repeat INTEGER")
+
+
 def _initialise(conn: sqlite3.Connection, path: Path) -> None:
     """Switch to WAL and create the tables, once, under a file lock.
 
@@ -141,6 +162,7 @@ def _initialise(conn: sqlite3.Connection, path: Path) -> None:
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 conn.execute("PRAGMA journal_mode = WAL")
             conn.executescript(_SCHEMA)
+            _add_missing_columns(conn)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -183,18 +205,25 @@ def _iso(value: str | None) -> str | None:
 
 
 def _hosts(manifest: Manifest, report: dict[str, Any]) -> list[dict[str, Any]]:
-    """[{"name", "fingerprint", "reachable"}]: the report's hosts, else the manifest's."""
+    """[{"name", "fingerprint", "reachable", "python"?}]: the report's hosts, else the manifest's; the
+    manifest's python beside each (it names what moved when a fingerprint does: cron vs a shell)."""
     listed = report.get("hosts")
     if isinstance(listed, list) and listed:
-        return [
+        hosts = [
             {"name": h.get("name"), "fingerprint": h.get("fingerprint"), "reachable": h.get("reachable")}
             for h in listed
             if isinstance(h, dict)
         ]
-    return [
-        {"name": name, "fingerprint": rec.fingerprint, "reachable": rec.reachable}
-        for name, rec in manifest.hosts.items()
-    ]
+    else:
+        hosts = [
+            {"name": name, "fingerprint": rec.fingerprint, "reachable": rec.reachable}
+            for name, rec in manifest.hosts.items()
+        ]
+    for h in hosts:
+        rec = manifest.hosts.get(str(h["name"]))
+        if rec is not None and rec.python:
+            h["python"] = rec.python
+    return hosts
 
 
 def _pass_rates(run_dir: RunDir, report: dict[str, Any], host_names: list[str]) -> dict[str, float | None]:
@@ -251,6 +280,7 @@ def read_run(run_dir: Path) -> RunRow:
         valid=bool(valid) if valid is not None else None,
         pass_rate=_pass_rates(rundir, report, [str(h["name"]) for h in hosts]),
         tasks=tasks,
+        repeat=manifest.repeat,
     )
 
 
@@ -261,7 +291,7 @@ def _insert(conn: sqlite3.Connection, row: RunRow) -> None:
     conn.execute("DELETE FROM task_results WHERE run_id = ?", (row.run_id,))
     conn.execute("DELETE FROM runs WHERE run_id = ?", (row.run_id,))
     conn.execute(
-        "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO runs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             row.run_id,
             row.kind,
@@ -274,6 +304,7 @@ def _insert(conn: sqlite3.Connection, row: RunRow) -> None:
             row.flip_rate,
             None if row.valid is None else int(row.valid),
             json.dumps(row.pass_rate, sort_keys=True),
+            row.repeat,
         ),
     )
     conn.executemany(
@@ -338,10 +369,11 @@ def _row(conn: sqlite3.Connection, r: tuple[Any, ...]) -> RunRow:
         valid=None if r[9] is None else bool(r[9]),
         pass_rate=json.loads(r[10]),
         tasks=tasks,
+        repeat=r[11],
     )
 
 
-_COLUMNS = "run_id, kind, started, finished, suite, suite_sha, pins, hosts, flip_rate, valid, pass_rate"
+_COLUMNS = "run_id, kind, started, finished, suite, suite_sha, pins, hosts, flip_rate, valid, pass_rate, repeat"
 # Newest first: by start time, the run id breaks ties (run ids sort by time too).
 _NEWEST_FIRST = "COALESCE(started, finished, '') DESC, run_id DESC"
 
@@ -396,12 +428,31 @@ def changes(prev: RunRow, cur: RunRow) -> Changes:
     ]
     if prev.suite_sha != cur.suite_sha:
         moved.insert(0, {"pin": "suite_sha", "old": prev.suite_sha, "new": cur.suite_sha})
+    old_hosts = {str(h.get("name")): h for h in prev.hosts}
+    new_hosts = {str(h.get("name")): h for h in cur.hosts}
+    fingerprints = [
+        {
+            "host": name, "old": old_hosts[name].get("fingerprint"), "new": h.get("fingerprint"),
+            "python_old": old_hosts[name].get("python"), "python_new": h.get("python"),
+        }  # fmt: skip
+        for name, h in new_hosts.items()
+        if name in old_hosts
+        and old_hosts[name].get("fingerprint") and h.get("fingerprint")
+        and old_hosts[name].get("fingerprint") != h.get("fingerprint")
+    ]
+    repeat_moved = prev.repeat is not None and cur.repeat is not None and prev.repeat != cur.repeat
     return Changes(
         previous=prev.run_id,
         current=cur.run_id,
         newly_flipping=sorted((cur.flipping - prev.flipping) & both),
         stopped_flipping=sorted((prev.flipping - cur.flipping) & both),
         pins_moved=moved,
+        hosts_added=[h for h in new_hosts if h not in old_hosts],
+        hosts_removed=[h for h in old_hosts if h not in new_hosts],
+        tasks_added=sorted(cur.tasks.keys() - prev.tasks.keys()),
+        tasks_removed=sorted(prev.tasks.keys() - cur.tasks.keys()),
+        repeat={"old": prev.repeat, "new": cur.repeat} if repeat_moved else None,
+        fingerprints_changed=fingerprints,
     )
 
 

@@ -34,7 +34,7 @@ from orchestrator.report import (
 
 if TYPE_CHECKING:
     from orchestrator.analysis.models import RunReport
-    from orchestrator.history import HistoryEntry, HistoryListing
+    from orchestrator.history import Changes, HistoryEntry, HistoryListing
     from orchestrator.probe import ProbeResult
     from orchestrator.replay import ReplayOutcome
     from orchestrator.repro import ReproOutcome
@@ -255,32 +255,48 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}" if x in (0, 1) else f"{x:.1%}"
 
 
-def history_table(entries: list[HistoryEntry], console: Console) -> None:
-    """A table of runs, oldest first, then the changes of each run against its predecessor."""
-    # No outer frame and collapsed padding: an 80-column terminal keeps "when" and the run id on one
-    # line each, and the per-host pass rates (the only long free-form cell) fold instead.
+WIDE_HISTORY = 140  # columns `history --wide` lays its table out in, at least
+
+
+def history_table(entries: list[HistoryEntry], console: Console, *, wide: bool = False) -> None:
+    """A table of runs, oldest first, then what changed in each run against its predecessor.
+
+    The default fits 80 columns: the run id (it starts with the UTC start time), the suite, the flip
+    rate, validity, and one ``host:rate`` word per host, wrapped between hosts. ``wide`` adds the
+    start time, the kind, repeat, task count and each host's fingerprint."""
     table = Table(
         title="crosshost history", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True
     )
-    table.add_column("when (UTC)", no_wrap=True)
+    if wide:
+        table.add_column("when (UTC)", no_wrap=True)
     table.add_column("run", no_wrap=True)
-    table.add_column("suite", no_wrap=True)
-    table.add_column("kind")
-    table.add_column("pass rate per host", overflow="fold")
-    table.add_column("flip rate", justify="right")
-    table.add_column("valid")
+    table.add_column("suite", overflow="fold")
+    if wide:
+        table.add_column("kind")
+        table.add_column("repeat", justify="right")
+        table.add_column("tasks", justify="right")
+    table.add_column("flips", justify="right", no_wrap=True)
+    table.add_column("valid", no_wrap=True)
+    table.add_column("pass rate per host" + (" (fingerprint)" if wide else ""), overflow="fold")
     for e in entries:
         r = e.row
         names = [str(h["name"]) for h in r.hosts] + [h for h in r.pass_rate if h not in {h["name"] for h in r.hosts}]
-        table.add_row(
-            plain(_when(r.started or r.finished)),
-            plain(r.run_id),
-            plain(r.suite or "?"),
-            plain(r.kind),
-            plain("\n".join(f"{h}: {_rate(r.pass_rate.get(h))}" for h in names)),
+        fps = {str(h["name"]): h.get("fingerprint") for h in r.hosts}
+        rates = [
+            f"{h}:{_rate(r.pass_rate.get(h))}" + (f" ({str(fps.get(h) or '-')[:8]})" if wide else "") for h in names
+        ]
+        suite = r.suite or "?"
+        cells = [plain(_when(r.started or r.finished))] if wide else []
+        cells.append(plain(r.run_id))
+        cells.append(plain(suite if wide or r.kind == "replay" else f"{suite} ({r.kind})"))
+        if wide:
+            cells += [plain(r.kind), plain("?" if r.repeat is None else str(r.repeat)), plain(str(len(r.tasks)))]
+        cells += [
             plain(_rate(r.flip_rate)),
             {True: plain("yes", "green"), False: plain("no", "red"), None: plain("?")}[r.valid],
-        )
+            plain(("\n" if wide else "  ").join(rates)),
+        ]
+        table.add_row(*cells)
     console.print(table)
     for e in entries:
         c = e.changes
@@ -291,15 +307,42 @@ def history_table(entries: list[HistoryEntry], console: Console) -> None:
             say(console, f"{head} no change")
             continue
         say(console, head)
-        if c.newly_flipping:
-            say(console, f"  newly flipping: {', '.join(c.newly_flipping)}")
-        if c.stopped_flipping:
-            say(console, f"  stopped flipping: {', '.join(c.stopped_flipping)}")
-        for moved in c.pins_moved:
-            say(console, f"  pin moved: {moved['pin']}: {moved['old']} -> {moved['new']}")
+        for line in history_change_lines(c):
+            say(console, f"  {line}")
 
 
-def render_history(listing: HistoryListing, *, as_json: bool = False, console: Console | None = None) -> int:
+def history_change_lines(c: Changes) -> list[str]:
+    """What moved between two runs; first what makes them different measurements."""
+    lines: list[str] = []
+    if c.hosts_added or c.hosts_removed:
+        lines.append("hosts differ: " + _plus_minus(c.hosts_added, c.hosts_removed))
+    if c.tasks_added or c.tasks_removed:
+        lines.append("tasks differ: " + _plus_minus(c.tasks_added, c.tasks_removed) + " (flips compared on the tasks both ran)")
+    if c.repeat:
+        lines.append(f"repeat differs: {c.repeat['old']} -> {c.repeat['new']} attempts per task")
+    for f in c.fingerprints_changed:
+        python = ""
+        if f.get("python_old") != f.get("python_new"):
+            python = f" (python {f.get('python_old') or '?'} -> {f.get('python_new') or '?'})"
+        lines.append(f"fingerprint of {f['host']} changed: {f['old']} -> {f['new']}{python}")
+    if c.newly_flipping:
+        lines.append(f"newly flipping: {', '.join(c.newly_flipping)}")
+    if c.stopped_flipping:
+        lines.append(f"stopped flipping: {', '.join(c.stopped_flipping)}")
+    for moved in c.pins_moved:
+        lines.append(f"pin moved: {moved['pin']}: {moved['old']} -> {moved['new']}")
+    return lines
+
+
+def _plus_minus(added: list[str], removed: list[str]) -> str:
+    return "; ".join(
+        part for part in (f"+ {', '.join(added)}" if added else "", f"- {', '.join(removed)}" if removed else "") if part
+    )
+
+
+def render_history(
+    listing: HistoryListing, *, as_json: bool = False, wide: bool = False, console: Console | None = None
+) -> int:
     """``crosshost history``: what the index rebuild said (stderr), then the runs as JSON or a table."""
     import sys
 
@@ -311,7 +354,10 @@ def render_history(listing: HistoryListing, *, as_json: bool = False, console: C
     elif not listing.entries:
         print(f"no runs recorded in {listing.runs_dir}" + (f" for suite {listing.suite}" if listing.suite else ""))
     else:
-        history_table(listing.entries, console or Console())
+        if console is None:
+            # --wide asks for every column: lay them out unfolded even where the terminal is narrower
+            console = Console(width=max(Console().width, WIDE_HISTORY)) if wide else Console()
+        history_table(listing.entries, console, wide=wide)
     return 0
 
 

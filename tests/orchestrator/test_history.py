@@ -273,7 +273,7 @@ def test_history_command_shows_flip_appear_and_disappear(tmp_path: Path) -> None
     assert res.exit_code == 0, res.output
     out = res.output
     assert all(r in out for r in ("r1", "r2", "r3")) and "other" not in out
-    assert "local: 100%" in out and "box-b: 66.7%" in out  # r2: t2 failed twice on box-b
+    assert "local:100%" in out and "box-b:66.7%" in out  # r2: t2 failed twice on box-b
     r2_part, r3_part = out.split("r2 vs r1")[1].split("r3 vs r2")
     assert "newly flipping: t2" in r2_part and "stopped flipping" not in r2_part
     assert "stopped flipping: t2" in r3_part and "newly flipping" not in r3_part
@@ -290,7 +290,7 @@ def test_history_command_shows_flip_appear_and_disappear(tmp_path: Path) -> None
     assert [r["run_id"] for r in json.loads(res.stdout)] == ["r1", "r2", "r3"]
 
 
-def test_history_table_keeps_run_id_and_time_on_one_line_in_80_columns(tmp_path: Path) -> None:
+def test_history_table_fits_80_columns_one_line_a_run_and_wide_shows_every_column(tmp_path: Path) -> None:
     from rich.console import Console
 
     runs = tmp_path / "runs"
@@ -301,12 +301,15 @@ def test_history_table_keeps_run_id_and_time_on_one_line_in_80_columns(tmp_path:
     ui.history_table(history.history_view(runs, "triage"), console)
     lines = console.export_text().splitlines()
     assert max(len(line) for line in lines) <= 80
-    for run_id, when in zip(run_ids, ("2024-05-01 10:00", "2024-05-01 16:00"), strict=True):
-        assert any(run_id in line and when in line for line in lines), "\n".join(lines)
-    # the pass rates fold instead: every host's rate is still shown, not cut off
-    words = " ".join(lines).split()
-    assert words.count("local:") == words.count("100%") == 2
-    assert words.count("box-b:") == words.count("66.7%") == 2
+    for run_id in run_ids:  # each run is one line: id, suite, flip rate, validity and every host's rate
+        (line,) = [x for x in lines if x.startswith(run_id) and " vs " not in x]
+        assert line.split() == [run_id, "triage", "33.3%", "yes", "local:100%", "box-b:66.7%"]
+
+    wide = Console(width=200, record=True, file=io.StringIO())
+    ui.history_table(history.history_view(runs, "triage"), wide, wide=True)
+    text = wide.export_text()
+    assert "2024-05-01 10:00  20240501T100000Z-1a2b3c  triage  replay" in text
+    assert "local:100% (00000000)" in text and "box-b:66.7% (00000000)" in text
 
 
 def _replay_and_record(request: Any, bundle: Any, barrier: Any) -> None:
@@ -477,3 +480,60 @@ def test_a_subset_run_is_compared_on_the_tasks_both_runs_replayed(tmp_path: Path
     assert ch.newly_flipping == ["t1"]
     assert ch.stopped_flipping == []
     assert [m["pin"] for m in ch.pins_moved] == ["t1.prompt_sha"]
+
+
+def test_history_says_when_two_runs_differ_in_hosts_tasks_repeat_or_a_fingerprint(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    runs = tmp_path / "runs"
+    first = make_run_dir(runs, "r1", started="2024-05-01T10:00:00Z", tasks=("t1", "t2", "t3"))
+    second = make_run_dir(runs, "r2", started="2024-05-01T16:00:00Z", tasks=("t1", "t2", "t4"))
+    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (first, second))
+    m1["hosts"]["local"]["python"] = "CPython 3.11.7"
+    m1["repeat"] = 1
+    m2["repeat"] = 3
+    # the scheduled run: the same host, another interpreter (cron's PATH), another fingerprint
+    m2["hosts"]["local"].update(python="CPython 3.9.2", fingerprint="f" * 16)
+    m2["hosts"]["box-c"] = m2["hosts"].pop("box-b")
+    r2 = json.loads((second / "report.json").read_text())
+    r2["hosts"] = [{"name": "local", "fingerprint": "f" * 16, "reachable": True},
+                   {"name": "box-c", "fingerprint": "c" * 16, "reachable": True}]
+    for t in r2["tasks"]:
+        t["verdicts"] = {"local": t["verdicts"]["local"], "box-c": t["verdicts"]["box-b"]}
+    (first / "manifest.json").write_text(json.dumps(m1))
+    (second / "manifest.json").write_text(json.dumps(m2))
+    (second / "report.json").write_text(json.dumps(r2))
+    for d in (first, second):
+        history.record_run(runs, d)
+
+    res = CliRunner().invoke(app, ["history", "--out", str(runs)], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    after = res.output.split("r2 vs r1 (triage):\n")[1].splitlines()
+    assert after == [
+        "  hosts differ: + box-c; - box-b",
+        "  tasks differ: + t4; - t3 (flips compared on the tasks both ran)",
+        "  repeat differs: 1 -> 3 attempts per task",
+        f"  fingerprint of local changed: {'0' * 16} -> {'f' * 16} (python CPython 3.11.7 -> CPython 3.9.2)",
+    ]
+    res = CliRunner().invoke(app, ["history", "--out", str(runs), "--json"])
+    changes = json.loads(res.output)[1]["changes"]
+    assert changes["fingerprints_changed"] == [
+        {"host": "local", "old": "0" * 16, "new": "f" * 16, "python_old": "CPython 3.11.7", "python_new": "CPython 3.9.2"}
+    ]
+    assert changes["repeat"] == {"old": 1, "new": 3}
+
+
+def test_an_index_written_before_repeat_existed_gets_the_column(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    old = sqlite3.connect(history.index_path(runs))
+    old.execute(
+        "CREATE TABLE runs (run_id TEXT PRIMARY KEY, kind TEXT NOT NULL, started TEXT, finished TEXT, suite TEXT,"
+        " suite_sha TEXT, pins TEXT NOT NULL, hosts TEXT NOT NULL, flip_rate REAL, valid INTEGER,"
+        " pass_rate TEXT NOT NULL)"
+    )
+    old.close()
+    history.record_run(runs, make_run_dir(runs, "r1", started="2024-05-01T10:00:00Z"))
+    assert [r.repeat for r in history.history(runs)] == [1]
