@@ -33,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import agents, golden
 from .checker import check_turns
+from .envkeys import ATTEMPT_ENV_KEYS
 from .errors import InputError, RunnerError, SecretVisible, SuiteError
 from .fingerprint import collect, commands_of
 from .loop import LoopOutcome, drive
@@ -121,7 +122,7 @@ class Runner:
     def attempt_env(self, work: Path, home: Path, tmp: Path) -> Dict[str, str]:
         env = {k: os.environ[k] for k in self.env_allow if k in os.environ}
         env.setdefault("PATH", os.defpath)
-        env.update(HOME=str(home), TMPDIR=str(tmp), PWD=str(work))
+        env.update(zip(ATTEMPT_ENV_KEYS, (str(home), str(tmp), str(work))))  # noqa: B905 (3.9: no strict=)
         return env
 
     def run_attempt(self, task: Task, attempt: int) -> AttemptResult:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agent_runner.envkeys import ATTEMPT_ENV_KEYS
 from agent_runner.redact import is_secret_env_key
 from orchestrator.errors import InventoryError
 
@@ -116,6 +117,25 @@ class HostConfig(BaseModel):
         if self.jump:
             data["via"] = [hop.name for hop in self.jump]
         return data
+
+
+def replaced_env(host: HostConfig) -> list[str]:
+    """The env keys ``host``'s inventory entry allowlists or pins that every attempt gets fresh
+    anyway (``ATTEMPT_ENV_KEYS``): what it says there is replaced, never passed on."""
+    return [k for k in ATTEMPT_ENV_KEYS if k in host.env_allowlist or k in host.env]
+
+
+def override_notes(hosts: list[HostConfig]) -> list[str]:
+    """One line per run naming every host whose inventory sets a value crosshost replaces."""
+    named = [
+        f"{h.name} ({', '.join(keys)})" for h in hosts if (keys := replaced_env(h))
+    ]
+    if not named:
+        return []
+    return [
+        f"inventory values replaced: {'; '.join(named)}: every attempt gets a fresh, empty HOME and "
+        "TMPDIR of its own and its workspace as PWD, whatever the inventory allowlists or pins"
+    ]
 
 
 class Inventory(BaseModel):

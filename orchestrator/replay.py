@@ -177,6 +177,8 @@ def replay(
     with_analysis: bool = True,
 ) -> ReplayOutcome:
     """Run the replay and write ``runs/<run_id>/``; the exit code is ``exit_policy.replay_exit``'s."""
+    from orchestrator.inventory import override_notes
+
     if request.repeat is not None and request.repeat < 1:
         raise SuiteError("--repeat must be at least 1")
     if request.jobs is not None and request.jobs < 1:
@@ -220,6 +222,7 @@ def replay(
         reference=request.reference or names[0],
         crosshost_version=__version__,
         hosts={n: HostRecord() for n in names},
+        notes=override_notes(selected),
     )
     run_dir.write_manifest(manifest)  # a crash from here on still leaves a readable record
 
@@ -287,12 +290,21 @@ def planned_hosts(request: ReplayRequest) -> list[str]:
     return [h.name for h in _resolve_hosts(request)]
 
 
-def replay_command(request: ReplayRequest, **kwargs: Any) -> ReplayOutcome:
-    """What ``crosshost replay`` does: the replay, then (unless interrupted) the run recorded in the
-    history index; with ``--compare-last``, a task that newly flips makes a passing run exit 1."""
+def replay_command(request: ReplayRequest, *, lint: bool = True, **kwargs: Any) -> ReplayOutcome:
+    """What ``crosshost replay`` does: the suite linted, the replay, then (unless interrupted) the run
+    recorded in the history index; with ``--compare-last``, a task that newly flips makes a passing
+    run exit 1."""
+    from orchestrator.lint import lint_suite
+
     atexit.unregister(_quick_exit_gc)  # once per process, however often this is called
     atexit.register(_quick_exit_gc)
+    # `crosshost lint`'s checks first: an error is bad input before any host is touched (exit 2);
+    # warnings are said with the summary and the run goes on (lint=False: a stand-in suite in tests)
+    findings = lint_suite(request.suite_dir) if lint else None
+    if findings is not None:
+        findings.raise_on_errors()
     outcome = replay(request, **kwargs)
+    outcome.notes[:0] = [f.line() for f in findings.warnings] if findings is not None else []
     if outcome.manifest.interrupted:
         return outcome
     after = after_replay(outcome.run_dir.path, compare=request.compare_last)

@@ -118,6 +118,8 @@ class Manifest(BaseModel):
     retries: list[dict[str, Any]] = Field(default_factory=list)
     hosts: dict[str, HostRecord] = Field(default_factory=dict)
     interrupted: bool = False
+    #: said once per run (summary, report.json): inventory values crosshost replaced or ignored
+    notes: list[str] = Field(default_factory=list)
 
     @property
     def suite_name(self) -> str | None:

@@ -175,7 +175,7 @@ def render_replay(outcome: ReplayOutcome, *, out: Console | None = None, err: Co
     if outcome.manifest.interrupted:
         err.print("interrupted: remote workspaces removed, partial results written", markup=False)
     for note in outcome.notes:
-        err.print(note, markup=False, highlight=False)
+        say(err, note)
     why = f": {outcome.exit_reason}" if outcome.exit_reason else ""
     out.print(f"run directory: {outcome.run_dir.path}  (exit {outcome.exit_code}{why})", markup=False, soft_wrap=True)
     return outcome.exit_code
@@ -222,6 +222,7 @@ def report_table(report: RunReport) -> RenderableType:
     gate = Text(gate_verdict(report), style="green" if report.within_gate else "bold red")
     parts: list[RenderableType] = [table, validity, gate]
     parts += [Text(line, style="yellow") for line in burn_lines(report)]
+    parts += [Text(f"note: {note}", style="dim") for note in report.notes]
     if report.error_attempts:
         parts.append(Text(errors_line(report), style="yellow"))
     if any(t.flip and t.evidence == "deterministic" for t in report.tasks):

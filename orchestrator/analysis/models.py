@@ -181,3 +181,5 @@ class RunReport(BaseModel):
     #: every host's burn findings, always listed; they invalidate the run under [gate] burn_invalidates
     burn: list[BurnFinding] = Field(default_factory=list)
     burn_invalidates: bool = False
+    #: what the run's manifest says once per run: inventory values crosshost replaced or ignored
+    notes: list[str] = Field(default_factory=list)

@@ -127,6 +127,7 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
         alpha=alpha,
         burn=burn,
         burn_invalidates=run.manifest.burn_invalidates,
+        notes=run.manifest.notes,
     )
 
 

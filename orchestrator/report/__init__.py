@@ -130,6 +130,7 @@ def render_markdown(report: RunReport) -> str:
     out.append(f"- validity: **{'valid' if report.valid else 'INVALID'}**")
     out += [f"  - {_md(reason)}" for reason in report.invalid_reasons]
     out += [f"- {_md(line)}" for line in burn_lines(report)]
+    out += [f"- note: {_md(note)}" for note in report.notes]
     out.append(f"- gate: {_md(gate_verdict(report))}")
     if report.error_attempts:
         out.append(f"- {errors_line(report)}")

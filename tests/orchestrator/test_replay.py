@@ -277,7 +277,7 @@ def test_a_token_on_a_runners_stderr_is_redacted_in_the_manifest_and_on_the_term
     req = _req(tmp_path, inv)
     err_console = Console(file=terminal, width=400)
     with ui.ProgressView(["local", "box-b"], err_console) as view:
-        outcome = replay_command(req, opener=_local_opener(), bundle=bundle, on_event=view)
+        outcome = replay_command(req, opener=_local_opener(), bundle=bundle, on_event=view, lint=False)
     code = ui.render_replay(outcome, err=err_console, out=Console(file=stdout, width=400))
     assert code == 3
     assert "auth failed for token" in terminal.getvalue()
@@ -300,7 +300,7 @@ def test_error_verdicts_from_a_runner_that_exited_0_are_exit_3_and_the_summary_s
     assert "agent_error" in out.exit_reason
 
     stdout = StringIO()
-    outcome = replay_command(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle)
+    outcome = replay_command(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, lint=False)
     code = ui.render_replay(outcome, err=Console(file=StringIO()), out=Console(file=stdout, width=400))
     assert code == 3
     assert "(exit 3: 4 error verdict(s) on local: " in stdout.getvalue()
