@@ -8,7 +8,8 @@ error from this module. The controller adds:
     └── ApiKeyMissing        [agent] api_key_env names a variable unset on the controller
     HostError                exit 3: infrastructure; carries the host's name
     ├── HostUnreachable      connect refused / timed out / DNS (transient: retried)
-    ├── HostKeyRejected      unknown or changed host key (never retried)
+    ├── HostKeyRejected      changed host key (never retried)
+    │   └── HostKeyUnknown   a key not yet trusted; the command's hint adds --accept-new to it
     ├── AuthenticationFailed the key was refused (never retried)
     ├── TransferError        SFTP put/get failed
     ├── ArchiveRejected      a pulled archive held an unsafe member
@@ -40,6 +41,7 @@ __all__ = [
     "ExportFailed",
     "HostError",
     "HostKeyRejected",
+    "HostKeyUnknown",
     "HostUnreachable",
     "InputError",
     "InventoryError",
@@ -84,6 +86,11 @@ class HostUnreachable(HostError):
 
 class HostKeyRejected(HostError):
     """The host's key is unknown (and --accept-new was not given) or differs from the pinned one."""
+
+
+class HostKeyUnknown(HostKeyRejected):
+    """The host's key is not in the tool-owned known_hosts and --accept-new was not given; the
+    command that met it says how to trust it (``hints.host_error_line``)."""
 
 
 class AuthenticationFailed(HostError):

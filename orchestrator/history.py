@@ -25,6 +25,7 @@ from orchestrator.analysis.stats import pass_counts, pass_rate
 from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
 from orchestrator.exit_policy import compare_last_exit
+from orchestrator.hints import command, out_words
 from orchestrator.rundir import Manifest, RunDir
 
 INDEX_NAME = "index.sqlite"
@@ -136,7 +137,7 @@ def _connect(runs_dir: Path) -> Iterator[sqlite3.Connection]:
         yield conn
     except sqlite3.Error as exc:
         raise CrosshostError(
-            f"{path}: history index error: {exc} (recreate it with `crosshost history --rebuild`)"
+            f"{path}: history index error: {exc} (recreate it: {command('history', '--rebuild', *out_words(runs_dir))})"
         ) from exc
     finally:
         conn.close()

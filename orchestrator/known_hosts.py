@@ -14,9 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import HostKeyRejected
-
-ACCEPT_HINT = "run `crosshost hosts --accept-new` to trust it"
+from orchestrator.errors import HostKeyRejected, HostKeyUnknown
 
 
 @dataclass(frozen=True)
@@ -116,7 +114,5 @@ def verify(
             f"then remove line {lines} of {path} by hand)",
         )
     if not accept_new:
-        raise HostKeyRejected(
-            host, f"unknown host key for {label} ({key_type} {offered}, not in {path}); {ACCEPT_HINT}"
-        )
+        raise HostKeyUnknown(host, f"unknown host key for {label} ({key_type} {offered}, not in {path})")
     append(path, label, key_type, key_b64)

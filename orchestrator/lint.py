@@ -24,6 +24,7 @@ from typing import Literal
 
 from agent_runner.suite import Suite, Task, load_suite
 from orchestrator.errors import SuiteError
+from orchestrator.hints import command
 
 Level = Literal["error", "warning"]
 
@@ -43,6 +44,7 @@ class Finding:
 class LintReport:
     suite: str
     tasks: int
+    suite_dir: Path
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -65,8 +67,9 @@ class LintReport:
     def raise_on_errors(self) -> None:
         """What a replay does before it touches a host: the first error as bad input (exit 2)."""
         if self.errors:
-            more = f" (+{len(self.errors) - 1} more; crosshost lint lists them)" if len(self.errors) > 1 else ""
             first = self.errors[0]
+            every = command("lint", self.suite_dir)
+            more = f" (+{len(self.errors) - 1} more: {every} lists them)" if len(self.errors) > 1 else ""
             raise SuiteError(f"{first.file}: {first.key}: {first.message}{more}")
 
 
@@ -76,7 +79,7 @@ def lint_suite(suite_dir: Path) -> LintReport:
     shown = Path(suite_dir)
     tools = _contract_tools(suite)
     contract_file = shown / _contract_name(shown)
-    report = LintReport(suite.name, len(suite.tasks))
+    report = LintReport(suite.name, len(suite.tasks), shown)
     for task in suite.tasks:
         report.findings += _task_findings(task, shown / "tasks" / task.id, tools, contract_file)
     return report

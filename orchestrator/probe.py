@@ -25,7 +25,6 @@ from orchestrator.errors import (
     HostUnreachable,
     TransferError,
     WorkspaceLeft,
-    one_line,
 )
 from orchestrator.fanout import default_jobs, fan_out
 from orchestrator.host_fingerprint import take_fingerprint
@@ -90,6 +89,7 @@ def probe(
     inventory_path: Path, *, accept_new: bool = False, opener: Opener | None = None, suite: Path | None = None
 ) -> list[ProbeResult]:
     from orchestrator.bundle import read_suite
+    from orchestrator.hints import host_error_line, inventory_words
     from orchestrator.inventory import load_inventory
     from orchestrator.runner_zipapp import build_runner_zipapp
 
@@ -118,7 +118,8 @@ def probe(
             continue
         exc = outcome.error
         assert exc is not None  # an outcome holds a value or an error
-        res = ProbeResult(name, configs[name].transport, error=one_line(exc))
+        rerun = ["hosts", *inventory_words(inventory_path), *(["--suite", str(suite)] if suite is not None else [])]
+        res = ProbeResult(name, configs[name].transport, error=host_error_line(exc, rerun))
         # Reachable only when the failure came after the connection: an error of any other kind
         # (say, a key that could not be used) must not read as "reachable" when a replay cannot connect.
         res.reachable = isinstance(exc, HostError) and not isinstance(exc, _UNREACHABLE)

@@ -29,7 +29,6 @@ from orchestrator.errors import (
     RunnerCrashed,
     SuiteError,
     TraceError,
-    one_line,
 )
 from orchestrator.exit_policy import COMPARE_LAST_REASON, replay_exit
 from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
@@ -61,6 +60,29 @@ class ReplayRequest:
     keep_suite: str | None = None
     reference: str | None = None  # the host the others are compared with (default: the first selected)
     slots: int | None = None  # attempts at once on every host (default: each host's inventory slots)
+    #: the user's command (without ``crosshost``) when it was not ``replay`` itself (``repro``): hints
+    #: such as the one for an unknown host key repeat it
+    rerun: list[str] | None = None
+
+    def command_words(self) -> list[str]:
+        """The command that ran this replay, complete (``-i`` always), for hints to repeat."""
+        from orchestrator.hints import inventory_words, out_words
+
+        if self.rerun is not None:
+            return list(self.rerun)
+        words = ["replay", str(self.suite_dir), *inventory_words(self.inventory_path)]
+        for flag, value in (("--hosts", self.hosts), ("--tasks", self.tasks)):
+            if value:
+                words += [flag, ",".join(value)]
+        if self.repeat is not None:
+            words += ["--repeat", str(self.repeat)]
+        if self.gate is not None:
+            words += ["--gate", f"{self.gate:g}"]
+        if self.reference is not None:
+            words += ["--reference", self.reference]
+        if self.slots is not None:
+            words += ["--slots", str(self.slots)]
+        return [*words, *out_words(self.out), *(["--compare-last"] if self.compare_last else [])]
 
 
 @dataclass
@@ -86,8 +108,10 @@ def _contract_bytes(bundle: Bundle) -> bytes:
 # ------------------------------------------------------------------------------------------- the run
 
 
-def _error_line(exc: BaseException) -> str:
-    return "interrupted" if isinstance(exc, Interrupted) else one_line(exc)
+def _error_line(exc: BaseException, request: ReplayRequest) -> str:
+    from orchestrator.hints import host_error_line
+
+    return "interrupted" if isinstance(exc, Interrupted) else host_error_line(exc, request.command_words())
 
 
 def _host_rows(run_dir: RunDir, name: str) -> list[ResultRow]:
@@ -246,7 +270,7 @@ def replay(
             host_outcome = fan.outcomes.get(name)
             exc = host_outcome.error if host_outcome is not None else None
             if exc is not None:
-                rec.error = _error_line(exc)
+                rec.error = _error_line(exc, request)
                 if job.cleanup_error:
                     rec.error += f" (cleanup: {job.cleanup_error})"
                 if isinstance(exc, UNREACHABLE):

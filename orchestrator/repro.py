@@ -381,6 +381,19 @@ class ReproRequest:
     out: Path = Path("runs")
     accept_new: bool = False
 
+    def command_words(self) -> list[str]:
+        """The ``crosshost repro`` command that ran this, complete, for hints to repeat."""
+        from orchestrator.hints import inventory_words, out_words
+
+        words = ["repro", str(self.trace), "--host", self.host, *inventory_words(self.inventory_path)]
+        if self.against:
+            words += ["--against", self.against]
+        if self.fixtures_from_trace:
+            words.append("--fixtures-from-trace")
+        if self.suite_dir is not None:
+            words += ["--suite", str(self.suite_dir)]
+        return [*words, *out_words(self.out)]
+
 
 @dataclass
 class ReproOutcome:
@@ -444,6 +457,7 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
                 hosts=[host, against],
                 out=request.out,
                 accept_new=request.accept_new,
+                rerun=request.command_words(),
                 kind="repro",
                 keep_suite="repro-suite",
             ),

@@ -535,5 +535,8 @@ def test_an_index_written_before_repeat_existed_gets_the_column(tmp_path: Path) 
         " pass_rate TEXT NOT NULL)"
     )
     old.close()
-    history.record_run(runs, make_run_dir(runs, "r1", started="2024-05-01T10:00:00Z"))
-    assert [r.repeat for r in history.history(runs)] == [1]
+    run = make_run_dir(runs, "r1", started="2024-05-01T10:00:00Z")
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "repeat": 2}))
+    history.record_run(runs, run)
+    assert [r.repeat for r in history.history(runs)] == [2]

@@ -89,8 +89,8 @@ def test_unknown_host_key_is_refused_with_the_accept_new_hint(
         open_host(fresh_sshd_host.config("box-c"), on_retry=retries.append)
     line = info.value.one_line()
     port = fresh_sshd_host.port("box-c")
-    assert line.startswith(f"box-c: HostKeyRejected: unknown host key for [127.0.0.1]:{port}")
-    assert "crosshost hosts --accept-new" in line and "\n" not in line
+    assert line.startswith(f"box-c: HostKeyUnknown: unknown host key for [127.0.0.1]:{port}")
+    assert "\n" not in line
     assert retries == []  # a host-key error is never retried
     assert fleet.known_hosts.read_bytes() == before
     assert not (tmp_path / ".ssh").exists()
@@ -254,3 +254,44 @@ def test_reverse_forward_reaches_the_controller_and_can_be_cancelled(
         assert still.stdout.strip() == "controller:again", still
     finally:
         host.close()
+
+
+def _hint(output: str) -> str:
+    """The one command suggested (progress and error lines may each say it)."""
+    (hint,) = {x.split("to trust it on first use: ", 1)[1] for x in output.splitlines() if "to trust it on first use: " in x}
+    return hint
+
+
+def test_the_accept_new_hint_is_complete_and_pasting_it_acts_on_the_same_files(
+    fresh_sshd_host: SshdHosts, tmp_path: Path
+) -> None:
+    """replay and hosts name -i INVENTORY (and the suite, the runs directory) in the command they
+    suggest: pasted where the user typed the first one, it trusts the key into the inventory's own
+    known_hosts, not into that of a hosts.toml that happens to be in the directory."""
+    import shlex
+    import sys
+
+    fleet = fresh_sshd_host.fleet
+    fleet.forget("box-c")
+    suite = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
+    (tmp_path / "hosts.toml").write_text('[[hosts]]\nname = "decoy"\ntransport = "local"\n')
+    inv = fresh_sshd_host.inventory_path
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path)}
+
+    def crosshost(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["crosshost", *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+
+    probe = crosshost("hosts", "-i", str(inv))
+    assert probe.returncode == 3
+    assert shlex.split(_hint(probe.stderr)) == ["crosshost", "hosts", "-i", str(inv), "--accept-new"]
+
+    replay = crosshost("replay", str(suite), "-i", str(inv), "--tasks", "unknown-unit", "--out", "runs")
+    assert replay.returncode == 3, replay.stderr
+    hint = _hint(replay.stderr)
+    assert shlex.split(hint) == [
+        "crosshost", "replay", str(suite), "-i", str(inv), "--tasks", "unknown-unit", "--out", "runs", "--accept-new"
+    ]  # fmt: skip
+    pasted = subprocess.run(hint, shell=True, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert pasted.returncode in (0, 1), pasted.stdout + pasted.stderr  # the run happened: a verdict, no host error
+    assert fleet.hosts["box-c"].known_hosts_line() in fleet.known_hosts.read_text()
+    assert crosshost("hosts", "-i", str(inv)).returncode == 0  # trusted now, without the flag

@@ -55,12 +55,14 @@ def test_verify_known_key_passes_and_writes_nothing(tmp_path: Path) -> None:
     assert path.read_text() == f"{LABEL} ssh-ed25519 {KEY_A}\n"
 
 
-def test_unknown_key_is_refused_naming_host_label_and_flag(tmp_path: Path) -> None:
+def test_unknown_key_is_refused_naming_host_label_and_file(tmp_path: Path) -> None:
+    from orchestrator.errors import HostKeyUnknown
+
     path = tmp_path / "known_hosts"
-    with pytest.raises(HostKeyRejected) as info:
+    with pytest.raises(HostKeyUnknown) as info:  # the command that met it adds the complete hint
         known_hosts.verify(path, "box-b", LABEL, "ssh-ed25519", KEY_A)
-    assert info.value.one_line().startswith(f"box-b: HostKeyRejected: unknown host key for {LABEL} ")
-    assert info.value.one_line().endswith("run `crosshost hosts --accept-new` to trust it")
+    assert info.value.one_line().startswith(f"box-b: HostKeyUnknown: unknown host key for {LABEL} ")
+    assert info.value.one_line().endswith(f", not in {path})")
     assert not path.exists()
 
 
