@@ -31,7 +31,7 @@ AGENT_KINDS = ("scripted", "command", "openai", "none")
 TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 DEFAULT_BUDGET = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
 SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate"}
-TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent"}
+TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent", "tags"}
 BUDGET_KEYS = set(DEFAULT_BUDGET)
 GATE_KEYS = {"flip_rate", "alpha", "burn_invalidates"}
 
@@ -87,6 +87,7 @@ class Task:
     forbid_tools: List[str] = field(default_factory=list)
     must_finish: Optional[str] = "stop"
     repo_dir: Optional[Path] = None
+    tags: List[str] = field(default_factory=list)  # for selecting tasks (crosshost replay --tags)
 
     @property
     def predicate(self) -> Optional[Path]:
@@ -228,6 +229,8 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
         }
         if "description" in traw:
             task["description"] = traw["description"]
+        if "tags" in traw:
+            task["tags"] = traw["tags"]
         own, base = task["agent"], data["agent"]
         kind = inherit_agent(own if isinstance(own, dict) else {}, base if isinstance(base, dict) else None).get("kind")
         script_path = task_dir / "script.json"
@@ -293,6 +296,17 @@ def _str_list(value: Any, where: str) -> List[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise SuiteError(f"{where} must be a list of non-empty strings")
     return list(value)
+
+
+TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+def _tags(value: Any, where: str) -> List[str]:
+    tags = _str_list(value, where)
+    for tag in tags:
+        if not TAG.match(tag):
+            raise SuiteError(f"{where}: tag {tag!r} must be letters, digits, '.', '_' or '-' (no ',' or spaces)")
+    return tags
 
 
 def _budget(raw: Any, base: Dict[str, Any], where: str) -> Dict[str, Any]:
@@ -525,6 +539,7 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
             forbid_tools=_str_list(raw.get("forbid_tools", []), where(task_id, "forbid_tools")),
             must_finish=must_finish,
             repo_dir=repo if repo.is_dir() else None,
+            tags=_tags(raw.get("tags", []), where(task_id, "tags")),
         ))
     normalised = dict(data)
     normalised["tools"] = tools

@@ -24,6 +24,14 @@ from orchestrator.exit_policy import INTERRUPTED, OK
 
 P = ParamSpec("P")
 
+# One syntax for picking tasks and hosts in every command (orchestrator/selection.py).
+TasksOpt = Annotated[
+    str | None, typer.Option("--tasks", help="Only these tasks: names or globs, comma-separated ('net-*,dns')."),
+]
+ExcludeOpt = Annotated[str | None, typer.Option("--exclude", help="Leave out these tasks: names or globs.")]
+TagsOpt = Annotated[str | None, typer.Option("--tags", help="Only tasks with one of these tags (task.toml tags).")]
+HostsOpt = Annotated[str | None, typer.Option("--hosts", help="Only these hosts, comma-separated (a,b).")]
+
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
@@ -106,8 +114,10 @@ def version() -> int:
 def replay_cmd(
     suite: Annotated[Path, typer.Argument(help="The suite directory (suite.toml, tasks/).")],
     inventory: Annotated[Path, typer.Option("-i", "--inventory", help="The hosts.toml to use.")] = Path("hosts.toml"),
-    hosts: Annotated[str | None, typer.Option("--hosts", help="Only these hosts (comma-separated).")] = None,
-    tasks: Annotated[str | None, typer.Option("--tasks", help="Only these tasks (comma-separated).")] = None,
+    hosts: HostsOpt = None,
+    tasks: TasksOpt = None,
+    exclude: ExcludeOpt = None,
+    tags: TagsOpt = None,
     repeat: Annotated[int | None, typer.Option("--repeat", min=1, help="Attempts per task per host.")] = None,
     out: Annotated[Path, typer.Option("--out", help="Where run directories are written.")] = Path("runs"),
     jobs: Annotated[int | None, typer.Option("--jobs", min=1, help="Hosts at once (default: all, up to 64).")] = None,
@@ -133,14 +143,16 @@ def replay_cmd(
     """
     from orchestrator import ui
     from orchestrator.replay import ReplayRequest, planned_hosts, replay_command
+    from orchestrator.selection import split_list
 
     def split(v: str | None) -> list[str] | None:
-        return [x.strip() for x in v.split(",") if x.strip()] if v else None
+        return list(split_list(v)) or None
 
     request = ReplayRequest(
         suite_dir=suite, inventory_path=inventory, hosts=split(hosts), tasks=split(tasks), repeat=repeat,
         out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last, reference=reference,
         slots=slots,
+        exclude=split(exclude), tags=split(tags),
     )  # fmt: skip
     with ui.ProgressView(planned_hosts(request)) as view:
         outcome = replay_command(request, on_event=view)
@@ -271,16 +283,23 @@ def report_cmd(
     run: Annotated[Path, typer.Argument(help="A run directory, runs/<run_id>/.")],
     fmt: Annotated[str, typer.Option("--format", help="table, md, json or junit.")] = "table",
     gate: Annotated[float | None, typer.Option("--gate", min=0.0, help="Override the suite's gate.")] = None,
+    tasks: TasksOpt = None,
+    exclude: ExcludeOpt = None,
+    tags: TagsOpt = None,
 ) -> int:
-    """Re-analyse a run, rewrite report.json/report.md/junit.xml, print one; exit 0 valid and within gate."""
+    """Re-analyse a run, rewrite report.json/report.md/junit.xml, print one; exit 0 valid and within gate.
+
+    With --tasks/--exclude/--tags only those tasks are analysed and printed; the run's report files
+    are left as they are."""
     from orchestrator import ui
     from orchestrator.errors import InputError
     from orchestrator.exit_policy import report_exit
     from orchestrator.report import FORMATS, analyse_and_write
+    from orchestrator.selection import TaskSelection
 
     if fmt not in (*FORMATS, "table"):
         raise InputError(f"--format {fmt!r}: choose table, md, json or junit")
-    result = analyse_and_write(run, gate)
+    result = analyse_and_write(run, gate, TaskSelection.of(tasks, exclude, tags))
     ui.print_report(result, fmt)
     return report_exit(result)
 
@@ -313,15 +332,22 @@ def compare_cmd(
 def diff_cmd(
     run: Annotated[Path, typer.Argument(help="A run directory, runs/<run_id>/.")],
     hosts: Annotated[
-        tuple[str, str] | None, typer.Option("--hosts", help="Two hosts (default: the reference vs each other).")
+        str | None,
+        typer.Option("--hosts", help="a,b: a against b (one name: the reference against it; default: the "
+                     "reference against each other host)."),
     ] = None,
-    task: Annotated[str | None, typer.Option("--task", help="Only this task.")] = None,
+    tasks: TasksOpt = None,
+    exclude: ExcludeOpt = None,
+    tags: TagsOpt = None,
+    task: Annotated[str | None, typer.Option("--task", help="Only this task (as --tasks NAME).")] = None,
 ) -> int:
     """Tool-call shapes (tool, argument keys, value types) as a unified diff; exit 1 when shapes differ."""
     from orchestrator.analysis.diff import run_diff
     from orchestrator.exit_policy import diff_exit
+    from orchestrator.selection import TaskSelection, split_list
 
-    result = run_diff(run, hosts, task)
+    selection = TaskSelection.of(tasks or task, exclude, tags)
+    result = run_diff(run, split_list(hosts), selection)
     for line in result.lines:
         typer.echo(line)
     return diff_exit(result.differs)

@@ -38,6 +38,7 @@ from orchestrator.inventory import HostConfig, load_inventory
 from orchestrator.proxy import openai_agent_config, require_api_key
 from orchestrator.report import analyse_and_write
 from orchestrator.rundir import HostRecord, Manifest, ResultRow, RunDir, SuiteRef, iter_results, utc_now
+from orchestrator.selection import TaskSelection
 from orchestrator.transport import Opener, default_opener
 
 
@@ -46,7 +47,7 @@ class ReplayRequest:
     suite_dir: Path
     inventory_path: Path = Path("hosts.toml")
     hosts: list[str] | None = None
-    tasks: list[str] | None = None
+    tasks: list[str] | None = None  # names or globs (selection.py)
     repeat: int | None = None
     out: Path = Path("runs")
     jobs: int | None = None
@@ -63,6 +64,12 @@ class ReplayRequest:
     #: the user's command (without ``crosshost``) when it was not ``replay`` itself (``repro``): hints
     #: such as the one for an unknown host key repeat it
     rerun: list[str] | None = None
+    exclude: list[str] | None = None  # names or globs taken away (--exclude)
+    tags: list[str] | None = None  # only tasks with one of these tags (--tags)
+
+    @property
+    def selection(self) -> TaskSelection:
+        return TaskSelection.of(self.tasks, self.exclude, self.tags)
 
     def command_words(self) -> list[str]:
         """The command that ran this replay, complete (``-i`` always), for hints to repeat."""
@@ -71,9 +78,9 @@ class ReplayRequest:
         if self.rerun is not None:
             return list(self.rerun)
         words = ["replay", str(self.suite_dir), *inventory_words(self.inventory_path)]
-        for flag, value in (("--hosts", self.hosts), ("--tasks", self.tasks)):
-            if value:
-                words += [flag, ",".join(value)]
+        if self.hosts:
+            words += ["--hosts", ",".join(self.hosts)]
+        words += self.selection.words()
         if self.repeat is not None:
             words += ["--repeat", str(self.repeat)]
         if self.gate is not None:
@@ -180,16 +187,16 @@ def _resolve_hosts(request: ReplayRequest) -> list[HostConfig]:
     return selected
 
 
-def _resolve_tasks(bundle: Bundle, wanted: list[str] | None) -> tuple[list[str], bool]:
+def suite_task_tags(bundle: Bundle) -> dict[str, list[str]]:
+    """Each task's ``tags`` (task.toml), for ``--tags`` and the manifest."""
+    return {t.id: list(t.tags) for t in bundle.suite.tasks}
+
+
+def _resolve_tasks(bundle: Bundle, selection: TaskSelection) -> tuple[list[str], bool]:
     every = bundle.suite.task_ids
-    if not wanted:
+    if selection.everything:
         return every, True
-    unknown = [t for t in wanted if t not in every]
-    if unknown:
-        raise SuiteError(
-            f"{bundle.suite_dir}: --tasks names unknown task(s) {', '.join(unknown)} (tasks: {', '.join(every)})"
-        )
-    return [t for t in every if t in wanted], False
+    return selection.select(every, suite_task_tags(bundle), str(bundle.suite_dir)), False
 
 
 def replay(
@@ -214,7 +221,7 @@ def replay(
         cache = request.cache_dir or bundle_cache_dir(request.out)
         bundle = build_bundle(request.suite_dir, cache)
         prune_local_cache(cache, keep=frozenset({bundle.path, cache / f"suite-{bundle.suite_sha}.tar"}))
-    tasks, all_tasks = _resolve_tasks(bundle, request.tasks)
+    tasks, all_tasks = _resolve_tasks(bundle, request.selection)
     model = openai_agent_config(bundle.suite, tasks)
     if model is not None:  # an unset api_key_env stops the run here, before any host is touched
         require_api_key(str(model.get("api_key_env", "")), where=str(bundle.suite_dir / "suite.toml"))
@@ -240,6 +247,7 @@ def replay(
         alpha=bundle.suite.gate.alpha,
         burn_invalidates=bundle.suite.gate.burn_invalidates,
         sampled=[t for t in bundle.suite.sampled_task_ids() if t in tasks],
+        task_tags={t: tags for t, tags in suite_task_tags(bundle).items() if t in tasks and tags},
         tasks=tasks,
         repeat=repeat,
         inventory={"path": str(Path(request.inventory_path).resolve()), "hosts": [h.public_dict() for h in selected]},

@@ -5,14 +5,15 @@ One pair of traces is loaded at a time (capped), so a long run never sits in mem
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
 from orchestrator.analysis.attempts import iter_steps
 from orchestrator.analysis.shapes import args_differences, unified_shape_diff
-from orchestrator.errors import InputError
 from orchestrator.rundir import load_run
+from orchestrator.selection import TaskSelection, select_hosts
 
 MAX_STEPS = 20_000
 
@@ -23,28 +24,28 @@ class DiffOutput:
     differs: bool = False
 
 
-def run_diff(run_dir: Path, hosts: tuple[str, str] | None = None, task: str | None = None) -> DiffOutput:
-    """Shape diff of ``hosts`` (default: the reference against every other host) for one or all tasks."""
+def run_diff(
+    run_dir: Path, hosts: Sequence[str] = (), selection: TaskSelection | None = None
+) -> DiffOutput:
+    """Shape diff for the selected tasks (default: all). ``hosts`` (``--hosts a,b``): none, the
+    reference against every other host; one, the reference against it; more, the first named
+    against each of the others."""
     run = load_run(run_dir)
     traces: dict[tuple[str, str], dict[int, Path]] = {}  # (host, task) -> attempt -> trace
     for (host, task_id, attempt), path in run.trace_files():
         traces.setdefault((host, task_id), {})[attempt] = path
         if host not in run.hosts:
             run.hosts.append(host)
-    known = ", ".join(run.hosts) or "none"
-    if hosts is not None:
-        for host in hosts:
-            if host not in run.hosts:
-                raise InputError(f"{run_dir}: no host {host!r} in this run (hosts: {known})")
-        pairs = [hosts]
-    else:
-        reference = run.reference or (run.hosts[0] if run.hosts else "")
-        pairs = [(reference, h) for h in run.hosts if h != reference]
+    reference = run.reference or (run.hosts[0] if run.hosts else "")
+    select_hosts(run.hosts, hosts, f"{run_dir}: --hosts")  # an unknown name is bad input
+    named = list(dict.fromkeys(hosts))
+    if len(named) == 1:
+        named = [reference, *named]
+    first, others = (named[0], named[1:]) if named else (reference, [h for h in run.hosts if h != reference])
+    pairs = [(first, h) for h in others if h != first]
     tasks = sorted({t for _, t in traces})
-    if task is not None:
-        if task not in tasks:
-            raise InputError(f"{run_dir}: no traces of task {task!r} (tasks: {', '.join(tasks) or 'none'})")
-        tasks = [task]
+    if selection is not None and not selection.everything:
+        tasks = selection.select(tasks, run.manifest.task_tags, str(run_dir))
 
     out = DiffOutput()
     for task_id in tasks:

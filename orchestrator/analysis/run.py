@@ -43,6 +43,7 @@ from orchestrator.analysis.stats import DEFAULT_ALPHA, pass_rate, wilson_interva
 from orchestrator.analysis.verdict import AGENT_CALL_KINDS, classify_task, same_fingerprint, who_acts
 from orchestrator.dotted import flatten
 from orchestrator.rundir import AttemptKey, ResultRow, Run, load_run
+from orchestrator.selection import TaskSelection
 
 MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
 MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json
@@ -51,8 +52,9 @@ MAX_FIELD_VALUE = 200
 MAX_LEAK_EXAMPLES = 1  # the rest are in each task's leaks
 
 
-def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
-    """Analyse ``runs/<run_id>/``; ``gate`` (``--gate``) overrides the suite's flip-rate gate."""
+def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelection | None = None) -> RunReport:
+    """Analyse ``runs/<run_id>/``; ``gate`` (``--gate``) overrides the suite's flip-rate gate;
+    ``selection`` (``--tasks/--exclude/--tags``) analyses those tasks only (flip rate, validity)."""
     run = load_run(run_dir)
     alpha = run.alpha if run.alpha is not None else DEFAULT_ALPHA
     contract = run.contract
@@ -60,13 +62,18 @@ def analyse_run(run_dir: Path, gate: float | None = None) -> RunReport:
 
     summaries: dict[AttemptKey, AttemptSummary] = {}
     summariser = TraceSummariser(contract, fingerprints)  # one memo for every trace of the run
-    for (host, task, attempt), path in run.trace_files():
+    traces = list(run.trace_files())
+    rows = run.results()
+    tasks = list(dict.fromkeys([*run.manifest.tasks, *sorted({k[1] for k, _ in traces} | {k[1] for k in rows})]))
+    if selection is not None and not selection.everything:
+        tasks = selection.select(tasks, run.manifest.task_tags, str(run_dir))
+        rows = {k: v for k, v in rows.items() if k[1] in tasks}
+    for (host, task, attempt), path in traces:
         if host not in run.hosts:
             run.hosts.append(host)
-        summaries[(host, task, attempt)] = summariser.summarise(path, host, task, attempt)
-    rows = run.results()
+        if task in tasks:
+            summaries[(host, task, attempt)] = summariser.summarise(path, host, task, attempt)
 
-    tasks = list(dict.fromkeys([*run.manifest.tasks, *sorted({k[1] for k in (*summaries, *rows)})]))
     fp_ids = {host: _fingerprint_id(run, host, summaries) for host in run.hosts}
     reference = run.reference or (run.hosts[0] if run.hosts else "")
 

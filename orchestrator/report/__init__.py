@@ -15,6 +15,7 @@ from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.flips import attempt_pairs
 from orchestrator.analysis.models import HostRate, RunReport, TaskReport
 from orchestrator.rundir import write_bytes_atomic
+from orchestrator.selection import TaskSelection
 
 __all__ = [
     "burn_lines",
@@ -353,10 +354,15 @@ def write_reports(run_dir: Path, report: RunReport) -> None:
     write_bytes_atomic(run_dir / "report.html", render_html(report, run_dir).encode())
 
 
-def analyse_and_write(run_dir: Path, gate: float | None = None) -> RunReport:
-    """Analyse a run directory (``gate`` overrides the suite's) and write its reports into it."""
-    report = analyse_run(run_dir, gate=gate)
-    write_reports(run_dir, report)
+def analyse_and_write(
+    run_dir: Path, gate: float | None = None, selection: TaskSelection | None = None
+) -> RunReport:
+    """Analyse a run directory (``gate`` overrides the suite's) and write its reports into it; with a
+    ``selection`` of its tasks, analyse those only and write nothing (a subset never replaces the
+    run's own reports)."""
+    report = analyse_run(run_dir, gate=gate, selection=selection)
+    if selection is None or selection.everything:
+        write_reports(run_dir, report)
     return report
 
 

@@ -295,8 +295,8 @@ def test_diff_prints_a_unified_shape_diff(tmp_path):
 
 def test_diff_same_shapes_exit_0_and_unknown_host_exit_2(tmp_path):
     run = _flipped_run(tmp_path)
-    out = runner.invoke(app, ["diff", str(run), "--hosts", "local", "box-b", "--task", "t-ok"])
+    out = runner.invoke(app, ["diff", str(run), "--hosts", "local,box-b", "--task", "t-ok"])
     assert out.exit_code == 0
     assert out.output == "# t-ok: same shapes and values on local and box-b (attempts 0)\n"
-    bad = runner.invoke(app, ["diff", str(run), "--hosts", "local", "box-z"])
-    assert bad.exit_code == 2 and "box-z" in bad.output
+    bad = runner.invoke(app, ["diff", str(run), "--hosts", "local,box-z"])
+    assert bad.exit_code == 2 and "no host 'box-z' (hosts: local, box-b)" in bad.output
