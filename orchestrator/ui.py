@@ -9,6 +9,7 @@ neither crash the output nor style it.
 from __future__ import annotations
 
 import json
+import textwrap
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -309,7 +310,10 @@ def history_table(entries: list[HistoryEntry], console: Console, *, wide: bool =
             continue
         say(console, head)
         for line in history_change_lines(c):
-            say(console, f"  {line}")
+            # wrapped at the terminal's width, continuation lines indented like the first
+            for part in textwrap.wrap(line, console.width, initial_indent="  ", subsequent_indent="  ",
+                                      break_on_hyphens=False):  # fmt: skip
+                say(console, part)
 
 
 def history_change_lines(c: Changes) -> list[str]:
@@ -318,7 +322,7 @@ def history_change_lines(c: Changes) -> list[str]:
     if c.hosts_added or c.hosts_removed:
         lines.append("hosts differ: " + _plus_minus(c.hosts_added, c.hosts_removed))
     if c.tasks_added or c.tasks_removed:
-        lines.append("tasks differ: " + _plus_minus(c.tasks_added, c.tasks_removed) + " (flips compared on the tasks both ran)")
+        lines.append("tasks differ: " + _plus_minus(c.tasks_added, c.tasks_removed) + " (compared on the tasks both ran)")
     if c.repeat:
         lines.append(f"repeat differs: {c.repeat['old']} -> {c.repeat['new']} attempts per task")
     for f in c.fingerprints_changed:
@@ -335,10 +339,15 @@ def history_change_lines(c: Changes) -> list[str]:
     return lines
 
 
+NAMES_SHOWN = 4  # names listed per "+"/"-" in a history change line; the rest are counted
+
+
 def _plus_minus(added: list[str], removed: list[str]) -> str:
-    return "; ".join(
-        part for part in (f"+ {', '.join(added)}" if added else "", f"- {', '.join(removed)}" if removed else "") if part
-    )
+    def some(names: list[str]) -> str:
+        more = f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else ""
+        return ", ".join(names[:NAMES_SHOWN]) + more
+
+    return "; ".join(part for part in (f"+ {some(added)}" if added else "", f"- {some(removed)}" if removed else "") if part)
 
 
 def render_history(

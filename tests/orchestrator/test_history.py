@@ -511,11 +511,13 @@ def test_history_says_when_two_runs_differ_in_hosts_tasks_repeat_or_a_fingerprin
     res = CliRunner().invoke(app, ["history", "--out", str(runs)], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
     after = res.output.split("r2 vs r1 (triage):\n")[1].splitlines()
+    assert max(len(line) for line in after) <= 80  # wrapped, continuation lines indented
     assert after == [
         "  hosts differ: + box-c; - box-b",
-        "  tasks differ: + t4; - t3 (flips compared on the tasks both ran)",
+        "  tasks differ: + t4; - t3 (compared on the tasks both ran)",
         "  repeat differs: 1 -> 3 attempts per task",
-        f"  fingerprint of local changed: {'0' * 16} -> {'f' * 16} (python CPython 3.11.7 -> CPython 3.9.2)",
+        f"  fingerprint of local changed: {'0' * 16} -> {'f' * 16} (python",
+        "  CPython 3.11.7 -> CPython 3.9.2)",
     ]
     res = CliRunner().invoke(app, ["history", "--out", str(runs), "--json"])
     changes = json.loads(res.output)[1]["changes"]
