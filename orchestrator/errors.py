@@ -89,8 +89,7 @@ class HostKeyRejected(HostError):
 
 
 class HostKeyUnknown(HostKeyRejected):
-    """The host's key is not in the tool-owned known_hosts and --accept-new was not given; the
-    command that met it says how to trust it (``hints.host_error_line``)."""
+    """An unknown host key without --accept-new; the command adds how to trust it (hints.py)."""
 
 
 class AuthenticationFailed(HostError):
