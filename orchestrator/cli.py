@@ -165,12 +165,13 @@ def lint_cmd(
     suite: Annotated[Path, typer.Argument(help="The suite directory (suite.toml, tasks/).")],
 ) -> int:
     """Check a suite: tools the contract lacks (error), unused fixtures, tasks that cannot fail (warning)."""
+    from orchestrator.exit_policy import lint_exit
     from orchestrator.lint import lint_lines, lint_suite
 
     report = lint_suite(suite)
     for line in lint_lines(report):
         typer.echo(line)
-    return report.exit_code()
+    return lint_exit(len(report.errors))
 
 
 @app.command("hosts")

@@ -108,6 +108,12 @@ def flips_exit(within_gate: bool) -> int:
     return OK if within_gate else FINDING
 
 
+def lint_exit(errors: int) -> int:
+    """``lint``: 2 when the suite has an error (it is bad input a replay would refuse), else 0:
+    warnings never fail."""
+    return BAD_INPUT if errors else OK
+
+
 def diff_exit(differs: bool) -> int:
     """``crosshost diff``: 1 when the tool-call shapes differ."""
     return FINDING if differs else OK

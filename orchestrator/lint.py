@@ -60,10 +60,6 @@ class LintReport:
             return f"suite {self.suite}: {self.tasks} task(s), no findings"
         return f"suite {self.suite}: {len(self.errors)} error(s), {len(self.warnings)} warning(s)"
 
-    def exit_code(self) -> int:
-        """2 when an error was found (the suite is bad input), else 0: warnings never fail."""
-        return 2 if self.errors else 0
-
     def raise_on_errors(self) -> None:
         """What a replay does before it touches a host: the first error as bad input (exit 2)."""
         if self.errors:
