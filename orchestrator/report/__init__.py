@@ -47,9 +47,16 @@ def gate_verdict(report: RunReport) -> str:
 
 
 def burn_lines(report: RunReport) -> list[str]:
-    """Every host's ``burn`` isolation finding, one a line (listed whether or not they invalidate)."""
-    effect = "invalidates the run" if report.burn_invalidates else "listed; [gate] burn_invalidates = true makes it invalidate"
-    return [f"burn: {f.host}: {f.kind} ({f.detail}): {f.meaning} ({effect})" for f in report.burn]
+    """Every host's ``burn`` isolation finding, one a line (listed whether or not they invalidate),
+    then one line saying what they do to this run."""
+    if not report.burn:
+        return []
+    effect = (
+        "these burn findings invalidate the run ([gate] burn_invalidates = true)"
+        if report.burn_invalidates
+        else "burn findings are listed; with [gate] burn_invalidates = true they invalidate the run"
+    )
+    return [*(f"burn: {f.host}: {f.kind} ({f.detail}): {f.meaning}" for f in report.burn), effect]
 
 
 def validity_line(report: RunReport) -> str:
