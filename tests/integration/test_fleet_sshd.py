@@ -109,7 +109,7 @@ def test_an_alias_only_entry_resolves_through_an_ssh_config_file(bastioned: Bast
     inv.write_text(inv.read_text().replace(str(f.known_hosts), str(tmp_path / "empty_known_hosts")))
     refused = _crosshost("hosts", "-i", str(inv), cwd=tmp_path)
     assert refused.returncode == 3
-    assert f"j: HostKeyRejected: unknown host key for [127.0.0.1]:{j.port}" in refused.stderr
+    assert f"j: HostKeyUnknown: unknown host key for [127.0.0.1]:{j.port}" in refused.stderr
 
 
 def test_a_host_reached_only_through_the_bastion_as_a_non_root_user(bastioned: Bastioned, tmp_path: Path) -> None:
