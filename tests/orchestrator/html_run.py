@@ -23,7 +23,7 @@ def build_known_run(
     """``flip-task`` passes on local (the reference) and box-c and fails on box-b, whose attempt 0
     makes an extra call at step 2; box-c calls with another value at step 1. Two attempts each."""
     hosts = two_hosts()
-    hosts["box-c"] = fingerprint("box-c", "c" * 16, locale="POSIX")
+    hosts["box-c"] = fingerprint("box-c", "c" * 16, locale={"LANG": "POSIX", "LC_ALL": None, "resolved": "C"})
     attempts: dict[tuple[str, str, int], Attempt] = {}
     healthy = [("read_unit_status", {"unit": "nginx.service"}), ("restart_unit", {"unit": "nginx.service"})]
     for host in hosts:
