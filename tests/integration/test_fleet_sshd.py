@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -272,3 +273,41 @@ def test_slots_on_an_sshd_host_give_the_verdicts_of_one_slot_with_attempts_overl
     assert [(r["task"], r["verdict"]) for r in runs[4]] == [(r["task"], r["verdict"]) for r in runs[1]]
     assert [r["verdict"] for r in runs[4]] == ["pass", "fail"] * 4
     assert ("box-a", "run", "4 slots") in events and ("box-a", "run", "") in events  # the progress shows them
+
+
+def test_bastion_connections_bounds_the_connections_being_opened_through_it(
+    bastioned: Bastioned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.transport import ssh
+
+    f = bastioned.fleet
+    inv = load_inventory(bastioned.inventory(tmp_path / "hosts.toml", f'identity_file = "{f.identity}"',
+                                             defaults="bastion_connections = 1"))  # fmt: skip
+    real = ssh.start_transport
+    opening = peak = 0
+    lock = threading.Lock()
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal opening, peak
+        if kwargs.get("via") is None:
+            return real(*args, **kwargs)  # the bastion itself
+        with lock:
+            opening += 1
+            peak = max(peak, opening)
+        try:
+            time.sleep(0.2)  # a slow handshake: without the bound, the others would overlap it
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                opening -= 1
+
+    monkeypatch.setattr(ssh, "start_transport", counted)
+    cfgs = [inv.get("inner").model_copy(update={"name": f"inner-{i}"}) for i in range(4)]
+    with cf.ThreadPoolExecutor(4) as pool:
+        hosts = list(pool.map(open_host, cfgs))
+    try:
+        assert [h.exec(["hostname"], 10).stdout.strip() for h in hosts] == ["box-t"] * 4
+    finally:
+        for h in hosts:
+            h.close()
+    assert peak == 1
