@@ -78,6 +78,7 @@ class AgentContext:
     env: Dict[str, str]  # the allowlisted environment (HOME points into the attempt)
     suite_dir: Path
     scratch: Path  # a directory of the attempt outside the workspace (e.g. agent stderr)
+    attempt: int = 0
 
 
 class Agent:

@@ -40,7 +40,16 @@ from .agents import (
     register,
 )
 from .suite import AgentSpec
-from .wire import CALL_HEADER, CHAT_PATH, ERR_BUDGET, FINISH_BUDGET_MODEL, MODEL_URL_ENV
+from .wire import (
+    ATTEMPT_HEADER,
+    CALL_HEADER,
+    CHAT_PATH,
+    ERR_BUDGET,
+    ERR_DIVERGED,
+    FINISH_BUDGET_MODEL,
+    FINISH_MODEL_DIVERGED,
+    MODEL_URL_ENV,
+)
 
 FINISH_AGENT_ERROR = "agent_error"
 FINISH_TIMEOUT = "timeout"
@@ -165,9 +174,10 @@ def _derived_parameters(tool: Dict[str, Any]) -> Dict[str, Any]:
 class ChatClient:
     """POSTs to ``<CROSSHOST_MODEL_URL>/chat/completions``; never sends or holds a key."""
 
-    def __init__(self, url: str, settings: OpenAISettings) -> None:
+    def __init__(self, url: str, settings: OpenAISettings, attempt_key: Optional[str] = None) -> None:
         self.url = url.rstrip("/") + CHAT_PATH
         self.settings = settings
+        self.attempt_key = attempt_key  # "<task>.<attempt>": a held model answers by it
 
     def request_body(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> Dict[str, Any]:
         body: Dict[str, Any] = {"model": self.settings.model, "messages": messages}
@@ -183,8 +193,10 @@ class ChatClient:
                  timeout_s: Optional[float] = None) -> ModelTurn:
         timeout_s = self.settings.timeout_s if timeout_s is None else max(0.1, min(timeout_s, self.settings.timeout_s))
         data = json.dumps(self.request_body(messages, tools)).encode("utf-8")
-        request = urllib.request.Request(self.url, data=data, method="POST",
-                                         headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.attempt_key is not None:
+            headers[ATTEMPT_HEADER] = self.attempt_key
+        request = urllib.request.Request(self.url, data=data, method="POST", headers=headers)
         started = time.monotonic()
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as resp:
@@ -225,6 +237,8 @@ def _proxy_error(exc: urllib.error.HTTPError) -> ModelError:
     text = " ".join(str(message or f"HTTP {exc.code} from the model proxy").split())
     if kind == ERR_BUDGET:
         return ModelError(FINISH_BUDGET_MODEL, text, verdict_error=False, call=call)
+    if kind == ERR_DIVERGED:
+        return ModelError(FINISH_MODEL_DIVERGED, text, verdict_error=False, call=call)
     return ModelError(FINISH_AGENT_ERROR, text, verdict_error=True, call=call)
 
 
@@ -326,7 +340,8 @@ class OpenAIAgent(Agent):
         if not url:
             raise AgentInfraError(f"{MODEL_URL_ENV} is not set: an openai agent reaches the model only through "
                                   f"the controller's proxy (crosshost replay sets it)")
-        self._conversation = Conversation.start(ChatClient(url, self.settings), ctx.prompt, ctx.tools)
+        client = ChatClient(url, self.settings, f"{ctx.task.id}.{ctx.attempt}")
+        self._conversation = Conversation.start(client, ctx.prompt, ctx.tools)
 
     def next_action(self, observation: Optional[Observation], timeout_s: float) -> Action:
         conversation = self._conversation

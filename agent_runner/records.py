@@ -20,7 +20,8 @@ from .errors import TraceError
 TRACE_SCHEMA = "crosshost.trace/2"
 #: /1 named the runner's source digest ``pins.runner_sha``; /2 calls it ``pins.runner_source_sha``
 OLD_TRACE_SCHEMAS = ("crosshost.trace/1",)
-FINISH_REASONS = ("stop", "budget_steps", "budget_bytes", "budget_model", "timeout", "agent_error")
+FINISH_REASONS = ("stop", "budget_steps", "budget_bytes", "budget_model", "model_diverged", "timeout",
+                  "agent_error")
 VERDICTS = ("pass", "fail", "error")
 #: the pin holding the digest of the runner's own sources (the zipapp's digest is the manifest's)
 RUNNER_SOURCE_PIN = "runner_source_sha"

@@ -149,7 +149,7 @@ class Runner:
             writer.header(run_id=self.run_id, host=self.host, task=task.id, attempt=attempt,
                           fingerprint=digest, pins=pins, env_sha=this_env_sha,
                           agent=task.agent.kind)
-            outcome = self._run_agent(task, work, env, scratch, writer, started)
+            outcome = self._run_agent(task, work, env, scratch, writer, started, attempt)
             predicate_exit, predicate_output, predicate_error = self._run_predicate(task, pristine, work, env)
             checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
@@ -187,12 +187,13 @@ class Runner:
             _remove_tree(attempt_dir)
 
     def _run_agent(self, task: Task, work: Path, env: Dict[str, str], scratch: Path, writer: TraceWriter,
-                   started: float) -> LoopOutcome:
+                   started: float, attempt: int = 0) -> LoopOutcome:
         agent = agents.make_agent(task.agent)
         deadline = started + task.budget.timeout_s
         toolbox = ToolBox(self.suite.contract, self.suite.tools, task.fixtures, work, env)
         ctx = agents.AgentContext(task=task, prompt=task.prompt, tools=list(self.suite.contract.get("tools", [])),
-                                  workspace=work, env=env, suite_dir=self.suite.root, scratch=scratch)
+                                  workspace=work, env=env, suite_dir=self.suite.root, scratch=scratch,
+                                  attempt=attempt)
         try:
             try:
                 agent.start(ctx)

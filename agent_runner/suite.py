@@ -382,6 +382,8 @@ _OPENAI_KEYS: Dict[str, Any] = {
     "max_total_tokens": (False, lambda v: _positive_int(v), "a positive integer (tokens per run per host)"),
     "request_timeout_s": (False, lambda v: _number(v) and v > 0, "a positive number of seconds"),
     "sampled": (False, lambda v: isinstance(v, bool), "true or false (whether answers are draws)"),
+    "hold_model": (False, lambda v: isinstance(v, bool) or v == "strict",
+                   'true, false or "strict" (answer other hosts from the reference\'s model record)'),
 }
 
 

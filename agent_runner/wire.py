@@ -17,14 +17,19 @@ MODEL_URL_ENV = "CROSSHOST_MODEL_URL"
 API_BASE_PATH = "/v1"
 CHAT_PATH = "/chat/completions"  # below the base URL
 CALL_HEADER = "X-Crosshost-Call"
+#: on every request of an attempt: "<task>.<attempt>", so a held model answers it from the reference's record
+ATTEMPT_HEADER = "X-Crosshost-Attempt"
 
 ERR_BUDGET = "crosshost_budget"
 ERR_REFUSED = "crosshost_refused"
 ERR_UNREACHABLE = "crosshost_provider_unreachable"
 ERR_PROVIDER = "crosshost_provider_error"
 ERR_BAD_JSON = "crosshost_provider_bad_json"
+#: hold_model = "strict": this host's request differs from the reference's record; the attempt ends
+ERR_DIVERGED = "crosshost_model_diverged"
 
 FINISH_BUDGET_MODEL = "budget_model"
+FINISH_MODEL_DIVERGED = "model_diverged"
 
 
 def model_url(port: int) -> str:

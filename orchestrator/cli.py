@@ -134,6 +134,13 @@ def replay_cmd(
         int | None,
         typer.Option("--slots", min=1, help="Attempts at once on every host (default: each host's slots, 1)."),
     ] = None,
+    hold_model: Annotated[
+        bool | None,
+        typer.Option(
+            "--hold-model/--no-hold-model",
+            help="A live model: answer every host from the reference's model record (default: the suite's).",
+        ),
+    ] = None,
 ) -> int:
     """Replay SUITE on every host of the inventory and write runs/<run_id>/.
 
@@ -152,7 +159,7 @@ def replay_cmd(
         suite_dir=suite, inventory_path=inventory, hosts=split(hosts), tasks=split(tasks), repeat=repeat,
         out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last, reference=reference,
         slots=slots,
-        exclude=split(exclude), tags=split(tags),
+        exclude=split(exclude), tags=split(tags), hold_model=hold_model,
     )  # fmt: skip
     with ui.ProgressView(planned_hosts(request)) as view:
         outcome = replay_command(request, on_event=view)

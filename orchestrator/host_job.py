@@ -27,6 +27,7 @@ from orchestrator.errors import (
     RunnerCrashed,
     WorkspaceLeft,
 )
+from orchestrator.hold import ModelHold
 from orchestrator.host_fingerprint import fingerprint_script, tail
 from orchestrator.inventory import HostConfig
 from orchestrator.proxy import model_route
@@ -55,6 +56,8 @@ class HostPlan:
     emit: EventSink
     #: the model proxy's settings when a task uses agent.kind = "openai" (orchestrator/proxy.py)
     model: dict[str, Any] | None = None
+    #: the held model (orchestrator/hold.py): the reference runs first, the others answered from it
+    hold: ModelHold | None = None
     running: Running = field(default_factory=Running)  # the runs in flight (Ctrl-C kills them)
     retries: list[dict[str, Any]] = field(default_factory=list)  # every connect retry, for the manifest
     #: --slots: attempts at once on every host, over the inventory's slots
@@ -82,6 +85,7 @@ class HostJob:
             self.plan.running.check_cancel()
             self.record.bundle_pushed = self._stage("push", lambda: ws.create_with_bundle(self.plan.bundle))
             self.plan.running.check_cancel()
+            self._wait_for_the_reference()
             run_started = True
             # The runner writes out/fingerprint.json before its first task; the run's exec packs out/.
             slots = self.slots()
@@ -101,12 +105,23 @@ class HostJob:
                     self._pull(ws)
             raise
         finally:
+            if self.plan.hold is not None and self.cfg.name == self.plan.hold.reference:
+                self.plan.hold.reference_done.set()  # also when it failed: the others go on, unheld
             self._record_fingerprint()
             if ws is not None:
                 self._clean(ws, run_started and not run_finished, error)
                 ws.host.close()
         self.plan.emit(self.cfg.name, "done", self._done_detail())
         return self.record
+
+    def _wait_for_the_reference(self) -> None:
+        """A held model: every other host runs once the reference's record is complete (no race)."""
+        hold = self.plan.hold
+        if hold is None or self.cfg.name == hold.reference:
+            return
+        self.plan.emit(self.cfg.name, "waiting", f"for {hold.reference}'s model record (held model)")
+        while not hold.reference_done.wait(0.2):
+            self.plan.running.check_cancel()
 
     def _stage(self, stage: str, fn: Callable[[], Any], detail: str = "") -> Any:
         self.plan.emit(self.cfg.name, stage, detail)
@@ -161,7 +176,7 @@ class HostJob:
         runner = [self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), *args]
         # A live model: the controller's proxy (key added there), reached through a reverse forward on
         # an SSH host; the runner itself gets CROSSHOST_MODEL_URL only (not in --env-allow: tools never see it).
-        with model_route(ws.host, self.plan.model, self.host_dir) as model_env:
+        with model_route(ws.host, self.plan.model, self.host_dir, self.plan.hold, self.cfg.name) as model_env:
             script = remote.run_script(
                 ws.path,
                 [*self.cfg.env_allowlist, *model_env],

@@ -44,18 +44,22 @@ from tenacity.wait import wait_random_exponential
 
 from agent_runner.wire import (
     API_BASE_PATH,
+    ATTEMPT_HEADER,
     CALL_HEADER,
     CHAT_PATH,
     ERR_BAD_JSON,
     ERR_BUDGET,
+    ERR_DIVERGED,
     ERR_PROVIDER,
     ERR_REFUSED,
     ERR_UNREACHABLE,
     FINISH_BUDGET_MODEL,
+    FINISH_MODEL_DIVERGED,
     MODEL_URL_ENV,
     model_url,
 )
 from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
+from orchestrator.hold import ModelHold
 from orchestrator.transport.base import Host
 
 if TYPE_CHECKING:
@@ -136,6 +140,7 @@ class ModelCall:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    held: bool = False  # answered from the reference host's record (a held model), not the provider
 
     @property
     def retries(self) -> int:
@@ -192,6 +197,8 @@ class ModelProxy:
         environ: Mapping[str, str] | None = None,
         where: str = "suite.toml",
         sleep: Callable[[float], None] = time.sleep,
+        hold: ModelHold | None = None,
+        host: str = "",
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise InputError(f"{where}: [agent] base_url = {base_url!r} must start with http:// or https://")
@@ -205,6 +212,8 @@ class ModelProxy:
         self.retry_max_wait_s = retry_max_wait_s
         self.timeout_s = timeout_s
         self._sleep = sleep
+        self.hold = hold
+        self.host = host
         self.calls: list[ModelCall] = []
         self.refused_paths: list[str] = []
         self._lock = threading.Lock()
@@ -344,8 +353,9 @@ class ModelProxy:
         code = FINISH_BUDGET_MODEL if kind == ERR_BUDGET else None
         return status, _error_body(kind, message, code=code), call
 
-    def handle_chat(self, raw: bytes) -> tuple[int, dict[str, Any], ModelCall]:
-        """Answer one chat-completions request body: (status, JSON body, record)."""
+    def handle_chat(self, raw: bytes, attempt_key: str | None = None) -> tuple[int, dict[str, Any], ModelCall]:
+        """Answer one chat-completions request body: (status, JSON body, record). ``attempt_key``
+        ("<task>.<attempt>") lets a held model record (the reference) or answer (every other host)."""
         started = time.monotonic()
         with self._lock:
             self._seq += 1
@@ -359,6 +369,21 @@ class ModelProxy:
         if self.model is not None and body.get("model") != self.model:
             msg = f"model {body.get('model')!r} refused: the suite pins model {self.model!r}"
             return self._refused(call, 403, ERR_REFUSED, msg)
+        following = self.hold is not None and attempt_key is not None and self.host != self.hold.reference
+        if following:
+            assert self.hold is not None and attempt_key is not None
+            held = self.hold.follow(self.host, attempt_key, body)
+            if held is not None:
+                call.status, call.held, call.latency_ms = 200, True, _ms(started)
+                call.model = _str_or_none(held.get("model"))
+                call.system_fingerprint = _str_or_none(held.get("system_fingerprint"))
+                self._record(call)
+                return 200, held, call
+            if self.hold.mode == "strict":
+                msg = f"held model: this request of {attempt_key} differs from the reference's (hold_model = \"strict\")"
+                call.status, call.error, call.message = 409, ERR_DIVERGED, msg
+                self._record(call)
+                return 409, _error_body(ERR_DIVERGED, msg, code=FINISH_MODEL_DIVERGED), call
         refusal = self._admit()
         if refusal is not None:
             return self._refused(call, 403, ERR_BUDGET, refusal)
@@ -392,6 +417,8 @@ class ModelProxy:
         with self._lock:
             self._tokens += call.total_tokens
         self._record(call)
+        if self.hold is not None and attempt_key is not None and self.host == self.hold.reference:
+            self.hold.record(attempt_key, body, answer)
         return 200, answer, call
 
     def _record(self, call: ModelCall) -> None:
@@ -517,7 +544,7 @@ def _handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
                 self._refuse(413, f"request body over {MAX_REQUEST_BYTES} bytes")
                 return
             raw = self.rfile.read(length)
-            status, body, call = proxy.handle_chat(raw)
+            status, body, call = proxy.handle_chat(raw, self.headers.get(ATTEMPT_HEADER) or None)
             self._send(status, body, call)
 
         def _not_allowed(self) -> None:
@@ -568,7 +595,11 @@ def _str_or_none(value: Any) -> str | None:
 
 @contextlib.contextmanager
 def model_route(
-    host: Host, agent: Mapping[str, Any] | None, record_dir: Path | None = None
+    host: Host,
+    agent: Mapping[str, Any] | None,
+    record_dir: Path | None = None,
+    hold: ModelHold | None = None,
+    name: str = "",
 ) -> Iterator[dict[str, str]]:
     """Serve the model to one host's run: yields the runner's extra environment (``CROSSHOST_MODEL_URL``).
 
@@ -581,7 +612,7 @@ def model_route(
     if agent is None:
         yield {}
         return
-    proxy = ModelProxy.from_agent(agent)
+    proxy = ModelProxy.from_agent(agent, hold=hold, host=name)
     with proxy:
         port: int | None = None
         try:

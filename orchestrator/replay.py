@@ -33,11 +33,21 @@ from orchestrator.errors import (
 from orchestrator.exit_policy import COMPARE_LAST_REASON, replay_exit
 from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
 from orchestrator.history import after_replay
+from orchestrator.hold import ModelHold, hold_mode
 from orchestrator.host_job import UNREACHABLE, EventSink, HostJob, HostPlan
 from orchestrator.inventory import HostConfig, load_inventory
 from orchestrator.proxy import openai_agent_config, require_api_key
 from orchestrator.report import analyse_and_write
-from orchestrator.rundir import HostRecord, Manifest, ResultRow, RunDir, SuiteRef, iter_results, utc_now
+from orchestrator.rundir import (
+    HostRecord,
+    Manifest,
+    ResultRow,
+    RunDir,
+    SuiteRef,
+    iter_results,
+    utc_now,
+    write_bytes_atomic,
+)
 from orchestrator.selection import TaskSelection
 from orchestrator.transport import Opener, default_opener
 
@@ -61,6 +71,8 @@ class ReplayRequest:
     keep_suite: str | None = None
     reference: str | None = None  # the host the others are compared with (default: the first selected)
     slots: int | None = None  # attempts at once on every host (default: each host's inventory slots)
+    #: --hold-model / --no-hold-model over the suite's [agent] hold_model (None: the suite's)
+    hold_model: bool | None = None
     #: the user's command (without ``crosshost``) when it was not ``replay`` itself (``repro``): hints
     #: such as the one for an unknown host key repeat it
     rerun: list[str] | None = None
@@ -89,6 +101,8 @@ class ReplayRequest:
             words += ["--reference", self.reference]
         if self.slots is not None:
             words += ["--slots", str(self.slots)]
+        if self.hold_model is not None:
+            words.append("--hold-model" if self.hold_model else "--no-hold-model")
         return [*words, *out_words(self.out), *(["--compare-last"] if self.compare_last else [])]
 
 
@@ -260,11 +274,16 @@ def replay(
 
     plan = HostPlan(run_dir, bundle, tasks, all_tasks, repeat, opener or default_opener, request.accept_new, emit, model)
     plan.slots = request.slots
+    mode = hold_mode(model, request.hold_model)
+    plan.hold = ModelHold(manifest.reference, mode) if mode is not None and len(names) > 1 else None
+    manifest.hold_model = plan.hold.mode if plan.hold is not None else None
     jobs = {h.name: HostJob(h, plan) for h in selected}
     fan: FanoutResult[HostRecord] = FanoutResult()
     try:
+        # a held model: the reference starts first (the others wait for its record, never it for theirs)
+        order = [manifest.reference, *(n for n in names if n != manifest.reference)] if plan.hold else names
         fan = fan_out(
-            names,
+            order,
             lambda n: jobs[n](n),
             jobs=request.jobs or default_jobs(len(names)),
             cancel=plan.running.cancel,
@@ -293,6 +312,8 @@ def replay(
             errors[name] = manifest.hosts[name].error or line
             emit(name, "failed", line)
         run_dir.write_results(rows)
+        if plan.hold is not None:
+            plan.hold.write(run_dir.path, write_bytes_atomic)
         manifest.pins = run_dir.trace_pins(names)
         manifest.finished = utc_now()
         run_dir.write_manifest(manifest)

@@ -110,6 +110,7 @@ class Manifest(BaseModel):
     burn_invalidates: bool = False  # the suite's [gate] burn_invalidates: a host's burn finding invalidates
     sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
     task_tags: dict[str, list[str]] = Field(default_factory=dict)  # task.toml tags (report/diff --tags)
+    hold_model: str | None = None  # "true" or "strict" when the model was held (orchestrator/hold.py)
     tasks: list[str] = Field(default_factory=list)
     repeat: int | None = None
     pins: dict[str, dict[str, Any]] = Field(default_factory=dict)  # task -> the pins of its trace header

@@ -228,6 +228,13 @@ def report_table(report: RunReport) -> RenderableType:
         parts.append(Text(errors_line(report), style="yellow"))
     if any(t.flip and t.evidence == "deterministic" for t in report.tasks):
         parts.append(Text("* = verdict differs from the reference's on the same attempt", style="dim"))
+    for task in report.tasks:
+        for line in task.model_hold:
+            if not line.startswith("model held"):  # a divergence is news; a full hold is in report.md
+                parts.append(plain(f"{task.task}: {line}", "yellow"))
+    whole = sum(all(x.startswith("model held") for x in t.model_hold) for t in report.tasks if t.model_hold)
+    if whole:
+        parts.append(plain(f"held model: every request answered from the reference's record in {whole} task(s)", "dim"))
     if any(t.evidence == "statistical" for t in report.tasks):
         parts.append(Text(rates_legend(report), style="dim"))
     return Group(*parts)

@@ -9,6 +9,8 @@ Modes:
     "script"   the script, then ``stop`` once it runs out
     "forever"  a tool call on every turn (a model that never stops)
     "bad_json" 200 with a body that is not JSON
+    "random"   the script's tool calls, each with one of four argument sets drawn at random (a sampled
+               model: the same conversation gets different tool calls)
 Plus ``fail_first = [429, 429]``: the first requests get those statuses, then the mode applies.
 Every request is recorded (path, headers, parsed body) in ``requests``.
 """
@@ -16,6 +18,7 @@ Every request is recorded (path, headers, parsed body) in ``requests``.
 from __future__ import annotations
 
 import json
+import random
 import socket
 import threading
 from collections.abc import Callable
@@ -46,6 +49,7 @@ class FakeProvider:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._rng = random.Random(7)
         self._server: ThreadingHTTPServer | None = None
 
     @property
@@ -82,6 +86,15 @@ class FakeProvider:
             step: dict[str, Any] = {"tool_calls": [{"name": self.forever_tool, "args": {}}]}
         elif turn < len(self.script):
             step = self.script[turn]
+            if self.mode == "random" and step.get("tool_calls"):
+                with self._lock:
+                    extra = self._rng.choice(["", "why", "how", "when"])
+                step = {
+                    "tool_calls": [
+                        {"name": c["name"], "args": {**c.get("args", {}), **({extra: "x"} if extra else {})}}
+                        for c in step["tool_calls"]
+                    ]
+                }
         else:
             step = {"content": "done", "finish": "stop"}
         return 200, json.dumps(self._completion(turn, step)).encode()

@@ -8,7 +8,9 @@ apart). A flip is a host difference that within-host noise cannot explain (``tas
   each other): a verdict that differs from the reference's on the same attempt, as it always was; a
   task is comparable when one same-attempt pair of non-error verdicts exists;
 - otherwise statistical evidence: a host differs from the reference only when Fisher's exact test on
-  the two hosts' pass counts gives p < alpha; comparable when both have a non-error attempt.
+  the two hosts' pass counts gives p < alpha; comparable when both have a non-error attempt;
+- held evidence (a held model: every host replayed the reference's model answers, attempt by
+  attempt): the same-attempt pairing again, even for a sampled agent and at one attempt a host.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from orchestrator.rundir import iter_results
 
 #: the highest flip rate that passes when neither ``--gate`` nor the suite's ``[gate]`` says
 DEFAULT_GATE = Gate.flip_rate
-DETERMINISTIC, STATISTICAL = "deterministic", "statistical"
+DETERMINISTIC, STATISTICAL, HELD = "deterministic", "statistical", "held"
 
 
 def effective_gate(option: float | None, manifest: float | None) -> float:
@@ -51,8 +53,12 @@ def task_flip(
     *,
     alpha: float = DEFAULT_ALPHA,
     sampled: bool = False,
+    held: bool = False,
 ) -> TaskFlip:
-    """Which hosts differ from the reference on one task, and on what evidence (see the module doc)."""
+    """Which hosts differ from the reference on one task, and on what evidence (see the module doc).
+
+    ``held``: the model was held (every host's attempt i got the reference's attempt i answers), so
+    attempt i is paired again, whatever the agent samples and however its attempts vary."""
     counts = {h: pass_counts(seq) for h, seq in verdicts.items()}
     ref_counts = counts.get(reference, Counts(0, 0))
     p_values = {
@@ -60,7 +66,7 @@ def task_flip(
         for h, c in counts.items()
         if h != reference
     }
-    if sampled or flaky_hosts(verdicts):
+    if not held and (sampled or flaky_hosts(verdicts)):
         flipped = [h for h, p in p_values.items() if p < alpha]
         comparable = ref_counts.n > 0 and any(c.n > 0 for h, c in counts.items() if h != reference)
         return TaskFlip(bool(flipped), flipped, comparable, STATISTICAL, counts, p_values)
@@ -74,7 +80,7 @@ def task_flip(
         comparable = comparable or bool(pairs)
         if any(flip for _, flip in pairs):
             flipped.append(host)
-    return TaskFlip(bool(flipped), flipped, comparable, DETERMINISTIC, counts, p_values)
+    return TaskFlip(bool(flipped), flipped, comparable, HELD if held else DETERMINISTIC, counts, p_values)
 
 
 def attempt_pairs(reference: Sequence[str], other: Sequence[str]) -> list[tuple[int, bool]]:

@@ -134,6 +134,7 @@ class TaskReport(BaseModel):
     sampled: bool = False
     rates: list[HostRate] = Field(default_factory=list)
     needed_repeat: int | None = None
+    model_hold: list[str] = Field(default_factory=list)  # "model held for N requests on HOST", divergences
 
 
 class HostStats(BaseModel):
@@ -183,3 +184,4 @@ class RunReport(BaseModel):
     burn_invalidates: bool = False
     #: what the run's manifest says once per run: inventory values crosshost replaced or ignored
     notes: list[str] = Field(default_factory=list)
+    hold_model: str | None = None  # "true" or "strict" when the run held the model

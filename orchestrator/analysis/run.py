@@ -42,6 +42,7 @@ from orchestrator.analysis.shapes import Step, shape_edits, step_of
 from orchestrator.analysis.stats import DEFAULT_ALPHA, pass_rate, wilson_interval
 from orchestrator.analysis.verdict import AGENT_CALL_KINDS, classify_task, same_fingerprint, who_acts
 from orchestrator.dotted import flatten
+from orchestrator.hold import HOLD_FILE
 from orchestrator.rundir import AttemptKey, ResultRow, Run, load_run
 from orchestrator.selection import TaskSelection
 
@@ -60,6 +61,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     contract = run.contract
     fingerprints = [f.to_json() for f in run.fingerprints.values()]
 
+    hold = read_hold(run.path)
     summaries: dict[AttemptKey, AttemptSummary] = {}
     summariser = TraceSummariser(contract, fingerprints)  # one memo for every trace of the run
     traces = list(run.trace_files())
@@ -91,7 +93,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
                 if key not in summaries:
                     summaries[key] = _missing_attempt(run, key, rows)
         task_reports.append(
-            _task_report(run, task, n_attempts, summaries, reference, fp_ids, attribution_cache, alpha)
+            _task_report(run, task, n_attempts, summaries, reference, fp_ids, attribution_cache, alpha, hold)
         )
 
     flipped = sum(t.flip for t in task_reports)
@@ -135,6 +137,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
         burn=burn,
         burn_invalidates=run.manifest.burn_invalidates,
         notes=run.manifest.notes,
+        hold_model=run.manifest.hold_model,
     )
 
 
@@ -206,6 +209,40 @@ def _host_stats(host: str, tasks: Iterable[str], summaries: Mapping[AttemptKey, 
     return stats
 
 
+# --- the held model -------------------------------------------------------------------------------
+
+
+def read_hold(run_dir: Path) -> dict[str, Any] | None:
+    """The held model's summary (``model_hold.json``), or None when the run did not hold it."""
+    path = run_dir / HOLD_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def hold_lines(hold: Mapping[str, Any], task: str, keys: list[str], others: list[str]) -> list[str]:
+    """Per host: ``model held for N requests on HOST``, or where it diverged and on what."""
+    recorded = sum(int(hold.get("recorded", {}).get(k) or 0) for k in keys)
+    lines: list[str] = []
+    divergences = [d for d in hold.get("divergences") or [] if isinstance(d, dict) and d.get("task") == task]
+    for host in others:
+        held = sum(int((hold.get("held", {}).get(host) or {}).get(k) or 0) for k in keys)
+        mine = [d for d in divergences if d.get("host") == host]
+        if not mine:
+            lines.append(f"model held for {held} of {recorded} request(s) on {host}")
+            continue
+        for d in mine:
+            what = f"{d.get('role') or 'request'} message {d.get('message')}" if d.get("message") is not None else "request"
+            lines.append(
+                f"diverged at request {d.get('request')} of attempt {d.get('attempt')} on {host}: {what} differs: "
+                f"{str(d.get('other') or '')[:160]!r} (reference: {str(d.get('reference') or '')[:160]!r}); "
+                f"held for {held} of {recorded} request(s)"
+            )
+    return lines
+
+
 # --- per task -------------------------------------------------------------------------------------
 
 
@@ -225,11 +262,14 @@ def _task_report(
     fp_ids: Mapping[str, str | None],
     attribution_cache: dict[str, Attribution],
     alpha: float,
+    hold: Mapping[str, Any] | None = None,
 ) -> TaskReport:
     attempts = {h: [summaries[(h, task, a)] for a in range(n_attempts)] for h in run.hosts}
     verdicts = {h: [s.verdict for s in seq] for h, seq in attempts.items()}
     sampled = task in run.sampled
-    flip = task_flip(verdicts, reference, alpha=alpha, sampled=sampled)
+    keys = [f"{task}.{a}" for a in range(n_attempts)]
+    held = hold is not None and any(hold.get("recorded", {}).get(k) for k in keys)
+    flip = task_flip(verdicts, reference, alpha=alpha, sampled=sampled, held=held)
     report = TaskReport(
         task=task,
         verdicts=verdicts,
@@ -276,6 +316,8 @@ def _task_report(
         ),
     )
     report.needed_repeat = decision.needed_repeat
+    if held and hold is not None:
+        report.model_hold = hold_lines(hold, task, keys, [h for h in run.hosts if h != reference])
     for host in report.flipped_hosts:
         if host not in attribution_cache:
             attribution_cache[host] = attribution(

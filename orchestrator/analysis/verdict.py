@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.analysis.flips import DETERMINISTIC, TaskFlip, flaky_hosts
+from orchestrator.analysis.flips import DETERMINISTIC, HELD, TaskFlip, flaky_hosts
 from orchestrator.analysis.models import ACTIONS, PRECEDENCE
 from orchestrator.analysis.stats import DEFAULT_ALPHA, min_p_value, needed_repeat
 
@@ -77,6 +77,17 @@ def classify_task(
     if not others:
         return Decision("same_host")
     if flip.evidence == DETERMINISTIC:  # every host's attempts agree: one verdict a host
+        return Decision(_worst_pair(verdicts, reference, others, shapes_differ))
+    if flip.evidence == HELD:  # attempt i paired again: the host's effect, even where attempts vary
+        differing = [h for h in others if h in flip.flipped_hosts]
+        if differing:
+            ref_seq = verdicts[reference]
+            coupled = any(
+                r == "pass" and v == "fail" for h in differing for r, v in zip(ref_seq, verdicts[h], strict=False)
+            )
+            return Decision("host_coupling" if coupled else "laptop_contamination")
+        if flaky_hosts(verdicts):
+            return Decision("flaky")
         return Decision(_worst_pair(verdicts, reference, others, shapes_differ))
     ref = flip.counts[reference]
     differing = [h for h in others if h in flip.flipped_hosts]

@@ -169,6 +169,10 @@ def render_markdown(report: RunReport) -> str:
             + f" | {'**flip**' if task.flip else ''} | {task.classification} | {_md(task.action)} |"
         )
     out += _markdown_rates(report, hosts)
+    held = [t for t in report.tasks if t.model_hold]
+    if held:
+        out += ["", f"## Held model ({report.hold_model})", ""]
+        out += [f"- {_md(t.task)}: {_md(line)}" for t in held for line in t.model_hold]
     details = [
         t for t in report.tasks if t.classification != "agree" or t.leaks or t.shape_diff or t.args_diff
     ]

@@ -132,3 +132,11 @@ def test_sampled_agents_and_alpha_are_read_from_the_suite(tmp_path: Path) -> Non
     assert loaded.gate == Gate(flip_rate=0.1, alpha=0.01)
     assert [t.id for t in loaded.tasks if is_sampled(t.agent)] == ["coin"]
     assert loaded.sampled_task_ids() == ["coin"]
+
+
+def test_hold_model_is_true_false_or_strict(tmp_path: Path) -> None:
+    agent = ('[agent]\nkind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\napi_key_env = "K"\n'
+             'hold_model = "maybe"\n')
+    suite = write_suite(tmp_path / "s", {"a": dict(GOOD, toml=agent)})
+    with pytest.raises(SuiteError, match=r'hold_model must be true, false or "strict"'):
+        load_suite(suite)

@@ -174,7 +174,9 @@ def test_openai_suite_on_local_and_two_sshd_hosts_keeps_the_key_home(
     try:
         with FakeProvider(script=SCRIPT, key=key, on_request=watch) as provider:
             suite = openai_suite(tmp_path, provider.base_url)  # no repeat: a live model defaults to 3
-            out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+            # every host asks the provider itself here (a held model would answer the others at home)
+            request = ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs", hold_model=False)
+            out = replay(request)
         run_dir = out.run_dir.path
         manifest = RunDir(run_dir).read_manifest()
         rows = read_jsonl(run_dir / "results.jsonl")

@@ -1,0 +1,208 @@
+"""The held model: every host of a run gets the reference host's model answers.
+
+With a live model, each host's attempt samples its own answers, so a verdict difference mixes the
+model's noise with the host's effect. Holding the model removes the noise: the reference host runs
+first, its proxy records each model exchange per task and attempt; then every other host runs, and
+its proxy answers request k of an attempt from the reference's record while the request equals the
+recorded one (same messages, tools and sampling settings). At the first request that differs
+(usually because a tool observation differed on this host) the divergence is recorded (task,
+attempt, request index, the first differing message and a short diff of it) and, from there on, the
+attempt is answered live (``hold_model = true``) or ends with finish reason ``model_diverged``
+(``"strict"``).
+
+No waiting, no race: the other hosts start only once the reference host's run has ended (the
+reference leads), so the whole record exists before anyone reads it. A reference that recorded
+nothing for an attempt (it failed, or never asked the model) leaves that attempt unheld: answered
+live and reported so.
+
+The record holds request bodies and the provider's answers, never a key or header.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HOLD_FILE = "model_hold.json"  # in the run directory: the summary the analysis reads
+RECORD_FILE = "model_record.jsonl"  # in the run directory: the reference's exchanges
+MAX_TEXT = 300
+MAX_DIFF_LINES = 12
+SETTINGS = ("model", "temperature", "seed", "max_tokens", "tools")
+
+
+def hold_mode(agent: dict[str, Any] | None, override: bool | None) -> str | None:
+    """``"true"``, ``"strict"`` or None (not held): the suite's ``hold_model`` (default true for a live
+    model), ``--hold-model``/``--no-hold-model`` over it."""
+    if agent is None:
+        return None
+    if override is not None:
+        return "true" if override else None
+    value = agent.get("hold_model", True)
+    if value == "strict":
+        return "strict"
+    return "true" if value is True else None
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _text(message: Any) -> str:
+    """A message as text for a person: its content, else its tool calls."""
+    if not isinstance(message, dict):
+        return _canonical(message)
+    content = message.get("content")
+    if isinstance(content, str) and content:
+        return content
+    return _canonical({k: v for k, v in message.items() if k != "role"})
+
+
+@dataclass
+class Divergence:
+    task: str
+    attempt: int
+    host: str
+    request: int  # 0-based index of the request in the attempt
+    message: int | None  # index of the first differing message (None: settings or tools differ)
+    role: str | None
+    reference: str
+    other: str
+    diff: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "attempt": self.attempt,
+            "host": self.host,
+            "request": self.request,
+            "message": self.message,
+            "role": self.role,
+            "reference": self.reference,
+            "other": self.other,
+            "diff": self.diff,
+        }
+
+
+def first_difference(reference: dict[str, Any], other: dict[str, Any]) -> tuple[int | None, str | None, str, str]:
+    """(message index, role, reference text, other text) of the first difference of two requests."""
+    ref_msgs = reference.get("messages") or []
+    oth_msgs = other.get("messages") or []
+    for i in range(max(len(ref_msgs), len(oth_msgs))):
+        r = ref_msgs[i] if i < len(ref_msgs) else None
+        o = oth_msgs[i] if i < len(oth_msgs) else None
+        if _canonical(r) != _canonical(o):
+            role = (o or r or {}).get("role") if isinstance(o or r, dict) else None
+            return i, role, "" if r is None else _text(r), "" if o is None else _text(o)
+    for key in SETTINGS:
+        if _canonical(reference.get(key)) != _canonical(other.get(key)):
+            return None, None, f"{key}: {_canonical(reference.get(key))}", f"{key}: {_canonical(other.get(key))}"
+    return None, None, "", ""
+
+
+def _split_key(key: str) -> tuple[str, int]:
+    task, _, attempt = key.rpartition(".")
+    return (task, int(attempt)) if task and attempt.isdigit() else (key, 0)
+
+
+class ModelHold:
+    """One run's held model: the reference's record and what every other host made of it."""
+
+    def __init__(self, reference: str, mode: str) -> None:
+        self.reference = reference
+        self.mode = mode  # "true" or "strict"
+        self.reference_done = threading.Event()
+        self._lock = threading.Lock()
+        self._record: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+        self._next: dict[tuple[str, str], int] = {}  # (host, key) -> index of its next request
+        self._diverged: set[tuple[str, str]] = set()
+        self.held: dict[str, dict[str, int]] = {}  # host -> key -> requests answered from the record
+        self.live: dict[str, dict[str, int]] = {}  # host -> key -> requests answered live
+        self.divergences: list[Divergence] = []
+
+    # -- the reference ------------------------------------------------------------------------
+
+    def record(self, key: str, request: dict[str, Any], answer: dict[str, Any]) -> None:
+        with self._lock:
+            self._record.setdefault(key, []).append((request, answer))
+
+    # -- every other host ---------------------------------------------------------------------
+
+    def follow(self, host: str, key: str, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The recorded answer to ``host``'s next request of attempt ``key``, or None: answer it live
+        (mode true) or end the attempt (``diverged(host, key)`` then says so, mode strict)."""
+        with self._lock:
+            index = self._next.get((host, key), 0)
+            self._next[(host, key)] = index + 1
+            if (host, key) in self._diverged:
+                self._count(self.live, host, key)
+                return None
+            recorded = self._record.get(key)
+            if not recorded:  # the reference never asked the model in this attempt: nothing to hold
+                self._count(self.live, host, key)
+                return None
+            if index < len(recorded) and _canonical(_comparable(recorded[index][0])) == _canonical(
+                _comparable(request)
+            ):
+                self._count(self.held, host, key)
+                return recorded[index][1]
+            self._diverged.add((host, key))
+            self._count(self.live, host, key)
+            self.divergences.append(self._divergence(host, key, index, request, recorded))
+            return None
+
+    def diverged(self, host: str, key: str) -> bool:
+        with self._lock:
+            return (host, key) in self._diverged
+
+    def _divergence(
+        self, host: str, key: str, index: int, request: dict[str, Any], recorded: list[tuple[dict[str, Any], Any]]
+    ) -> Divergence:
+        task, attempt = _split_key(key)
+        if index >= len(recorded):
+            ref_text = f"(the reference made {len(recorded)} request(s) in this attempt)"
+            return Divergence(task, attempt, host, index, None, None, ref_text, "a further request")
+        message, role, ref_text, other_text = first_difference(recorded[index][0], request)
+        lines = difflib.unified_diff(ref_text.splitlines(), other_text.splitlines(), lineterm="", n=1)
+        diff = [line for line in list(lines)[2:] if not line.startswith("@@")][:MAX_DIFF_LINES]
+        return Divergence(
+            task, attempt, host, index, message, role, ref_text[:MAX_TEXT], other_text[:MAX_TEXT], diff
+        )
+
+    @staticmethod
+    def _count(table: dict[str, dict[str, int]], host: str, key: str) -> None:
+        per_host = table.setdefault(host, {})
+        per_host[key] = per_host.get(key, 0) + 1
+
+    # -- the run directory --------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "mode": self.mode,
+                "reference": self.reference,
+                "recorded": {key: len(v) for key, v in sorted(self._record.items())},
+                "held": {h: dict(sorted(v.items())) for h, v in sorted(self.held.items())},
+                "live": {h: dict(sorted(v.items())) for h, v in sorted(self.live.items())},
+                "divergences": [d.to_json() for d in self.divergences],
+            }
+
+    def write(self, run_dir: Path, write: Callable[[Path, bytes], None]) -> None:
+        """``model_hold.json`` (the summary) and ``model_record.jsonl`` (the reference's exchanges)."""
+        with self._lock:
+            lines = [
+                _canonical({"attempt": key, "request": i, "body": req, "answer": ans}) + "\n"
+                for key, exchanges in sorted(self._record.items())
+                for i, (req, ans) in enumerate(exchanges)
+            ]
+        write(run_dir / RECORD_FILE, "".join(lines).encode())
+        write(run_dir / HOLD_FILE, (json.dumps(self.summary(), indent=2, sort_keys=True) + "\n").encode())
+
+
+def _comparable(body: dict[str, Any]) -> dict[str, Any]:
+    """What must be equal for a recorded answer to stand in: the messages, the tools and the settings."""
+    return {"messages": body.get("messages"), **{k: body.get(k) for k in SETTINGS}}

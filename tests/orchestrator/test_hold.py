@@ -1,0 +1,79 @@
+"""The held model through the proxy: the reference records, the other host is answered from the
+record while its requests match, and at the first difference it is answered live (true) or stopped
+(strict) with the divergence recorded."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agent_runner.wire import ERR_DIVERGED, FINISH_MODEL_DIVERGED
+from orchestrator.hold import ModelHold, first_difference, hold_mode
+from orchestrator.proxy import ModelProxy
+from tests.fake_provider import FakeProvider
+
+KEY = "sk-test-key-0123456789abcdef"
+ENV = {"TEST_MODEL_KEY": KEY}
+SCRIPT = [{"tool_calls": [{"name": "lookup", "args": {"q": "x"}}]}, {"content": "done", "finish": "stop"}]
+
+
+def _body(*observations: str) -> bytes:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for i, obs in enumerate(observations):
+        messages.append({"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}_0"}]})
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}_0", "content": obs})
+    return json.dumps({"model": "m1", "messages": messages, "temperature": 1}).encode()
+
+
+def _proxies(provider: FakeProvider, mode: str) -> tuple[ModelHold, ModelProxy, ModelProxy]:
+    hold = ModelHold("local", mode)
+    make = lambda host: ModelProxy(provider.base_url, "TEST_MODEL_KEY", environ=ENV, hold=hold, host=host)  # noqa: E731
+    return hold, make("local"), make("box-b")
+
+
+@pytest.mark.parametrize("mode", ["true", "strict"])
+def test_held_while_equal_then_live_or_stopped_at_the_first_difference(mode: str) -> None:
+    with FakeProvider(script=SCRIPT, key=KEY) as provider:
+        hold, ref, other = _proxies(provider, mode)
+        for raw in (_body(), _body("ok")):
+            assert ref.handle_chat(raw, "t.0")[0] == 200
+        assert len(provider.requests) == 2
+        status, answer, call = other.handle_chat(_body(), "t.0")  # the same first request: held
+        assert (status, call.held, len(provider.requests)) == (200, True, 2)
+        assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "lookup"
+        status, answer, call = other.handle_chat(_body("ok on box-b"), "t.0")  # another observation
+    [d] = hold.divergences
+    assert (d.task, d.attempt, d.host, d.request, d.message, d.role) == ("t", 0, "box-b", 1, 2, "tool")
+    assert (d.reference, d.other) == ("ok", "ok on box-b")
+    assert d.diff == ["-ok", "+ok on box-b"]
+    if mode == "true":
+        assert (status, call.held, len(provider.requests)) == (200, False, 3)  # answered live
+    else:
+        assert (status, answer["error"]["type"], answer["error"]["code"]) == (409, ERR_DIVERGED, FINISH_MODEL_DIVERGED)
+        assert len(provider.requests) == 2  # never reached the provider
+    summary = hold.summary()
+    assert summary["recorded"] == {"t.0": 2} and summary["held"] == {"box-b": {"t.0": 1}}
+
+
+def test_an_attempt_the_reference_never_asked_about_is_answered_live_unrecorded_as_divergence() -> None:
+    with FakeProvider(script=SCRIPT, key=KEY) as provider:
+        hold, _, other = _proxies(provider, "true")
+        status, _, call = other.handle_chat(_body(), "t.1")
+    assert (status, call.held, hold.divergences) == (200, False, [])
+    assert hold.summary()["live"] == {"box-b": {"t.1": 1}}
+
+
+def test_settings_differing_are_a_difference_too() -> None:
+    ref = {"messages": [{"role": "user", "content": "go"}], "temperature": 0}
+    assert first_difference(ref, {**ref, "temperature": 1}) == (None, None, "temperature: 0", "temperature: 1")
+
+
+def test_hold_mode_defaults_to_held_for_a_live_model_and_the_flag_wins() -> None:
+    assert hold_mode(None, True) is None  # no live model: nothing to hold
+    assert hold_mode({"kind": "openai"}, None) == "true"
+    assert hold_mode({"kind": "openai", "hold_model": "strict"}, None) == "strict"
+    assert hold_mode({"kind": "openai", "hold_model": False}, None) is None
+    assert hold_mode({"kind": "openai", "hold_model": False}, True) == "true"
+    assert hold_mode({"kind": "openai"}, False) is None
