@@ -275,13 +275,14 @@ def replay(
     plan = HostPlan(run_dir, bundle, tasks, all_tasks, repeat, opener or default_opener, request.accept_new, emit, model)
     plan.slots = request.slots
     mode = hold_mode(model, request.hold_model)
-    plan.hold = ModelHold(manifest.reference, mode) if mode is not None and len(names) > 1 else None
+    reference = manifest.reference or names[0]
+    plan.hold = ModelHold(reference, mode) if mode is not None and len(names) > 1 else None
     manifest.hold_model = plan.hold.mode if plan.hold is not None else None
     jobs = {h.name: HostJob(h, plan) for h in selected}
     fan: FanoutResult[HostRecord] = FanoutResult()
     try:
         # a held model: the reference starts first (the others wait for its record, never it for theirs)
-        order = [manifest.reference, *(n for n in names if n != manifest.reference)] if plan.hold else names
+        order = [reference, *(n for n in names if n != reference)] if plan.hold else names
         fan = fan_out(
             order,
             lambda n: jobs[n](n),
