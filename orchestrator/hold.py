@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HOLD_FILE = "model_hold.json"  # in the run directory: the summary the analysis reads
-RECORD_FILE = "model_record.jsonl"  # in the run directory: the reference's exchanges
+from orchestrator.rundir import RunDir
+
 MAX_TEXT = 300
 MAX_DIFF_LINES = 12
 SETTINGS = ("model", "temperature", "seed", "max_tokens", "tools")
@@ -191,7 +191,7 @@ class ModelHold:
                 "divergences": [d.to_json() for d in self.divergences],
             }
 
-    def write(self, run_dir: Path, write: Callable[[Path, bytes], None]) -> None:
+    def write(self, run_dir: RunDir, write: Callable[[Path, bytes], None]) -> None:
         """``model_hold.json`` (the summary) and ``model_record.jsonl`` (the reference's exchanges)."""
         with self._lock:
             lines = [
@@ -199,8 +199,8 @@ class ModelHold:
                 for key, exchanges in sorted(self._record.items())
                 for i, (req, ans) in enumerate(exchanges)
             ]
-        write(run_dir / RECORD_FILE, "".join(lines).encode())
-        write(run_dir / HOLD_FILE, (json.dumps(self.summary(), indent=2, sort_keys=True) + "\n").encode())
+        write(run_dir.model_record_path, "".join(lines).encode())
+        write(run_dir.model_hold_path, (json.dumps(self.summary(), indent=2, sort_keys=True) + "\n").encode())
 
 
 def _comparable(body: dict[str, Any]) -> dict[str, Any]:

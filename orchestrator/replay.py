@@ -314,7 +314,7 @@ def replay(
             emit(name, "failed", line)
         run_dir.write_results(rows)
         if plan.hold is not None:
-            plan.hold.write(run_dir.path, write_bytes_atomic)
+            plan.hold.write(run_dir, write_bytes_atomic)
         manifest.pins = run_dir.trace_pins(names)
         manifest.finished = utc_now()
         run_dir.write_manifest(manifest)

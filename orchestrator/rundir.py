@@ -318,6 +318,16 @@ class RunDir:
     def contract_path(self) -> Path:
         return self.path / "contract.json"
 
+    @property
+    def model_hold_path(self) -> Path:
+        """A held model's summary: what was held, what diverged (orchestrator/hold.py)."""
+        return self.path / "model_hold.json"
+
+    @property
+    def model_record_path(self) -> Path:
+        """A held model's record: the reference host's model exchanges, per task and attempt."""
+        return self.path / "model_record.jsonl"
+
     def host_dir(self, host: str) -> Path:
         if not _HOST_NAME.match(host):
             raise CrosshostError(f"host name {host!r} is not usable as a directory name")

@@ -42,8 +42,7 @@ from orchestrator.analysis.shapes import Step, shape_edits, step_of
 from orchestrator.analysis.stats import DEFAULT_ALPHA, pass_rate, wilson_interval
 from orchestrator.analysis.verdict import AGENT_CALL_KINDS, classify_task, same_fingerprint, who_acts
 from orchestrator.dotted import flatten
-from orchestrator.hold import HOLD_FILE
-from orchestrator.rundir import AttemptKey, ResultRow, Run, load_run
+from orchestrator.rundir import AttemptKey, ResultRow, Run, RunDir, load_run
 from orchestrator.selection import TaskSelection
 
 MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
@@ -61,7 +60,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     contract = run.contract
     fingerprints = [f.to_json() for f in run.fingerprints.values()]
 
-    hold = read_hold(run.path)
+    hold = read_hold(run.dir)
     summaries: dict[AttemptKey, AttemptSummary] = {}
     summariser = TraceSummariser(contract, fingerprints)  # one memo for every trace of the run
     traces = list(run.trace_files())
@@ -212,9 +211,9 @@ def _host_stats(host: str, tasks: Iterable[str], summaries: Mapping[AttemptKey, 
 # --- the held model -------------------------------------------------------------------------------
 
 
-def read_hold(run_dir: Path) -> dict[str, Any] | None:
+def read_hold(run_dir: RunDir) -> dict[str, Any] | None:
     """The held model's summary (``model_hold.json``), or None when the run did not hold it."""
-    path = run_dir / HOLD_FILE
+    path = run_dir.model_hold_path
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
