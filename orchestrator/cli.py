@@ -370,11 +370,12 @@ def view_cmd(
     ] = False,
 ) -> int:
     """Print the path of the run's report.html (written now if the run predates it), or --serve it."""
+    from orchestrator import ui
     from orchestrator.report import view
 
     if serve:
-        return view.serve(run, lambda url: typer.echo(f"serving {run} at {url} (Ctrl-C to stop)"))
-    typer.echo(view.ensure_report(run))
+        return view.serve(run, lambda url: ui.say_serving(run, url))
+    ui.say(ui.out_console(), str(view.ensure_report(run)))
     return OK
 
 
@@ -395,15 +396,10 @@ def export_otel_cmd(
     ] = False,
 ) -> int:
     """The run as OpenTelemetry GenAI traces: invoke_agent per attempt, chat and execute_tool children."""
+    from orchestrator import ui
     from orchestrator.otel import export_run
 
-    summary = export_run(run, endpoint=endpoint, file=file, with_content=content)
-    for line in summary.skipped:
-        typer.echo(f"skipped {line}", err=True)
-    typer.echo(
-        f"exported {summary.spans} span(s) of {summary.attempts} attempt(s) to {summary.destination} "
-        f"in {summary.requests} request(s)"
-    )
+    ui.render_export(export_run(run, endpoint=endpoint, file=file, with_content=content))
     return OK
 
 

@@ -36,6 +36,7 @@ from orchestrator.report import (
 if TYPE_CHECKING:
     from orchestrator.analysis.models import RunReport
     from orchestrator.history import Changes, HistoryEntry, HistoryListing
+    from orchestrator.otel import ExportSummary
     from orchestrator.probe import ProbeResult
     from orchestrator.replay import ReplayOutcome
     from orchestrator.repro import ReproOutcome
@@ -482,3 +483,22 @@ def render_repro(outcome: ReproOutcome, console: Console | None = None) -> None:
             fp_table.add_row(plain(name), plain(json.dumps(a)), plain(json.dumps(b)))
         console.print(fp_table)
     line(f"run dir {outcome.run_dir}")
+
+
+# ------------------------------------------------------------------------------------- view, export
+
+
+def say_serving(run_dir: Path, url: str) -> None:
+    """``view --serve``: where the run directory is served, and how to stop."""
+    say(out_console(), f"serving {run_dir} at {url} (Ctrl-C to stop)")
+
+
+def render_export(summary: ExportSummary) -> None:
+    """``export otel``: what went where; each attempt left out on stderr."""
+    for line in summary.skipped:
+        say(err_console(), f"skipped {line}")
+    say(
+        out_console(),
+        f"exported {summary.spans} span(s) of {summary.attempts} attempt(s) to {summary.destination} "
+        f"in {summary.requests} request(s)",
+    )
