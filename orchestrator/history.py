@@ -26,7 +26,7 @@ from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
 from orchestrator.exit_policy import compare_last_exit
 from orchestrator.hints import command, out_words
-from orchestrator.rundir import Manifest, RunDir
+from orchestrator.rundir import Manifest, RunDir, parse_utc
 
 INDEX_NAME = "index.sqlite"
 BUSY_TIMEOUT_MS = 30_000
@@ -193,14 +193,9 @@ def _load_json(path: Path) -> Any:
 
 def _iso(value: str | None) -> str | None:
     """Timestamps as ISO-8601 UTC strings of one fixed width, so ordering by text is ordering by time."""
-    if not value:
-        return None
-    try:
-        parsed = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return value
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=_dt.UTC)
+    parsed = parse_utc(value)
+    if parsed is None:
+        return value or None
     # one fixed width (microseconds): text order must be time order, even within one second
     return parsed.astimezone(_dt.UTC).isoformat(timespec="microseconds")
 

@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 from agent_runner.redact import redact, redact_text
 from agent_runner.trace import iter_records
 from orchestrator.errors import ExportFailed, InputError, TraceError
-from orchestrator.rundir import RunDir
+from orchestrator.rundir import RunDir, parse_utc
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -115,15 +115,8 @@ class _Attempt:
 
 
 def _iso_ns(value: object) -> int | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        when = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=_dt.UTC)
-    return int(when.timestamp() * 1e9)
+    when = parse_utc(value)
+    return None if when is None else int(when.timestamp() * 1e9)
 
 
 def _read_trace(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:

@@ -44,6 +44,18 @@ def utc_now() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def parse_utc(value: object) -> _dt.datetime | None:
+    """A manifest timestamp (ISO-8601, ``Z`` or an offset; naive means UTC) as an aware datetime;
+    None when it is not one."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_dt.UTC)
+
+
 def new_run_id(now: _dt.datetime | None = None) -> str:
     """``20250102T030405Z-1a2b3c``: sorts by time; the suffix keeps simultaneous runs apart."""
     now = now or _dt.datetime.now(_dt.UTC)
