@@ -125,16 +125,27 @@ def replaced_env(host: HostConfig) -> list[str]:
     return [k for k in ATTEMPT_ENV_KEYS if k in host.env_allowlist or k in host.env]
 
 
+#: keys only an ssh host uses (a local host's own table naming one is said to be ignored)
+_SSH_ONLY = (
+    "address", "port", "user", "identity_file", "ssh", "use_agent", "passphrase_env", "identities_only",
+    "proxy_jump", "bastion_connections",
+)  # fmt: skip
+
+
 def override_notes(hosts: list[HostConfig]) -> list[str]:
-    """One line per run naming every host whose inventory sets a value crosshost replaces."""
+    """What a run says once about its inventory: values crosshost replaces (HOME, TMPDIR, PWD), one
+    line for every host; values it ignores (ssh_config directives it does not follow, ssh keys of a
+    local host), one line each."""
+    ignored = [f"{h.name}: {note}" for h in hosts for note in h.notes]
     named = [
         f"{h.name} ({', '.join(keys)})" for h in hosts if (keys := replaced_env(h))
     ]
     if not named:
-        return []
+        return ignored
     return [
         f"inventory values replaced: {'; '.join(named)}: every attempt gets a fresh, empty HOME and "
-        "TMPDIR of its own and its workspace as PWD, whatever the inventory allowlists or pins"
+        "TMPDIR of its own and its workspace as PWD, whatever the inventory allowlists or pins",
+        *ignored,
     ]
 
 
@@ -225,6 +236,11 @@ def load_inventory(path: Path) -> Inventory:
                 merged[key] = (base / Path(merged[key]).expanduser()).resolve()
         if merged.get("transport", "ssh") == "ssh":
             merged = ssh_config.apply(where, merged, explicit=set(defaults) | set(entry))
+        else:  # what the host's own table says that only an ssh host uses: ignored, and said so
+            ignored = [k for k in entry if k in _SSH_ONLY]
+            if ignored:
+                keys = ", ".join(repr(k) for k in ignored)
+                merged["notes"] = [f"{label}: key(s) {keys} ignored: a local host is reached without SSH"]
         try:
             host = HostConfig.model_validate(merged)
         except ValidationError as exc:

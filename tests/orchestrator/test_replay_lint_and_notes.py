@@ -94,3 +94,17 @@ def test_an_inventory_that_names_none_of_them_gets_no_note(tmp_path: Path) -> No
     assert "inventory values replaced" not in res.output
     (run,) = [p for p in runs.iterdir() if p.is_dir()]
     assert json.loads((run / "report.json").read_text())["notes"] == []
+
+
+def test_inventory_values_crosshost_ignores_are_said_too(tmp_path: Path) -> None:
+    """A local host's own table naming keys only an ssh host uses: said ignored, once, and kept."""
+    suite = _suite(tmp_path / "s")
+    inv = _inventory(tmp_path / "hosts.toml")
+    inv.write_text(inv.read_text().replace('name = "a"\n', 'name = "a"\nuser = "bob"\nport = 2200\n', 1))
+    runs = tmp_path / "runs"
+    res = CliRunner().invoke(app, ["replay", str(suite), "-i", str(inv), "--out", str(runs)])
+    assert res.exit_code == 0, res.output
+    note = f"a: {inv}: key(s) 'user', 'port' ignored: a local host is reached without SSH"
+    assert " ".join(res.output.split()).count(f"note: {note}") == 1
+    (run,) = [p for p in runs.iterdir() if p.is_dir()]
+    assert json.loads((run / "report.json").read_text())["notes"] == [note]
