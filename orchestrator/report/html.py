@@ -49,6 +49,8 @@ _TASK_FIELDS = (
     "args_diff",
     "attribution",
     "problems",
+    "predicate_output",
+    "model_hold",
 )
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.analysis import analyse_run
 from orchestrator.report import write_reports
-from tests.orchestrator.html_run import HOSTILE_TASK, build_known_run
+from tests.orchestrator.html_run import HOSTILE_TASK, PREDICATE_OUTPUT, build_known_run
 from tools.headless import Browser, Page, find_chromium
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if find_chromium() is None:
-        pytest.fail("no chromium on PATH: run `make setup` (it installs Debian's chromium) or apt-get install chromium")
+        pytest.fail(
+            "no chromium on PATH: run `make setup` (it installs Debian's chromium) or apt-get install chromium"
+        )
     with Browser() as b:
         yield b
 
@@ -92,7 +94,8 @@ def test_selecting_a_task_shows_the_side_by_side_with_the_first_divergence_marke
                     firstOp: first.dataset.op,
                     firstCells: [...first.querySelectorAll('td')].map(td => td.textContent),
                     marked: block.querySelectorAll('tr.first-divergence').length,
-                    predicate: [...block.querySelectorAll('.finish dd')].map(dd => dd.textContent)};
+                    predicate: [...block.querySelectorAll('.finish dd')].map(dd => dd.textContent),
+                    output: [...block.querySelectorAll('.finish pre.predicate-output')].map(p => p.textContent)};
         })()"""
     )
     assert view["title"] == "flip-task"
@@ -103,6 +106,7 @@ def test_selecting_a_task_shows_the_side_by_side_with_the_first_divergence_marke
     assert view["firstCells"][4].startswith('http_get_health(url="http://127.0.0.1:9/health")')
     assert "box-b says active (running) [REDACTED] 2" in view["firstCells"][4]  # the observation
     assert "predicate exit 1: nginx still unhealthy" in view["predicate"]
+    assert view["output"] == [PREDICATE_OUTPUT]  # box-b's side; the reference recorded none
     # box-c differs only in an argument value; the differing value is marked
     box_c = page.evaluate(
         """(() => { const b = document.querySelector('#task .host-block[data-host="box-c"]');
@@ -149,7 +153,10 @@ def test_filters_by_classification_host_and_search(browser, run):
 
 
 def test_hostile_markup_in_the_run_is_shown_as_text(browser, run):
-    page = _open(browser, (run / "report.html").as_uri() + "#task=" + "%3Cimg%20src%3Dx%20onerror%3D%22window.pwned%3D1%22%3E")
+    page = _open(
+        browser,
+        (run / "report.html").as_uri() + "#task=" + "%3Cimg%20src%3Dx%20onerror%3D%22window.pwned%3D1%22%3E",
+    )
     page.wait_for("!document.getElementById('task').hidden")
     assert page.evaluate("typeof window.pwned") == "undefined"
     assert page.evaluate("document.querySelector('#task h2').textContent") == HOSTILE_TASK

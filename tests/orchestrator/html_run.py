@@ -11,6 +11,7 @@ from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, fin
 HOSTILE_TASK = '<img src=x onerror="window.pwned=1">'
 HOSTILE_VALUE = "</script><script>window.pwned=2</script><!--"
 OBSERVATION = "active (running) [REDACTED]"
+PREDICATE_OUTPUT = "curl: (7) Failed to connect to 127.0.0.1 port 80\nFAIL: nginx still unhealthy"
 EXTRA_CALL = ("http_get_health", {"url": "http://127.0.0.1:9/health"})
 
 
@@ -35,7 +36,10 @@ def build_known_run(
     attempts[("local", "flip-task", 0)] = Attempt("pass")
     attempts[("local", "flip-task", 1)] = Attempt("pass")
     attempts[("box-b", "flip-task", 0)] = Attempt(
-        "fail", calls=[healthy[0], EXTRA_CALL, healthy[1]], why="predicate exit 1: nginx still unhealthy"
+        "fail",
+        calls=[healthy[0], EXTRA_CALL, healthy[1]],
+        why="predicate exit 1: nginx still unhealthy",
+        predicate_output=PREDICATE_OUTPUT,
     )
     attempts[("box-b", "flip-task", 1)] = Attempt("fail", why="predicate exit 1: nginx still unhealthy")
     attempts[("box-c", "flip-task", 0)] = Attempt(

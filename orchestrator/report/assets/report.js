@@ -163,7 +163,7 @@
 
   var OP_TEXT = { equal: "", values: "values differ", changed: "shape differs", missing: "missing on host", extra: "extra on host" };
 
-  function finishBlock(label, trace) {
+  function finishBlock(label, trace, output) {
     var box = el("div", { "class": "finish" });
     add(box, el("div", { "class": "finish-head" }, label));
     if (!trace) { add(box, el("div", { "class": "absent" }, "no trace")); return box; }
@@ -176,6 +176,10 @@
         add(dl, el("dt", null, kv[0]));
         add(dl, el("dd", { "class": kv[0] === "verdict" ? "v " + kv[1] : "" }, kv[1]));
       });
+    }
+    if (output !== null && output !== undefined && output !== "") {
+      add(box, el("div", { "class": "finish-head" }, "predicate output"));
+      add(box, el("pre", { "class": "obs predicate-output" }, output));
     }
     trace.problems.forEach(function (p) { add(box, el("div", { "class": "bad" }, p)); });
     var links = add(box, el("div", { "class": "raw" }));
@@ -191,8 +195,9 @@
     var ref = refId === null || refId === undefined ? null : DATA.traces[refId];
     var oth = hostId === null || hostId === undefined ? null : DATA.traces[hostId];
     var fins = add(wrap, el("div", { "class": "finishes" }));
-    fins.appendChild(finishBlock(REF + " (ref) attempt " + attempt, ref));
-    fins.appendChild(finishBlock(host + " attempt " + attempt, oth));
+    var outputs = t.predicate_output || {};
+    fins.appendChild(finishBlock(REF + " (ref) attempt " + attempt, ref, (outputs[REF] || [])[attempt]));
+    fins.appendChild(finishBlock(host + " attempt " + attempt, oth, (outputs[host] || [])[attempt]));
     var pair = (t.pairs[host] || [])[attempt];
     if (!pair) {
       if (t.embedded) {
@@ -282,6 +287,7 @@
     list(section, "Leaks", t.leaks, function (l) { return l.host + " attempt " + l.attempt + " step " + l.step + ": " + l.kind + ": " + l.message; });
     list(section, "Contract findings", t.findings, function (l) { return l.host + " attempt " + l.attempt + " step " + l.step + ": " + l.kind + ": " + l.message; });
     list(section, "Problems", t.problems, function (p) { return p; });
+    list(section, "Model held", t.model_hold, function (p) { return p; });
     Object.keys(t.extra || {}).forEach(function (k) {
       add(section, el("h3", null, k));
       add(section, el("pre", { "class": "extra" }, JSON.stringify(t.extra[k], null, 2)));
