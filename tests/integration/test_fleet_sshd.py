@@ -311,3 +311,26 @@ def test_bastion_connections_bounds_the_connections_being_opened_through_it(
         for h in hosts:
             h.close()
     assert peak == 1
+
+
+def test_a_live_model_suite_runs_with_slots_through_the_proxy(
+    sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempts at once on one host share its one reverse forward to the controller's model proxy."""
+    import secrets
+
+    from orchestrator.replay import ReplayRequest, replay
+    from orchestrator.rundir import read_jsonl
+    from tests.fake_provider import FakeProvider
+    from tests.integration.test_openai_sshd import KEY_ENV, SCRIPT, openai_suite
+
+    key = "sk-it-" + secrets.token_hex(16)
+    monkeypatch.setenv(KEY_ENV, key)
+    with FakeProvider(script=SCRIPT, key=key) as provider:
+        suite = openai_suite(tmp_path, provider.base_url, repeat=4)
+        out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, hosts=["box-a"],
+                                   out=tmp_path / "runs", slots=4), with_analysis=False)  # fmt: skip
+    rows = read_jsonl(out.run_dir.results_path)
+    assert [(r["attempt"], r["verdict"]) for r in rows] == [(a, "pass") for a in range(4)], [r.get("why") for r in rows]
+    assert len(provider.requests) == 4 * 3
+    assert out.manifest.hosts["box-a"].error is None
