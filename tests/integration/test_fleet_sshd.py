@@ -334,3 +334,25 @@ def test_a_live_model_suite_runs_with_slots_through_the_proxy(
     assert [(r["attempt"], r["verdict"]) for r in rows] == [(a, "pass") for a in range(4)], [r.get("why") for r in rows]
     assert len(provider.requests) == 4 * 3
     assert out.manifest.hosts["box-a"].error is None
+
+
+def test_a_held_model_works_with_slots(sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three attempts at once on each host: the reference's record is still matched per task and attempt."""
+    import json
+    import secrets
+
+    from orchestrator.replay import ReplayRequest, replay
+    from tests.fake_provider import FakeProvider
+    from tests.integration.test_hold_sshd import KEY_ENV, LOOKUPS, _suite
+
+    key = "sk-it-" + secrets.token_hex(16)
+    monkeypatch.setenv(KEY_ENV, key)
+    with FakeProvider(script=LOOKUPS, key=key, mode="random") as provider:
+        suite = _suite(tmp_path, provider.base_url, "lookups")
+        done = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs",
+                                    hosts=["local", "box-a"], slots=3))  # fmt: skip
+    report = json.loads((done.run_dir.path / "report.json").read_text())
+    [task] = report["tasks"]
+    assert task["classification"] == "agree" and task["shape_diff"] == [], task
+    assert task["model_hold"] == ["model held for 9 of 9 request(s) on box-a"]
+    assert len(provider.requests) == 9  # the reference's only
