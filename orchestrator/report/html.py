@@ -416,8 +416,9 @@ def trend_points(report: RunReport, run_dir: Path, started: str | None) -> list[
 _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 
 
-def trend_svg(points: Sequence[TrendPoint], current: str, gate: float) -> str:
-    """Flip rate and each host's pass rate over the runs, as inline SVG (escaped), with a legend."""
+def trend_svg(points: Sequence[TrendPoint], current: str, gate: float, order: Sequence[str] = ()) -> str:
+    """Flip rate and each host's pass rate over the runs, as inline SVG (escaped), with a legend;
+    hosts in ``order`` (this run's columns) first."""
     width, height, left, right, top, bottom = 760, 240, 44, 16, 12, 28
     plot_w, plot_h = width - left - right, height - top - bottom
     n = len(points)
@@ -428,7 +429,7 @@ def trend_svg(points: Sequence[TrendPoint], current: str, gate: float) -> str:
     def y(v: float) -> float:
         return top + plot_h * (1 - max(0.0, min(1.0, v)))
 
-    hosts: list[str] = []
+    hosts = [h for h in order if any(h in p.pass_rate for p in points)]
     for p in points:
         hosts += [h for h in p.pass_rate if h not in hosts]
     series: list[tuple[str, str, list[float | None], str]] = [
@@ -574,7 +575,7 @@ def render_html(report: RunReport, run_dir: Path) -> str:
     if points:
         parts.append(
             f'<section id="trend"><h2>Trend: {len(points)} run(s) of {esc(report.suite or "this suite")}</h2>'
-            + trend_svg(points, report.run_id, report.gate)
+            + trend_svg(points, report.run_id, report.gate, host_names(report))
             + "</section>"
         )
     parts += [

@@ -188,3 +188,29 @@ def test_view_serve_serves_the_report_on_loopback_until_ctrl_c(browser, run):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_trend_is_drawn_from_the_history_index(browser, tmp_path):
+    from orchestrator.history import record_run
+
+    runs = tmp_path / "runs"
+    for run_id, started in (
+        ("20241230T000000Z-000001", "2024-12-30T00:00:00Z"),
+        ("20241231T000000Z-000002", "2024-12-31T00:00:00Z"),
+    ):
+        old = build_known_run(runs, run_id, manifest_extra={"started": started})
+        write_reports(old, analyse_run(old))
+        record_run(runs, old)
+    run = build_known_run(runs)
+    write_reports(run, analyse_run(run))
+    page = _open(browser, (run / "report.html").as_uri())
+    trend = page.evaluate(
+        """(() => { const svg = document.querySelector('#trend svg'); const r = svg.getBoundingClientRect();
+            return {w: r.width, h: r.height, lines: svg.querySelectorAll('polyline').length,
+                    points: svg.querySelectorAll('circle').length,
+                    legend: [...document.querySelectorAll('#trend .legend li')].map(li => li.textContent)}; })()"""
+    )
+    assert trend["w"] > 300 and trend["h"] > 100
+    assert trend["lines"] == 4 and trend["points"] == 3 * 4  # 3 runs x (flip rate + 3 hosts)
+    assert trend["legend"] == ["flip rate", "local pass rate", "box-b pass rate", "box-c pass rate", "gate"]
+    assert page.console_errors() == []
