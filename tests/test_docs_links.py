@@ -1,5 +1,6 @@
 """The README and docs/ link only to files and headings that exist in the repository, so a reader who
-follows a link lands on the page (and the section) it promises."""
+follows a link lands on the page (and the section) it promises; and they show no path of the machine
+they were written on (real output is pasted in with its paths generalised)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,12 @@ def test_every_relative_link_resolves(page: Path) -> None:
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
             broken.append(f"{target}: no heading with that anchor")
     assert not broken, f"{page.relative_to(REPO)}: " + "; ".join(broken)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_no_path_of_the_writers_machine(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    home = str(Path.home()).rstrip("/")
+    machine = [str(REPO) + "/", "/work/"] + ([home + "/"] if home else [])
+    found = sorted({m for m in machine if m in text})
+    assert not found, f"{page.relative_to(REPO)} shows {found}: write ~/..., a placeholder, or a relative path"
