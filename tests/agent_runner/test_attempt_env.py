@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.agent_runner.helpers import clean_env, records, run_runner, write_suite
+from tests.support.runner import clean_env, records, run_runner, write_suite
 
 PREDICATE = r"""
 attempt=$(dirname "$PWD")

@@ -9,7 +9,7 @@ import pytest
 
 from agent_runner.checker import Finding, check_turns, load_contract
 from agent_runner.errors import ContractError
-from tests.agent_runner.helpers import TRIAGE, run_runner
+from tests.support.runner import TRIAGE, run_runner
 
 SEED_CONTRACT = {
     "contract_id": "issue.triage.v3",

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.agent_runner.helpers import REPO, TRIAGE, clean_env, records, run_runner
+from tests.support.runner import REPO, TRIAGE, clean_env, records, run_runner
 
 
 def test_fingerprint_fields_cwd_tools_and_findings(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from agent_runner.openai_agent import (
     parse_completion,
 )
 from orchestrator.proxy import ModelProxy
-from tests.agent_runner.helpers import clean_env, records, run_runner, write_suite
-from tests.fake_provider import FakeProvider, unused_port
+from tests.support.fake_provider import FakeProvider, unused_port
+from tests.support.runner import clean_env, records, run_runner, write_suite
 
 KEY = "sk-agent-test-key-0123456789"
 ENV = {"K": KEY}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agent_runner.pins import tree_sha
 
-from .helpers import TRIAGE, run_runner
+from tests.support.runner import TRIAGE, run_runner
 
 
 def test_tree_sha_ignores_caches_but_not_content(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent_runner.redact import is_secret_env_key
-from tests.agent_runner.helpers import REPO, TRIAGE, clean_env, records, run_runner, write_suite
+from tests.support.runner import REPO, TRIAGE, clean_env, records, run_runner, write_suite
 
 
 def test_triage_suite_writes_one_trace_per_task_and_attempt(tmp_path: Path) -> None:

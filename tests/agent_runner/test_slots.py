@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.agent_runner.helpers import REPO, clean_env, records, run_runner, write_suite
+from tests.support.runner import REPO, clean_env, records, run_runner, write_suite
 
 #: fields that say when or how long, not what happened
 _TIMING = {"wall_ms", "ts", "t_ms", "elapsed_ms", "started", "finished", "duration_ms"}

@@ -12,7 +12,7 @@ import pytest
 
 from agent_runner.errors import SuiteError
 from agent_runner.suite import load_suite, normalise_suite
-from tests.agent_runner.helpers import TRIAGE, run_runner, write_suite
+from tests.support.runner import TRIAGE, run_runner, write_suite
 
 GOOD = {"script": [{"content": "ok", "finish": "stop"}]}
 

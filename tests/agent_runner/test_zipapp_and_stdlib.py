@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.runner_zipapp import build_runner_zipapp
-from tests.agent_runner.helpers import REPO, TRIAGE, records
+from tests.support.runner import REPO, TRIAGE, records
 
 PACKAGE = REPO / "agent_runner"
 SYSTEM_PYTHON = "/usr/bin/python3"

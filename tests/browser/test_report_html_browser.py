@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.analysis import analyse_run
 from orchestrator.report import write_reports
-from tests.orchestrator.html_run import HOSTILE_TASK, PREDICATE_OUTPUT, build_known_run
+from tests.support.html_run import HOSTILE_TASK, PREDICATE_OUTPUT, build_known_run
 from tools.headless import Browser, Page, find_chromium
 
 REPO = Path(__file__).resolve().parents[2]

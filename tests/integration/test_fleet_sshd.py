@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testhosts import Fleet, TestHost, TestHostError, free_port
 
 from orchestrator.errors import HostKeyRejected, HostUnreachable
 from orchestrator.inventory import load_inventory
 from orchestrator.transport import jump, open_host
+from tools.testhosts import Fleet, TestHost, TestHostError, free_port
 
 pytestmark = pytest.mark.sshd
 
@@ -321,8 +321,8 @@ def test_a_live_model_suite_runs_with_slots_through_the_proxy(
 
     from orchestrator.replay import ReplayRequest, replay
     from orchestrator.rundir import read_jsonl
-    from tests.fake_provider import FakeProvider
     from tests.integration.test_openai_sshd import KEY_ENV, SCRIPT, openai_suite
+    from tests.support.fake_provider import FakeProvider
 
     key = "sk-it-" + secrets.token_hex(16)
     monkeypatch.setenv(KEY_ENV, key)
@@ -342,8 +342,8 @@ def test_a_held_model_works_with_slots(sshd_hosts: Any, tmp_path: Path, monkeypa
     import secrets
 
     from orchestrator.replay import ReplayRequest, replay
-    from tests.fake_provider import FakeProvider
     from tests.integration.test_hold_sshd import KEY_ENV, LOOKUPS, _suite
+    from tests.support.fake_provider import FakeProvider
 
     key = "sk-it-" + secrets.token_hex(16)
     monkeypatch.setenv(KEY_ENV, key)

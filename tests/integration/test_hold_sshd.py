@@ -1,6 +1,6 @@
 """A held model on local and a real sshd host: the reference's model answers replayed on the other host.
 
-The provider (tests/fake_provider.py, mode "random") answers every tool call with one of four argument
+The provider (tests/support/fake_provider.py, mode "random") answers every tool call with one of four argument
 sets drawn at random: a sampled model. Held, both hosts get the same answers and agree; unheld, the
 same suite shows the shape differences that sampling alone causes. A host whose private /opt holds a
 file the reference lacks sees another tool observation: the held model diverges there, at that
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator.replay import ReplayRequest, replay
-from tests.fake_provider import FakeProvider
+from tests.support.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.sshd
 

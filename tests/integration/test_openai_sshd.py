@@ -1,6 +1,6 @@
 """agent.kind = "openai" replayed on the local host and two real sshd hosts: the key never leaves home.
 
-The provider is a real chat-completions server on the controller's loopback (tests/fake_provider.py).
+The provider is a real chat-completions server on the controller's loopback (tests/support/fake_provider.py).
 While each request is being answered, the runner that sent it is alive and waiting, so the provider
 takes a snapshot of /proc then: which runner processes exist, in which host's UTS namespace, what
 CROSSHOST_MODEL_URL they were given, who listens on that port, and whether the key is in the
@@ -23,7 +23,7 @@ import pytest
 from orchestrator.errors import ApiKeyMissing
 from orchestrator.replay import ReplayRequest, replay
 from orchestrator.rundir import RunDir, read_jsonl
-from tests.fake_provider import FakeProvider, unused_port
+from tests.support.fake_provider import FakeProvider, unused_port
 
 pytestmark = pytest.mark.sshd
 

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from tests.orchestrator.analysis.builder import (
+from tests.support.rundirs import (
     CONTRACT,
     HEALTHY,
     Attempt,

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from testhosts import free_port
 
 from orchestrator.inventory import load_inventory
+from tools.testhosts import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "testhosts.py"

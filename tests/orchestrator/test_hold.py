@@ -12,7 +12,7 @@ import pytest
 from agent_runner.wire import ERR_DIVERGED, FINISH_MODEL_DIVERGED
 from orchestrator.hold import ModelHold, first_difference, hold_mode
 from orchestrator.proxy import ModelProxy
-from tests.fake_provider import FakeProvider
+from tests.support.fake_provider import FakeProvider
 
 KEY = "sk-test-key-0123456789abcdef"
 ENV = {"TEST_MODEL_KEY": KEY}

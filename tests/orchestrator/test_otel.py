@@ -24,8 +24,8 @@ from agent_runner.redact import redact_text
 from agent_runner.trace import fp
 from orchestrator.cli import app
 from orchestrator.otel import SCHEMA_URL, read_otlp_json_lines
-from tests.orchestrator.analysis.builder import PINS, Attempt
-from tests.orchestrator.html_run import build_known_run
+from tests.support.html_run import build_known_run
+from tests.support.rundirs import PINS, Attempt
 
 SECRETS = (
     "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx",

@@ -1,4 +1,4 @@
-"""ModelProxy against a real chat-completions server on loopback (tests/fake_provider.py)."""
+"""ModelProxy against a real chat-completions server on loopback (tests/support/fake_provider.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from agent_runner.wire import CALL_HEADER
 from orchestrator.errors import ApiKeyMissing, SuiteError
 from orchestrator.proxy import ModelProxy, model_route, openai_agent_config
 from orchestrator.transport.local import LocalHost
-from tests.fake_provider import FakeProvider, unused_port
+from tests.support.fake_provider import FakeProvider, unused_port
 
 KEY = "sk-test-key-0123456789abcdef"
 ENV = {"TEST_MODEL_KEY": KEY}

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from orchestrator import remote
 
 
@@ -69,3 +71,40 @@ def test_kill_script_spares_a_foreign_process_group_named_in_the_pid_file(tmp_pa
         for p in others:
             p.kill()
         subprocess.run(["sh", "-c", remote.kill_script(str(other_ws))], timeout=30)
+
+
+@pytest.mark.parametrize("forged", ["1", "-1", "0", "$(touch x)", "1 2", ""])
+def test_kill_script_never_signals_a_forged_pid(tmp_path: Path, forged: str) -> None:
+    """The runner's workspace holds `pid`; an agent could overwrite it. `kill -- -1` would kill every
+    process of the user, so only a plain number above 1 is ever signalled."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "pid").write_text(forged + "\n")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    log = tmp_path / "kill.log"
+    (fake_bin / "kill").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (fake_bin / "kill").chmod(0o755)
+    # `kill` is a shell builtin; run the script with the builtin disabled via a function shim.
+    script = f'kill() {{ {fake_bin}/kill "$@"; }}; ' + remote.kill_script(str(ws))
+    done = subprocess.run(["sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0
+    assert not log.exists(), log.read_text()
+    assert not (tmp_path / "x").exists()
+
+
+def test_kill_script_signals_a_real_process_group(tmp_path: Path) -> None:
+    # The run's own launcher (timeout ... --out <ws>/out), as run_script starts it; a bare process
+    # named in the pid file is spared (above).
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proc = subprocess.Popen(
+        ["timeout", "-s", "KILL", "60", "sh", "-c", "sleep 30", "run", "--out", f"{ws}/out"],
+        start_new_session=True,
+    )
+    try:
+        (ws / "pid").write_text(f"{proc.pid}\n")
+        subprocess.run(["sh", "-c", remote.kill_script(str(ws))], timeout=30, check=True)
+        assert proc.wait(timeout=10) == -9
+    finally:
+        proc.kill()

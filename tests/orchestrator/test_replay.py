@@ -22,7 +22,7 @@ from orchestrator.rundir import RunDir, read_jsonl
 from orchestrator.transport.base import Host
 from orchestrator.transport.local import LocalHost
 
-FAKE_RUNNER = Path(__file__).with_name("fake_runner.py")
+FAKE_RUNNER = Path(__file__).resolve().parents[1] / "support" / "fake_runner.py"
 NORMALISED = {
     "name": "mini",
     "repeat": 2,

@@ -11,7 +11,7 @@ from orchestrator.analysis import analyse_run
 from orchestrator.exit_policy import report_exit as report_exit_code
 from orchestrator.report import render_markdown, write_reports
 from orchestrator.ui import report_table as render_table
-from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, two_hosts
+from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
 
 
 def _run(tmp_path, box_b_t2="pass", gate=0.10, **kw):

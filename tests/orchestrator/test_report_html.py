@@ -18,7 +18,7 @@ from orchestrator.history import index_path, record_run
 from orchestrator.report import html as report_html
 from orchestrator.report import write_reports
 from orchestrator.report.view import ensure_report, serving
-from tests.orchestrator.html_run import HOSTILE_TASK, HOSTILE_VALUE, OBSERVATION, build_known_run
+from tests.support.html_run import HOSTILE_TASK, HOSTILE_VALUE, OBSERVATION, build_known_run
 
 
 def _written(tmp_path: Path) -> tuple[Path, str]:

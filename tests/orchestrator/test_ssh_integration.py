@@ -12,13 +12,13 @@ from pathlib import Path
 
 import paramiko
 import pytest
-from testhosts import free_port
 
 from orchestrator.errors import AuthenticationFailed, HostKeyRejected, HostUnreachable
 from orchestrator.inventory import HostConfig
 from orchestrator.transport import CONNECT_ATTEMPTS, open_host
 from orchestrator.transport.ssh import SshHost
-from tests.conftest import SshdHosts
+from tests.support.fleet import SshdHosts
+from tools.testhosts import free_port
 
 pytestmark = pytest.mark.sshd
 

@@ -102,3 +102,26 @@ def test_a_known_host_offering_another_key_type_counts_as_changed(tmp_path: Path
     path.write_text(f"{LABEL} ssh-ed25519 {KEY_A}\n")
     with pytest.raises(HostKeyRejected, match="CHANGED"):
         known_hosts.verify(path, "box-b", LABEL, "ecdsa-sha2-nistp256", KEY_B, accept_new=True)
+
+
+OFFERED = base64.b64encode(b"k" * 51).decode()
+
+
+@pytest.mark.parametrize("stored", ["!!notbase64", "AAAAA"])
+def test_an_unreadable_known_key_is_still_a_changed_key_refused(tmp_path: Path, stored: str) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(f"[127.0.0.1]:2222 ssh-ed25519 {stored}\n")
+    with pytest.raises(HostKeyRejected, match="CHANGED"):
+        known_hosts.verify(path, "box-b", "[127.0.0.1]:2222", "ssh-ed25519", OFFERED, accept_new=True)
+    assert path.read_text() == f"[127.0.0.1]:2222 ssh-ed25519 {stored}\n"  # never rewritten
+
+
+def test_an_unreadable_known_hosts_is_a_host_key_error_not_a_retried_connect_error(tmp_path: Path) -> None:
+    from orchestrator.errors import HostUnreachable
+
+    directory = tmp_path / "known_hosts"
+    directory.mkdir()
+    with pytest.raises(HostKeyRejected, match="cannot read known_hosts") as caught:
+        known_hosts.verify(directory, "box-b", "[127.0.0.1]:2222", "ssh-ed25519", OFFERED)
+    assert caught.value.host == "box-b"
+    assert not isinstance(caught.value, HostUnreachable)

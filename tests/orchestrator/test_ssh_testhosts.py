@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testhosts import free_port
 
 from orchestrator.inventory import load_inventory
 from orchestrator.transport import open_host
+from tools.testhosts import free_port
 
 pytestmark = pytest.mark.sshd
 
@@ -103,7 +103,7 @@ def _uts(pid: int) -> str | None:
 def test_kill_spares_a_host_started_while_it_runs(fresh_sshd_host: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A namespace's inode number is reused by the next namespace created once it dies: a host that
     starts while another is being killed must not be taken for it (seen as "sshd exited (-9)")."""
-    import testhosts
+    from tools import testhosts
 
     fleet = fresh_sshd_host.fleet
     old_ns = _uts(fleet.hosts["box-c"].ns_pid() or 0)
@@ -136,7 +136,7 @@ def test_kill_spares_a_host_started_while_it_runs(fresh_sshd_host: Any, monkeypa
 
 
 def test_a_stale_pid_file_never_names_the_process_that_reused_its_pid(tmp_path: Path) -> None:
-    import testhosts
+    from tools import testhosts
 
     other = subprocess.Popen(["unshare", "--uts", "sleep", "30"])  # as if another fleet's host
     try:

@@ -12,7 +12,7 @@ from orchestrator.analysis import analyse_run
 from orchestrator.probe import ProbeResult
 from orchestrator.replay import ReplayOutcome
 from orchestrator.rundir import HostRecord, Manifest, ResultRow, RunDir, SuiteRef
-from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, two_hosts
+from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
 
 # An unmatched closing tag makes Rich raise MarkupError; "[bold]" would style the text instead.
 HOSTILE = "[/] [bold]boom[/bold] [red]"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from orchestrator.analysis.compare import LOUD, QUIET, SAME_ORDER, compare_runs
 from orchestrator.cli import app
 from orchestrator.errors import InputError
-from tests.orchestrator.analysis.builder import PINS, Attempt, RunSpec, build_run, two_hosts
+from tests.support.rundirs import PINS, Attempt, RunSpec, build_run, two_hosts
 
 TASKS = ("t1", "t2", "t3", "t4")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.analysis import analyse_run
-from tests.orchestrator.analysis.builder import HEALTHY, Attempt, RunSpec, build_run, fingerprint, two_hosts
+from tests.support.rundirs import HEALTHY, Attempt, RunSpec, build_run, fingerprint, two_hosts
 
 EXTRA_CALL = [*HEALTHY, ("http_get_health", {"url": "http://127.0.0.1/health"})]
 OTHER_KEYS = [("read_unit_status", {"unit": "nginx.service", "verbose": True}), HEALTHY[1]]

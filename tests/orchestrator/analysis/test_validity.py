@@ -8,7 +8,7 @@ import json
 import pytest
 
 from orchestrator.analysis import analyse_run
-from tests.orchestrator.analysis.builder import PINS, Attempt, RunSpec, build_run, fingerprint, two_hosts
+from tests.support.rundirs import PINS, Attempt, RunSpec, build_run, fingerprint, two_hosts
 
 
 def _spec(**kw) -> RunSpec:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, fingerprint, two_hosts
+from tests.support.rundirs import Attempt, RunSpec, build_run, fingerprint, two_hosts
 
 HOSTILE_TASK = '<img src=x onerror="window.pwned=1">'
 HOSTILE_VALUE = "</script><script>window.pwned=2</script><!--"
