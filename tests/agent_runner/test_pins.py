@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 from agent_runner.pins import tree_sha
-
 from tests.support.runner import TRIAGE, run_runner
 
 
