@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional
 
 from .errors import InputError
+from .sandbox import NONE, Sandbox
 from .suite import AgentSpec, Task
 
 MAX_LINE_BYTES = 1024 * 1024  # one protocol message from a command agent
@@ -79,6 +80,7 @@ class AgentContext:
     suite_dir: Path
     scratch: Path  # a directory of the attempt outside the workspace (e.g. agent stderr)
     attempt: int = 0
+    sandbox: Sandbox = field(default_factory=lambda: Sandbox(NONE))  # where its processes run
 
 
 class Agent:
@@ -198,9 +200,13 @@ class CommandAgent(Agent):
         argv = [a.replace("{suite}", str(ctx.suite_dir)) for a in self.spec.command or []]
         self._stderr_path = ctx.scratch / "agent.stderr"
         self._stderr = open(self._stderr_path, "wb")  # noqa: SIM115 - closed in close()
+        missing = ctx.sandbox.cannot_start(argv[0], str(ctx.workspace), ctx.env) if argv else None
+        if missing:
+            raise AgentFailed(f"cannot start the agent {argv[0]!r}: {missing}")
         try:
-            self._proc = subprocess.Popen(argv, cwd=str(ctx.workspace), env=ctx.env, stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=self._stderr, start_new_session=True)
+            self._proc = subprocess.Popen(ctx.sandbox.argv(argv), cwd=str(ctx.workspace), env=ctx.env,
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                                          **ctx.sandbox.popen_kwargs())
         except OSError as exc:
             raise AgentFailed(f"cannot start the agent {argv[0]!r}: {exc.strerror or exc}") from exc
         threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from . import sandbox
 from .records import Fingerprint
 from .redact import secret_env_keys
 
@@ -53,7 +54,8 @@ def _locale_facts(env: Mapping[str, str]) -> Dict[str, Any]:
     return facts
 
 
-def isolation_findings(env: Mapping[str, str], home: str, uid: Optional[int]) -> List[Dict[str, str]]:
+def isolation_findings(env: Mapping[str, str], home: str, uid: Optional[int],
+                       isolation: Optional[str] = None) -> List[Dict[str, str]]:
     """What makes this box dirty for an agent run; ``action`` is burn (do not use as is) or keep."""
     findings: List[Dict[str, str]] = []
 
@@ -68,6 +70,11 @@ def isolation_findings(env: Mapping[str, str], home: str, uid: Optional[int]) ->
     if os.path.isdir(config_dir):
         add("config_dir", config_dir, "keep", "tool configuration (and maybe tokens) is visible; "
             "the runner points HOME at an empty directory, so keep the box but check what is there")
+    if isolation == sandbox.NONE:
+        add("no_isolation", "attempts run beside the runner", "burn", "this host gives neither a PID "
+            "namespace (unshare, user namespaces) nor a separate user to the runner: an agent can read "
+            "the runner's environment and write its files; allow unprivileged user namespaces or run "
+            "the runner as root (it then drops attempts to a uid of their own)")
     if os.path.exists("/var/run/docker.sock"):
         add("docker_socket", "/var/run/docker.sock", "burn", "the docker socket is root on the host; "
             "an agent could escape any workspace")
@@ -99,6 +106,9 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
     getuid = getattr(os, "getuid", None)
     uid = getuid() if getuid else None
     now = time.localtime()
+    isolation = sandbox.detect()
+    if isolation == sandbox.PIDNS_UID and not sandbox.reachable_by_others(os.path.join(cwd, "x")):
+        isolation = sandbox.PIDNS  # attempts under cwd cannot be reached by another uid (what they get)
     home_norm = home.rstrip("/")
     data: Dict[str, Any] = {
         "hostname": socket.gethostname(),
@@ -117,7 +127,8 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
         "uid": uid,
         "home": home,
         "tool_versions": {c: _version_of(c, env) for c in sorted(set(allowed_commands))},
-        "findings": isolation_findings(env, home, uid),
+        "isolation": isolation,
+        "findings": isolation_findings(env, home, uid, isolation),
     }
     stable = dict(data)
     if run_id:

@@ -348,6 +348,8 @@ class Fingerprint:
     home: Optional[str] = None
     tool_versions: Dict[str, Optional[str]] = field(default_factory=dict)
     findings: List[Dict[str, str]] = field(default_factory=list)
+    #: how attempts are kept from the runner here: "pidns+uid", "pidns" or "none" (agent_runner/sandbox.py)
+    isolation: Optional[str] = None
     captured_at: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 

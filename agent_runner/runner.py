@@ -13,6 +13,7 @@ runner itself failed (an attempt raised, or a workspace could not be removed).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
 from .records import Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
+from .sandbox import NONE, Sandbox
 from .suite import Suite, Task, load_suite
 from .tools import ToolBox, kill_group
 from .trace import TraceWriter
@@ -118,11 +120,23 @@ class Runner:
         self.host = host
         self.run_id = run_id
         self.env_allow = env_allow
+        self.isolation = fingerprint.isolation or NONE
+        self.home = os.environ.get("HOME")
+        # Read once, when the run starts: the bundle as the controller verified it just before.
+        self.predicates = {t.id: t.predicate.read_bytes() for t in suite.tasks if t.predicate is not None}
+        self.suite_digest = tree_digest(suite.root)
+
+    def bundle_check(self) -> None:
+        """The suite is as it was when the run started (an attempt may not change the next one's)."""
+        if tree_digest(self.suite.root) != self.suite_digest:
+            raise BundleChanged(f"{self.suite.root}: the bundle changed during the run; attempts after "
+                                f"the change are not run from it")
 
     def attempt_env(self, work: Path, home: Path, tmp: Path) -> Dict[str, str]:
         env = {k: os.environ[k] for k in self.env_allow if k in os.environ}
         env.setdefault("PATH", os.defpath)
         env.update(zip(ATTEMPT_ENV_KEYS, (str(home), str(tmp), str(work))))  # noqa: B905 (3.9: no strict=)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing of a run is written into the bundle cache
         return env
 
     def run_attempt(self, task: Task, attempt: int) -> AttemptResult:
@@ -134,28 +148,38 @@ class Runner:
         obs_path = self.out / "traces" / f"{task.id}.{attempt}.obs.jsonl"
         attempt_dir = Path(tempfile.mkdtemp(prefix=f"{task.id}.{attempt}.", dir=str(self.workspace_root)))
         writer: Optional[TraceWriter] = None
+        # Its uid may pass through the attempt's directory to its own work, home and tmp, no further.
+        attempt_dir.chmod(0o711)
+        box = Sandbox.for_attempt(self.isolation, str(attempt_dir / "work"), str(self.suite.root / "suite.json"))
         try:
             work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))
+            self.bundle_check()
             if task.repo_dir is not None:
                 shutil.copytree(str(task.repo_dir), str(work), symlinks=True)
             else:
                 work.mkdir()
             for directory in (home, tmp, scratch):
                 directory.mkdir()
-            # The predicate is read now, before the agent runs, and restored right before it is run.
-            pristine = task.predicate.read_bytes() if task.predicate is not None else None
+            box.give(str(work), str(home), str(tmp))
+            # The predicate was read when the run started, from the bundle as the controller verified it.
+            pristine = self.predicates.get(task.id)
             env = self.attempt_env(work, home, tmp)
             writer = TraceWriter(trace_path, obs_path)
             writer.header(run_id=self.run_id, host=self.host, task=task.id, attempt=attempt,
                           fingerprint=digest, pins=pins, env_sha=this_env_sha,
                           agent=task.agent.kind)
-            outcome = self._run_agent(task, work, env, scratch, writer, started, attempt)
-            predicate_exit, predicate_output, predicate_error = self._run_predicate(task, pristine, work, env)
+            outcome = self._run_agent(task, work, env, scratch, writer, started, box, attempt)
+            predicate_exit, predicate_output, predicate_error = self._run_predicate(task, pristine, work, env, box)
+            box.kill_survivors()
+            strays = box.strays(str(attempt_dir), home=self.home)
             checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
             findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []
             reasons = golden.score(task, outcome.turns, outcome.reason)
             reasons += [f"contract: {f.line()}" for f in findings]
+            if strays:
+                shown = ", ".join(strays[:5]) + (f" (+{len(strays) - 5} more)" if len(strays) > 5 else "")
+                reasons.append(f"wrote outside its workspace: {shown} (removed)")
             if outcome.infra_error is not None or predicate_error is not None:
                 verdict, why = "error", outcome.infra_error or predicate_error or ""
             else:
@@ -184,16 +208,17 @@ class Runner:
         finally:
             if writer is not None:
                 writer.close()
+            box.kill_survivors()
             _remove_tree(attempt_dir)
 
     def _run_agent(self, task: Task, work: Path, env: Dict[str, str], scratch: Path, writer: TraceWriter,
-                   started: float, attempt: int = 0) -> LoopOutcome:
+                   started: float, box: Sandbox, attempt: int = 0) -> LoopOutcome:
         agent = agents.make_agent(task.agent)
         deadline = started + task.budget.timeout_s
-        toolbox = ToolBox(self.suite.contract, self.suite.tools, task.fixtures, work, env)
+        toolbox = ToolBox(self.suite.contract, self.suite.tools, task.fixtures, work, env, box)
         ctx = agents.AgentContext(task=task, prompt=task.prompt, tools=list(self.suite.contract.get("tools", [])),
                                   workspace=work, env=env, suite_dir=self.suite.root, scratch=scratch,
-                                  attempt=attempt)
+                                  attempt=attempt, sandbox=box)
         try:
             try:
                 agent.start(ctx)
@@ -208,7 +233,7 @@ class Runner:
             agent.close()
 
     def _run_predicate(self, task: Task, pristine: Optional[bytes], work: Path,
-                       env: Dict[str, str]) -> Tuple[Optional[int], str, Optional[str]]:
+                       env: Dict[str, str], box: Sandbox) -> Tuple[Optional[int], str, Optional[str]]:
         """(exit code, its output's last ``PREDICATE_OUTPUT_CAP`` bytes, harness error). An agent that
         rewrote run_tests.sh gets the pristine one back before it runs."""
         if pristine is None:
@@ -224,8 +249,8 @@ class Runner:
         except OSError as exc:
             return None, "", f"could not restore the pristine {PREDICATE}: {exc}"
         try:
-            proc = subprocess.Popen(["sh", PREDICATE], cwd=str(work), env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(box.argv(["sh", PREDICATE]), cwd=str(work), env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **box.popen_kwargs())
         except OSError as exc:
             return None, "", f"the predicate could not start: {exc.strerror or exc}"
         try:
@@ -238,6 +263,28 @@ class Runner:
             kill_group(proc.pid)
         kept = output[-PREDICATE_OUTPUT_CAP:].decode("utf-8", "replace").strip()
         return proc.returncode, ("…" + kept if len(output) > PREDICATE_OUTPUT_CAP else kept), None
+
+
+class BundleChanged(RunnerError):
+    """The suite's files changed after the run started."""
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over every path, mode and file content under ``root`` (in sorted order)."""
+    h = hashlib.sha256()
+    for base, dirs, files in os.walk(str(root)):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            path = os.path.join(base, name)
+            st = os.lstat(path)
+            h.update(f"{os.path.relpath(path, str(root))}\0{st.st_mode}\0".encode())
+            if stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+            elif stat.S_ISLNK(st.st_mode):
+                h.update(os.readlink(path).encode())
+    return h.hexdigest()
 
 
 def _select_tasks(suite: Suite, wanted: Optional[List[str]]) -> List[Task]:

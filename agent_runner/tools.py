@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .errors import ContractError
 from .jsonfile import read_json
+from .sandbox import NONE, Sandbox
 from .suite import parse_tools_policy
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
@@ -75,7 +76,8 @@ def kill_group(pid: int) -> None:
 
 class ToolBox:
     def __init__(self, contract: Mapping[str, Any], policy: Mapping[str, Sequence[Sequence[str]]],
-                 fixtures: Mapping[str, Any], workspace: Path, env: Mapping[str, str]) -> None:
+                 fixtures: Mapping[str, Any], workspace: Path, env: Mapping[str, str],
+                 sandbox: Optional[Sandbox] = None) -> None:
         self.tools = {t["name"]: t for t in contract.get("tools", [])}
         self.contract_id = contract.get("contract_id", "?")
         self.policy = policy
@@ -83,6 +85,7 @@ class ToolBox:
         self.workspace = Path(os.path.realpath(workspace))
         self.env = dict(env)
         self.processes_started = 0
+        self.sandbox = sandbox or Sandbox(NONE)
 
     def call(self, name: str, args: Any, timeout_s: float) -> ToolResult:
         spec = self.tools.get(name)
@@ -183,9 +186,13 @@ class ToolBox:
         refused = shell_verdict(argv, self.policy)
         if refused:
             return _error(f"shell: {refused}")
+        missing = self.sandbox.cannot_start(argv[0], str(self.workspace), self.env)
+        if missing:
+            return _error(f"shell: cannot start {argv[0]!r}: {missing}")
         try:
-            proc = subprocess.Popen(argv, cwd=str(self.workspace), env=self.env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(self.sandbox.argv(argv), cwd=str(self.workspace), env=self.env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    **self.sandbox.popen_kwargs())
         except OSError as exc:
             return _error(f"shell: cannot start {argv[0]!r}: {exc.strerror or exc}")
         self.processes_started += 1

@@ -5,9 +5,11 @@ sorted entries, zero timestamps and owners) and ``bundle-<sha>.tar`` holding ``r
 ``suite.tar``, in a local cache (a replay's default: ``$XDG_CACHE_HOME/crosshost/bundles``) where
 ``index-<inputs sha>.json`` lets an unchanged suite and runner reuse their bundle after its sha is
 checked. On a host: a content-addressed cache ``<workspace_root>/bundles/<bundle_sha>/`` with
-``runner.pyz`` and ``suite/``. It is kept between runs, and a push is skipped when the host already
-holds that sha (one ``test -d``). A cache entry appears by ``mv`` of a complete temporary directory,
-so a half-pushed bundle is never mistaken for a complete one.
+``runner.pyz`` and ``suite/``, read-only. It is kept between runs, and a push is skipped when the host
+already holds that sha and the unpacked tree is exactly what was pushed (checked before each use by
+the host's Python, from a script the controller sends, against the digest the controller computes);
+a changed entry is removed and pushed again. A cache entry appears by ``mv`` of a complete temporary
+directory, so a half-pushed bundle is never mistaken for a complete one.
 """
 
 from __future__ import annotations
@@ -278,7 +280,7 @@ def prune_host_bundles_script(workspace_root: str, keep: int = KEEP_HOST_BUNDLES
     return (
         f"( cd {q(bundles)} 2>/dev/null || exit 0; used=\" $(cat {q(runs)}/*/{IN_USE} 2>/dev/null | tr '\\n' ' ') \"; "
         f"ls -1t | grep -E '^[0-9a-f]{{64}}$' | tail -n +{keep + 1} | while read -r d; do "
-        f'case "$used" in *" $d "*) ;; *) rm -rf -- "$d" ;; esac; done ) >/dev/null 2>&1; true'
+        f'case "$used" in *" $d "*) ;; *) chmod -R u+w -- "$d"; rm -rf -- "$d" ;; esac; done ) >/dev/null 2>&1; true'
     )
 
 
@@ -336,14 +338,93 @@ def empty_local_cache(cache: Path) -> tuple[int, int]:
     return count, size
 
 
-def bundle_present_test(bundle: Bundle, workspace_root: str) -> str:
-    """Shell text that exits 0 when the bundle is published under ``workspace_root`` on the host."""
+
+
+#: digest of an unpacked bundle on a host, run by the host's Python from this text (never from the
+#: cache it checks): every path, its kind, whether anything may write it, a file's content
+_TREE_DIGEST_PY = r"""
+import hashlib, os, stat, sys
+root = sys.argv[1]
+lines = []
+for base, dirs, files in os.walk(root):
+    for name in dirs + files:
+        p = os.path.join(base, name)
+        st = os.lstat(p)
+        kind = "d" if stat.S_ISDIR(st.st_mode) else "f" if stat.S_ISREG(st.st_mode) else "x"
+        body = ""
+        if kind == "f":
+            h = hashlib.sha256()
+            with open(p, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            body = h.hexdigest()
+        lines.append("%s %d %s %s" % (kind, int(bool(st.st_mode & 0o222)), body, os.path.relpath(p, root)))
+print(hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest())
+"""
+
+
+_UNPACKED: dict[str, str] = {}
+
+
+def unpacked_digest(bundle: Bundle) -> str:
+    """What ``_TREE_DIGEST_PY`` prints for this bundle unpacked intact (read-only) on a host."""
+    if bundle.sha not in _UNPACKED:
+        _UNPACKED[bundle.sha] = _unpacked_digest(bundle.path)
+    return _UNPACKED[bundle.sha]
+
+
+def _unpacked_digest(path: Path) -> str:
+    lines = []
+
+    def add(kind: str, rel: str, data: bytes | None = None) -> None:
+        body = hashlib.sha256(data).hexdigest() if data is not None else ""
+        lines.append(f"{kind} 0 {body} {rel}")
+
+    with tarfile.open(path) as outer:
+        members = {m.name: outer.extractfile(m) for m in outer.getmembers() if m.isfile()}
+        runner = members["runner.pyz"]
+        suite_tar = members["suite.tar"]
+        assert runner is not None and suite_tar is not None
+        add("f", "runner.pyz", runner.read())
+        add("d", "suite")
+        dirs: set[str] = set()
+        with tarfile.open(fileobj=io.BytesIO(suite_tar.read())) as inner:
+            for m in inner.getmembers():
+                rel = posixpath.normpath(m.name)
+                parts = rel.split("/")
+                for i in range(1, len(parts)):
+                    dirs.add("/".join(parts[:i]))
+                if m.isdir():
+                    dirs.add(rel)
+                else:
+                    data = inner.extractfile(m)
+                    add("f", f"suite/{rel}", data.read() if data is not None else b"")
+        for d in dirs:
+            add("d", f"suite/{d}")
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
+
+
+def bundle_present_test(bundle: Bundle, workspace_root: str, python: str = "python3") -> str:
+    """Shell text that exits 0 when the bundle is published under ``workspace_root`` on the host and
+    is exactly what was pushed (every file's content, nothing added, nothing writable)."""
     final = shlex.quote(bundle.remote_dir(workspace_root))
+    digest = f"{shlex.quote(python)} -I -B -c {shlex.quote(_TREE_DIGEST_PY)} {final} 2>/dev/null"
     # touch: the bundle's mtime says when it was last used (the host keeps the newest few)
-    return f"test -f {final}/runner.pyz && test -d {final}/suite && touch {final}"
+    return (
+        f'test -f {final}/runner.pyz && test -d {final}/suite && test "$({digest})" = {unpacked_digest(bundle)} '
+        f"&& touch {final}"
+    )
 
 
-def ensure_bundle(host: Host, bundle: Bundle, workspace_root: str, *, look: bool = True) -> bool:
+def bundle_remove_script(bundle: Bundle, workspace_root: str) -> str:
+    """Remove a published bundle that failed ``bundle_present_test`` (read-only: made writable first)."""
+    final = shlex.quote(bundle.remote_dir(workspace_root))
+    return f"if test -e {final}; then chmod -R u+w {final} 2>/dev/null; rm -rf {final} && echo bundle-replaced; fi"
+
+
+def ensure_bundle(
+    host: Host, bundle: Bundle, workspace_root: str, *, look: bool = True, python: str = "python3"
+) -> bool:
     """Make ``<workspace_root>/bundles/<sha>/`` exist on ``host``; True when it was pushed now.
 
     One exec to look, one SFTP put of one file, one exec to unpack and publish it. ``look=False``:
@@ -351,10 +432,16 @@ def ensure_bundle(host: Host, bundle: Bundle, workspace_root: str, *, look: bool
     """
     final = bundle.remote_dir(workspace_root)
     q = shlex.quote
-    if look and host.exec(["sh", "-c", bundle_present_test(bundle, workspace_root)], _SHELL_TIMEOUT_S).ok:
-        return False
+    if look:
+        script = f"{{ {bundle_present_test(bundle, workspace_root, python)}; }} || {{ {bundle_remove_script(bundle, workspace_root)}; exit 1; }}"
+        if host.exec(["sh", "-c", script], _SHELL_TIMEOUT_S).ok:
+            return False
     tmp = posixpath.join(workspace_root, "bundles", f".tmp-{bundle.sha[:12]}-{secrets.token_hex(4)}")
-    prep = host.exec(["sh", "-c", f"umask 077 && mkdir -p {q(tmp)}"], _SHELL_TIMEOUT_S)
+    # bundles/ itself is passable by anyone (an attempt's own uid reads its suite); the temporary
+    # directory is private until it is complete
+    bundles = posixpath.dirname(tmp)
+    prep = host.exec(["sh", "-c", f"mkdir -p {q(bundles)} && chmod a+x {q(bundles)} && umask 077 && mkdir {q(tmp)}"],
+                     _SHELL_TIMEOUT_S)
     if not prep.ok:
         raise TransferError(host.name, f"cannot create {tmp}: {prep.stderr.strip() or prep.exit_code}")
     try:
@@ -363,13 +450,14 @@ def ensure_bundle(host: Host, bundle: Bundle, workspace_root: str, *, look: bool
         # published the same sha first, mv fails and the existing entry holds the same bytes.
         script = (
             f"cd {q(tmp)} && tar -xf bundle.tar && mkdir suite && tar -xf suite.tar -C suite "
-            f"&& rm -f bundle.tar suite.tar && chmod 755 . "
+            # read-only for everyone (a run may not change the next one's bundle), before it is published
+            f"&& rm -f bundle.tar suite.tar && chmod -R a-w,a+rX . "
             f"&& {{ mv -T {q(tmp)} {q(final)} 2>/dev/null || test -f {q(final)}/runner.pyz; }}"
         )
         unpack = host.exec(["sh", "-c", script], _SHELL_TIMEOUT_S)
         if not unpack.ok:
             raise RunnerCrashed(host.name, f"unpacking the bundle failed: {unpack.stderr.strip() or unpack.exit_code}")
     finally:
-        host.exec(["rm", "-rf", tmp], _SHELL_TIMEOUT_S)
+        host.exec(["sh", "-c", f"chmod -R u+w {q(tmp)} 2>/dev/null; rm -rf {q(tmp)}"], _SHELL_TIMEOUT_S)
     return True
 

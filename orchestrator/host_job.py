@@ -80,10 +80,13 @@ class HostJob:
         error: BaseException | None = None
         try:
             host = self._stage("connect", self._connect)
-            ws = Workspace(host, self.cfg.name, self.cfg.workspace_root, self.plan.run_dir.run_id)
+            ws = Workspace(host, self.cfg.name, self.cfg.workspace_root, self.plan.run_dir.run_id, self.cfg.python)
             self.record.reachable = True
             self.plan.running.check_cancel()
             self.record.bundle_pushed = self._stage("push", lambda: ws.create_with_bundle(self.plan.bundle))
+            self.record.bundle_replaced = ws.bundle_replaced
+            if ws.bundle_replaced:
+                self.plan.emit(self.cfg.name, "push", "the cached bundle had changed: replaced")
             self.plan.running.check_cancel()
             self._wait_for_the_reference()
             run_started = True
@@ -229,4 +232,5 @@ class HostJob:
 
     def _done_detail(self) -> str:
         fp = self.record.fingerprint or "?"
-        return f"fingerprint {fp}, bundle {'pushed' if self.record.bundle_pushed else 'cached'}"
+        state = "replaced (the cached one had changed)" if self.record.bundle_replaced else "pushed" if self.record.bundle_pushed else "cached"
+        return f"fingerprint {fp}, bundle {state}"

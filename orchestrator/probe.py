@@ -63,7 +63,7 @@ def probe_host(
     host: Host = opener(cfg, accept_new=accept_new, on_retry=on_retry)
     result.reachable = True
     probe_id = f"probe-{secrets.token_hex(6)}"
-    ws = Workspace(host, cfg.name, cfg.workspace_root, probe_id)
+    ws = Workspace(host, cfg.name, cfg.workspace_root, probe_id, cfg.python)
     try:
         ws.create(failure=TransferError)
         remote_runner = ws.put(runner, "runner.pyz")

@@ -10,6 +10,7 @@ environment is ever part of a command.
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 from collections.abc import Mapping, Sequence
 
@@ -113,6 +114,94 @@ def kill_script(workspace: str) -> str:
     )
 
 
-def remove_script(workspace: str) -> str:
-    """Remove the workspace, then prove it is gone (exit 0 only when nothing is left)."""
-    return f"rm -rf {q(workspace)}; ! test -e {q(workspace)}"
+#: run by the host's Python from this text: kill every process whose working directory, command line
+#: or environment names the workspace (what a run left running, whatever session it made), wait for
+#: them to go, print the ones still alive and exit 1 if any. Its own shell is known by ``argv[2]``.
+_SURVIVORS_PY = r"""
+import os, signal, sys, time
+ws, marker = sys.argv[1], sys.argv[2].encode()
+inside = (ws + "/").encode()
+def mnt(pid):
+    try:
+        return os.readlink("/proc/%s/ns/mnt" % pid)
+    except OSError:
+        return None
+def ppid(pid):
+    try:
+        with open("/proc/%s/status" % pid) as fh:
+            for line in fh:
+                if line.startswith("PPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+ours = mnt("self")
+def this_host(pid):
+    # Paths are per mount namespace: hosts that share this /proc (containers, test hosts) may use
+    # the same workspace path. A process is this host's when it is in our mount namespace, or in
+    # one made under it (a sandbox): its first ancestor outside its own namespace is in ours.
+    own = mnt(pid)
+    if own == ours:
+        return True
+    for _ in range(64):
+        pid = ppid(pid)
+        if pid <= 0:
+            return False
+        if mnt(pid) != own:
+            return mnt(pid) == ours
+    return False
+def scan():
+    found = []
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    except OSError:
+        return found
+    for p in pids:
+        d = "/proc/" + p
+        try:
+            with open(d + "/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if marker in cmd:
+            continue
+        try:
+            cwd = os.readlink(d + "/cwd")
+        except OSError:
+            cwd = ""
+        hit = cwd == ws or cwd.startswith(ws + "/") or inside in cmd
+        if not hit:
+            try:
+                with open(d + "/environ", "rb") as fh:
+                    hit = inside in fh.read()
+            except OSError:
+                pass
+        if hit and this_host(p):
+            found.append(int(p))
+    return found
+left = scan()
+for _ in range(30):
+    if not left:
+        break
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.1)
+    left = scan()
+if left:
+    sys.stderr.write("processes of the run still alive: %s\n" % " ".join(map(str, left[:10])))
+    sys.exit(1)
+"""
+
+
+def remove_script(workspace: str, python: str = "python3") -> str:
+    """Kill what still runs of the workspace, remove it, then prove both are gone (exit 0 only when no
+    process and no file of it is left; stderr says which is)."""
+    marker = f"crosshost-clean-{secrets.token_hex(8)}"
+    ws = q(workspace)
+    return (
+        f": {marker}; {q(python)} -I -B -c {q(_SURVIVORS_PY)} {ws} {marker}; p=$?; "
+        f"rm -rf {ws}; if test -e {ws}; then echo {ws}: still there after rm -rf >&2; exit 1; fi; exit $p"
+    )

@@ -99,6 +99,7 @@ class HostRecord(BaseModel):
     fingerprint: str | None = None
     python: str | None = None
     bundle_pushed: bool | None = None
+    bundle_replaced: bool | None = None  # the host's cached bundle had changed since pushed: replaced
     runner_exit: int | None = None
     workspace_removed: bool | None = None
     stages: dict[str, float] = Field(default_factory=dict)  # stage -> seconds

@@ -23,6 +23,7 @@ from orchestrator.archive import ArchiveLimits, max_archive_bytes, read_archive
 from orchestrator.bundle import (
     Bundle,
     bundle_present_test,
+    bundle_remove_script,
     ensure_bundle,
     in_use_marker,
     prune_host_bundles_script,
@@ -45,8 +46,10 @@ KILL_TIMEOUT_S = 30
 class Workspace:
     """``<workspace_root>/runs/<run_id>/`` on ``host`` (``name`` is the inventory's: every error names it)."""
 
-    def __init__(self, host: Host, name: str, workspace_root: str, run_id: str) -> None:
+    def __init__(self, host: Host, name: str, workspace_root: str, run_id: str, python: str = "python3") -> None:
         self.host = host
+        self.python = python  # the host's Python (checks the bundle cache)
+        self.bundle_replaced = False  # the cached bundle had changed: removed, pushed again
         self.name = name
         self.root = workspace_root
         self.path = run_workspace(workspace_root, run_id)
@@ -61,20 +64,28 @@ class Workspace:
         ws = remote.q(self.path)
         runs = remote.q(posixpath.dirname(self.path))
         work = remote.q(work_dir(self.path))
-        look = f"{{ {bundle_present_test(bundle, self.root)}; }} && echo bundle-cached; " if bundle else ""
+        look = ""
+        if bundle:
+            present = bundle_present_test(bundle, self.root, self.python)
+            look = f"if {present}; then echo bundle-cached; else {bundle_remove_script(bundle, self.root)}; fi; "
         # the run names its bundle: a concurrent run's pruning never removes it (prune_host_bundles_script)
         mark = f" && {in_use_marker(bundle, self.path)}" if bundle else ""
-        made = self._exec(f"{look}mkdir -p {runs} && mkdir -m 700 {ws} && mkdir {ws}/out {work}{mark}")
+        # The attempts' uid may pass through the workspace to work/ (711), never into out/ (700).
+        made = self._exec(
+            f"{look}mkdir -p {runs} && mkdir -m 711 {ws} && mkdir -m 700 {ws}/out && mkdir -m 711 {work}{mark}"
+        )
         if not made.ok:
             raise failure(self.name, f"cannot create {self.path}: {tail(made.stderr)}")
         self.created = True
-        return bundle is not None and "bundle-cached" in made.stdout.split()
+        said = made.stdout.split()
+        self.bundle_replaced = "bundle-replaced" in said
+        return bundle is not None and "bundle-cached" in said
 
     def create_with_bundle(self, bundle: Bundle) -> bool:
         """Create it and make sure the bundle is on the host (one exec when it is); True when pushed."""
         if self.create(bundle):
             return False
-        return ensure_bundle(self.host, bundle, self.root, look=False)
+        return ensure_bundle(self.host, bundle, self.root, look=False, python=self.python)
 
     def put(self, local: Path, name: str) -> str:
         """Copy a local file into the workspace; its path on the host."""
@@ -127,14 +138,14 @@ class Workspace:
         """Remove it and verify it is gone (``kill_first``: a runner may still run in it). Not gone is
         ``WorkspaceLeft``; a host that cannot be asked raises its ``HostError``. ``prune_bundles``: in
         the same exec, keep only the host's newest bundles (never one a run in progress uses)."""
-        script = remote.remove_script(self.path)
+        script = remote.remove_script(self.path, self.python)
         if kill_first:
             script = f"{remote.kill_script(self.path)}; {script}"
         if prune_bundles:
             script = f"{script}; gone=$?; {prune_host_bundles_script(self.root)}; exit $gone"
         res = self._exec(script)
         if not res.ok:
-            raise WorkspaceLeft(self.name, f"{self.path} is still there after rm -rf: {tail(res.stderr)}")
+            raise WorkspaceLeft(self.name, f"{self.path} is not gone: {tail(res.stderr) or f'exit {res.exit_code}'}")
 
     def kill(self) -> None:
         """Kill the runner's process group, if any; a dead host cannot be helped (its worker says so)."""

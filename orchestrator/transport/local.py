@@ -13,6 +13,14 @@ from pathlib import Path
 from orchestrator.errors import TransferError
 from orchestrator.transport.base import ExecResult, Host
 
+#: what a local runner's first process inherits of the controller's environment: what a login would
+#: set (an SSH host's runner starts from sshd's). Keys, tokens and CROSSHOST_* never reach it.
+HOST_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+
+def host_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in HOST_ENV_KEYS if k in os.environ}
+
 
 class LocalHost(Host):
     kind = "local"
@@ -31,6 +39,7 @@ class LocalHost(Host):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
+                env=host_env(),
             )
         except OSError as exc:
             return ExecResult(tuple(argv), 127, "", f"{argv[0]}: {exc.strerror}", time.monotonic() - started)

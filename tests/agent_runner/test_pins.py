@@ -22,15 +22,15 @@ def test_tree_sha_ignores_caches_but_not_content(tmp_path: Path) -> None:
 
 
 def test_a_command_agent_importing_a_module_keeps_its_pin_across_attempts(tmp_path: Path) -> None:
-    """The triage command agents import protocol.py: the first attempt writes agent/__pycache__ into
-    the suite (on a host, the bundle cache). Attempt 1's agent_sha must equal attempt 0's, or the run is
-    declared invalid for 'pins differ' on a host that changed nothing."""
+    """The triage command agents import protocol.py: nothing of the run (agent/__pycache__) is written
+    into the suite (on a host, the bundle cache), and attempt 1's agent_sha equals attempt 0's, or the
+    run is declared invalid for 'pins differ' on a host that changed nothing."""
     suite = tmp_path / "triage"
     shutil.copytree(TRIAGE, suite, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path / "out"
     done = run_runner("run", "--suite", str(suite), "--out", str(out), "--tasks", "leaky-workdir", "--repeat", "2")
     assert done.returncode == 0, done.stderr
-    assert (suite / "agent" / "__pycache__").is_dir()  # the premise: the agent did write a cache
+    assert not (suite / "agent" / "__pycache__").exists()
     shas = {
         json.loads((out / "traces" / f"leaky-workdir.{n}.jsonl").read_text().splitlines()[0])["pins"]["agent_sha"]
         for n in (0, 1)

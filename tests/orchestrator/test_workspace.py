@@ -23,7 +23,9 @@ def test_create_makes_a_private_workspace_once_and_remove_leaves_nothing(tmp_pat
     ws = _ws(tmp_path)
     assert ws.create() is False and ws.created
     path = Path(ws.path)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o700 and (path / "out").is_dir() and (path / "work").is_dir()
+    # others (the attempts' uid) may pass through to work/, never list it or enter out/
+    assert stat.S_IMODE(path.stat().st_mode) == 0o711 and stat.S_IMODE((path / "out").stat().st_mode) == 0o700
+    assert stat.S_IMODE((path / "work").stat().st_mode) == 0o711
     with pytest.raises(RunnerCrashed, match="cannot create"):
         _ws(tmp_path).create()  # an existing workspace is never reused
     with pytest.raises(TransferError, match="cannot create"):

@@ -41,6 +41,8 @@ class SshdHosts:
 
 def start_fleet(names: list[str], *, connect_timeout_s: float) -> SshdHosts:
     state = Path(tempfile.mkdtemp(prefix="crosshost-test-", dir=STATE_PARENT))
+    # passable (not listable) by others: the local host's attempts run as a uid of their own under it
+    state.chmod(0o711)
     fleet = Fleet(state)
     try:
         fleet.up(names, [free_port() for _ in names])
