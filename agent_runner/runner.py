@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import agents, golden
 from .checker import check_turns
@@ -41,7 +41,7 @@ from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
 from .records import Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
-from .sandbox import NONE, Sandbox
+from .sandbox import NONE, Sandbox, run_uid
 from .suite import Suite, Task, load_suite
 from .tools import ToolBox, kill_group
 from .trace import TraceWriter
@@ -78,6 +78,7 @@ class AttemptResult:
     steps: int
     env_sha: str
     internal_error: bool = False
+    strays: Optional[List[str]] = None  # files it wrote outside its workspace (a finding, not a verdict)
 
 
 class _Terminated(BaseException):
@@ -94,6 +95,14 @@ def refuse_visible_secrets(environ: Dict[str, str]) -> None:
         raise SecretVisible(f"refusing to start: secret-shaped environment key {keys[0]} is visible to the "
                             f"runner{' (and ' + ', '.join(keys[1:]) + ')' if keys[1:] else ''}; run it through "
                             f"env -i with an allowlist (crosshost does)")
+
+
+def _owner_writable(top: Path) -> None:
+    for root, dirs, files in os.walk(str(top)):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            st = os.lstat(name)
+            if not stat.S_ISLNK(st.st_mode) and not st.st_mode & stat.S_IWUSR:
+                os.chmod(name, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
 
 
 def _remove_tree(path: Path) -> None:
@@ -122,9 +131,19 @@ class Runner:
         self.env_allow = env_allow
         self.isolation = fingerprint.isolation or NONE
         self.home = os.environ.get("HOME")
+        self.uid = run_uid()
+        self._reported: Set[str] = set()
+        self._lock = threading.Lock()
         # Read once, when the run starts: the bundle as the controller verified it just before.
         self.predicates = {t.id: t.predicate.read_bytes() for t in suite.tasks if t.predicate is not None}
         self.suite_digest = tree_digest(suite.root)
+
+    def new_strays(self, paths: List[str]) -> List[str]:
+        """``paths`` not reported by an earlier attempt of this run (each is said once)."""
+        with self._lock:
+            new = [p for p in paths if p not in self._reported]
+            self._reported.update(new)
+        return new
 
     def bundle_check(self) -> None:
         """The suite is as it was when the run started (an attempt may not change the next one's)."""
@@ -150,12 +169,14 @@ class Runner:
         writer: Optional[TraceWriter] = None
         # Its uid may pass through the attempt's directory to its own work, home and tmp, no further.
         attempt_dir.chmod(0o711)
-        box = Sandbox.for_attempt(self.isolation, str(attempt_dir / "work"), str(self.suite.root / "suite.json"))
+        box = Sandbox.for_attempt(self.isolation, self.uid, str(attempt_dir / "work"),
+                                  str(self.suite.root / "suite.json"))
         try:
             work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))
             self.bundle_check()
             if task.repo_dir is not None:
                 shutil.copytree(str(task.repo_dir), str(work), symlinks=True)
+                _owner_writable(work)  # the bundle's copy is read-only; the attempt's own is not
             else:
                 work.mkdir()
             for directory in (home, tmp, scratch):
@@ -170,16 +191,12 @@ class Runner:
                           agent=task.agent.kind)
             outcome = self._run_agent(task, work, env, scratch, writer, started, box, attempt)
             predicate_exit, predicate_output, predicate_error = self._run_predicate(task, pristine, work, env, box)
-            box.kill_survivors()
-            strays = box.strays(str(attempt_dir), home=self.home)
+            strays = self.new_strays(box.strays(str(attempt_dir), home=self.home))
             checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
             findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []
             reasons = golden.score(task, outcome.turns, outcome.reason)
             reasons += [f"contract: {f.line()}" for f in findings]
-            if strays:
-                shown = ", ".join(strays[:5]) + (f" (+{len(strays) - 5} more)" if len(strays) > 5 else "")
-                reasons.append(f"wrote outside its workspace: {shown} (removed)")
             if outcome.infra_error is not None or predicate_error is not None:
                 verdict, why = "error", outcome.infra_error or predicate_error or ""
             else:
@@ -193,9 +210,9 @@ class Runner:
                           verdict=verdict, why=why, wall_ms=wall_ms, steps=len(outcome.turns),
                           findings=[f.to_dict() for f in findings],
                           predicate_output=predicate_output if task.predicate is not None else None,
-                          **outcome.agent_record)
+                          **outcome.agent_record, **({"outside_workspace": strays} if strays else {}))
             return AttemptResult(task.id, attempt, verdict, outcome.reason, why, predicate_exit, wall_ms,
-                                 len(outcome.turns), this_env_sha)
+                                 len(outcome.turns), this_env_sha, strays=strays)
         except Exception as exc:  # a runner bug in one attempt is recorded; the others still run
             wall_ms = int((time.monotonic() - started) * 1000)
             why = f"runner internal error: {type(exc).__name__}: {exc}"
@@ -208,7 +225,6 @@ class Runner:
         finally:
             if writer is not None:
                 writer.close()
-            box.kill_survivors()
             _remove_tree(attempt_dir)
 
     def _run_agent(self, task: Task, work: Path, env: Dict[str, str], scratch: Path, writer: TraceWriter,
@@ -350,6 +366,9 @@ def run_suite(options: RunOptions) -> int:
                                   f"{result.steps} steps, {result.wall_ms} ms)"
                                   f"{'' if result.verdict == 'pass' else ': ' + redact_text(result.why)[:160]}"),
                       file=sys.stderr, flush=True)
+                if result.strays:
+                    print(redact_text(f"[{host}] {result.task}.{result.attempt} wrote outside its workspace: "
+                                      f"{', '.join(result.strays[:5])}"), file=sys.stderr, flush=True)
 
             if options.slots <= 1:
                 for task, attempt in attempts:

@@ -29,7 +29,7 @@ import signal
 import stat
 import subprocess
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 PIDNS_UID = "pidns+uid"
 PIDNS = "pidns"
@@ -114,6 +114,12 @@ def reachable_by_others(path: str) -> bool:
         current = parent
 
 
+def run_uid() -> int:
+    """The uid a root runner's attempts run as: one per run (not per attempt, so attempts of a run may
+    share what they leave in /tmp, as they would as one user), unlikely to be any other run's."""
+    return UID_BASE + secrets.randbelow(UID_SPAN)
+
+
 class Sandbox:
     """The isolation of one attempt: how its processes are started, and what it left behind."""
 
@@ -123,11 +129,12 @@ class Sandbox:
         self.started = time.time()
 
     @classmethod
-    def for_attempt(cls, level: str, *paths: str) -> "Sandbox":
-        """A sandbox at ``level``; a root runner whose ``paths`` another uid cannot reach gets ``pidns``."""
+    def for_attempt(cls, level: str, uid: int, *paths: str) -> "Sandbox":
+        """A sandbox at ``level`` (``uid``: the run's, see ``run_uid``); a root runner whose ``paths``
+        another uid cannot reach gets ``pidns``."""
         if level == PIDNS_UID:
             if all(reachable_by_others(p) for p in paths):
-                return cls(level, UID_BASE + secrets.randbelow(UID_SPAN))
+                return cls(level, uid)
             level = PIDNS if _works(PIDNS) else NONE
         return cls(level)
 
@@ -161,33 +168,15 @@ class Sandbox:
                     with contextlib.suppress(OSError):
                         os.lchown(name, self.uid, self.uid)
 
-    def survivors(self) -> List[int]:
-        """Processes of the attempt's uid still alive (none: the namespace took them all)."""
-        if self.uid is None:
-            return []
-        found = []
-        with contextlib.suppress(OSError):
-            for entry in os.listdir("/proc"):
-                if entry.isdigit():
-                    with contextlib.suppress(OSError):
-                        if os.stat(f"/proc/{entry}").st_uid == self.uid:
-                            found.append(int(entry))
-        return found
-
-    def kill_survivors(self) -> List[int]:
-        left = self.survivors()
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        return left
-
-    def strays(self, own: str, home: Optional[str] = None, remove: bool = True) -> List[str]:
-        """Files the attempt wrote outside ``own`` (its directory): owned by its uid under /tmp, /var/tmp,
-        /dev/shm and the runner's HOME (removed: nothing of the run stays). Only a uid of its own
-        makes them attributable; other levels report nothing."""
+    def strays(self, own: str, home: Optional[str] = None) -> List[str]:
+        """Files the run's attempts wrote outside ``own`` (this attempt's directory): owned by the run's
+        uid under /tmp, /var/tmp, /dev/shm and the runner's HOME. Reported, not removed (a test suite
+        may leave a log there on purpose); only a uid of its own makes them attributable, other levels
+        report nothing. The caller reports each path once (attempts in slots share the uid)."""
         if self.uid is None:
             return []
         found: List[str] = []
+        inodes: Set[Tuple[int, int]] = set()
         seen = 0
         roots = [*STRAY_ROOTS, *([home] if home else [])]
         for top in roots:
@@ -199,17 +188,12 @@ class Sandbox:
                     seen += 1
                     path = os.path.join(root, name)
                     with contextlib.suppress(OSError):
-                        if os.lstat(path).st_uid == self.uid:
+                        st = os.lstat(path)
+                        if st.st_uid == self.uid and (st.st_dev, st.st_ino) not in inodes:
+                            inodes.add((st.st_dev, st.st_ino))  # one file seen twice (a bind mount) once
                             found.append(path)
                 if seen > _STRAY_MAX_ENTRIES:
                     break
         found = [p for p in found if p != own and not p.startswith(own.rstrip("/") + "/")]
         found = [p for p in found if not any(p.startswith(f + "/") for f in found)]  # top-most only
-        if remove:
-            for path in found:
-                with contextlib.suppress(OSError):
-                    if os.path.isdir(path) and not os.path.islink(path):
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        os.unlink(path)
         return sorted(found)

@@ -192,16 +192,22 @@ for _ in range(30):
     left = scan()
 if left:
     sys.stderr.write("processes of the run still alive: %s\n" % " ".join(map(str, left[:10])))
+    print("left")
     sys.exit(1)
+print("checked")
 """
 
 
 def remove_script(workspace: str, python: str = "python3") -> str:
     """Kill what still runs of the workspace, remove it, then prove both are gone (exit 0 only when no
-    process and no file of it is left; stderr says which is)."""
+    process and no file of it is left; stderr says which is). The process check runs on the host's
+    Python (``python``, else ``python3``); with neither, the workspace is not reported gone."""
     marker = f"crosshost-clean-{secrets.token_hex(8)}"
     ws = q(workspace)
-    return (
-        f": {marker}; {q(python)} -I -B -c {q(_SURVIVORS_PY)} {ws} {marker}; p=$?; "
-        f"rm -rf {ws}; if test -e {ws}; then echo {ws}: still there after rm -rf >&2; exit 1; fi; exit $p"
+    check = f"-I -B -c {q(_SURVIVORS_PY)} {ws} {marker}"
+    return (  # a subshell: its exits end only this part of a longer script
+        f'( p=1; out=; for py in {q(python)} python3; do out=$("$py" {check}); '
+        f'case "$out" in checked) p=0; break;; left) break;; esac; done; '
+        f'test -n "$out" || echo cannot check for processes of {ws}: no working Python >&2; '
+        f"rm -rf {ws}; ! test -e {ws} || {{ echo {ws} is still there after rm -rf >&2; exit 1; }}; exit $p )"
     )

@@ -206,7 +206,7 @@ def test_an_agent_that_rewrites_the_bundle_cache_changes_nothing_for_the_next_ru
 LATE_S = 8
 
 
-def _leaver(token: str, *, stray: bool = True) -> dict[str, str]:
+def _leaver(token: str, *, stray: bool = False) -> dict[str, str]:
     """A predicate and an agent that each leave a detached process behind (its own session) that
     writes a late file; the agent also writes a stray file outside its workspace (``stray``)."""
     late = f"setsid sh -c 'sleep {LATE_S}; echo late > /tmp/late-{token}-$0' %s < /dev/null > /dev/null 2>&1 &"
@@ -234,16 +234,19 @@ def _nothing_left(sshd_hosts: Any, token: str, *, wait_s: float = LATE_S + 1) ->
 
 def test_nothing_of_a_run_outlives_a_normal_end(sshd_hosts: Any, tmp_path: Path) -> None:
     token = _token()
-    suite = _suite(tmp_path, "leaver", {"leaver": _leaver(token)})
+    suite = _suite(tmp_path, "leaver", {"leaver": _leaver(token, stray=True)})
     out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs"),
                  with_analysis=False)  # fmt: skip
     rows = _rows(out)
     for name in HOSTS:
         rec = out.manifest.hosts[name]
         assert rec.error is None and rec.workspace_removed is True, (name, rec)
-        row = rows[(name, "leaver")]
-        # the file it wrote outside its workspace is a finding (and removed)
-        assert row["verdict"] == "fail" and f"/tmp/stray-{token}" in row["why"], (name, row)
+        # the file it wrote outside its workspace is a finding in its trace (not a verdict)
+        assert rows[(name, "leaver")]["verdict"] == "pass", (name, rows[(name, "leaver")])
+        trace = out.run_dir.path / "hosts" / name / "traces" / "leaver.0.jsonl"
+        finish = json.loads(trace.read_text().splitlines()[-1])
+        assert finish["outside_workspace"] == [f"/tmp/stray-{token}"], (name, finish)
+        (_tmp_of(sshd_hosts, name) / f"stray-{token}").unlink()
     _nothing_left(sshd_hosts, token)
 
 
@@ -263,7 +266,7 @@ def test_nothing_of_a_run_outlives_a_timeout(sshd_hosts: Any, tmp_path: Path) ->
 
 def test_nothing_of_a_run_outlives_ctrl_c(sshd_hosts: Any, tmp_path: Path) -> None:
     token = _token()
-    parts = _leaver(token, stray=False)  # a file written before Ctrl-C is the normal end's finding
+    parts = _leaver(token)
     parts["predicate"] = parts["predicate"].replace("echo ok\n", "sleep 60\n")  # still running at Ctrl-C
     suite = _suite(tmp_path, "leaver", {"leaver": parts}, timeout_s=120)
 
