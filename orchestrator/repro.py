@@ -24,7 +24,7 @@ from typing import Any
 from agent_runner.records import Fingerprint
 from agent_runner.redact import redact
 from agent_runner.trace import Trace, fp, iter_records, read_trace
-from orchestrator.analysis.run import fingerprint_differences
+from orchestrator.analysis.attribution import fingerprint_differences
 from orchestrator.errors import InputError, TraceError
 from orchestrator.exit_policy import repro_exit
 from orchestrator.rundir import RunDir, write_json_atomic

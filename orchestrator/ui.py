@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.analysis.attribution import cut_words
 from orchestrator.report import (
     burn_lines,
     errors_line,
@@ -190,6 +191,9 @@ _VERDICT_STYLE = {"pass": "green", "fail": "red", "error": "yellow"}
 COMPACT_AFTER = 4  # attempts shown as words; more are shown as letters
 
 
+CAUSE_WIDTH = 160  # characters of a flipped task's cause line under the report table
+
+
 def report_table(report: RunReport) -> RenderableType:
     """Tasks × hosts with flips marked, classification and action; then validity and the gate."""
     hosts = host_names(report)
@@ -229,6 +233,9 @@ def report_table(report: RunReport) -> RenderableType:
         parts.append(Text(errors_line(report), style="yellow"))
     if any(t.flip and t.evidence == "deterministic" for t in report.tasks):
         parts.append(Text("* = verdict differs from the reference's on the same attempt", style="dim"))
+    for task in report.tasks:
+        if task.flip and task.cause:  # one line each; report.md has the whole evidence
+            parts.append(plain(cut_words(f"cause {task.task}: {task.cause}", CAUSE_WIDTH)))
     for task in report.tasks:
         for line in task.model_hold:
             if not line.startswith("model held"):  # a divergence is news; a full hold is in report.md

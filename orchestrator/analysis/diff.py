@@ -5,13 +5,14 @@ One pair of traces is loaded at a time (capped), so a long run never sits in mem
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-from orchestrator.analysis.attempts import iter_steps
-from orchestrator.analysis.shapes import args_differences, unified_shape_diff
+from orchestrator.analysis.attempts import iter_steps, iter_turns_by_value
+from orchestrator.analysis.shapes import arg_values_differing, args_differences, turn_args, unified_shape_diff
 from orchestrator.rundir import load_run
 from orchestrator.selection import TaskSelection, select_hosts
 
@@ -54,6 +55,20 @@ def run_diff(
     return out
 
 
+def _step_args(trace: Path, steps: set[int]) -> dict[int, dict[str, object]]:
+    """The arguments of the named steps of one trace (re-read: only steps whose values differ)."""
+    found: dict[int, dict[str, object]] = {}
+    for _, turn in iter_turns_by_value(trace):
+        step = turn.get("step")
+        if isinstance(step, int) and step in steps:
+            found[step] = turn_args(turn)
+    return found
+
+
+def _value(text: str | None) -> str:
+    return "(not passed)" if text is None else json.dumps(text, ensure_ascii=False)
+
+
 def _diff_pair(
     run_dir: Path,
     out: DiffOutput,
@@ -84,10 +99,15 @@ def _diff_pair(
         out.differs = out.differs or bool(diff)
         out.lines.append(f"# {task} attempt {attempt}: {left_host} -> {right_host}")
         out.lines.extend(diff or [f"  (same shape, {len(a)} steps)"])
-        out.lines.extend(
-            f"  step {o.step} {o.tool}: argument values differ (args_fp {r.args_fp} -> {o.args_fp})"
-            for r, o in values
-        )
+        if values:
+            left_args = _step_args(left[attempt], {r.step for r, _ in values})
+            right_args = _step_args(right[attempt], {o.step for _, o in values})
+        for r, o in values:
+            out.lines.append(f"  step {o.step} {o.tool}: argument values differ (args_fp {r.args_fp} -> {o.args_fp})")
+            out.lines.extend(
+                f"    {key}: {_value(a)} -> {_value(b)}"
+                for key, a, b in arg_values_differing(left_args.get(r.step), right_args.get(o.step))
+            )
         if len(a) == MAX_STEPS or len(b) == MAX_STEPS:
             out.lines.append(f"  (only the first {MAX_STEPS} steps compared)")
     if same:

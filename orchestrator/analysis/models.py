@@ -67,6 +67,14 @@ class ShapeDiff(BaseModel):
     other: str | None = None
 
 
+class ArgValue(BaseModel):
+    """One argument whose value differs at a same-shape step, as redacted text (null: not passed)."""
+
+    key: str
+    reference: str | None = None
+    other: str | None = None
+
+
 class ArgsDiff(BaseModel):
     """Same shape at a step, different argument values (compared by ``args_fp``)."""
 
@@ -76,12 +84,16 @@ class ArgsDiff(BaseModel):
     tool: str
     reference_args_fp: str
     args_fp: str
+    #: per differing argument: [key, the reference's value, this host's value], redacted, null when absent
+    values: list[ArgValue] = Field(default_factory=list)
 
 
 class FieldDiff(BaseModel):
     field: str
     reference: str | None = None
     other: str | None = None
+    #: what ties this fact to the task (its output names it), None when nothing does
+    tied: str | None = None
 
 
 class Attribution(BaseModel):
@@ -129,6 +141,8 @@ class TaskReport(BaseModel):
     args_diff: list[ArgsDiff] = Field(default_factory=list)
     findings: list[Leak] = Field(default_factory=list)  # contract findings that are not leaks
     attribution: list[Attribution] = Field(default_factory=list)
+    #: a flipped task's cause in one line (the terminal table shows it); the evidence is in attribution
+    cause: str = ""
     problems: list[str] = Field(default_factory=list)
     evidence: str = "deterministic"  # or "statistical": see docs/statistics.md
     sampled: bool = False

@@ -13,8 +13,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from agent_runner.records import Fingerprint
 from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps, iter_turns_by_value
+from orchestrator.analysis.attribution import attribution, cause_line, leaf_text
 from orchestrator.analysis.flips import (
     TaskFlip,
     effective_gate,
@@ -27,9 +27,8 @@ from orchestrator.analysis.models import (
     ACTIONS,
     PREDICATE_OUTPUT_CAP,
     ArgsDiff,
-    Attribution,
+    ArgValue,
     BurnFinding,
-    FieldDiff,
     HostEntry,
     HostRate,
     HostStats,
@@ -38,7 +37,7 @@ from orchestrator.analysis.models import (
     ShapeDiff,
     TaskReport,
 )
-from orchestrator.analysis.shapes import Step, shape_edits, step_of
+from orchestrator.analysis.shapes import Step, arg_values_differing, shape_edits, step_of, turn_args
 from orchestrator.analysis.stats import DEFAULT_ALPHA, pass_rate, wilson_interval
 from orchestrator.analysis.verdict import AGENT_CALL_KINDS, classify_task, same_fingerprint, who_acts
 from orchestrator.dotted import flatten
@@ -48,7 +47,6 @@ from orchestrator.selection import TaskSelection
 MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
 MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json
 MAX_ARGS_DIFFS = 20
-MAX_FIELD_VALUE = 200
 MAX_LEAK_EXAMPLES = 1  # the rest are in each task's leaks
 
 
@@ -83,7 +81,6 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
         attempts_of[task] = max(attempts_of.get(task, 0), attempt + 1)
 
     task_reports: list[TaskReport] = []
-    attribution_cache: dict[str, Attribution] = {}
     for task in tasks:
         n_attempts = max(run.manifest.repeat or 0, attempts_of.get(task, 0))
         for host in run.hosts:
@@ -92,7 +89,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
                 if key not in summaries:
                     summaries[key] = _missing_attempt(run, key, rows)
         task_reports.append(
-            _task_report(run, task, n_attempts, summaries, reference, fp_ids, attribution_cache, alpha, hold)
+            _task_report(run, task, n_attempts, summaries, reference, fp_ids, alpha, hold)
         )
 
     flipped = sum(t.flip for t in task_reports)
@@ -259,7 +256,6 @@ def _task_report(
     summaries: Mapping[AttemptKey, AttemptSummary],
     reference: str,
     fp_ids: Mapping[str, str | None],
-    attribution_cache: dict[str, Attribution],
     alpha: float,
     hold: Mapping[str, Any] | None = None,
 ) -> TaskReport:
@@ -317,12 +313,17 @@ def _task_report(
     report.needed_repeat = decision.needed_repeat
     if held and hold is not None:
         report.model_hold = hold_lines(hold, task, keys, [h for h in run.hosts if h != reference])
+    # ranked per task: what ties a fact to the task is the task's own words, whoever said them
+    task_text = "\n".join(
+        [w for seq in report.why.values() for w in seq]
+        + [o for seq in report.predicate_output.values() for o in seq if o]
+    )
     for host in report.flipped_hosts:
-        if host not in attribution_cache:
-            attribution_cache[host] = attribution(
-                reference, run.fingerprints.get(reference), host, run.fingerprints.get(host)
-            )
-        report.attribution.append(attribution_cache[host])
+        report.attribution.append(
+            attribution(reference, run.fingerprints.get(reference), host, run.fingerprints.get(host), task_text)
+        )
+    if report.attribution:
+        report.cause = cause_line(report.attribution)
     return report
 
 
@@ -392,7 +393,7 @@ def _args_diff(ref: AttemptSummary, oth: AttemptSummary) -> list[ArgsDiff]:
     assert ref.path is not None and oth.path is not None
     # args_differences over iter_steps, streamed pairwise and only as far as the pairs the report
     # keeps; a Step is built only where the values differ (most of two long traces agree)
-    pairs: list[tuple[Step, Step]] = []
+    pairs: list[tuple[Step, Step, dict[str, object], dict[str, object]]] = []
     for (ref_fp, ref_turn), (oth_fp, oth_turn) in zip(
         iter_turns_by_value(ref.path), iter_turns_by_value(oth.path), strict=False
     ):
@@ -400,7 +401,7 @@ def _args_diff(ref: AttemptSummary, oth: AttemptSummary) -> list[ArgsDiff]:
             r, o = step_of(ref_turn), step_of(oth_turn)
             assert r is not None and o is not None  # both turns name a tool
             if r.shape == o.shape:  # args_differences' rule; r.args_fp is ref_fp
-                pairs.append((r, o))
+                pairs.append((r, o, turn_args(ref_turn), turn_args(oth_turn)))
                 if len(pairs) >= MAX_ARGS_DIFFS:
                     break
     return [
@@ -411,55 +412,17 @@ def _args_diff(ref: AttemptSummary, oth: AttemptSummary) -> list[ArgsDiff]:
             tool=o.tool,
             reference_args_fp=r.args_fp,
             args_fp=o.args_fp,
+            values=[ArgValue(key=k, reference=a, other=b) for k, a, b in arg_values_differing(ra, oa)],
         )
-        for r, o in pairs[:MAX_ARGS_DIFFS]
+        for r, o, ra, oa in pairs[:MAX_ARGS_DIFFS]
     ]
-
-
-# --- attribution ----------------------------------------------------------------------------------
-
-
-def _leaf_text(leaf: Any) -> str:
-    """A leaf as shown in a report: JSON unless a string, cut to MAX_FIELD_VALUE."""
-    return (leaf if isinstance(leaf, str) else json.dumps(leaf, sort_keys=True))[:MAX_FIELD_VALUE]
-
-
-def _flat_text(obj: Any) -> dict[str, str]:
-    """Dotted keys -> the leaf as shown in a report."""
-    return {key: _leaf_text(leaf) for key, leaf in flatten(obj).items()}
-
-
-# The digest summarises every other field and the capture time always differs: neither is a lead.
-_NOT_HOST_FACTS = {"fingerprint", "captured_at"}
-
-
-def fingerprint_differences(a: Fingerprint | None, b: Fingerprint | None) -> list[tuple[str, Any, Any]]:
-    """(dotted field, value on a, value on b) for every fingerprint field that differs, sorted by field;
-    a field one side lacks is None there. The one comparison of two hosts' fingerprints."""
-    left = flatten({k: v for k, v in (a.to_json() if a else {}).items() if k not in _NOT_HOST_FACTS})
-    right = flatten({k: v for k, v in (b.to_json() if b else {}).items() if k not in _NOT_HOST_FACTS})
-    return [(k, left.get(k), right.get(k)) for k in sorted(left.keys() | right.keys()) if left.get(k) != right.get(k)]
-
-
-def attribution(reference: str, ref_fp: Fingerprint | None, host: str, host_fp: Fingerprint | None) -> Attribution:
-    """The fingerprint fields (flattened, dotted) that differ between the reference and ``host``; a
-    null leaf stays null: "LANG unset" must not read as the string "null"."""
-    fields = [
-        FieldDiff(
-            field=key,
-            reference=None if left is None else _leaf_text(left),
-            other=None if right is None else _leaf_text(right),
-        )
-        for key, left, right in fingerprint_differences(ref_fp, host_fp)
-    ]
-    return Attribution(host=host, reference=reference, fields=fields)
 
 
 # --- validity -------------------------------------------------------------------------------------
 
 
 def _flat_pins(pins: Mapping[str, Any]) -> dict[str, str]:
-    return _flat_text(dict(pins))
+    return {key: leaf_text(leaf) for key, leaf in flatten(dict(pins)).items()}
 
 
 def burn_findings(run: Run) -> list[BurnFinding]:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from agent_runner.redact import redact
 from agent_runner.trace import fp
 
 _JSON_TYPES: dict[type, str] = {
@@ -261,3 +263,41 @@ def unified_shape_diff(
             lineterm="",
         )
     )
+
+
+MAX_ARG_VALUE = 300  # characters of one argument value shown beside its hash
+_ABSENT = object()
+
+
+def _arg_text(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    if len(text) <= MAX_ARG_VALUE:
+        return text
+    head = text[: MAX_ARG_VALUE - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > MAX_ARG_VALUE // 3 else head) + "…"
+
+
+def arg_values_differing(
+    reference_args: Mapping[str, object] | None, other_args: Mapping[str, object] | None
+) -> list[tuple[str, str | None, str | None]]:
+    """(key, the reference's value, the other's value) per argument whose value differs, sorted by key;
+    redacted as every text crosshost writes is, a long value shortened at a word; None: not passed."""
+    raw_left, raw_right = dict(reference_args or {}), dict(other_args or {})
+    # compared as the trace holds them, shown redacted: two secrets that differ say so, as [REDACTED] both
+    left, right = redact(raw_left), redact(raw_right)
+    return [
+        (
+            key,
+            None if key not in raw_left else _arg_text(left[key]),
+            None if key not in raw_right else _arg_text(right[key]),
+        )
+        for key in sorted(raw_left.keys() | raw_right.keys())
+        if raw_left.get(key, _ABSENT) != raw_right.get(key, _ABSENT)
+    ]
+
+
+def turn_args(turn: Mapping[str, object]) -> dict[str, object]:
+    """A trace turn's arguments (empty when the turn has none)."""
+    raw = turn.get("args")
+    return dict(raw) if isinstance(raw, dict) else {}

@@ -7,10 +7,12 @@ Every renderer reads the ``RunReport`` (the HTML page also reads the run's trace
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from orchestrator.analysis import analyse_run
+from orchestrator.analysis.attribution import shown
 from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.flips import attempt_pairs
 from orchestrator.analysis.models import HostRate, RunReport, TaskReport
@@ -199,6 +201,7 @@ def render_markdown(report: RunReport) -> str:
                 f"- argument values differ on {_md(a.host)} attempt {a.attempt} step {a.step} `{a.tool}`: "
                 f"args_fp `{a.reference_args_fp}` → `{a.args_fp}`"
             )
+            out += [f"  - `{_md(v.key)}`: {_md(_quoted(v.reference))} → {_md(_quoted(v.other))}" for v in a.values]
         for leak in task.leaks:
             out.append(
                 f"- leak on {_md(leak.host)} attempt {leak.attempt} step {leak.step}: {leak.kind}: {_md(leak.message)}"
@@ -207,14 +210,25 @@ def render_markdown(report: RunReport) -> str:
             out.append(
                 f"- contract: {_md(f.host)} attempt {f.attempt} step {f.step}: {f.kind}: {_md(f.message)}"
             )
+        if task.cause:
+            out.append(f"- cause: {_md(task.cause)}")
         for attr in task.attribution:
-            fields = ", ".join(f"`{f.field}` ({_md(f.reference)} → {_md(f.other)})" for f in attr.fields[:15])
-            more = f" and {len(attr.fields) - 15} more" if len(attr.fields) > 15 else ""
+            # every differing fact, whole, most relevant first (docs/explain.md)
             out.append(
-                f"- attribution {_md(attr.reference)} vs {_md(attr.host)}: {fields or 'no differing field'}{more}"
+                f"- attribution {_md(attr.reference)} vs {_md(attr.host)}:"
+                + ("" if attr.fields else " no differing field")
             )
+            out += [
+                f"  - `{f.field}`: {_md(shown(f.reference))} → {_md(shown(f.other))}"
+                + (f" ({_md(f.tied)})" if f.tied else "")
+                for f in attr.fields
+            ]
         out += [f"- problem: {_md(p)}" for p in task.problems]
     return "\n".join(out) + "\n"
+
+
+def _quoted(value: str | None) -> str:
+    return "(not passed)" if value is None else json.dumps(value, ensure_ascii=False)
 
 
 def _markdown_rates(report: RunReport, hosts: list[str]) -> list[str]:

@@ -54,7 +54,7 @@ def test_markdown_details_say_why_and_what_differs(tmp_path):
     md = render_markdown(analyse_run(_run(tmp_path, box_b_t2="fail")))
     assert "### t2: host_coupling — quarantine the agent" in md
     assert "box-b attempt 0 (fail): predicate exit 1" in md
-    assert "`python` (CPython 3.11.2 → CPython 3.11.9)" in md
+    assert "  - `python`: CPython 3.11.2 → CPython 3.11.9" in md
     assert "### t1" not in md  # agreeing tasks get no details
 
 

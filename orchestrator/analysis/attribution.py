@@ -1,0 +1,149 @@
+"""Attribution: which host facts differ between the reference and a flipped host, most relevant first.
+
+A fingerprint fact is *tied* to a task when the task's own words (its predicate's output, the
+verdict's reason, the argument values of its tool calls) name the fact or one of its two values: a
+``locale-probe`` that prints ``LANG=unset`` ties ``locale.LANG``. Tied facts come first, then the
+facts a program reads most often (locale, time zone, the interpreter, paths), the host's name and
+the fingerprint's own bookkeeping last. Values are kept whole; only the terminal's one-line cause
+is shortened, and then at a word boundary. ``crosshost explain`` evidence, when the run has it,
+comes before all of this (``explain.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from agent_runner.records import Fingerprint
+from orchestrator.analysis.models import Attribution, FieldDiff
+from orchestrator.dotted import flatten
+
+# The digest summarises every other field and the capture time always differs: neither is a lead.
+_NOT_HOST_FACTS = {"fingerprint", "captured_at"}
+
+# Prior order of facts no task named: what a test most often reads first, bookkeeping last.
+_PRIOR = (
+    "locale.",
+    "tz.",
+    "env.",
+    "path",
+    "python",
+    "platform",
+    "machine",
+    "uid",
+    "home",
+    "cwd",
+    "user_home_in_cwd",
+    "has_local_dotenv",
+    "cpu_count",
+    "hostname",
+    "env_keys",
+    "findings",
+)
+
+# Values too common to tie a fact to a task by appearing in its text.
+_MIN_VALUE = 3
+_COMMON = {"true", "false", "none", "null", "utf-8", "utf8", "unset", "root"}
+
+
+def leaf_text(leaf: Any) -> str:
+    """A leaf as shown in a report: the string itself, or its JSON; never cut."""
+    return leaf if isinstance(leaf, str) else json.dumps(leaf, sort_keys=True)
+
+
+def fingerprint_differences(a: Fingerprint | None, b: Fingerprint | None) -> list[tuple[str, Any, Any]]:
+    """(dotted field, value on a, value on b) for every fingerprint field that differs, sorted by field;
+    a field one side lacks is None there. The one comparison of two hosts' fingerprints."""
+    left = flatten({k: v for k, v in (a.to_json() if a else {}).items() if k not in _NOT_HOST_FACTS})
+    right = flatten({k: v for k, v in (b.to_json() if b else {}).items() if k not in _NOT_HOST_FACTS})
+    return [
+        (k, left.get(k), right.get(k))
+        for k in sorted(left.keys() | right.keys())
+        if left.get(k) != right.get(k)
+    ]
+
+
+def _prior(field: str) -> float:
+    low = field.lower()
+    for rank, prefix in enumerate(_PRIOR):
+        if low.startswith(prefix):
+            return rank
+    return _PRIOR.index("hostname") - 0.5  # an unknown fact: before the host's name and the bookkeeping
+
+
+def _tie(field: str, values: Iterable[str | None], text: str) -> str | None:
+    """What in the task's text names ``field`` (its last dotted part, or one of its values), else None."""
+    leaf = field.rsplit(".", 1)[-1]
+    if len(leaf) >= 2 and re.search(rf"(?<![A-Za-z0-9_]){re.escape(leaf)}(?![A-Za-z0-9_])", text):
+        return f"the task's output names {leaf}"
+    for value in values:
+        if (
+            value is None
+            or len(value) < _MIN_VALUE
+            or value.lower() in _COMMON
+            or value.startswith(("[", "{"))
+        ):
+            continue
+        if value in text:
+            return f"the task's output shows {value!r}"
+    return None
+
+
+def attribution(
+    reference: str,
+    ref_fp: Fingerprint | None,
+    host: str,
+    host_fp: Fingerprint | None,
+    task_text: str = "",
+) -> Attribution:
+    """The fingerprint fields (flattened, dotted) that differ between the reference and ``host``,
+    ranked for the task whose words are ``task_text``: tied facts first, then by ``_PRIOR``. A null
+    leaf stays null: "LANG unset" must not read as the string "null"."""
+    fields: list[FieldDiff] = []
+    for key, left, right in fingerprint_differences(ref_fp, host_fp):
+        ref_text = None if left is None else leaf_text(left)
+        other_text = None if right is None else leaf_text(right)
+        fields.append(
+            FieldDiff(
+                field=key,
+                reference=ref_text,
+                other=other_text,
+                tied=_tie(key, (ref_text, other_text), task_text),
+            )
+        )
+    fields.sort(key=lambda f: (f.tied is None, _prior(f.field), f.field))
+    return Attribution(host=host, reference=reference, fields=fields)
+
+
+def shown(value: str | None) -> str:
+    """A fact's value in a sentence: an unset value says so."""
+    return "unset" if value is None else value
+
+
+def cut_words(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters, cut at a word boundary with an ellipsis."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    space = head.rfind(" ")
+    return (head[:space] if space > limit // 3 else head).rstrip(" ,;") + "…"
+
+
+def cause_line(attributions: Iterable[Attribution]) -> str:
+    """One line per flipped task: the tied facts, else the count of differing facts and where to look."""
+    parts: list[str] = []
+    for attr in attributions:
+        tied = [f for f in attr.fields if f.tied]
+        if tied:
+            facts = ", ".join(f"{f.field} {shown(f.reference)} → {shown(f.other)}" for f in tied)
+            parts.append(f"{attr.host}: {facts}")
+        elif attr.fields:
+            parts.append(
+                f"{attr.host}: no differing fact named by the task ({len(attr.fields)} differ); "
+                "crosshost explain looks further"
+            )
+        else:
+            parts.append(f"{attr.host}: same fingerprint")
+    return "; ".join(parts)
