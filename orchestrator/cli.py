@@ -141,6 +141,9 @@ def replay_cmd(
             help="A live model: answer every host from the reference's model record (default: the suite's).",
         ),
     ] = None,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Then explain every flipped task (crosshost explain).")
+    ] = False,
 ) -> int:
     """Replay SUITE on every host of the inventory and write runs/<run_id>/.
 
@@ -163,7 +166,18 @@ def replay_cmd(
     )  # fmt: skip
     with ui.ProgressView(planned_hosts(request)) as view:
         outcome = replay_command(request, on_event=view)
-    return ui.render_replay(outcome)
+    code = ui.render_replay(outcome)
+    if not explain or outcome.report is None or not outcome.report.flipped:
+        return code
+    from orchestrator.exit_policy import explain_exit
+    from orchestrator.explain import ExplainRequest
+    from orchestrator.explain import explain as explain_run
+
+    explained = explain_run(
+        ExplainRequest(run_dir=outcome.run_dir.path, inventory_path=inventory, accept_new=accept_new)
+    )
+    ui.render_explain(explained)
+    return explain_exit(explained.errors, code)
 
 
 @app.command("lint")
@@ -401,6 +415,25 @@ def export_otel_cmd(
 
     ui.render_export(export_run(run, endpoint=endpoint, file=file, with_content=content))
     return OK
+
+
+@app.command("explain")
+@guarded
+def explain_cmd(
+    run: Annotated[Path, typer.Argument(help="The run directory (runs/<run_id>).")],
+    task: Annotated[
+        list[str] | None, typer.Option("--task", help="A flipped task to explain (repeatable; default: every one).")
+    ] = None,
+    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="The hosts.toml.")] = Path("hosts.toml"),
+    accept_new: Annotated[bool, typer.Option("--accept-new", help="Trust unknown host keys (recorded).")] = False,
+) -> int:
+    """Why each flipped task flipped: replay it once more and with one environment fact changed."""
+    from orchestrator import ui
+    from orchestrator.explain import ExplainRequest, explain
+
+    outcome = explain(ExplainRequest(run_dir=run, inventory_path=inventory, tasks=task, accept_new=accept_new))
+    ui.render_explain(outcome)
+    return outcome.exit_code
 
 
 @app.command("repro")

@@ -138,3 +138,15 @@ def compare_exit(model_gap: int, box_flips: int) -> int:
     """``crosshost compare``: 0 when the agents differ on more tasks than the box flips, else 1
     (two runs that cannot be compared are bad input, exit 2, raised before)."""
     return OK if model_gap > box_flips else FINDING
+
+
+def explain_exit(errors: Mapping[str, str], replay_code: int | None = None) -> int:
+    """``crosshost explain``: 3 when a host failed in one of its replays, else 0 (what it found is
+    evidence, not a finding); after ``replay --explain`` the replay's code, raised to 3 by such a
+    failure (precedence 130 > 2 > 3 > 1 > 0)."""
+    code = HOST_FAILURE if errors else OK
+    if replay_code is None:
+        return code
+    if replay_code in (INTERRUPTED, BAD_INPUT, HOST_FAILURE):
+        return replay_code
+    return max(replay_code, code)

@@ -17,6 +17,7 @@ import contextlib
 import gc
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,9 @@ class ReplayRequest:
     rerun: list[str] | None = None
     exclude: list[str] | None = None  # names or globs taken away (--exclude)
     tags: list[str] | None = None  # only tasks with one of these tags (--tags)
+    #: applied to each selected host's inventory entry before the run (``explain``'s counterfactual:
+    #: the reference with one environment fact of another host); the manifest records the result
+    adjust_host: Callable[[HostConfig], HostConfig] | None = None
 
     @property
     def selection(self) -> TaskSelection:
@@ -191,6 +195,8 @@ def _merge_results(
 def _resolve_hosts(request: ReplayRequest) -> list[HostConfig]:
     inventory = load_inventory(request.inventory_path)
     selected = inventory.select(request.hosts) if request.hosts else list(inventory.hosts)
+    if request.adjust_host is not None:
+        selected = [request.adjust_host(h) for h in selected]
     if request.reference is not None:
         inventory.get(request.reference)  # an unknown name: the inventory's one-line error
         if request.reference not in {h.name for h in selected}:

@@ -341,6 +341,16 @@ class RunDir:
         """A held model's record: the reference host's model exchanges, per task and attempt."""
         return self.path / "model_record.jsonl"
 
+    @property
+    def explain_path(self) -> Path:
+        """``crosshost explain``'s evidence per flipped task (orchestrator/explain.py)."""
+        return self.path / "explain.json"
+
+    @property
+    def explain_runs(self) -> Path:
+        """Where ``crosshost explain`` keeps the run directories of its own replays."""
+        return self.path / "explain"
+
     def host_dir(self, host: str) -> Path:
         if not _HOST_NAME.match(host):
             raise CrosshostError(f"host name {host!r} is not usable as a directory name")

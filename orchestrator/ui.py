@@ -36,6 +36,7 @@ from orchestrator.report import (
 
 if TYPE_CHECKING:
     from orchestrator.analysis.models import RunReport
+    from orchestrator.explain import ExplainOutcome
     from orchestrator.history import Changes, HistoryEntry, HistoryListing
     from orchestrator.otel import ExportSummary
     from orchestrator.probe import ProbeResult
@@ -509,3 +510,36 @@ def render_export(summary: ExportSummary) -> None:
         f"exported {summary.spans} span(s) of {summary.attempts} attempt(s) to {summary.destination} "
         f"in {summary.requests} request(s)",
     )
+
+
+# ----------------------------------------------------------------------------------------- explain
+
+
+def render_explain(outcome: ExplainOutcome, console: Console | None = None) -> None:
+    """Per flipped task its cause (explain's evidence first), then what explain spent."""
+    console = console or Console()
+
+    def line(text: str) -> None:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    for host, error in outcome.errors.items():
+        line(f"{host}: {error}")
+    report = outcome.report
+    if report is None or not outcome.record.tasks:
+        line(f"nothing to explain: no flipped task in {outcome.run_dir}")
+        return
+    reference = report.reference or ""
+    explained = {e.task for e in outcome.record.tasks}
+    for task in report.tasks:
+        if task.task not in explained or task.explain is None:
+            continue
+        line(f"{task.task}: {task.cause}")
+        for cf in task.explain.counterfactuals:
+            value = "unset" if cf.value is None else cf.value
+            mark = "reproduces" if cf.reproduces else "no"
+            line(f"  {reference} with {cf.host}'s {cf.fact} ({value}): {cf.verdict or 'no verdict'} [{mark}]")
+        for note in task.explain.not_collected:
+            line(f"  {note}")
+    if report.explain:
+        line(report.explain)
+    line(f"evidence: {outcome.run_dir / 'explain.json'}; report.md and report.json carry it")

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from agent_runner.records import Fingerprint
-from orchestrator.analysis.models import Attribution, FieldDiff
+from orchestrator.analysis.models import Attribution, Counterfactual, ExplainRecord, ExplainTask, FieldDiff
 from orchestrator.dotted import flatten
 
 # The digest summarises every other field and the capture time always differs: neither is a lead.
@@ -147,3 +148,42 @@ def cause_line(attributions: Iterable[Attribution]) -> str:
         else:
             parts.append(f"{attr.host}: same fingerprint")
     return "; ".join(parts)
+
+
+def read_explain(path: Path, problems: list[str]) -> ExplainRecord | None:
+    """``explain.json`` when the run has one; a damaged one is a problem of the run, not a crash."""
+    if not path.is_file():
+        return None
+    try:
+        return ExplainRecord.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        problems.append(f"{path}: unreadable explain evidence ({str(exc).splitlines()[0]}); run crosshost explain again")
+        return None
+
+
+def counterfactual_line(cf: Counterfactual, reference: str) -> str:
+    """"with box-b's LANG (unset), local fails too"."""
+    value = "unset" if cf.value is None else cf.value
+    return f"with {cf.host}'s {cf.fact} ({value}), {reference} {cf.verdict}s too"
+
+
+def explain_cause(entry: ExplainTask, reference: str) -> str:
+    """The explain evidence in a line: the facts that alone reproduce the other verdict, else what was
+    tried; what was not collected is in report.md, not here."""
+    named = [counterfactual_line(cf, reference) for cf in entry.counterfactuals if cf.reproduces]
+    if named:
+        return "; ".join(named)
+    if entry.counterfactuals:
+        facts = ", ".join(f"{cf.host}'s {cf.fact}" for cf in entry.counterfactuals)
+        return f"no single environment fact reproduces it (tried {facts})"
+    return ""
+
+
+def explain_spent(record: ExplainRecord) -> str:
+    """What explain cost, said once per run."""
+    tried = sum(len(t.counterfactuals) for t in record.tasks)
+    line = (
+        f"explain: {record.replays} replay(s) in {record.seconds:g} s for {len(record.tasks)} flipped task(s), "
+        f"{tried} counterfactual verdict(s) (at most {record.max_counterfactuals} counterfactual replays)"
+    )
+    return line + (f"; left out: {', '.join(record.skipped)}" if record.skipped else "")

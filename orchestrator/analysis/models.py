@@ -104,6 +104,41 @@ class Attribution(BaseModel):
     fields: list[FieldDiff] = Field(default_factory=list)
 
 
+class Counterfactual(BaseModel):
+    """The reference re-run with one environment fact of another host: does that alone flip it?"""
+
+    host: str  # whose fact
+    fact: str  # the variable, e.g. "LANG"
+    value: str | None = None  # the other host's value; None: unset there
+    verdict: str | None = None  # the reference's verdict with it (None: the run gave none)
+    reproduces: bool = False  # the verdict is the other host's
+
+
+class ExplainTask(BaseModel):
+    """``crosshost explain``'s evidence for one flipped task (``explain.json``)."""
+
+    task: str
+    #: host -> the verdict when the task was replayed once more with the run's pins
+    again: dict[str, str | None] = Field(default_factory=dict)
+    counterfactuals: list[Counterfactual] = Field(default_factory=list)
+    #: what could not be gathered and why, one line each (never a guess)
+    not_collected: list[str] = Field(default_factory=list)
+
+
+class ExplainRecord(BaseModel):
+    """``explain.json`` in the run directory."""
+
+    run_id: str
+    reference: str
+    tasks: list[ExplainTask] = Field(default_factory=list)
+    replays: int = 0  # replays explain ran (the once-more replay and one per counterfactual)
+    seconds: float = 0.0
+    #: the bound on counterfactual replays and the facts left out by it
+    max_counterfactuals: int = 0
+    skipped: list[str] = Field(default_factory=list)
+    runs: list[str] = Field(default_factory=list)  # the run ids of explain's replays (under explain/)
+
+
 class HostRate(BaseModel):
     """One host's pass rate on one task: non-error attempts, passes, the 95% Wilson interval and the
     two-sided p-value of Fisher's exact test against the reference (None for the reference)."""
@@ -143,6 +178,8 @@ class TaskReport(BaseModel):
     attribution: list[Attribution] = Field(default_factory=list)
     #: a flipped task's cause in one line (the terminal table shows it); the evidence is in attribution
     cause: str = ""
+    #: ``crosshost explain``'s evidence when the run has an explain.json naming this task
+    explain: ExplainTask | None = None
     problems: list[str] = Field(default_factory=list)
     evidence: str = "deterministic"  # or "statistical": see docs/statistics.md
     sampled: bool = False
@@ -199,3 +236,5 @@ class RunReport(BaseModel):
     #: what the run's manifest says once per run: inventory values crosshost replaced or ignored
     notes: list[str] = Field(default_factory=list)
     hold_model: str | None = None  # "true" or "strict" when the run held the model
+    #: what ``crosshost explain`` spent (replays, seconds), when it ran on this run
+    explain: str | None = None

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps, iter_turns_by_value
-from orchestrator.analysis.attribution import attribution, cause_line, leaf_text
+from orchestrator.analysis.attribution import (
+    attribution,
+    cause_line,
+    explain_cause,
+    explain_spent,
+    leaf_text,
+    read_explain,
+)
 from orchestrator.analysis.flips import (
     TaskFlip,
     effective_gate,
@@ -92,6 +99,16 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
             _task_report(run, task, n_attempts, summaries, reference, fp_ids, alpha, hold)
         )
 
+    explained = read_explain(run.dir.explain_path, run.problems)
+    if explained is not None:
+        by_task = {e.task: e for e in explained.tasks}
+        for t in task_reports:
+            entry = by_task.get(t.task)
+            if entry is not None and t.flip:
+                t.explain = entry
+                first = explain_cause(entry, reference)
+                t.cause = "; ".join(x for x in (first, t.cause) if x)
+
     flipped = sum(t.flip for t in task_reports)
     comparable = sum(t.comparable for t in task_reports)
     rate = flip_rate(flipped, comparable)
@@ -134,6 +151,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
         burn_invalidates=run.manifest.burn_invalidates,
         notes=run.manifest.notes,
         hold_model=run.manifest.hold_model,
+        explain=None if explained is None else explain_spent(explained),
     )
 
 

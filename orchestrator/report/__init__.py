@@ -141,6 +141,8 @@ def render_markdown(report: RunReport) -> str:
     out += [f"  - {_md(reason)}" for reason in report.invalid_reasons]
     out += [f"- {_md(line)}" for line in burn_lines(report)]
     out += [f"- note: {_md(note)}" for note in report.notes]
+    if report.explain:
+        out.append(f"- {_md(report.explain)}")
     out.append(f"- gate: {_md(gate_verdict(report))}")
     if report.error_attempts:
         out.append(f"- {errors_line(report)}")
@@ -212,6 +214,8 @@ def render_markdown(report: RunReport) -> str:
             )
         if task.cause:
             out.append(f"- cause: {_md(task.cause)}")
+        if task.explain is not None:
+            out += _markdown_explain(task, report.reference or "")
         for attr in task.attribution:
             # every differing fact, whole, most relevant first (docs/explain.md)
             out.append(
@@ -225,6 +229,25 @@ def render_markdown(report: RunReport) -> str:
             ]
         out += [f"- problem: {_md(p)}" for p in task.problems]
     return "\n".join(out) + "\n"
+
+
+def _markdown_explain(task: TaskReport, reference: str) -> list[str]:
+    """``crosshost explain``'s evidence for one task, whole (docs/explain.md)."""
+    entry = task.explain
+    assert entry is not None
+    out: list[str] = []
+    if entry.again:
+        again = ", ".join(f"{_md(h)} {v or 'no verdict'}" for h, v in entry.again.items())
+        out.append(f"- explain, replayed once more: {again}")
+    for cf in entry.counterfactuals:
+        value = "unset" if cf.value is None else cf.value
+        said = "reproduces the flip" if cf.reproduces else "does not reproduce it"
+        out.append(
+            f"- explain, {_md(reference)} with {_md(cf.host)}'s {_md(cf.fact)} ({_md(value)}): "
+            f"{cf.verdict or 'no verdict'}, {said}"
+        )
+    out += [f"- explain: {_md(line)}" for line in entry.not_collected]
+    return out
 
 
 def _quoted(value: str | None) -> str:

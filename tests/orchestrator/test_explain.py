@@ -1,0 +1,125 @@
+"""explain's choice of counterfactuals, how one is applied, its exit code and its evidence in a report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.analysis import analyse_run
+from orchestrator.analysis.models import Counterfactual, ExplainRecord, ExplainTask
+from orchestrator.exit_policy import explain_exit
+from orchestrator.explain import EnvFact, env_facts, with_fact
+from orchestrator.inventory import HostConfig
+from orchestrator.report import render_markdown
+from orchestrator.rundir import RunDir
+from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, fingerprint
+
+ALLOW = ["PATH", "LANG", "LC_ALL", "TZ", "HTTP_PROXY"]
+
+
+def test_facts_are_the_other_hosts_locale_tz_and_allowlisted_variables_it_lacks():
+    ref = fingerprint("ref", "a" * 16, env_keys=["HTTP_PROXY", "LANG", "PATH", "PYENV_ROOT", "TZ"])
+    other = fingerprint(
+        "box-b",
+        "b" * 16,
+        env_keys=["PATH"],
+        locale={"LANG": None, "LC_ALL": None},
+        tz={"TZ": "Europe/Berlin"},
+    )
+    facts = env_facts(ref, other, "box-b", ALLOW)
+    assert facts == [
+        EnvFact("box-b", "LANG", None),
+        EnvFact("box-b", "TZ", "Europe/Berlin"),
+        EnvFact("box-b", "HTTP_PROXY", None),
+    ]  # PYENV_ROOT is not allowlisted: no run of the reference sees it, so it explains nothing
+
+
+def test_same_environment_gives_no_counterfactual():
+    ref = fingerprint("ref", "a" * 16)
+    assert env_facts(ref, fingerprint("box-b", "b" * 16, python="CPython 3.12.0"), "box-b", ALLOW) == []
+
+
+def test_a_fact_pins_the_value_or_leaves_the_variable_out():
+    cfg = HostConfig(name="local", transport="local", env={"LANG": "C.UTF-8"})
+    unset = with_fact(EnvFact("box-b", "LANG", None))(cfg)
+    assert "LANG" not in unset.env_allowlist and "LANG" not in unset.env
+    berlin = with_fact(EnvFact("box-b", "TZ", "Europe/Berlin"))(cfg)
+    assert berlin.env["TZ"] == "Europe/Berlin" and "TZ" in berlin.env_allowlist
+    assert cfg.env == {"LANG": "C.UTF-8"} and "LANG" in cfg.env_allowlist  # the inventory entry is untouched
+
+
+def test_explain_exit_codes():
+    assert explain_exit({}) == 0
+    assert explain_exit({"box-b": "unreachable"}) == 3
+    assert explain_exit({}, 1) == 1 and explain_exit({"box-b": "x"}, 1) == 3
+    assert explain_exit({"box-b": "x"}, 130) == 130 and explain_exit({}, 3) == 3
+
+
+def test_a_reproducing_counterfactual_leads_the_cause_in_every_report(tmp_path: Path):
+    hosts = {
+        "local": fingerprint("devbox-ref", "a" * 16),
+        "box-b": fingerprint("box-b", "b" * 16, locale={"LANG": None, "LC_ALL": None}),
+    }
+    attempts = {("local", "locale-probe", 0): Attempt("pass"), ("box-b", "locale-probe", 0): Attempt("fail")}
+    run = build_run(tmp_path, RunSpec(hosts=hosts, attempts=attempts))
+    record = ExplainRecord(
+        run_id=run.name, reference="local", replays=2, seconds=3.5, max_counterfactuals=8,
+        tasks=[ExplainTask(
+            task="locale-probe", again={"local": "pass", "box-b": "fail"},
+            counterfactuals=[Counterfactual(host="box-b", fact="LANG", value=None, verdict="fail", reproduces=True)],
+            not_collected=["file evidence not collected: this crosshost does not trace file access yet"],
+        )],
+    )  # fmt: skip
+    RunDir(run).explain_path.write_text(json.dumps(record.model_dump(mode="json")))
+    report = analyse_run(run)
+    [task] = report.tasks
+    assert task.cause.startswith("with box-b's LANG (unset), local fails too; box-b: ")
+    assert task.explain is not None and task.explain.counterfactuals[0].reproduces
+    assert report.explain is not None and report.explain.startswith("explain: 2 replay(s) in 3.5 s")
+    md = render_markdown(report)
+    assert "- explain, local with box-b's LANG (unset): fail, reproduces the flip" in md
+    assert "- explain: file evidence not collected" in md
+
+
+def test_a_damaged_explain_json_is_a_problem_not_a_crash(tmp_path: Path):
+    hosts = {"local": fingerprint("devbox-ref", "a" * 16), "box-b": fingerprint("box-b", "b" * 16)}
+    attempts = {("local", "t", 0): Attempt("pass"), ("box-b", "t", 0): Attempt("fail")}
+    run = build_run(tmp_path, RunSpec(hosts=hosts, attempts=attempts))
+    RunDir(run).explain_path.write_text("{not json")
+    report = analyse_run(run)
+    assert any("explain.json: unreadable explain evidence" in p for p in report.problems)
+    assert report.tasks[0].explain is None
+
+
+def test_an_unknown_task_is_bad_input_in_one_line(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    hosts = {"local": fingerprint("devbox-ref", "a" * 16), "box-b": fingerprint("box-b", "b" * 16)}
+    run = build_run(
+        tmp_path,
+        RunSpec(
+            hosts=hosts, attempts={("local", "t", 0): Attempt("pass"), ("box-b", "t", 0): Attempt("fail")}
+        ),
+    )
+    result = CliRunner().invoke(app, ["explain", str(run), "--task", "nope"])
+    assert result.exit_code == 2
+    assert "--task 'nope' is not a task of this run" in result.output and "Traceback" not in result.output
+
+
+def test_a_run_whose_suite_is_gone_is_bad_input(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    hosts = {"local": fingerprint("devbox-ref", "a" * 16), "box-b": fingerprint("box-b", "b" * 16)}
+    run = build_run(
+        tmp_path,
+        RunSpec(
+            hosts=hosts, attempts={("local", "t", 0): Attempt("pass"), ("box-b", "t", 0): Attempt("fail")}
+        ),
+    )
+    result = CliRunner().invoke(app, ["explain", str(run)])
+    assert result.exit_code == 2
+    assert "the run's suite is not on this machine" in result.output and "Traceback" not in result.output
