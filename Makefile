@@ -11,6 +11,10 @@ $(STAMP): pyproject.toml
 	  echo "installing openssh-server (needed for the real test hosts)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null) \
 	  || { echo "error: could not install openssh-server; install it (apt-get install openssh-server) and rerun" >&2; exit 1; }; }
+	@command -v strace >/dev/null || { \
+	  echo "installing strace (crosshost explain's file evidence)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null) \
+	  || { echo "error: could not install strace; install it (apt-get install strace) and rerun" >&2; exit 1; }; }
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

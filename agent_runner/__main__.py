@@ -47,6 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--workspace-root", help="where disposable attempt workspaces go (default: a temp dir)")
     run.add_argument("--env-allow", help="comma-separated environment keys the agent may see "
                      "(default: PATH,LANG,LC_ALL,TZ)")
+    run.add_argument("--trace-files", action="store_true",
+                     help="run each predicate under strace (where it exists) and keep the paths it touched")
     run.add_argument("--slots", type=_positive, default=1,
                      help="attempts at once, each in its own workspace, HOME, TMPDIR and budget (default 1)")
 
@@ -97,7 +99,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             tasks=[t for t in args.tasks.split(",") if t] if args.tasks else None,
             repeat=args.repeat, workspace_root=args.workspace_root,
             env_allow=[k for k in args.env_allow.split(",") if k] if args.env_allow is not None else None,
-            slots=args.slots,
+            slots=args.slots, trace_files=args.trace_files,
         )
         return run_suite(options)
     raise RunnerError(f"unknown command {args.command!r}")

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from . import agents, golden
+from . import agents, filetrace, golden
 from .checker import check_turns
 from .envkeys import ATTEMPT_ENV_KEYS
 from .errors import InputError, RunnerError, SecretVisible, SuiteError
@@ -64,6 +64,8 @@ class RunOptions:
     env_allow: Optional[List[str]] = None
     #: attempts run at once, each in its own workspace, HOME, TMPDIR and budget (default 1)
     slots: int = 1
+    #: run each predicate under strace where it exists and keep the paths it touched (filetrace.py)
+    trace_files: bool = False
 
 
 @dataclass
@@ -190,7 +192,12 @@ class Runner:
                           fingerprint=digest, pins=pins, env_sha=this_env_sha,
                           agent=task.agent.kind)
             outcome = self._run_agent(task, work, env, scratch, writer, started, box, attempt)
-            predicate_exit, predicate_output, predicate_error = self._run_predicate(task, pristine, work, env, box)
+            evidence = None
+            if self.options.trace_files:
+                evidence = (self.out / "files" / f"{task.id}.{attempt}.json", scratch,
+                            [str(attempt_dir), str(work), str(home), str(tmp)])
+            predicate_exit, predicate_output, predicate_error = self._run_predicate(
+                task, pristine, work, env, box, evidence)
             strays = self.new_strays(box.strays(str(attempt_dir), home=self.home))
             checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
@@ -248,10 +255,12 @@ class Runner:
         finally:
             agent.close()
 
-    def _run_predicate(self, task: Task, pristine: Optional[bytes], work: Path,
-                       env: Dict[str, str], box: Sandbox) -> Tuple[Optional[int], str, Optional[str]]:
+    def _run_predicate(self, task: Task, pristine: Optional[bytes], work: Path, env: Dict[str, str],
+                       box: Sandbox, evidence: Optional[Tuple[Path, Path, List[str]]] = None,
+                       ) -> Tuple[Optional[int], str, Optional[str]]:
         """(exit code, its output's last ``PREDICATE_OUTPUT_CAP`` bytes, harness error). An agent that
-        rewrote run_tests.sh gets the pristine one back before it runs."""
+        rewrote run_tests.sh gets the pristine one back before it runs. ``evidence`` (the record to
+        write, a scratch directory, the attempt's own directories): run it under strace if there is one."""
         if pristine is None:
             return None, "", None
         target = work / PREDICATE
@@ -264,8 +273,18 @@ class Runner:
             target.chmod(0o755)
         except OSError as exc:
             return None, "", f"could not restore the pristine {PREDICATE}: {exc}"
+        argv = box.argv(["sh", PREDICATE])
+        strace_log = None
+        if evidence is not None:
+            strace = filetrace.strace_path()
+            if strace is None:
+                filetrace.write_evidence(evidence[0], traced=False, why="strace is not on this host's PATH")
+            else:
+                # the tracer runs as the runner, around the sandbox: its log is out of the attempt's reach
+                strace_log = evidence[1] / "predicate.strace"
+                argv = filetrace.traced_argv(strace, strace_log, argv)
         try:
-            proc = subprocess.Popen(box.argv(["sh", PREDICATE]), cwd=str(work), env=env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, cwd=str(work), env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **box.popen_kwargs())
         except OSError as exc:
             return None, "", f"the predicate could not start: {exc.strerror or exc}"
@@ -277,6 +296,13 @@ class Runner:
             return 124, "timed out", None  # like timeout(1): a predicate that hangs fails
         finally:
             kill_group(proc.pid)
+        if evidence is not None and strace_log is not None:
+            try:
+                text = strace_log.read_text("utf-8", "replace")
+            except OSError as exc:
+                filetrace.write_evidence(evidence[0], traced=False, why=f"strace wrote no log: {exc.strerror or exc}")
+            else:
+                filetrace.write_evidence(evidence[0], traced=True, paths=filetrace.touched_paths(text, evidence[2]))
         kept = output[-PREDICATE_OUTPUT_CAP:].decode("utf-8", "replace").strip()
         return proc.returncode, ("…" + kept if len(output) > PREDICATE_OUTPUT_CAP else kept), None
 

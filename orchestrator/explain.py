@@ -12,6 +12,7 @@ The evidence goes to ``explain.json``; the run's reports are written again to ca
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -23,7 +24,14 @@ from typing import Any
 
 from agent_runner.records import Fingerprint
 from orchestrator.analysis import analyse_run
-from orchestrator.analysis.models import Counterfactual, ExplainRecord, ExplainTask, RunReport, TaskReport
+from orchestrator.analysis.models import (
+    Counterfactual,
+    ExplainRecord,
+    ExplainTask,
+    PathEvidence,
+    RunReport,
+    TaskReport,
+)
 from orchestrator.bundle import build_bundle, bundle_cache_dir
 from orchestrator.errors import InputError
 from orchestrator.exit_policy import explain_exit
@@ -31,15 +39,13 @@ from orchestrator.host_job import EventSink
 from orchestrator.inventory import HostConfig, load_inventory
 from orchestrator.report import analyse_and_write
 from orchestrator.rundir import RunDir, load_run, write_json_atomic
-from orchestrator.transport import Opener
+from orchestrator.transport import Opener, default_opener
 
 #: counterfactual replays per explain (each is one replay of the flipped tasks on the reference)
 MAX_COUNTERFACTUALS = 8
 COUNTERFACTUALS_AT_ONCE = 4
 #: fingerprint fields that are environment variables the runner passes (when allowlisted)
 _ENV_FACTS = ("locale.LANG", "locale.LC_ALL", "locale.LC_CTYPE", "locale.LC_MESSAGES", "tz.TZ")
-
-FILE_EVIDENCE_NOTE = "file evidence not collected: this crosshost does not trace file access yet"
 
 
 @dataclass
@@ -151,9 +157,13 @@ def explain(
         )
     out = RunDir(request.run_dir).explain_runs
     lock = threading.Lock()
+    runs: dict[str, Path] = {}
 
     def run_once(
-        hosts: list[str], names: list[str], adjust: Callable[[HostConfig], HostConfig] | None
+        hosts: list[str],
+        names: list[str],
+        adjust: Callable[[HostConfig], HostConfig] | None,
+        files: bool = False,
     ) -> dict[tuple[str, str], str]:
         replayed = replay(
             ReplayRequest(
@@ -168,6 +178,7 @@ def explain(
                 reference=hosts[0],
                 adjust_host=adjust,
                 hold_model=False,
+                trace_files=files,
             ),
             opener=opener,
             on_event=on_event,
@@ -177,17 +188,24 @@ def explain(
         with lock:  # counterfactual replays finish side by side
             record.replays += 1
             record.runs.append(replayed.run_dir.run_id)
+            runs[replayed.run_dir.run_id] = replayed.run_dir.path
             outcome.errors.update(replayed.errors)
         return {(r.env, r.task): r.verdict for r in replayed.results}
 
     others = sorted({h for t in tasks for h in t.flipped_hosts})
-    again = run_once([reference, *others], [t.task for t in tasks], None)
+    again = run_once([reference, *others], [t.task for t in tasks], None, files=True)
+    configs = {h.name: h for h in load_inventory(request.inventory_path).hosts}
+    paths, notes = file_evidence(
+        runs[record.runs[0]], [reference, *others], [t.task for t in tasks], configs,
+        opener or default_opener, request.accept_new,
+    )  # fmt: skip
     entries = {t.task: ExplainTask(task=t.task) for t in tasks}
     for t in tasks:
         entries[t.task].again = {h: again.get((h, t.task)) for h in [reference, *t.flipped_hosts]}
-        entries[t.task].not_collected.append(FILE_EVIDENCE_NOTE)
+        entries[t.task].paths = paths[t.task]
+        entries[t.task].not_collected += notes[t.task]
 
-    allowlist = load_inventory(request.inventory_path).get(reference).env_allowlist
+    allowlist = configs[reference].env_allowlist
     planned: list[tuple[EnvFact, list[str]]] = []
     for host in others:
         names = [t.task for t in tasks if host in t.flipped_hosts]
@@ -229,3 +247,103 @@ def explain_summary(record: ExplainRecord) -> dict[str, Any]:
     """What explain spent, for the terminal and the report."""
     counterfactuals = sum(len(t.counterfactuals) for t in record.tasks)
     return {"replays": record.replays, "seconds": record.seconds, "counterfactuals": counterfactuals}
+
+
+# --- file evidence ----------------------------------------------------------------------------------
+
+MAX_CHECKED_PATHS = 300  # paths checked per host (the union over the explained tasks)
+SMALL_FILE = 1024 * 1024  # files up to this size get a sha256
+# Run on each host with the host's python: per path its state in one word or line; stdlib only.
+_STAT_SCRIPT = r"""
+import hashlib, json, os, stat, sys
+out = {}
+for p in json.loads(sys.stdin.read() if len(sys.argv) < 2 else sys.argv[1]):
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        out[p] = "absent"; continue
+    except OSError as e:
+        out[p] = "unreadable (%s)" % (e.strerror or e); continue
+    if stat.S_ISLNK(st.st_mode):
+        out[p] = "symlink -> %s" % os.readlink(p)
+    elif stat.S_ISDIR(st.st_mode):
+        try:
+            out[p] = "directory of %d entries" % len(os.listdir(p))
+        except OSError:
+            out[p] = "directory"
+    elif stat.S_ISREG(st.st_mode):
+        s = "file %d bytes" % st.st_size
+        if st.st_size <= %(small)d:
+            try:
+                with open(p, "rb") as f:
+                    s += " sha256 " + hashlib.sha256(f.read()).hexdigest()[:16]
+            except OSError:
+                pass
+        out[p] = s
+    else:
+        out[p] = "special file"
+print(json.dumps(out))
+""".replace("%(small)d", str(SMALL_FILE))
+
+
+def touched(run_dir: Path, host: str, task: str) -> tuple[dict[str, list[str]] | None, str]:
+    """The paths ``host``'s predicate touched in explain's once-more run, or None and why not."""
+    path = RunDir(run_dir).host_dir(host) / "files" / f"{task}.0.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None, "the host sent no file evidence"
+    if not isinstance(record, dict) or not record.get("traced"):
+        why = record.get("why") if isinstance(record, dict) else None
+        return None, str(why or "not traced")
+    paths = record.get("paths")
+    if not isinstance(paths, dict):
+        return None, "the host's file evidence is damaged"
+    return {str(k): [str(c) for c in v] for k, v in paths.items() if isinstance(v, list)}, ""
+
+
+def path_states(cfg: HostConfig, paths: list[str], opener: Opener, accept_new: bool) -> dict[str, str]:
+    """Each path's state on the host, by one exec of its python (nothing is written there)."""
+    host = opener(cfg, accept_new=accept_new)
+    try:
+        result = host.exec([cfg.python, "-c", _STAT_SCRIPT, json.dumps(paths)], 60)
+    finally:
+        host.close()
+    try:
+        states = json.loads(result.stdout)
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in states.items()} if isinstance(states, dict) else {}
+
+
+def file_evidence(
+    explain_run: Path,
+    hosts: list[str],
+    tasks: list[str],
+    configs: dict[str, HostConfig],
+    opener: Opener,
+    accept_new: bool,
+) -> tuple[dict[str, list[PathEvidence]], dict[str, list[str]]]:
+    """Per task the touched paths whose state differs between ``hosts``, and what was not collected."""
+    notes: dict[str, list[str]] = {t: [] for t in tasks}
+    seen: dict[str, dict[str, dict[str, list[str]]]] = {t: {} for t in tasks}  # task -> host -> path -> calls
+    for task in tasks:
+        for host in hosts:
+            paths, why = touched(explain_run, host, task)
+            if paths is None:
+                notes[task].append(f"file evidence not collected on {host}: {why}")
+            else:
+                seen[task][host] = paths
+    wanted = sorted({p for per_host in seen.values() for paths in per_host.values() for p in paths})
+    wanted = wanted[:MAX_CHECKED_PATHS]
+    states = {h: path_states(configs[h], wanted, opener, accept_new) for h in hosts} if wanted else {}
+    found: dict[str, list[PathEvidence]] = {t: [] for t in tasks}
+    for task in tasks:
+        task_paths = sorted({p for per_host in seen[task].values() for p in per_host if p in wanted})
+        for p in task_paths:
+            state = {h: states.get(h, {}).get(p, "unknown") for h in hosts}
+            if len(set(state.values())) > 1:
+                calls = sorted({c for per_host in seen[task].values() for c in per_host.get(p, [])})
+                on = [h for h in hosts if p in seen[task].get(h, {})]
+                found[task].append(PathEvidence(path=p, calls=calls, touched_on=on, state=state))
+    return found, notes

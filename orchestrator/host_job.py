@@ -62,6 +62,8 @@ class HostPlan:
     retries: list[dict[str, Any]] = field(default_factory=list)  # every connect retry, for the manifest
     #: --slots: attempts at once on every host, over the inventory's slots
     slots: int | None = None
+    #: run each predicate under strace where the host has it (``explain``'s file evidence)
+    trace_files: bool = False
 
 
 class HostJob:
@@ -174,6 +176,8 @@ class HostJob:
         if not self.plan.all_tasks:
             args += ["--tasks", ",".join(self.plan.tasks)]
         args += ["--repeat", str(self.plan.repeat)]
+        if self.plan.trace_files:
+            args.append("--trace-files")
         if self.slots() > 1:
             args += ["--slots", str(self.slots())]
         runner = [self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), *args]

@@ -82,6 +82,7 @@ class ReplayRequest:
     #: applied to each selected host's inventory entry before the run (``explain``'s counterfactual:
     #: the reference with one environment fact of another host); the manifest records the result
     adjust_host: Callable[[HostConfig], HostConfig] | None = None
+    trace_files: bool = False  # predicates under strace where a host has it (explain's file evidence)
 
     @property
     def selection(self) -> TaskSelection:
@@ -280,6 +281,7 @@ def replay(
 
     plan = HostPlan(run_dir, bundle, tasks, all_tasks, repeat, opener or default_opener, request.accept_new, emit, model)
     plan.slots = request.slots
+    plan.trace_files = request.trace_files
     mode = hold_mode(model, request.hold_model)
     reference = manifest.reference or names[0]
     plan.hold = ModelHold(reference, mode) if mode is not None and len(names) > 1 else None

@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.analysis.attribution import cut_words
+from orchestrator.analysis.attribution import cut_words, path_line
 from orchestrator.report import (
     burn_lines,
     errors_line,
@@ -538,6 +538,8 @@ def render_explain(outcome: ExplainOutcome, console: Console | None = None) -> N
             value = "unset" if cf.value is None else cf.value
             mark = "reproduces" if cf.reproduces else "no"
             line(f"  {reference} with {cf.host}'s {cf.fact} ({value}): {cf.verdict or 'no verdict'} [{mark}]")
+        for evidence in task.explain.paths:
+            line(f"  {path_line(evidence)}")
         for note in task.explain.not_collected:
             line(f"  {note}")
     if report.explain:

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from agent_runner.records import Fingerprint
-from orchestrator.analysis.models import Attribution, Counterfactual, ExplainRecord, ExplainTask, FieldDiff
+from orchestrator.analysis.models import (
+    Attribution,
+    Counterfactual,
+    ExplainRecord,
+    ExplainTask,
+    FieldDiff,
+    PathEvidence,
+)
 from orchestrator.dotted import flatten
 
 # The digest summarises every other field and the capture time always differs: neither is a lead.
@@ -167,10 +174,27 @@ def counterfactual_line(cf: Counterfactual, reference: str) -> str:
     return f"with {cf.host}'s {cf.fact} ({value}), {reference} {cf.verdict}s too"
 
 
+MAX_CAUSE_PATHS = 2  # differing paths named in the one-line cause (report.md lists every one)
+_VERBS = (("execve", "executed"), ("open", "read"), ("getdents", "listed"))
+
+
+def path_line(evidence: PathEvidence, predicate: str = "run_tests.sh") -> str:
+    """"run_tests.sh read /opt/x/feature.flag: present on box-b (file 0 bytes …), absent on local"."""
+    verb = next((v for prefix, v in _VERBS if any(c.startswith(prefix) for c in evidence.calls)), "looked up")
+    parts = [
+        "absent on " + host if state == "absent" else f"present on {host} ({state})"
+        for host, state in sorted(evidence.state.items(), key=lambda hs: hs[1] == "absent")
+    ]
+    return f"{predicate} {verb} {evidence.path}: " + ", ".join(parts)
+
+
 def explain_cause(entry: ExplainTask, reference: str) -> str:
     """The explain evidence in a line: the facts that alone reproduce the other verdict, else what was
     tried; what was not collected is in report.md, not here."""
     named = [counterfactual_line(cf, reference) for cf in entry.counterfactuals if cf.reproduces]
+    named += [path_line(p) for p in entry.paths[:MAX_CAUSE_PATHS]]
+    if len(entry.paths) > MAX_CAUSE_PATHS:
+        named.append(f"{len(entry.paths) - MAX_CAUSE_PATHS} more differing path(s) in report.md")
     if named:
         return "; ".join(named)
     if entry.counterfactuals:

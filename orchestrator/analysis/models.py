@@ -114,6 +114,16 @@ class Counterfactual(BaseModel):
     reproduces: bool = False  # the verdict is the other host's
 
 
+class PathEvidence(BaseModel):
+    """A path the predicate touched outside its own directories whose state differs between hosts."""
+
+    path: str
+    calls: list[str] = Field(default_factory=list)  # the system calls that named it (openat, stat, execve…)
+    touched_on: list[str] = Field(default_factory=list)  # the hosts whose predicate touched it
+    #: host -> its state there: "absent", "directory", "file 12 bytes sha256 ab12…", "symlink -> x", …
+    state: dict[str, str] = Field(default_factory=dict)
+
+
 class ExplainTask(BaseModel):
     """``crosshost explain``'s evidence for one flipped task (``explain.json``)."""
 
@@ -121,6 +131,8 @@ class ExplainTask(BaseModel):
     #: host -> the verdict when the task was replayed once more with the run's pins
     again: dict[str, str | None] = Field(default_factory=dict)
     counterfactuals: list[Counterfactual] = Field(default_factory=list)
+    #: paths touched on a host whose state differs between the compared hosts (file evidence)
+    paths: list[PathEvidence] = Field(default_factory=list)
     #: what could not be gathered and why, one line each (never a guess)
     not_collected: list[str] = Field(default_factory=list)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from orchestrator.analysis import analyse_run
-from orchestrator.analysis.attribution import shown
+from orchestrator.analysis.attribution import path_line, shown
 from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.flips import attempt_pairs
 from orchestrator.analysis.models import HostRate, RunReport, TaskReport
@@ -246,6 +246,7 @@ def _markdown_explain(task: TaskReport, reference: str) -> list[str]:
             f"- explain, {_md(reference)} with {_md(cf.host)}'s {_md(cf.fact)} ({_md(value)}): "
             f"{cf.verdict or 'no verdict'}, {said}"
         )
+    out += [f"- explain, file evidence: {_md(path_line(p))}" for p in entry.paths]
     out += [f"- explain: {_md(line)}" for line in entry.not_collected]
     return out
 

@@ -10,6 +10,8 @@ either host.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,14 +35,20 @@ def _inventory(hosts: Any, tmp_path: Path) -> Path:
     return path
 
 
-def test_explain_names_the_locale_counterfactual_and_leaves_nothing(fresh_sshd_host: Any, tmp_path: Path) -> None:
+def test_explain_names_the_locale_counterfactual_and_leaves_nothing(
+    fresh_sshd_host: Any, tmp_path: Path
+) -> None:
     flag = fresh_sshd_host.fleet.hosts["box-c"].dir / "opt" / "crosshost-demo" / "feature.flag"
     flag.parent.mkdir(parents=True)
     flag.touch()
     inventory = _inventory(fresh_sshd_host, tmp_path)
     tasks = ["locale-probe", "feature-flag-probe", "restart-unhealthy-only"]
     started = time.monotonic()
-    run = replay(ReplayRequest(suite_dir=TRIAGE, inventory_path=inventory, out=tmp_path / "runs", tasks=tasks, repeat=1))
+    run = replay(
+        ReplayRequest(
+            suite_dir=TRIAGE, inventory_path=inventory, out=tmp_path / "runs", tasks=tasks, repeat=1
+        )
+    )
     replay_s = time.monotonic() - started
     report = run.report
     assert report is not None
@@ -64,14 +72,30 @@ def test_explain_names_the_locale_counterfactual_and_leaves_nothing(fresh_sshd_h
     assert (lang["host"], lang["value"], lang["verdict"], lang["reproduces"]) == ("box-c", None, "fail", True)
     flag_entry = entries["feature-flag-probe"]
     assert not any(cf["reproduces"] for cf in flag_entry["counterfactuals"])
-    assert record["replays"] == 1 + len({(cf["host"], cf["fact"]) for t in record["tasks"] for cf in t["counterfactuals"]})
+    # file evidence: strace saw the predicate look for the flag; its state differs, and only it does
+    [flag_path] = [p for p in flag_entry["paths"] if p["path"] == "/opt/crosshost-demo/feature.flag"]
+    assert flag_path["state"]["local"] == "absent" and flag_path["state"]["box-c"].startswith(
+        "file 0 bytes sha256 "
+    )
+    assert flag_path["touched_on"] == ["local", "box-c"]
+    assert (
+        flag_entry["not_collected"] == [] and locale["paths"] == []
+    )  # the locale task read no differing file
+    assert record["replays"] == 1 + len(
+        {(cf["host"], cf["fact"]) for t in record["tasks"] for cf in t["counterfactuals"]}
+    )
     assert record["replays"] <= 1 + record["max_counterfactuals"]
 
     # every report carries it: the cause first, the counterfactual in report.md, the cost once
     report_json = json.loads((run.run_dir.path / "report.json").read_text())
     causes = {t["task"]: t["cause"] for t in report_json["tasks"]}
     assert causes["locale-probe"].startswith("with box-c's LANG (unset), local fails too")
-    assert "no single environment fact reproduces it" in causes["feature-flag-probe"]
+    assert (
+        causes["feature-flag-probe"].startswith(
+            "run_tests.sh looked up /opt/crosshost-demo/feature.flag: present on box-c (file 0 bytes sha256 "
+        )
+        and "absent on local" in causes["feature-flag-probe"]
+    )
     md = (run.run_dir.path / "report.md").read_text()
     assert "local with box-c's LANG (unset): fail, reproduces the flip" in md
     assert report_json["explain"].startswith(f"explain: {record['replays']} replay(s) in ")
@@ -81,3 +105,50 @@ def test_explain_names_the_locale_counterfactual_and_leaves_nothing(fresh_sshd_h
         assert _left_of_run(inventory, run_id) == {"local": "", "box-c": ""}
     # its cost: within 3 x the replay of these tasks plus 2 s
     assert explain_s <= 3 * replay_s + 2, (explain_s, replay_s)
+
+
+def test_a_host_without_strace_gets_counterfactuals_and_a_plain_line(
+    fresh_sshd_host: Any, tmp_path: Path
+) -> None:
+    """box-c's runs see a PATH without strace: its file evidence is said to be missing, not guessed."""
+    flag = fresh_sshd_host.fleet.hosts["box-c"].dir / "opt" / "crosshost-demo" / "feature.flag"
+    flag.parent.mkdir(parents=True)
+    flag.touch()
+    bare = Path(tempfile.mkdtemp(prefix="crosshost-nostrace-", dir="/var/tmp"))  # box-c sees /var/tmp
+    try:
+        for tool in ("sh", "python3", "wc", "tr", "ls", "head", "cat", "env"):
+            found = shutil.which(tool, path="/usr/local/bin:/usr/bin:/bin")  # not the test's venv
+            assert found is not None, tool
+            (bare / tool).symlink_to(found)
+        inventory = _inventory(fresh_sshd_host, tmp_path)
+        text = inventory.read_text().replace(
+            'env_allowlist = ["PATH", "LC_ALL", "TZ"]',
+            f'env_allowlist = ["PATH", "LC_ALL", "TZ"]\nenv = {{ PATH = "{bare}" }}',
+        )
+        inventory.write_text(text)
+        run = replay(
+            ReplayRequest(
+                suite_dir=TRIAGE,
+                inventory_path=inventory,
+                out=tmp_path / "runs",
+                tasks=["locale-probe", "feature-flag-probe"],
+                repeat=1,
+            )  # fmt: skip
+        )
+        out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
+        assert out.exit_code == 0 and not out.errors, out.errors
+        entries = {t.task: t for t in out.record.tasks}
+        for entry in entries.values():
+            assert entry.not_collected == [
+                "file evidence not collected on box-c: strace is not on this host's PATH"
+            ]
+        assert any(cf.fact == "LANG" and cf.reproduces for cf in entries["locale-probe"].counterfactuals)
+        # local's trace still names the flag; its state is checked on both hosts
+        [flag_path] = [
+            p for p in entries["feature-flag-probe"].paths if p.path == "/opt/crosshost-demo/feature.flag"
+        ]
+        assert flag_path.touched_on == ["local"] and flag_path.state["local"] == "absent"
+        md = (run.run_dir.path / "report.md").read_text()
+        assert "- explain: file evidence not collected on box-c: strace is not on this host's PATH" in md
+    finally:
+        shutil.rmtree(bare)
