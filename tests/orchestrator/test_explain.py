@@ -123,3 +123,22 @@ def test_a_run_whose_suite_is_gone_is_bad_input(tmp_path: Path):
     result = CliRunner().invoke(app, ["explain", str(run)])
     assert result.exit_code == 2
     assert "the run's suite is not on this machine" in result.output and "Traceback" not in result.output
+
+
+def test_a_differing_path_reads_as_a_sentence_and_leads_the_cause():
+    from orchestrator.analysis.attribution import explain_cause, path_line
+    from orchestrator.analysis.models import PathEvidence
+
+    flag = PathEvidence(
+        path="/opt/crosshost-demo/feature.flag", calls=["newfstatat"], touched_on=["local", "box-b"],
+        state={"local": "absent", "box-b": "file 0 bytes sha256 e3b0c44298fc1c14"},
+    )  # fmt: skip
+    assert path_line(flag) == (
+        "run_tests.sh looked up /opt/crosshost-demo/feature.flag: "
+        "present on box-b (file 0 bytes sha256 e3b0c44298fc1c14), absent on local"
+    )
+    wheels = PathEvidence(path="/tmp/w", calls=["openat"], state={"local": "directory of 1 entries", "box-b": "absent"})
+    assert path_line(wheels).startswith("run_tests.sh read /tmp/w: present on local")
+    entry = ExplainTask(task="t", paths=[flag, wheels, flag])
+    cause = explain_cause(entry, "local")
+    assert cause.startswith("run_tests.sh looked up /opt/crosshost-demo/feature.flag") and "1 more differing path(s)" in cause
