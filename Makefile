@@ -62,8 +62,8 @@ demo: $(STAMP)
 	echo "== box-b: /opt/crosshost-demo/feature.flag created (inside box-b only)"; \
 	mkdir -p /tmp/crosshost-demo/wheels; touch /tmp/crosshost-demo/wheels/triage_tools-0.9-py3-none-any.whl; \
 	echo "== local: a stale wheel left in /tmp/crosshost-demo/wheels (this machine only; box-b has its own /tmp)"; \
-	echo "== crosshost replay examples/suites/triage -i .state/demo-hosts.toml   (hosts.toml, box-b on port $$port)"; \
-	rc=0; $(VENV)/bin/crosshost replay examples/suites/triage -i .state/demo-hosts.toml || rc=$$?; \
+	echo "== crosshost replay examples/suites/triage -i .state/demo-hosts.toml --explain   (hosts.toml, box-b on port $$port)"; \
+	rc=0; $(VENV)/bin/crosshost replay examples/suites/triage -i .state/demo-hosts.toml --explain || rc=$$?; \
 	echo "== crosshost replay exited $$rc (0 valid, within the gate; 1 invalid or flips over the gate; 2 bad input; 3 a host failed)"; \
 	case $$rc in 0|1) exit 0;; *) exit $$rc;; esac
 
