@@ -12,7 +12,7 @@ from orchestrator.explain import EnvFact, env_facts, with_fact
 from orchestrator.inventory import HostConfig
 from orchestrator.report import render_markdown
 from orchestrator.rundir import RunDir
-from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, fingerprint
+from tests.support.rundirs import Attempt, RunSpec, build_run, fingerprint
 
 ALLOW = ["PATH", "LANG", "LC_ALL", "TZ", "HTTP_PROXY"]
 

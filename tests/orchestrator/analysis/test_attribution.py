@@ -8,7 +8,7 @@ from orchestrator.analysis import analyse_run
 from orchestrator.analysis.attribution import cut_words
 from orchestrator.analysis.diff import run_diff
 from orchestrator.report import render_markdown
-from tests.orchestrator.analysis.builder import HEALTHY, Attempt, RunSpec, build_run, fingerprint
+from tests.support.rundirs import HEALTHY, Attempt, RunSpec, build_run, fingerprint
 
 
 def _hosts():
