@@ -5,7 +5,9 @@ recorded, checked by its sha) on the reference and every host they flipped on, t
 the reference with one environment fact of another host applied at a time (a counterfactual: each
 allowlisted variable whose value differs between the two fingerprints, the locale variables, TZ),
 at most ``MAX_COUNTERFACTUALS`` replays. A fact whose change alone gives the reference the other
-host's verdict is named. Every replay is an ordinary replay of kind ``explain`` under
+host's verdict is named. The once-more replay runs each predicate under strace where the host has
+it; every path it touched outside the attempt's own directories is then checked on every compared
+host (read only) and the paths whose state differs are named. Every replay is an ordinary replay of kind ``explain`` under
 ``<run>/explain/``, so each host's workspace is removed and verified gone as after any replay.
 The evidence goes to ``explain.json``; the run's reports are written again to carry it.
 """
@@ -20,7 +22,6 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from agent_runner.records import Fingerprint
 from orchestrator.analysis import analyse_run
@@ -243,17 +244,12 @@ def explain(
     return outcome
 
 
-def explain_summary(record: ExplainRecord) -> dict[str, Any]:
-    """What explain spent, for the terminal and the report."""
-    counterfactuals = sum(len(t.counterfactuals) for t in record.tasks)
-    return {"replays": record.replays, "seconds": record.seconds, "counterfactuals": counterfactuals}
-
-
 # --- file evidence ----------------------------------------------------------------------------------
 
 MAX_CHECKED_PATHS = 300  # paths checked per host (the union over the explained tasks)
 SMALL_FILE = 1024 * 1024  # files up to this size get a sha256
-# Run on each host with the host's python: per path its state in one word or line; stdlib only.
+# Run on each host with the host's python: per path its state in one word or line; stdlib only. A file
+# others may not read gets no digest: a hash of a small private file (a key, a token) is a lead to it.
 _STAT_SCRIPT = r"""
 import hashlib, json, os, stat, sys
 out = {}
@@ -273,7 +269,9 @@ for p in json.loads(sys.stdin.read() if len(sys.argv) < 2 else sys.argv[1]):
             out[p] = "directory"
     elif stat.S_ISREG(st.st_mode):
         s = "file %d bytes" % st.st_size
-        if st.st_size <= %(small)d:
+        if not st.st_mode & stat.S_IROTH:
+            s += ", not world-readable (no digest)"
+        elif st.st_size <= %(small)d:
             try:
                 with open(p, "rb") as f:
                     s += " sha256 " + hashlib.sha256(f.read()).hexdigest()[:16]

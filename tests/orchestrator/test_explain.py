@@ -142,3 +142,20 @@ def test_a_differing_path_reads_as_a_sentence_and_leads_the_cause():
     entry = ExplainTask(task="t", paths=[flag, wheels, flag])
     cause = explain_cause(entry, "local")
     assert cause.startswith("run_tests.sh looked up /opt/crosshost-demo/feature.flag") and "1 more differing path(s)" in cause
+
+
+def test_path_states_give_digests_of_world_readable_files_only(tmp_path: Path):
+    from orchestrator.explain import path_states
+    from orchestrator.transport import open_host
+
+    public, private = tmp_path / "flag", tmp_path / "token"
+    public.write_text("on\n")
+    public.chmod(0o644)
+    private.write_text("s3cr3t\n")
+    private.chmod(0o600)
+    cfg = HostConfig(name="local", transport="local")
+    states = path_states(cfg, [str(public), str(private), str(tmp_path / "gone"), str(tmp_path)], open_host, False)
+    assert states[str(public)].startswith("file 3 bytes sha256 ")
+    assert states[str(private)] == "file 7 bytes, not world-readable (no digest)"
+    assert states[str(tmp_path / "gone")] == "absent"
+    assert states[str(tmp_path)] == "directory of 2 entries"
