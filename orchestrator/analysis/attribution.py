@@ -139,8 +139,9 @@ def cut_words(text: str, limit: int) -> str:
     return (head[:space] if space > limit // 3 else head).rstrip(" ,;") + "…"
 
 
-def cause_line(attributions: Iterable[Attribution]) -> str:
-    """One line per flipped task: the tied facts, else the count of differing facts and where to look."""
+def cause_line(attributions: Iterable[Attribution], *, explained: bool = False) -> str:
+    """One line per flipped task: the tied facts, else the count of differing facts and, before
+    ``crosshost explain`` ran on the run, that it looks further."""
     parts: list[str] = []
     for attr in attributions:
         tied = [f for f in attr.fields if f.tied]
@@ -148,10 +149,8 @@ def cause_line(attributions: Iterable[Attribution]) -> str:
             facts = ", ".join(f"{f.field} {shown(f.reference)} → {shown(f.other)}" for f in tied)
             parts.append(f"{attr.host}: {facts}")
         elif attr.fields:
-            parts.append(
-                f"{attr.host}: no differing fact named by the task ({len(attr.fields)} differ); "
-                "crosshost explain looks further"
-            )
+            further = "" if explained else "; crosshost explain looks further"
+            parts.append(f"{attr.host}: no differing fact named by the task ({len(attr.fields)} differ){further}")
         else:
             parts.append(f"{attr.host}: same fingerprint")
     return "; ".join(parts)

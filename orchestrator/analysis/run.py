@@ -107,7 +107,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
             if entry is not None and t.flip:
                 t.explain = entry
                 first = explain_cause(entry, reference)
-                t.cause = "; ".join(x for x in (first, t.cause) if x)
+                t.cause = "; ".join(x for x in (first, cause_line(t.attribution, explained=True)) if x)
 
     flipped = sum(t.flip for t in task_reports)
     comparable = sum(t.comparable for t in task_reports)
