@@ -96,6 +96,7 @@ def test_explain_names_the_locale_counterfactual_and_leaves_nothing(
         )
         and "absent on local" in causes["feature-flag-probe"]
     )
+    assert "crosshost explain looks further" not in causes["feature-flag-probe"]  # it did
     md = (run.run_dir.path / "report.md").read_text()
     assert "local with box-c's LANG (unset): fail, reproduces the flip" in md
     assert report_json["explain"].startswith(f"explain: {record['replays']} replay(s) in ")
