@@ -153,3 +153,46 @@ def test_a_host_without_strace_gets_counterfactuals_and_a_plain_line(
         assert "- explain: file evidence not collected on box-c: strace is not on this host's PATH" in md
     finally:
         shutil.rmtree(bare)
+
+
+def _tool_suite(root: Path) -> Path:
+    """One predicate-only task that fails where a ``demo-tool`` is on PATH."""
+    suite = root / "tool"
+    suite.mkdir()
+    shutil.copy(TRIAGE / "contract.json", suite / "contract.json")
+    shutil.copy(TRIAGE / "tools.json", suite / "tools.json")
+    (suite / "suite.toml").write_text(
+        'name = "tool"\nrepeat = 1\ncontract = "contract.json"\ntools = "tools.json"\n'
+        '[agent]\nkind = "none"\n[budget]\nmax_steps = 2\nmax_bytes = 4096\ntimeout_s = 30\n'
+    )
+    task = suite / "tasks" / "tool-probe"
+    (task / "repo").mkdir(parents=True)
+    (task / "task.toml").write_text('description = "fails where demo-tool is installed"\n[agent]\nkind = "none"\n')
+    (task / "prompt.md").write_text("nothing to do\n")
+    script = task / "repo" / "run_tests.sh"
+    script.write_text('#!/bin/sh\nif demo-tool >/dev/null 2>&1; then echo "FAIL: the new tool answered"; exit 1; fi\necho ok\n')
+    script.chmod(0o755)
+    return suite
+
+
+def test_a_command_on_one_hosts_path_is_named_by_its_executable(fresh_sshd_host: Any, tmp_path: Path) -> None:
+    tool = fresh_sshd_host.fleet.hosts["box-c"].dir / "opt" / "bin" / "demo-tool"  # box-c's own /opt
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    inventory = tmp_path / "hosts.toml"
+    path = "/opt/bin:/usr/local/bin:/usr/bin:/bin"
+    text = fresh_sshd_host.inventory_path.read_text()
+    text = text.replace('transport = "local"', f'transport = "local"\nenv = {{ PATH = "{path}" }}', 1)
+    text = text.replace('name = "box-c"', f'name = "box-c"\nenv = {{ PATH = "{path}" }}', 1)
+    inventory.write_text(text)
+    run = replay(ReplayRequest(suite_dir=_tool_suite(tmp_path), inventory_path=inventory, out=tmp_path / "runs"))
+    assert run.report is not None and [t.flip for t in run.report.tasks] == [True]
+    out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
+    assert out.exit_code == 0, out.errors
+    [entry] = out.record.tasks
+    [differing] = [p for p in entry.paths if p.path == "/opt/bin/demo-tool"]
+    assert "execve" in differing.calls
+    assert differing.state["local"] == "absent" and differing.state["box-c"].startswith("file ")
+    assert out.report is not None
+    assert out.report.tasks[0].cause.startswith("run_tests.sh executed /opt/bin/demo-tool: present on box-c")
