@@ -454,6 +454,12 @@ def repro_cmd(
     out: Annotated[Path, typer.Option("--out", help="The runs directory.")] = Path("runs"),
     accept_new: Annotated[bool, typer.Option("--accept-new", help="Trust unknown host keys (recorded).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print repro.json instead of the table.")] = False,
+    run_commands: Annotated[
+        bool, typer.Option("--run-commands", help="Run the shell commands the trace recorded (listed without it).")
+    ] = False,
+    on_local: Annotated[
+        bool, typer.Option("--on-local", help="Also run them on a transport = \"local\" host (this machine).")
+    ] = False,
 ) -> int:
     """Replay a recorded trace on HOST and a good host; show the first step where they part."""
     import json as _json
@@ -471,6 +477,8 @@ def repro_cmd(
             suite_dir=suite,
             out=out,
             accept_new=accept_new,
+            run_commands=run_commands,
+            on_local=on_local,
         )
     )
     if as_json:

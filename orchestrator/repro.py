@@ -361,6 +361,56 @@ def compare_traces(
     )
 
 
+def shell_commands(trace: Trace) -> list[str]:
+    """Every shell command the trace's calls would run, as a person reads them (in order, once each)."""
+    import shlex
+
+    shown_commands: list[str] = []
+    for turn in trace.turns:
+        if turn.get("tool") != "shell":
+            continue
+        args = turn.get("args") or {}
+        argv = args.get("argv") if isinstance(args, dict) else None
+        if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
+            text = shlex.join(argv)
+        else:
+            text = json.dumps(args, sort_keys=True)
+        if text not in shown_commands:
+            shown_commands.append(text)
+    return shown_commands
+
+
+def check_consent(request: ReproRequest, host: str, against: str) -> None:
+    """Refuse, listing the commands, unless the user opted in to running what a host recorded.
+
+    A trace is data a host wrote: its shell calls are replayed as real commands. They run only with
+    ``--run-commands`` (or ``--suite``, whose tools.json the user vouches for), and on a ``local``
+    host (the controller itself) only with ``--on-local`` as well."""
+    if request.fixtures_from_trace:
+        return  # every tool, shell included, is answered from the recording: nothing runs
+    from orchestrator.inventory import load_inventory
+
+    trace, _ = load_recorded(request.trace)
+    commands = shell_commands(trace)
+    if not commands:
+        return
+    inventory = load_inventory(request.inventory_path)
+    local = [h for h in (host, against) if inventory.get(h).transport == "local"]
+    listing = "".join(f"\n  $ {c}" for c in commands)
+    if not (request.run_commands or request.suite_dir is not None):
+        raise InputError(
+            f"{request.trace}: replaying it runs {len(commands)} shell command(s) the trace recorded, "
+            f"on {host} and {against}; read them, then add --run-commands to run them "
+            f"(or --fixtures-from-trace to run none):{listing}"
+        )
+    if local and not request.on_local:
+        raise InputError(
+            f"{request.trace}: {', '.join(local)} is transport \"local\" (this machine); replaying the trace "
+            f"runs {len(commands)} shell command(s) it recorded here; add --on-local to run them on this "
+            f"machine, or name ssh hosts with --host/--against:{listing}"
+        )
+
+
 def _ensure_input(path: Path, what: str) -> Path:
     if not path.exists():
         raise InputError(f"{path}: no such {what}")
@@ -380,6 +430,8 @@ class ReproRequest:
     suite_dir: Path | None = None  # --suite: its contract and tools.json instead of derived ones
     out: Path = Path("runs")
     accept_new: bool = False
+    run_commands: bool = False  # the trace's shell calls may run (the user read them)
+    on_local: bool = False  # ... also on a `local` host, the controller itself
 
     def command_words(self) -> list[str]:
         """The ``crosshost repro`` command that ran this, complete, for hints to repeat."""
@@ -392,6 +444,10 @@ class ReproRequest:
             words.append("--fixtures-from-trace")
         if self.suite_dir is not None:
             words += ["--suite", str(self.suite_dir)]
+        if self.run_commands:
+            words.append("--run-commands")
+        if self.on_local:
+            words.append("--on-local")
         return [*words, *out_words(self.out)]
 
 
@@ -441,6 +497,7 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
     from orchestrator.replay import ReplayRequest, replay
 
     host, against = _pick_hosts(request)
+    check_consent(request, host, against)
     request.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".repro-", dir=request.out) as tmp:
         built = build_suite(

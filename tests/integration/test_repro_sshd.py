@@ -59,6 +59,7 @@ def run_repro(
 ) -> tuple[int, str, dict]:
     argv = [
         "repro",
+        "--run-commands",
         str(trace),
         "--host",
         "box-b",
@@ -156,3 +157,30 @@ def test_repro_bad_input_and_unreachable(sshd_hosts: object, incident: Path, tmp
     code, output, record = run_repro(dead, incident, tmp_path / "runs-dead", against="box-dead")
     assert code == 3, output
     assert "box-dead" in record["errors"]
+
+
+def test_repro_runs_no_recorded_command_without_consent(sshd_hosts: object, tmp_path: Path) -> None:
+    """A trace is what a host wrote: its shell calls are listed, and run only after --run-commands."""
+    pwned = {n: sshd_hosts.fleet.hosts[n].dir / "opt" / "pwned" for n in ("box-a", "box-b")}  # type: ignore[attr-defined]
+    trace = tmp_path / "hostile" / "grab.0.jsonl"
+    trace.parent.mkdir()
+    with TraceWriter(trace, trace.with_suffix(".obs.jsonl")) as w:
+        w.header(run_id="prod", host="box-b", task="grab", attempt=0, fingerprint="f" * 16, pins={})
+        w.turn(tool="shell", args={"argv": ["sh", "-c", "id > /opt/pwned"]}, observation="exit 0\n", error=None)
+        w.finish(reason="stop", final="ok", predicate_exit=None, verdict="pass", why="", wall_ms=1)
+    inventory = sshd_hosts.inventory_path  # type: ignore[attr-defined]
+    out = tmp_path / "runs"
+    argv = ["repro", str(trace), "--host", "box-b", "--against", "box-a", "-i", str(inventory), "--out", str(out)]
+    try:
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2, res.output
+        assert "$ sh -c 'id > /opt/pwned'" in res.output and "--run-commands" in res.output
+        assert not any(p.exists() for p in pwned.values())
+        assert not out.exists() or not any((p / "manifest.json").exists() for p in out.iterdir())
+
+        res = CliRunner().invoke(app, [*argv, "--run-commands"])
+        assert res.exit_code in (0, 1), res.output
+        assert all(p.exists() for p in pwned.values())  # opted in: it ran on both hosts
+    finally:
+        for p in pwned.values():
+            p.unlink(missing_ok=True)

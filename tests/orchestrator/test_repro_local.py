@@ -57,8 +57,8 @@ def incident(tmp_path: Path) -> Path:
     return path
 
 
-def repro_cli(*args: str) -> tuple[int, str]:
-    res = CliRunner().invoke(app, ["repro", *args])
+def repro_cli(*args: str, consent: tuple[str, ...] = ("--run-commands", "--on-local")) -> tuple[int, str]:
+    res = CliRunner().invoke(app, ["repro", *consent, *args])
     return res.exit_code, res.output
 
 
@@ -100,3 +100,28 @@ def test_repro_input_errors(incident: Path, tmp_path: Path) -> None:
     bad.write_text('{"tool_calls": "nope"}')
     code, output = repro_cli(str(bad), "--host", "bad", "-i", str(inv))
     assert code == 2 and "bad.json" in output and "Traceback" not in output
+
+
+def test_repro_on_local_runs_nothing_without_both_opt_ins(tmp_path: Path) -> None:
+    """A recorded `shell` call would run on this machine: listed and refused until --run-commands
+    and --on-local are both given."""
+    marker = tmp_path / "PWNED"
+    trace = tmp_path / "incident" / "grab.0.jsonl"
+    trace.parent.mkdir()
+    with TraceWriter(trace, trace.with_suffix(".obs.jsonl")) as w:
+        w.header(run_id="prod", host="bad", task="grab", attempt=0, fingerprint="f" * 16, pins={})
+        w.turn(tool="shell", args={"argv": ["touch", str(marker)]}, observation="exit 0\n", error=None)
+        w.finish(reason="stop", final="ok", predicate_exit=None, verdict="pass", why="", wall_ms=1)
+    args = (str(trace), "--host", "bad", "-i", str(inventory(tmp_path, "UTC")), "--out", str(tmp_path / "runs"))
+
+    code, output = repro_cli(*args, consent=())
+    assert code == 2 and f"$ touch {marker}" in output and "--run-commands" in output, output
+    code, output = repro_cli(*args, consent=("--run-commands",))
+    assert code == 2 and "--on-local" in output and "bad, good" in output, output
+    code, output = repro_cli(*args, consent=("--fixtures-from-trace",))  # answered from the recording
+    assert code == 0, output
+    assert not marker.exists()
+
+    code, output = repro_cli(*args)
+    assert code == 0, output
+    assert marker.exists()
