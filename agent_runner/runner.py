@@ -33,6 +33,7 @@ from types import FrameType
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import agents, filetrace, golden
+from .capped import capture, death
 from .checker import check_turns
 from .envkeys import ATTEMPT_ENV_KEYS
 from .errors import InputError, RunnerError, SecretVisible, SuiteError
@@ -289,13 +290,13 @@ class Runner:
         except OSError as exc:
             return None, "", f"the predicate could not start: {exc.strerror or exc}"
         try:
-            output, _ = proc.communicate(timeout=task.budget.timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
-            proc.communicate()
-            return 124, "timed out", None  # like timeout(1): a predicate that hangs fails
+            # read as it comes, the last bytes kept: a predicate printing without end costs no memory
+            got = capture(proc, task.budget.timeout_s, PREDICATE_OUTPUT_CAP, keep="tail",
+                          on_timeout=lambda: kill_group(proc.pid))
         finally:
             kill_group(proc.pid)
+        if got.timed_out:
+            return 124, "timed out", None  # like timeout(1): a predicate that hangs fails
         if evidence is not None and strace_log is not None:
             try:
                 text = strace_log.read_text("utf-8", "replace")
@@ -303,8 +304,11 @@ class Runner:
                 filetrace.write_evidence(evidence[0], traced=False, why=f"strace wrote no log: {exc.strerror or exc}")
             else:
                 filetrace.write_evidence(evidence[0], traced=True, paths=filetrace.touched_paths(text, evidence[2]))
-        kept = output[-PREDICATE_OUTPUT_CAP:].decode("utf-8", "replace").strip()
-        return proc.returncode, ("…" + kept if len(output) > PREDICATE_OUTPUT_CAP else kept), None
+        kept = got.kept.decode("utf-8", "replace").strip()
+        shown = "…" + kept if got.dropped else kept
+        if got.signal_name is not None:  # what it was, never a timeout
+            shown = f"{death(got.signal_name)}\n{shown}".rstrip()
+        return (got.returncode if got.returncode is not None else 137), shown, None
 
 
 class BundleChanged(RunnerError):

@@ -30,6 +30,8 @@ SCHEMA = "crosshost.suite/1"
 AGENT_KINDS = ("scripted", "command", "openai", "none")
 TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 DEFAULT_BUDGET = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
+#: the most attempts of one task a suite may ask for (and so the most a run directory may hold)
+MAX_REPEAT = 1000
 SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate"}
 TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent", "tags"}
 BUDGET_KEYS = set(DEFAULT_BUDGET)
@@ -474,8 +476,8 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
     if not isinstance(name, str) or not name:
         raise SuiteError(where(None, "name must be a non-empty string"))
     repeat = data.get("repeat", 1)
-    if not isinstance(repeat, int) or isinstance(repeat, bool) or not 1 <= repeat <= 1000:
-        raise SuiteError(where(None, f"repeat must be an integer from 1 to 1000, got {repeat!r}"))
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or not 1 <= repeat <= MAX_REPEAT:
+        raise SuiteError(where(None, f"repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}"))
     agent_raw = data.get("agent", {"kind": "scripted"})
     suite_agent = _agent(agent_raw, None, where(None, "[agent]"))
     budget = _budget(data.get("budget", {}), DEFAULT_BUDGET, where(None, "[budget]"))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from .capped import Captured, capture, death
 from .errors import ContractError
 from .jsonfile import read_json
 from .sandbox import NONE, Sandbox
@@ -60,6 +61,14 @@ def shell_verdict(argv: Sequence[str], policy: Mapping[str, Sequence[Sequence[st
         if _prefix(argv, entry, by_basename=False):
             return None
     return f"{' '.join(argv)!r} is not allowed by tools.json"
+
+
+def _shown(got: Captured) -> str:
+    """The kept head of a command's output, and how much more it printed."""
+    text = got.kept.decode("utf-8", "replace")
+    if got.dropped:
+        text += f"\n[truncated {got.dropped} bytes]"
+    return text
 
 
 def _cap(data: bytes, limit: int = MAX_OUTPUT_BYTES) -> str:
@@ -197,12 +206,12 @@ class ToolBox:
             return _error(f"shell: cannot start {argv[0]!r}: {exc.strerror or exc}")
         self.processes_started += 1
         try:
-            output, _ = proc.communicate(timeout=max(timeout_s, 0.01))
-        except subprocess.TimeoutExpired:
-            kill_group(proc.pid)
-            output, _ = proc.communicate()
-            return ToolResult(observation=f"error: timed out\n{_cap(output)}", error="timed out",
-                              started_process=True)
+            got = capture(proc, timeout_s, MAX_OUTPUT_BYTES, keep="head", on_timeout=lambda: kill_group(proc.pid))
         finally:
             kill_group(proc.pid)  # whatever it left running in the background dies with it
-        return ToolResult(observation=f"exit {proc.returncode}\n{_cap(output)}", started_process=True)
+        if got.timed_out:
+            return ToolResult(observation=f"error: timed out\n{_shown(got)}", error="timed out",
+                              started_process=True)
+        if got.signal_name is not None:
+            return ToolResult(observation=f"{death(got.signal_name)}\n{_shown(got)}", started_process=True)
+        return ToolResult(observation=f"exit {got.returncode}\n{_shown(got)}", started_process=True)

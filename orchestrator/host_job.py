@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import math
 import posixpath
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,8 @@ from orchestrator.workspace import Running, Workspace
 
 #: on top of timeout_s x attempts: start-up, fingerprint, writing out/ and packing it
 RUN_MARGIN_S = 60
+#: how long the partial results of a stopped run may take to come home
+PARTIAL_PULL_S = 15.0
 #: connection-level failures: the host is unreachable, not merely failing
 UNREACHABLE = (HostUnreachable, HostKeyRejected, AuthenticationFailed)
 #: (host, stage, detail): stage is one of workspace.STAGES, or "retry", "done", "failed"
@@ -107,7 +110,7 @@ class HostJob:
             if ws is not None and ws.created and run_started and not run_finished:
                 # Partial results: whatever the runner wrote before it was stopped.
                 with contextlib.suppress(Exception):  # the host may be gone; the first error counts
-                    self._pull(ws)
+                    self._pull(ws, within_s=PARTIAL_PULL_S)
             raise
         finally:
             if self.plan.hold is not None and self.cfg.name == self.plan.hold.reference:
@@ -194,8 +197,18 @@ class HostJob:
             )
             return ws.run(script, self.kill_after_s() + 30, self.plan.running)
 
-    def _pull(self, ws: Workspace, size: str | None = None) -> int:
-        return ws.pull(self.host_dir, scratch=self.plan.run_dir.path, size=size)
+    def _pull(self, ws: Workspace, size: str | None = None, *, within_s: float | None = None) -> int:
+        """Pull ``out/`` home; Ctrl-C during it stops it. The partial results of a run already stopped
+        (by Ctrl-C too) still come home, for at most ``within_s`` (default ``PARTIAL_PULL_S``)."""
+        if within_s is None and not self.plan.running.cancel.is_set():
+            return ws.pull(self.host_dir, scratch=self.plan.run_dir.path, size=size, cancel=self.plan.running.cancel)
+        give_up = threading.Event()
+        timer = threading.Timer(within_s or PARTIAL_PULL_S, give_up.set)
+        timer.start()
+        try:
+            return ws.pull(self.host_dir, scratch=self.plan.run_dir.path, size=size, cancel=give_up)
+        finally:
+            timer.cancel()
 
     def _judge(self, result: ExecResult, pulled: int) -> None:
         name = self.cfg.name

@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agent_runner.records import Fingerprint, ResultRow, TraceHeader, migrate_pins
+from agent_runner.suite import MAX_REPEAT
 from orchestrator.errors import CrosshostError, InputError, TraceError
 
 MANIFEST_SCHEMA = "crosshost.manifest/2"
@@ -485,16 +486,43 @@ class Run:
     def host_record(self, host: str) -> HostRecord | None:
         return self.manifest.hosts.get(host)
 
+    def outside_manifest(self, key: AttemptKey) -> str | None:
+        """Why an attempt a host sent is none the run asked for (its task is not in the manifest, its
+        number is past the repeat), else None. Hosts name attempts; the manifest bounds them: a
+        trace named ``t.3000000.jsonl`` must not make the analysis build three million rows."""
+        _, task, attempt = key
+        repeat = self.manifest.repeat or MAX_REPEAT
+        if attempt >= repeat:
+            return f"attempt {attempt} of {task} is past the run's {repeat} attempt(s); not counted"
+        if self.manifest.tasks and task not in self.manifest.tasks:
+            return f"task {task!r} is not one the run asked for; not counted"
+        return None
+
     def trace_files(self) -> Iterator[tuple[AttemptKey, Path]]:
-        return self.dir.trace_files()
+        """The traces of attempts the manifest asked for; any other is a problem, not a row."""
+        for key, path in self.dir.trace_files():
+            why = self.outside_manifest(key)
+            if why is None:
+                yield key, path
+            else:
+                self.problems.append(f"{path}: {why}")
 
     def results(self) -> dict[AttemptKey, ResultRow]:
-        """``results.jsonl`` rows by (host, task, attempt); a bad row is a problem, not a crash."""
+        """``results.jsonl`` rows by (host, task, attempt); a bad row, or one of an attempt the
+        manifest did not ask for, is a problem, not a crash and not a row."""
 
         def problem(where: str, why: str) -> None:
             self.problems.append(f"{where}: {why}")
 
-        return {(r.env, r.task, r.attempt): r for _, r in self.dir.iter_results(on_bad_line=problem)}
+        rows: dict[AttemptKey, ResultRow] = {}
+        for where, r in self.dir.iter_results(on_bad_line=problem):
+            key = (r.env, r.task, r.attempt)
+            outside = self.outside_manifest(key)
+            if outside is None:
+                rows[key] = r
+            else:
+                problem(where, outside)
+        return rows
 
 
 def load_run(path: Path) -> Run:

@@ -6,6 +6,7 @@ so put/get round-trip without touching disk paths outside the test's tmp_path.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,7 +47,9 @@ class FakeHost(Host):
         self._check()
         self.files[remote] = Path(local).read_bytes()
 
-    def get(self, remote: str, local: Path) -> None:
+    def get(
+        self, remote: str, local: Path, *, max_bytes: int | None = None, cancel: threading.Event | None = None
+    ) -> None:
         self._check()
         if remote not in self.files:
             raise TransferError(self.name, f"{remote}: no such file")

@@ -101,11 +101,15 @@ class Workspace:
         with running.started(self):
             return self._exec(script, timeout)
 
-    def pull(self, into: Path, *, scratch: Path, size: str | None = None) -> int:
+    def pull(
+        self, into: Path, *, scratch: Path, size: str | None = None, cancel: threading.Event | None = None
+    ) -> int:
         """Bring ``out/`` home into ``into`` as one tar; the number of files accepted. ``size`` is what
         the run's own exec said of ``out.tar`` (``remote.split_out_tar``); without it (the exec was
         cut off) the archive is made and measured here, in one exec. ``scratch``: a local directory on
-        the same file system as ``into`` for the tar in transit."""
+        the same file system as ``into`` for the tar in transit. The size the host reported is a first
+        refusal only: the transfer itself stops at the cap, refuses anything but a regular file, and
+        ends within one chunk of ``cancel`` (Ctrl-C)."""
         if size is None:
             ws = remote.q(self.path)
             made = self._exec(f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar . && wc -c < {ws}/out.tar")
@@ -115,7 +119,9 @@ class Workspace:
         self._check_archive_size(size)
         with tempfile.TemporaryDirectory(prefix=".pull-", dir=scratch) as tmp:
             local = Path(tmp) / f"{self.name}.out.tar"
-            self.host.get(posixpath.join(self.path, "out.tar"), local)
+            self.host.get(
+                posixpath.join(self.path, "out.tar"), local, max_bytes=max_archive_bytes(PULL_LIMITS), cancel=cancel
+            )
             written = read_archive(local, into, host=self.name, limits=PULL_LIMITS)
         return len(written)
 

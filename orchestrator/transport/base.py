@@ -12,11 +12,18 @@ either directly (``reaches_controller_loopback``) or through a reverse port forw
 from __future__ import annotations
 
 import abc
+import contextlib
+import stat
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from orchestrator.errors import HostError
+from orchestrator.errors import HostError, TransferError
+
+#: one read of a capped copy
+COPY_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -56,8 +63,15 @@ class Host(abc.ABC):
         """Copy one local file to the absolute path ``remote`` (parent must exist)."""
 
     @abc.abstractmethod
-    def get(self, remote: str, local: Path) -> None:
-        """Copy the remote file ``remote`` to ``local``."""
+    def get(
+        self, remote: str, local: Path, *, max_bytes: int | None = None, cancel: threading.Event | None = None
+    ) -> None:
+        """Copy the remote file ``remote`` to ``local``.
+
+        Only a regular file is copied (a link, a device, a fifo is a ``TransferError``); past
+        ``max_bytes`` the copy stops and is a ``TransferError``, whatever the host said of its size;
+        ``cancel`` set stops it within one chunk (``Interrupted``). A failed copy leaves no local file.
+        """
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -89,3 +103,46 @@ class Host(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def refuse_irregular(host: str, remote: str, mode: int | None) -> None:
+    """A file a host hands over must be a regular file (not a link to /dev/zero or to a large file)."""
+    if mode is None or not stat.S_ISREG(mode):
+        kind = "a symbolic link" if mode is not None and stat.S_ISLNK(mode) else "not a regular file"
+        raise TransferError(host, f"{remote} is {kind}; not transferred")
+
+
+def copy_capped(
+    host: str,
+    remote: str,
+    read: Callable[[int], bytes],
+    local: Path,
+    *,
+    max_bytes: int | None,
+    cancel: threading.Event | None,
+) -> int:
+    """Copy what ``read`` yields into ``local`` until EOF, counting: one byte past ``max_bytes`` or
+    ``cancel`` set ends it, the partial file removed. The bytes copied."""
+    from orchestrator.fanout import Interrupted
+
+    copied = 0
+    try:
+        with open(local, "wb") as out:
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise Interrupted(f"{host}: copying {remote} interrupted")
+                chunk = read(COPY_CHUNK)
+                if not chunk:
+                    return copied
+                copied += len(chunk)
+                if max_bytes is not None and copied > max_bytes:
+                    raise TransferError(
+                        host,
+                        f"{remote} is larger than the {max_bytes} bytes allowed; the transfer was stopped "
+                        f"at {copied} bytes and nothing of it kept",
+                    )
+                out.write(chunk)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            local.unlink()
+        raise

@@ -130,6 +130,23 @@ def check_get_of_a_missing_file_is_a_transfer_error(host: Host, remote_dir: str,
     raise ConformanceError("get of a missing file did not raise TransferError")
 
 
+def check_get_is_bounded_whatever_the_host_says(host: Host, remote_dir: str, local_dir: Path) -> None:
+    """A host swaps a file for a link to /dev/zero or for one larger than it said: get refuses
+    anything but a regular file and stops at ``max_bytes``, keeping nothing of the copy."""
+    d = shlex.quote(remote_dir)
+    made = host.exec(["sh", "-c", f"ln -s /dev/zero {d}/zero && truncate -s 64M {d}/big"], timeout=10)
+    _expect(made.ok, f"cannot make the files: {made.stderr}")
+    for name, cap in (("zero", None), ("big", 1_000_000)):
+        back = local_dir / f"{name}.back"
+        try:
+            host.get(f"{remote_dir}/{name}", back, max_bytes=cap)
+        except TransferError as exc:
+            _expect(exc.host == host.name, f"the error names {exc.host!r}")
+            _expect(not back.exists(), f"get of {name} left {back} behind")
+            continue
+        raise ConformanceError(f"get of {name} was not refused ({back.stat().st_size} bytes copied)")
+
+
 def check_put_into_a_missing_directory_is_a_transfer_error(host: Host, remote_dir: str, local_dir: Path) -> None:
     src = local_dir / "f"
     src.write_text("x")
@@ -188,6 +205,7 @@ EXEC_CHECKS: tuple[Check, ...] = (
 FILE_CHECKS: tuple[Check, ...] = (
     check_put_get_round_trip_is_byte_exact,
     check_get_of_a_missing_file_is_a_transfer_error,
+    check_get_is_bounded_whatever_the_host_says,
     check_put_into_a_missing_directory_is_a_transfer_error,
 )
 #: everything a backend of real hosts passes; ``check_close_is_idempotent`` last (it closes the host)

@@ -7,11 +7,12 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 from orchestrator.errors import TransferError
-from orchestrator.transport.base import ExecResult, Host
+from orchestrator.transport.base import ExecResult, Host, copy_capped, refuse_irregular
 
 #: what a local runner's first process inherits of the controller's environment: what a login would
 #: set (an SSH host's runner starts from sshd's). Keys, tokens and CROSSHOST_* never reach it.
@@ -65,9 +66,15 @@ class LocalHost(Host):
         except OSError as exc:
             raise TransferError(self.name, f"copy {local} -> {remote}: {exc.strerror or exc}") from exc
 
-    def get(self, remote: str, local: Path) -> None:
+    def get(
+        self, remote: str, local: Path, *, max_bytes: int | None = None, cancel: threading.Event | None = None
+    ) -> None:
         try:
-            shutil.copyfile(remote, local)
+            refuse_irregular(self.name, remote, os.lstat(remote).st_mode)
+            fd = os.open(remote, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as src:
+                refuse_irregular(self.name, remote, os.fstat(src.fileno()).st_mode)  # swapped since lstat
+                copy_capped(self.name, remote, src.read, Path(local), max_bytes=max_bytes, cancel=cancel)
         except OSError as exc:
             raise TransferError(self.name, f"copy {remote} -> {local}: {exc.strerror or exc}") from exc
 

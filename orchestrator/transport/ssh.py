@@ -22,11 +22,10 @@ import getpass
 import os
 import select
 import shlex
-import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import paramiko
@@ -35,7 +34,7 @@ from orchestrator import known_hosts
 from orchestrator.errors import AuthenticationFailed, HostError, HostUnreachable, TransferError
 from orchestrator.inventory import HostConfig
 from orchestrator.transport import jump, keys
-from orchestrator.transport.base import ExecResult, Host
+from orchestrator.transport.base import ExecResult, Host, copy_capped, refuse_irregular
 
 #: seconds between keepalive packets (keeps NAT/firewall state alive on long, quiet runs)
 KEEPALIVE_S = 15
@@ -183,14 +182,19 @@ class SshHost(Host):
         with self._mapped(f"put {local} -> {remote}", transfer=True):
             self._sftp_client().put(str(local), remote, confirm=True)
 
-    def get(self, remote: str, local: Path) -> None:
-        # Open the remote file first: a missing file must not leave an empty local one behind.
+    def get(
+        self, remote: str, local: Path, *, max_bytes: int | None = None, cancel: threading.Event | None = None
+    ) -> None:
+        # Open the remote file first: a missing file must not leave an empty local one behind. The
+        # host's word on its size is not trusted: lstat refuses a link, the handle's own stat a file
+        # swapped since, and the copy counts what arrives and stops at the cap.
         with self._mapped(f"get {remote} -> {local}", transfer=True):
             sftp = self._sftp_client()
+            refuse_irregular(self.name, remote, sftp.lstat(remote).st_mode)
             with sftp.open(remote, "rb") as rf:
-                rf.prefetch(rf.stat().st_size)
-                with open(local, "wb") as lf:
-                    shutil.copyfileobj(rf, lf, _BUF)
+                attrs = rf.stat()
+                refuse_irregular(self.name, remote, attrs.st_mode)
+                copy_capped(self.name, remote, _windows(rf), Path(local), max_bytes=max_bytes, cancel=cancel)
 
     # -- reverse port forwarding -----------------------------------------------------------
     def forward_remote(self, local_port: int) -> int:
@@ -375,6 +379,29 @@ def _pipe(chan: paramiko.Channel, local_port: int, connect_timeout: float) -> No
     finally:
         chan.close()
         sock.close()
+
+
+#: bytes asked for at once by a get (SFTP read requests in flight: WINDOW / 32 KiB)
+GET_WINDOW = 1 << 20
+
+
+def _windows(rf: paramiko.SFTPFile) -> Callable[[int], bytes]:
+    """A ``read`` for ``copy_capped`` that keeps one window of reads in flight, however long the
+    file is: whole-file prefetch queues a request for every chunk up front and keeps asking after
+    the copy stopped. The size the host gave is not used; a short window is the end."""
+    offset = 0
+    done = False
+
+    def read(_: int) -> bytes:
+        nonlocal offset, done
+        if done:
+            return b""
+        data = b"".join(rf.readv([(offset, GET_WINDOW)]))
+        offset += len(data)
+        done = len(data) < GET_WINDOW
+        return data
+
+    return read
 
 
 def _seconds(timeout: float) -> str:

@@ -238,9 +238,9 @@ def test_an_archive_over_the_cap_is_refused_before_it_is_transferred(
     fetched: list[str] = []
 
     class CountingHost(LocalHost):
-        def get(self, remote: str, local: Path) -> None:
+        def get(self, remote: str, local: Path, **kw: Any) -> None:
             fetched.append(self.name)
-            super().get(remote, local)
+            super().get(remote, local, **kw)
 
     def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
         return CountingHost(cfg.name)

@@ -41,7 +41,7 @@ def test_a_workspace_still_there_after_the_run_is_that_hosts_error(tmp_path: Pat
 class PullFailsAndRmLeavesFiles(RmThatLeavesFiles):
     """A host that already failed (its archive cannot be fetched) and whose cleanup then fails too."""
 
-    def get(self, remote: str, local: Path) -> None:
+    def get(self, remote: str, local: Path, **_: Any) -> None:
         from orchestrator.errors import TransferError
 
         raise TransferError(self.name, f"{remote}: connection lost")
