@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from . import agents, filetrace, golden
 from .capped import capture, death
 from .checker import check_turns
+from .digests import HashingWriter, write_announced
 from .envkeys import ATTEMPT_ENV_KEYS
 from .errors import InputError, RunnerError, SecretVisible, SuiteError
 from .fingerprint import collect, commands_of
@@ -188,7 +189,7 @@ class Runner:
             # The predicate was read when the run started, from the bundle as the controller verified it.
             pristine = self.predicates.get(task.id)
             env = self.attempt_env(work, home, tmp)
-            writer = TraceWriter(trace_path, obs_path)
+            writer = TraceWriter(trace_path, obs_path, announce_under=self.out)
             writer.header(run_id=self.run_id, host=self.host, task=task.id, attempt=attempt,
                           fingerprint=digest, pins=pins, env_sha=this_env_sha,
                           agent=task.agent.kind)
@@ -374,13 +375,13 @@ def run_suite(options: RunOptions) -> int:
         run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
                               allowed_commands=commands_of(suite.tools), run_id=run_id)
-        (out / "fingerprint.json").write_text(json.dumps(redact(fingerprint.to_json()), indent=2, sort_keys=True)
-                                              + "\n")
+        write_announced(out, out / "fingerprint.json",
+                        json.dumps(redact(fingerprint.to_json()), indent=2, sort_keys=True) + "\n")
         host = options.host or fingerprint.hostname or default_host()
         runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow)
         failed = False
         attempts = [(task, attempt) for task in tasks for attempt in range(repeat)]
-        with open(out / "results.jsonl", "w", encoding="utf-8") as results:
+        with HashingWriter(out, out / "results.jsonl") as results:
 
             def record(result: AttemptResult) -> None:
                 nonlocal failed

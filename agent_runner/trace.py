@@ -18,8 +18,10 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
+from .digests import HashingWriter
 from .errors import TraceError
 from .records import (
     FINISH_REASONS,
@@ -203,16 +205,17 @@ class TraceWriter:
     the trace itself stays small and ``crosshost repro`` can answer fixture tools from it.
     """
 
-    def __init__(self, path: PathArg, obs_path: Optional[PathArg] = None) -> None:
+    def __init__(self, path: PathArg, obs_path: Optional[PathArg] = None, *,
+                 announce_under: Optional[PathArg] = None) -> None:
         self.path = os.fspath(path)
-        # Open for the writer's lifetime; close() (or the with-block) releases them.
-        self._handle: IO[str] = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
-        self._obs: Optional[IO[str]] = (
-            open(obs_path, "w", encoding="utf-8") if obs_path else None  # noqa: SIM115
-        )
+        # Open for the writer's lifetime; close() (or the with-block) releases them. With
+        # ``announce_under`` (the runner's out/), each file's digest is announced when it closes.
+        out = Path(announce_under) if announce_under is not None else None
+        self._handle = HashingWriter(out, Path(self.path))
+        self._obs: Optional[HashingWriter] = HashingWriter(out, Path(obs_path)) if obs_path else None
         self.steps = 0
 
-    def _write(self, handle: IO[str], record: Dict[str, Any]) -> None:
+    def _write(self, handle: HashingWriter, record: Dict[str, Any]) -> None:
         handle.write(json.dumps(redact(record), sort_keys=False, ensure_ascii=False) + "\n")
         handle.flush()
 

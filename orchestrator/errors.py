@@ -108,6 +108,10 @@ class RunnerCrashed(HostError):
     """The runner on the host exited or answered in a way that is not a verdict (no JSON, a crash)."""
 
 
+class OutputTampered(HostError):
+    """A file the host sent differs from what its runner announced over the channel, or a row's verdict from its trace."""
+
+
 class WorkspaceLeft(HostError):
     """The remote workspace could not be removed, or is still there after removal."""
 

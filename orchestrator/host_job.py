@@ -30,6 +30,7 @@ from orchestrator.errors import (
 )
 from orchestrator.hold import ModelHold
 from orchestrator.host_fingerprint import fingerprint_script, tail
+from orchestrator.integrity import verify_host_output
 from orchestrator.inventory import HostConfig
 from orchestrator.proxy import model_route
 from orchestrator.rundir import HostRecord, RunDir, utc_now
@@ -105,6 +106,7 @@ class HostJob:
             pulled = self._stage("pull", lambda: self._pull(ws, size))
             self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
             self._judge(result, pulled)
+            verify_host_output(self.cfg.name, self.host_dir, ws.pulled, result.stdout)
         except BaseException as exc:
             error = exc
             if ws is not None and ws.created and run_started and not run_finished:

@@ -16,7 +16,7 @@ import posixpath
 import tempfile
 import threading
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from orchestrator import remote
 from orchestrator.archive import ArchiveLimits, max_archive_bytes, read_archive
@@ -54,6 +54,7 @@ class Workspace:
         self.root = workspace_root
         self.path = run_workspace(workspace_root, run_id)
         self.created = False  # it exists on the host: remove it
+        self.pulled: list[PurePosixPath] = []  # the files the last pull wrote, relative to its ``into``
 
     def _exec(self, script: str, timeout: float = SHORT_TIMEOUT_S) -> ExecResult:
         return self.host.exec(["sh", "-c", script], timeout)
@@ -123,6 +124,7 @@ class Workspace:
                 posixpath.join(self.path, "out.tar"), local, max_bytes=max_archive_bytes(PULL_LIMITS), cancel=cancel
             )
             written = read_archive(local, into, host=self.name, limits=PULL_LIMITS)
+        self.pulled = written
         return len(written)
 
     def _check_archive_size(self, reported: str) -> None:

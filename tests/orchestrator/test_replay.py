@@ -154,10 +154,10 @@ def test_only_allowlisted_env_reaches_the_runner(tmp_path: Path, monkeypatch: py
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
     out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
     for host in ("local", "box-b"):
-        header = json.loads((out.run_dir.path / "hosts" / host / "traces" / "t1.0.jsonl").read_text())
+        header = json.loads((out.run_dir.path / "hosts" / host / "traces" / "t1.0.jsonl").read_text().splitlines()[0])
         assert set(header["env"]) <= {"PATH", "TZ", "LANG"}
         assert header["env"]["PATH"] == os.environ["PATH"]  # the host's own value
-    assert json.loads((out.run_dir.path / "hosts/box-b/traces/t1.0.jsonl").read_text())["env"]["TZ"] == "Pinned/Zone"
+    assert json.loads((out.run_dir.path / "hosts/box-b/traces/t1.0.jsonl").read_text().splitlines()[0])["env"]["TZ"] == "Pinned/Zone"
     for path in out.run_dir.path.rglob("*"):
         if path.is_file():
             assert b"s3cr3t-token-value" not in path.read_bytes(), path

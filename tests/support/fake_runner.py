@@ -48,12 +48,14 @@ def main():
             header = {"type": "header", "schema": "crosshost.trace/2", "run_id": arg(args, "--run-id"), "host": host, "task": task, "attempt": attempt,
                       "fingerprint": fp["fingerprint"], "pins": {"prompt_sha": "p" + task},
                       "env": dict(os.environ)}
-            with open(os.path.join(out, "traces", f"{task}.{attempt}.jsonl"), "w") as fh:
-                fh.write(json.dumps(header) + "\n")
             row = {"run_id": arg(args, "--run-id"), "task": task, "env": host, "attempt": attempt,
                    "verdict": "pass", "passed": True, "fingerprint": fp["fingerprint"]}
             if behaviour == "provider_down":  # the runner ran fine; the model provider never answered
                 row.update(verdict="error", passed=False, reason="agent_error", why="model provider unreachable")
+            finish = {"type": "finish", "reason": row.get("reason", "stop"), "verdict": row["verdict"],
+                      "predicate_exit": None, "findings": []}
+            with open(os.path.join(out, "traces", f"{task}.{attempt}.jsonl"), "w") as fh:
+                fh.write(json.dumps(header) + "\n" + json.dumps(finish) + "\n")
             rows.append(row)
             if behaviour == "sleep":
                 time.sleep(30)
@@ -73,7 +75,19 @@ def main():
             fh.write(json.dumps(row) + "\n")
         if behaviour == "badresults":
             fh.write("{not json\n")
+    announce(out)
     return 0
+
+
+def announce(out):
+    """As the runner does: the sha256 of every file it wrote, on stdout (agent_runner/digests.py)."""
+    for root, _, files in os.walk(out):
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                with open(path, "rb") as fh:
+                    sha = hashlib.sha256(fh.read()).hexdigest()
+                print(f"crosshost-digest {sha} {os.path.relpath(path, out)}", flush=True)
 
 
 sys.exit(main())

@@ -1,0 +1,117 @@
+"""What a host sent back, checked against what its runner said over the SSH channel.
+
+The runner announces the sha256 of every file it closes in ``out/`` on the run exec's stdout
+(``agent_runner/digests.py``), a stream the attempt cannot write. After the pull, every file that came
+back must be one the runner announced, with the bytes it announced, and every announced file must have
+come back. Then each results row's verdict is re-derived from its trace: the row and the trace's
+finish record must agree, and a verdict of pass must be one the predicate's exit and the findings
+allow. Any disagreement is the host's ``OutputTampered``: never a pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path, PurePosixPath
+
+from agent_runner.digests import MARKER
+from agent_runner.records import ResultRow
+from agent_runner.trace import read_trace
+from orchestrator.errors import OutputTampered
+from orchestrator.rundir import iter_results
+
+_LINE = re.compile(rf"^{MARKER} ([0-9a-f]{{64}}) (\S+)$")
+
+
+def announced(stdout: str) -> tuple[dict[str, str], list[str]]:
+    """path -> sha256 from the runner's stdout, and what was wrong with the lines (a path said twice
+    with two digests)."""
+    digests: dict[str, str] = {}
+    problems: list[str] = []
+    for line in stdout.splitlines():
+        m = _LINE.match(line.strip())
+        if m is None:
+            continue
+        sha, rel = m.groups()
+        if digests.setdefault(rel, sha) != sha:
+            problems.append(f"{rel} was announced twice with different digests")
+    return digests, problems
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tampered_files(
+    host_dir: Path, pulled: list[PurePosixPath], digests: dict[str, str]
+) -> list[tuple[str, str]]:
+    """Every way the pulled files differ from what the runner announced: (path, one plain line)."""
+    said: list[tuple[str, str]] = []
+    came = {p.as_posix() for p in pulled}
+    for rel in sorted(came):
+        want = digests.get(rel)
+        if want is None:
+            said.append((rel, f"{rel} is not a file the runner wrote"))
+        elif _sha256(host_dir / rel) != want:
+            said.append((rel, f"{rel} differs from what the runner wrote"))
+    said += [(rel, f"{rel} was written by the runner but did not come back") for rel in sorted(set(digests) - came)]
+    return said
+
+
+def verdict_disagreements(host_dir: Path) -> list[tuple[str, str]]:
+    """Each results row whose verdict its own trace does not bear out: (the trace, one plain line)."""
+    said: list[tuple[str, str]] = []
+    # a line that is not a row is the merge's to report (RunnerCrashed, the file kept aside)
+    rows = [row for _, row in iter_results(host_dir / "results.jsonl", missing_ok=True, on_bad_line=_skip)]
+    for row in rows:
+        where = f"{row.task}.{row.attempt}"
+        rel = f"traces/{where}.jsonl"
+        if not (host_dir / rel).is_file():
+            said.append((rel, f"results row {where} has no trace"))
+            continue
+        finish = read_trace(host_dir / rel).finish or {}
+        said += [(rel, f"results row {where}: {why}") for why in _disagreement(row, finish)]
+    return said
+
+
+def _skip(where: str, why: str) -> None:
+    return None
+
+
+def _disagreement(row: ResultRow, finish: dict[str, object]) -> list[str]:
+    why: list[str] = []
+    if finish.get("verdict") != row.verdict:
+        why.append(f"verdict {row.verdict} but its trace says {finish.get('verdict')}")
+    if finish.get("predicate_exit") != row.exit_code:
+        why.append(f"exit_code {row.exit_code} but its trace's predicate exited {finish.get('predicate_exit')}")
+    if row.verdict == "pass":
+        if finish.get("predicate_exit") not in (None, 0):
+            why.append(f"pass although the predicate exited {finish.get('predicate_exit')}")
+        if finish.get("findings"):
+            why.append("pass although its trace has contract findings")
+    return why
+
+
+def verify_host_output(host: str, host_dir: Path, pulled: list[PurePosixPath], stdout: str) -> None:
+    """Raise the host's ``OutputTampered`` naming the first disagreement (and how many in all). Every
+    file found wrong is set aside as ``<name>.tampered`` first: nothing forged is analysed."""
+    digests, said = announced(stdout)
+    problems = [("", why) for why in said] + tampered_files(host_dir, pulled, digests)
+    if not problems:
+        problems += verdict_disagreements(host_dir)
+    if not problems:
+        return
+    for rel, _ in problems:
+        path = host_dir / rel
+        if rel and path.is_file():
+            path.replace(path.with_name(path.name + ".tampered"))
+    more = f" ({len(problems)} problems in all)" if len(problems) > 1 else ""
+    raise OutputTampered(
+        host,
+        f"{problems[0][1]}{more}; the host's results are not trusted (something on the host changed "
+        "what the runner wrote; set aside as *.tampered)",
+    )

@@ -1,0 +1,61 @@
+"""The controller's check of what a host sent: digests announced over the channel, verdicts re-derived."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from agent_runner.digests import MARKER
+from orchestrator.errors import OutputTampered
+from orchestrator.integrity import verify_host_output
+
+ROW = {"task": "t", "env": "h", "attempt": 0, "verdict": "fail", "reason": "stop", "run_id": "r",
+       "env_sha": "e", "exit_code": 1, "wall_ms": 1, "fingerprint": "f", "why": "predicate exited 1"}  # fmt: skip
+FINISH = {"type": "finish", "reason": "stop", "final": "", "predicate_exit": 1, "verdict": "fail",
+          "why": "predicate exited 1", "wall_ms": 1, "steps": 0, "findings": []}  # fmt: skip
+
+
+def _host_dir(tmp_path: Path, row: dict, finish: dict) -> tuple[Path, list[PurePosixPath], str]:
+    """A pulled host directory and the stdout of a runner that announced exactly these files."""
+    files = {
+        "results.jsonl": json.dumps(row) + "\n",
+        "traces/t.0.jsonl": json.dumps({"type": "header", "task": "t", "attempt": 0}) + "\n" + json.dumps(finish) + "\n",
+    }
+    said = []
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+        said.append(f"{MARKER} {hashlib.sha256(text.encode()).hexdigest()} {rel}")
+    return tmp_path, [PurePosixPath(r) for r in files], "\n".join(said) + "\n"
+
+
+def test_files_as_announced_and_verdicts_borne_out_pass(tmp_path: Path) -> None:
+    verify_host_output("h", *_host_dir(tmp_path, ROW, FINISH))
+
+
+def test_a_changed_or_unannounced_file_is_the_hosts_error_and_set_aside(tmp_path: Path) -> None:
+    host_dir, pulled, stdout = _host_dir(tmp_path, ROW, FINISH)
+    (host_dir / "traces" / "t.0.jsonl").write_text(json.dumps({**FINISH, "verdict": "pass"}) + "\n")
+    (host_dir / "traces" / "u.0.jsonl").write_text("{}\n")
+    with pytest.raises(OutputTampered, match=r"traces/t.0.jsonl differs from what the runner wrote \(2 problems"):
+        verify_host_output("h", host_dir, [*pulled, PurePosixPath("traces/u.0.jsonl")], stdout)
+    assert sorted(p.name for p in (host_dir / "traces").iterdir()) == ["t.0.jsonl.tampered", "u.0.jsonl.tampered"]
+
+
+@pytest.mark.parametrize(
+    ("row", "finish", "said"),
+    [
+        ({**ROW, "verdict": "pass"}, FINISH, "verdict pass but its trace says fail"),
+        ({**ROW, "verdict": "pass", "exit_code": 1}, {**FINISH, "verdict": "pass"}, "pass although the predicate exited 1"),
+        ({**ROW, "exit_code": 0}, FINISH, "exit_code 0 but its trace's predicate exited 1"),
+    ],
+)
+def test_a_row_its_trace_does_not_bear_out_is_an_error_never_a_pass(
+    tmp_path: Path, row: dict, finish: dict, said: str
+) -> None:
+    """Even with every digest right (the runner itself lied): the controller re-derives the verdict."""
+    with pytest.raises(OutputTampered, match=said):
+        verify_host_output("h", *_host_dir(tmp_path, row, finish))
