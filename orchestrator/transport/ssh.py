@@ -38,6 +38,11 @@ from orchestrator.transport.base import ExecResult, Host, copy_capped, refuse_ir
 
 #: seconds between keepalive packets (keeps NAT/firewall state alive on long, quiet runs)
 KEEPALIVE_S = 15
+#: how often the controller asks a host for a reply it must give (an OpenSSH keepalive request)
+LIVENESS_INTERVAL_S = 5.0
+#: how long past connect_timeout_s an unanswered request may stay unanswered before the host is
+#: declared unreachable: a stopped sshd keeps its TCP connection open and answers nothing
+REPLY_GRACE_S = 15.0
 #: how long past a command's own timeout the controller waits for the channel before giving up
 CHANNEL_GRACE_S = 5.0
 _BUF = 1 << 16
@@ -66,7 +71,12 @@ class SshHost(Host):
         self._forwards: dict[int, int] = {}  # remote port -> controller port
         self._bastion: jump.Bastion | None = None
         self._lock = threading.Lock()
+        # one global request at a time: paramiko keeps a single completion event for them
+        self._global_lock = threading.Lock()
+        self._asked_at: float | None = None  # an unanswered liveness request, since when
+        self._closing = threading.Event()
         self._connect()
+        threading.Thread(target=self._ask_for_replies, daemon=True, name=f"alive-{self.name}").start()
 
     # -- connection ------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -93,6 +103,41 @@ class SshHost(Host):
         if t is None or not t.is_active():
             raise HostUnreachable(self.name, f"connection to {self.label} is closed")
         return t
+
+    def _ask_for_replies(self) -> None:
+        """Every LIVENESS_INTERVAL_S, a request the host must answer; ``check_alive`` reads the wait."""
+        while not self._closing.wait(LIVENESS_INTERVAL_S):
+            t = self._transport
+            if t is None or not t.is_active():
+                return
+            with self._global_lock:
+                self._asked_at = time.monotonic()
+                with contextlib.suppress(Exception):
+                    t.global_request("keepalive@openssh.com", wait=True)  # a failure reply is a reply
+                self._asked_at = None
+
+    @contextlib.contextmanager
+    def _global_request(self) -> Iterator[None]:
+        """Our turn for a global request; a host that leaves the liveness request unanswered past
+        its deadline is unreachable, not waited for."""
+        if not self._global_lock.acquire(timeout=self.timeout_s + REPLY_GRACE_S):
+            self.check_alive()
+            raise HostUnreachable(self.name, f"{self.label} does not answer")
+        try:
+            yield
+        finally:
+            self._global_lock.release()
+
+    def check_alive(self) -> None:
+        """HostUnreachable when the host has left a request unanswered past its deadline."""
+        asked = self._asked_at
+        deadline = self.timeout_s + REPLY_GRACE_S
+        if asked is not None and time.monotonic() - asked > deadline:
+            raise HostUnreachable(
+                self.name,
+                f"{self.label} has answered nothing for {time.monotonic() - asked:.0f}s "
+                f"(connect_timeout_s {self.timeout_s:g} + {REPLY_GRACE_S:g}s); declared unreachable",
+            )
 
     def is_connected(self) -> bool:
         return self._transport is not None and self._transport.is_active()
@@ -141,6 +186,7 @@ class SshHost(Host):
                         break
                     if not self.is_connected():
                         raise HostUnreachable(self.name, f"connection to {self.label} lost during {argv[0]}")
+                    self.check_alive()
                     if time.monotonic() > deadline:
                         raise HostUnreachable(
                             self.name,
@@ -202,7 +248,8 @@ class SshHost(Host):
         controller's 127.0.0.1:``local_port`` over this same transport; return the host's port."""
         with self._mapped("port forward on"):
             t = self._live()
-            port = t.request_port_forward("127.0.0.1", 0, handler=self._on_forwarded)
+            with self._global_request():
+                port = t.request_port_forward("127.0.0.1", 0, handler=self._on_forwarded)
         self._forwards[port] = local_port
         return port
 
@@ -212,7 +259,7 @@ class SshHost(Host):
             return
         # global_request, not Transport.cancel_port_forward: that one drops the handler of every
         # other forward of this transport too.
-        with contextlib.suppress(Exception), self._mapped("cancel forward on"):
+        with contextlib.suppress(Exception), self._mapped("cancel forward on"), self._global_request():
             self._live().global_request("cancel-tcpip-forward", ("127.0.0.1", port), wait=True)
 
     def _on_forwarded(
@@ -229,6 +276,7 @@ class SshHost(Host):
 
     # -- close -----------------------------------------------------------------------------
     def close(self) -> None:
+        self._closing.set()
         self._forwards.clear()
         sftp, self._sftp = self._sftp, None
         transport, self._transport = self._transport, None

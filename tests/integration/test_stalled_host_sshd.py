@@ -1,0 +1,80 @@
+"""A host that stops answering mid-run (its sshd and everything under it SIGSTOPped): the TCP
+connection stays open and silent. The controller's liveness requests go unanswered, so the host is
+declared unreachable within connect_timeout_s + the reply grace, far below the run's own timeout, and
+the other host's results stand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.replay import ReplayRequest, replay
+from orchestrator.rundir import RunDir
+from tests.integration.test_replay_sshd import _slow_suite
+
+pytestmark = pytest.mark.sshd
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and every process under it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def test_a_stopped_host_is_unreachable_within_60_s(fresh_sshd_host: Any, tmp_path: Path) -> None:
+    suite = _slow_suite(tmp_path, tasks=2, sleep_s=100)
+    host = fresh_sshd_host.fleet.hosts["box-c"]
+    stopped: list[int] = []
+
+    def stop() -> None:
+        root = host.ns_pid()
+        assert root is not None
+        for pid in _tree(root):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
+    def hook(name: str, stage: str, detail: str) -> None:
+        if name == "box-c" and stage == "run" and not stopped:
+            threading.Timer(2.0, stop).start()
+
+    started = time.monotonic()
+    try:
+        out = replay(
+            ReplayRequest(suite_dir=suite, inventory_path=fresh_sshd_host.inventory_path, out=tmp_path / "runs",
+                          hosts=["box-c"]),
+            on_event=hook, with_analysis=False,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    m = RunDir(out.run_dir.path).read_manifest()
+    assert stopped, "the host was never stopped"
+    error = m.hosts["box-c"].error or ""
+    assert "box-c: HostUnreachable" in error and "answered nothing" in error, error
+    assert elapsed < 60, f"took {elapsed:.0f}s"
+    assert out.exit_code == 3
+    assert m.hosts["box-c"].workspace_removed is not True  # it could not be asked; never claimed removed
