@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from orchestrator.probe import ProbeResult
     from orchestrator.replay import ReplayOutcome
     from orchestrator.repro import ReproOutcome
+    from orchestrator.rundir import Manifest
 
 
 def plain(text: object, style: str = "") -> Text:
@@ -163,6 +164,23 @@ def summary_table(outcome: ReplayOutcome) -> Table:
     return table
 
 
+def interrupted_line(manifest: Manifest) -> str:
+    """After Ctrl-C: exactly which hosts' workspaces were removed and which were not."""
+    hosts = manifest.hosts.items()
+    removed = [h for h, rec in hosts if rec.workspace_removed is True]
+    left = [h for h, rec in hosts if rec.workspace_removed is False]
+    said = ["interrupted: partial results written"]
+    if removed:
+        said.append(f"workspace removed on {', '.join(removed)}")
+    if left:
+        said.append(
+            f"workspace NOT removed on {', '.join(left)} (remove <workspace_root>/runs/{manifest.run_id} there by hand)"
+        )
+    if not removed and not left:
+        said.append("no remote workspace was created")
+    return "; ".join(said)
+
+
 def render_replay(outcome: ReplayOutcome, *, out: Console | None = None, err: Console | None = None) -> int:
     """What ``crosshost replay`` prints once the run is over: the summary and report on stdout,
     errors and notes on stderr, then the run directory and the exit code with its reason."""
@@ -177,7 +195,7 @@ def render_replay(outcome: ReplayOutcome, *, out: Console | None = None, err: Co
         if line != "interrupted":
             say(err, line)
     if outcome.manifest.interrupted:
-        err.print("interrupted: remote workspaces removed, partial results written", markup=False)
+        err.print(interrupted_line(outcome.manifest), markup=False)
     for note in outcome.notes:
         say(err, note)
     why = f": {outcome.exit_reason}" if outcome.exit_reason else ""

@@ -15,6 +15,7 @@ import contextlib
 import posixpath
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -41,6 +42,10 @@ SHORT_TIMEOUT_S = 120.0
 PULL_LIMITS = ArchiveLimits()
 #: how long Ctrl-C waits for one kill
 KILL_TIMEOUT_S = 30
+#: after Ctrl-C, a host whose kill has not finished by then and that owes a reply for SILENT_AFTER_S
+#: is abandoned (its workspace reported not removed), so Ctrl-C is honoured within seconds
+ABANDON_AFTER_S = 3.0
+SILENT_AFTER_S = 2.0
 
 
 class Workspace:
@@ -191,8 +196,16 @@ class Running:
         with self.lock:
             self.cancel.set()
             now = list(self._now.values())
+        for ws in now:
+            ws.host.ping()  # a stopped host is told from a slow one within SILENT_AFTER_S
         threads = [threading.Thread(target=ws.kill, daemon=True) for ws in now]
         for t in threads:
             t.start()
+        give_up_at = time.monotonic() + ABANDON_AFTER_S
+        for t in threads:
+            t.join(timeout=max(0.0, give_up_at - time.monotonic()))
+        for ws, t in zip(now, threads, strict=True):
+            if t.is_alive() and ws.host.silent_s() >= SILENT_AFTER_S:
+                ws.host.abandon()  # it answers nothing: its channels end now, its workspace is left
         for t in threads:
             t.join(timeout=KILL_TIMEOUT_S + 5)

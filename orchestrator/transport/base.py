@@ -77,6 +77,20 @@ class Host(abc.ABC):
     def close(self) -> None:
         """Release the connection; idempotent."""
 
+    # Liveness: a backend that can tell a silent host from a slow one says so ---------------------
+
+    def ping(self) -> None:
+        """Ask the host for a reply now (``silent_s`` then tells whether it came); a no-op by default."""
+        return None
+
+    def silent_s(self) -> float:
+        """How long a reply the host owes has been outstanding; 0.0 when it owes none (or cannot tell)."""
+        return 0.0
+
+    def abandon(self) -> None:
+        """Give up on the host at once (Ctrl-C, a silent host): every call waiting on it ends."""
+        self.close()
+
     # Optional capabilities: refused unless a backend has them ------------------------------------
 
     def forward_remote(self, local_port: int) -> int:

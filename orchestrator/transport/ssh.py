@@ -75,6 +75,7 @@ class SshHost(Host):
         self._global_lock = threading.Lock()
         self._asked_at: float | None = None  # an unanswered liveness request, since when
         self._closing = threading.Event()
+        self._wake = threading.Event()
         self._connect()
         threading.Thread(target=self._ask_for_replies, daemon=True, name=f"alive-{self.name}").start()
 
@@ -106,7 +107,11 @@ class SshHost(Host):
 
     def _ask_for_replies(self) -> None:
         """Every LIVENESS_INTERVAL_S, a request the host must answer; ``check_alive`` reads the wait."""
-        while not self._closing.wait(LIVENESS_INTERVAL_S):
+        while not self._closing.is_set():
+            self._wake.wait(LIVENESS_INTERVAL_S)
+            self._wake.clear()
+            if self._closing.is_set():
+                return
             t = self._transport
             if t is None or not t.is_active():
                 return
@@ -127,6 +132,13 @@ class SshHost(Host):
             yield
         finally:
             self._global_lock.release()
+
+    def ping(self) -> None:
+        self._wake.set()
+
+    def silent_s(self) -> float:
+        asked = self._asked_at
+        return 0.0 if asked is None else time.monotonic() - asked
 
     def check_alive(self) -> None:
         """HostUnreachable when the host has left a request unanswered past its deadline."""
@@ -277,6 +289,7 @@ class SshHost(Host):
     # -- close -----------------------------------------------------------------------------
     def close(self) -> None:
         self._closing.set()
+        self._wake.set()
         self._forwards.clear()
         sftp, self._sftp = self._sftp, None
         transport, self._transport = self._transport, None

@@ -78,3 +78,50 @@ def test_a_stopped_host_is_unreachable_within_60_s(fresh_sshd_host: Any, tmp_pat
     assert elapsed < 60, f"took {elapsed:.0f}s"
     assert out.exit_code == 3
     assert m.hosts["box-c"].workspace_removed is not True  # it could not be asked; never claimed removed
+
+
+def test_ctrl_c_with_a_stopped_host_ends_within_5_s_and_says_what_was_left(
+    fresh_sshd_host: Any, tmp_path: Path
+) -> None:
+    from orchestrator.ui import interrupted_line
+
+    suite = _slow_suite(tmp_path, tasks=2, sleep_s=100)
+    host = fresh_sshd_host.fleet.hosts["box-c"]
+    stopped: list[int] = []
+    pressed: list[float] = []
+
+    def stop() -> None:
+        root = host.ns_pid()
+        assert root is not None
+        for pid in _tree(root):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
+    def ctrl_c() -> None:
+        pressed.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def hook(name: str, stage: str, detail: str) -> None:
+        if name == "box-c" and stage == "run" and not stopped:
+            threading.Timer(2.0, stop).start()
+            threading.Timer(4.0, ctrl_c).start()
+
+    try:
+        out = replay(
+            ReplayRequest(suite_dir=suite, inventory_path=fresh_sshd_host.inventory_path, out=tmp_path / "runs",
+                          hosts=["box-c"]),
+            on_event=hook, with_analysis=False,
+        )  # fmt: skip
+        ended = time.monotonic()
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert stopped and pressed
+    assert ended - pressed[0] < 5, f"Ctrl-C took {ended - pressed[0]:.1f}s"
+    assert out.exit_code == 130
+    m = RunDir(out.run_dir.path).read_manifest()
+    assert m.hosts["box-c"].workspace_removed is False
+    line = interrupted_line(m)
+    assert "workspace NOT removed on box-c" in line and "workspace removed on" not in line, line
