@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.agent_runner.helpers import REPO, clean_env, records, write_suite
+from tests.support.runner import REPO, clean_env, records, write_suite
 
 GIB = 1 << 30
 # The peak is read by a small parent of the runner: a process's own ru_maxrss starts from what the

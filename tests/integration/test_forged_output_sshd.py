@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.replay import ReplayRequest, replay
 from orchestrator.rundir import RunDir, read_jsonl
-from tests.agent_runner.helpers import write_suite
+from tests.support.runner import write_suite
 
 pytestmark = pytest.mark.sshd
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.analysis import analyse_run
-from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, two_hosts
+from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
 
 ANALYSE = "import sys; from pathlib import Path; from orchestrator.analysis import analyse_run; analyse_run(Path(sys.argv[1]))"
 # The peak is read by a small parent of the analysis: a process's own ru_maxrss starts from what the
