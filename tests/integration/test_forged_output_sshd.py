@@ -1,14 +1,16 @@
-"""A command agent that forges what the harness reports, on a real sshd host.
+"""Forging what the harness reports, on a real sshd host and on local.
 
-"victim" fails (its predicate exits 1). "forger", run after it on the same host, rewrites the
-victim's trace to a pass, rewrites out/results.jsonl and replaces out/fingerprint.json. The runner
-announced every file's digest over the SSH channel, so the controller finds the forgery: it is that
-host's error, with a plain reason, and no forged pass reaches the report.
+"first-victim" fails (its predicate exits 1). "then-forger", a command agent run after it on the same
+host, tries to rewrite the victim's trace to a pass, out/results.jsonl and out/fingerprint.json: in
+the sandbox it cannot write out/ at all, so the victim keeps its real verdict. Whoever can write
+there (a host without the sandbox, the host itself) is caught by the digests the runner announced
+over the SSH channel: the forgery is that host's error, and no forged pass reaches the report.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -42,23 +44,52 @@ print(json.dumps({"type": "final", "content": "done"}), flush=True)
 """
 
 
-def test_a_forging_agent_is_its_hosts_error_and_forges_no_pass(sshd_hosts: Any, tmp_path: Path) -> None:
+def _suite(tmp_path: Path) -> Path:
     stop = [{"content": "done", "finish": "stop"}]
-    suite = write_suite(tmp_path / "suite", {
+    return write_suite(tmp_path / "suite", {
         "first-victim": {"script": stop, "repo": {"run_tests.sh": "echo 'FAIL: the real verdict'\nexit 1\n"}},
         "then-forger": {"toml": '[agent]\nkind = "command"\ncommand = ["python3", "{suite}/agent/forge.py"]\n',
-                   "repo": {"run_tests.sh": "exit 0\n"}},
+                        "repo": {"run_tests.sh": "exit 0\n"}},
     }, agent_files={"forge.py": FORGER})  # fmt: skip
-    out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs",
-                               hosts=["local", "box-a"], tasks=["first-victim", "then-forger"], repeat=1))  # fmt: skip
-    rd = out.run_dir.path
-    m = RunDir(rd).read_manifest()
-    assert out.exit_code == 3, m.hosts
-    for host in ("box-a", "local"):  # over SSH and on the controller itself alike
-        error = m.hosts[host].error or ""
-        assert "OutputTampered" in error and "differs from what the runner wrote" in error, error
-    rows = {(r["env"], r["task"]): r for r in read_jsonl(rd / "results.jsonl")}
-    assert rows[("box-a", "first-victim")]["verdict"] != "pass", rows  # never a forged pass
+
+
+def _victim(rd: Path) -> dict[str, list[str]]:
     report = json.loads((rd / "report.json").read_text())
     (victim,) = [t for t in report["tasks"] if t["task"] == "first-victim"]
-    assert "pass" not in victim["verdicts"]["box-a"]
+    return victim["verdicts"]
+
+
+def test_the_forging_agent_cannot_touch_the_victims_verdict(sshd_hosts: Any, tmp_path: Path) -> None:
+    out = replay(ReplayRequest(suite_dir=_suite(tmp_path), inventory_path=sshd_hosts.inventory_path,
+                               out=tmp_path / "runs", hosts=["local", "box-a"], repeat=1))  # fmt: skip
+    m = RunDir(out.run_dir.path).read_manifest()
+    assert all(rec.error is None for rec in m.hosts.values()), m.hosts
+    assert _victim(out.run_dir.path) == {"local": ["fail"], "box-a": ["fail"]}
+    rows = {(r["env"], r["task"]): r for r in read_jsonl(out.run_dir.path / "results.jsonl")}
+    assert rows[("box-a", "first-victim")]["exit_code"] == 1
+
+
+def test_output_changed_after_the_runner_wrote_it_is_the_hosts_error(sshd_hosts: Any, tmp_path: Path) -> None:
+    """What the sandbox keeps the agent from doing, done by the host itself before the pull."""
+    from orchestrator.transport import open_host
+
+    def hook(name: str, stage: str, detail: str) -> None:
+        if stage != "pull":
+            return
+        cfg = sshd_hosts.config(name)
+        host = open_host(cfg)
+        try:
+            res = host.exec(["sh", "-c", f"cd {cfg.workspace_root}/runs/*/ && python3 -c {shlex.quote(FORGER)} "
+                                         "< /dev/null && rm -f out.tar && tar -C out -cf out.tar ."], 30)  # fmt: skip
+            assert res.ok, res.stderr
+        finally:
+            host.close()
+
+    out = replay(ReplayRequest(suite_dir=_suite(tmp_path), inventory_path=sshd_hosts.inventory_path,
+                               out=tmp_path / "runs", hosts=["box-a"], repeat=1), on_event=hook)  # fmt: skip
+    m = RunDir(out.run_dir.path).read_manifest()
+    assert out.exit_code == 3
+    error = m.hosts["box-a"].error or ""
+    assert "OutputTampered" in error and "differs from what the runner wrote" in error, error
+    assert "pass" not in _victim(out.run_dir.path)["box-a"]
+    assert m.hosts["box-a"].fingerprint != "0" * 16
