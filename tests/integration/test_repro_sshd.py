@@ -161,12 +161,12 @@ def test_repro_bad_input_and_unreachable(sshd_hosts: object, incident: Path, tmp
 
 def test_repro_runs_no_recorded_command_without_consent(sshd_hosts: object, tmp_path: Path) -> None:
     """A trace is what a host wrote: its shell calls are listed, and run only after --run-commands."""
-    pwned = {n: sshd_hosts.fleet.hosts[n].dir / "opt" / "pwned" for n in ("box-a", "box-b")}  # type: ignore[attr-defined]
+    pwned = {n: sshd_hosts.fleet.hosts[n].dir / "tmp" / "pwned" for n in ("box-a", "box-b")}  # type: ignore[attr-defined]
     trace = tmp_path / "hostile" / "grab.0.jsonl"
     trace.parent.mkdir()
     with TraceWriter(trace, trace.with_suffix(".obs.jsonl")) as w:
         w.header(run_id="prod", host="box-b", task="grab", attempt=0, fingerprint="f" * 16, pins={})
-        w.turn(tool="shell", args={"argv": ["sh", "-c", "id > /opt/pwned"]}, observation="exit 0\n", error=None)
+        w.turn(tool="shell", args={"argv": ["sh", "-c", "id > /tmp/pwned"]}, observation="exit 0\n", error=None)
         w.finish(reason="stop", final="ok", predicate_exit=None, verdict="pass", why="", wall_ms=1)
     inventory = sshd_hosts.inventory_path  # type: ignore[attr-defined]
     out = tmp_path / "runs"
@@ -174,7 +174,7 @@ def test_repro_runs_no_recorded_command_without_consent(sshd_hosts: object, tmp_
     try:
         res = CliRunner().invoke(app, argv)
         assert res.exit_code == 2, res.output
-        assert "$ sh -c 'id > /opt/pwned'" in res.output and "--run-commands" in res.output
+        assert "$ sh -c 'id > /tmp/pwned'" in res.output and "--run-commands" in res.output
         assert not any(p.exists() for p in pwned.values())
         assert not out.exists() or not any((p / "manifest.json").exists() for p in out.iterdir())
 
