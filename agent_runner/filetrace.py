@@ -14,6 +14,8 @@ import shutil
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from .digests import write_announced
+
 MAX_PATHS = 300  # paths kept per attempt (the first ones, in the order the predicate touched them)
 _PSEUDO = ("/proc/", "/sys/", "/dev/")
 # `1234  openat(AT_FDCWD, "/opt/x", O_RDONLY) = -1 ENOENT (...)`: the syscall and its first path argument
@@ -64,4 +66,5 @@ def write_evidence(
 ) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     record = {"traced": traced, "paths": paths or {}} if traced else {"traced": False, "why": why}
-    target.write_text(json.dumps(record, sort_keys=True) + "\n")
+    # out/files/<task>.<attempt>.json: announced like every file the runner writes in out/
+    write_announced(target.parent.parent, target, json.dumps(record, sort_keys=True) + "\n")
