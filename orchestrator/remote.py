@@ -136,10 +136,22 @@ def ppid(pid):
         pass
     return 0
 ours = mnt("self")
+try:
+    st = os.stat(ws)
+    ws_id = (st.st_dev, st.st_ino)
+except OSError:
+    ws_id = None
 def this_host(pid):
     # Paths are per mount namespace: hosts that share this /proc (containers, test hosts) may use
-    # the same workspace path. A process is this host's when it is in our mount namespace, or in
-    # one made under it (a sandbox): its first ancestor outside its own namespace is in ours.
+    # the same workspace path. A process is this host's when the workspace path, resolved in its
+    # own mount namespace, is our workspace directory (a sandbox made here sees the same one;
+    # another host sees its own or none); without the workspace, by namespace ancestry.
+    if ws_id is not None:
+        try:
+            st = os.stat("/proc/%s/root%s" % (pid, ws))
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == ws_id
     own = mnt(pid)
     if own == ours:
         return True
