@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Type
 
 from .checker import validate_contract
 from .errors import InputError, SuiteError
+from .textguard import control_char
 from .trace import FINISH_REASONS
 
 try:  # Python 3.11+; on a host the suite arrives as suite.json and TOML is never read.
@@ -35,6 +36,7 @@ MAX_REPEAT = 1000
 SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate"}
 TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent", "tags"}
 BUDGET_KEYS = set(DEFAULT_BUDGET)
+MAX_TIMEOUT_S = 86400
 GATE_KEYS = {"flip_rate", "alpha", "burn_invalidates"}
 
 Where = Callable[[Optional[str], str], str]  # (task id or None, part) -> "file: location"
@@ -319,13 +321,13 @@ def _budget(raw: Any, base: Dict[str, Any], where: str) -> Dict[str, Any]:
         raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(BUDGET_KEYS))})")
     merged = dict(base)
     for key, value in raw.items():
-        if key == "timeout_s":
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        if key == "timeout_s":  # finite and at most a day: inf or NaN would break every attempt
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_TIMEOUT_S
         else:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
         if not ok:
-            raise SuiteError(f"{where}.{key} must be a positive {'number' if key == 'timeout_s' else 'integer'}, "
-                             f"got {value!r}")
+            what = f"number of seconds up to {MAX_TIMEOUT_S}" if key == "timeout_s" else "integer"
+            raise SuiteError(f"{where}.{key} must be a positive {what}, got {value!r}")
         merged[key] = value
     return merged
 
@@ -473,8 +475,11 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
     if not isinstance(data, dict):
         raise SuiteError(where(None, "the suite must be a JSON object"))
     name = data.get("name")
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name.strip():
         raise SuiteError(where(None, "name must be a non-empty string"))
+    bad = control_char(name)
+    if bad:  # a name reaches unit files, crontab lines and terminals: no newline is ever valid in it
+        raise SuiteError(where(None, f"name {name!r} holds a control character ({bad}); use a name on one line"))
     repeat = data.get("repeat", 1)
     if not isinstance(repeat, int) or isinstance(repeat, bool) or not 1 <= repeat <= MAX_REPEAT:
         raise SuiteError(where(None, f"repeat must be an integer from 1 to {MAX_REPEAT}, got {repeat!r}"))

@@ -19,8 +19,9 @@ from typing import Annotated, ParamSpec
 
 import typer
 
+from agent_runner.textguard import printable
 from orchestrator.errors import CrosshostError
-from orchestrator.exit_policy import INTERRUPTED, OK
+from orchestrator.exit_policy import INTERNAL_ERROR, INTERRUPTED, OK
 
 P = ParamSpec("P")
 
@@ -62,14 +63,14 @@ def guarded(fn: Callable[P, int]) -> Callable[P, None]:
     """Wrap a command: its int result becomes the exit code; an error becomes one line and its code.
 
     The one root (``CrosshostError``, runner and controller alike) carries its exit code; Ctrl-C is
-    130, a closed pipe 141, anything else an internal error (1) with its traceback logged."""
+    130, a closed pipe 141, anything else an internal error (``INTERNAL_ERROR``, 70) with its traceback logged."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
         try:
             rv = fn(*args, **kwargs)
         except CrosshostError as exc:
-            typer.echo(exc.one_line(), err=True)
+            typer.echo(printable(exc.one_line()), err=True)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
@@ -82,8 +83,8 @@ def guarded(fn: Callable[P, int]) -> Callable[P, None]:
             raise typer.Exit(141) from None
         except Exception as exc:  # the last line of defence: log it, say where
             path = _debug_log(exc)
-            typer.echo(f"internal error: {type(exc).__name__}: {exc} (traceback in {path})", err=True)
-            raise typer.Exit(1) from None
+            typer.echo(printable(f"internal error: {type(exc).__name__}: {exc} (traceback in {path})"), err=True)
+            raise typer.Exit(INTERNAL_ERROR) from None
         raise typer.Exit(rv or 0)
 
     return wrapper

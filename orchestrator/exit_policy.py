@@ -24,6 +24,8 @@ FINDING = 1
 BAD_INPUT = InputError.exit_code
 HOST_FAILURE = HostError.exit_code
 INTERRUPTED = 130
+#: a bug in crosshost (an exception nobody raised on purpose): never a verdict, never bad input (EX_SOFTWARE)
+INTERNAL_ERROR = 70
 
 
 class _HostState(Protocol):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from agent_runner.textguard import control_char, printable
 from orchestrator.errors import InputError, SuiteError
 
 Mode = Literal["auto", "systemd", "cron"]
@@ -98,10 +99,26 @@ def unit_stem(suite_name: str) -> str:
 
 def systemd_quote(arg: str) -> str:
     """Quote one ExecStart= word: systemd's own rules (not a shell), plus % and $ escaped."""
+    if control_char(arg):  # plan_schedule refuses these; a unit line must never be split by one
+        raise InputError(f"{arg!r}: a control character cannot be written into a unit file")
     escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
     if escaped == arg and re.fullmatch(r"[A-Za-z0-9_./:=,+@-]+", arg):
         return arg
     return f'"{escaped}"'
+
+
+def _unit_text(text: str) -> str:
+    """Free text in a unit file: one line (control characters shown, not obeyed), specifiers escaped."""
+    return printable(text).replace("\n", " ").replace("%", "%%")
+
+
+def _one_line_path(path: Path, what: str) -> Path:
+    """A path that goes into a unit file or a crontab line: a newline there would start a new
+    directive or a new crontab entry, so a path holding a control character is refused."""
+    bad = control_char(str(path))
+    if bad:
+        raise InputError(f"{what} {str(path)!r} holds a control character ({bad}); schedule a path without one")
+    return path
 
 
 @dataclass
@@ -134,7 +151,7 @@ def _systemd_units(
     service = "\n".join(
         [
             "[Unit]",
-            f"Description=crosshost: replay suite {suite_name} across hosts and compare with the last run",
+            f"Description=crosshost: replay suite {_unit_text(suite_name)} across hosts and compare with the last run",
             "",
             "[Service]",
             # a timer never starts a service that is still running, so replays do not overlap; this
@@ -158,7 +175,7 @@ def _systemd_units(
     timer = "\n".join(
         [
             "[Unit]",
-            f"Description=crosshost: replay suite {suite_name} every {every.text}",
+            f"Description=crosshost: replay suite {_unit_text(suite_name)} every {every.text}",
             "",
             "[Timer]",
             *trigger,
@@ -211,17 +228,17 @@ def plan_schedule(
 ) -> Schedule:
     """What to install: validated interval, absolute paths, and the unit files or the crontab line."""
     interval = parse_every(every)
-    suite_dir = suite_dir.expanduser().absolute()
+    suite_dir = _one_line_path(suite_dir.expanduser().absolute(), "suite")
     if not suite_dir.is_dir():
         raise SuiteError(f"{suite_dir}: no such suite directory")
     from orchestrator.bundle import read_suite
 
     suite_name = read_suite(suite_dir).name  # a broken suite is refused now, not at every replay
-    inventory = inventory.expanduser().absolute()
+    inventory = _one_line_path(inventory.expanduser().absolute(), "-i")
     if not inventory.is_file():
         raise InputError(f"{inventory}: no such inventory; pass -i hosts.toml")
-    out = out.expanduser().absolute()
-    workdir = Path.cwd()
+    out = _one_line_path(out.expanduser().absolute(), "--out")
+    workdir = _one_line_path(Path.cwd(), "the working directory")
     command = replay_command(suite_dir, inventory, out)
     chosen: Literal["systemd", "cron"] = (
         ("systemd" if systemd_available() else "cron") if mode == "auto" else mode

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.table import Table
 from rich.text import Text
 
+from agent_runner.textguard import printable
 from orchestrator.analysis.attribution import cut_words, path_line
 from orchestrator.report import (
     burn_lines,
@@ -48,7 +49,12 @@ if TYPE_CHECKING:
 def plain(text: object, style: str = "") -> Text:
     """Untrusted text as a table cell: shown as it is, never parsed as markup (titles and column
     headers, which Rich styles itself, are ``escape``d instead)."""
-    return Text(str(text), style=style)
+    return Text(printable(text), style=style)
+
+
+def escape(text: str) -> str:
+    """A title or column header from untrusted text: control characters shown, markup escaped."""
+    return _markup_escape(printable(text))
 
 
 def out_console() -> Console:
@@ -62,7 +68,7 @@ def err_console() -> Console:
 
 def say(console: Console, text: str) -> None:
     """One line of untrusted text, as it is: no markup, no highlighting, never cut."""
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    console.print(printable(text), markup=False, highlight=False, soft_wrap=True)
 
 
 # ------------------------------------------------------------------------------------------ replay
@@ -121,11 +127,11 @@ class ProgressView:
             cells: list[Text] = []
             for i, _ in enumerate(self.stages):
                 if i < reached:
-                    cells.append(Text("✓", style="green"))
+                    cells.append(plain("✓", style="green"))
                 elif i == reached:
-                    cells.append(Text("✗", style="red") if failed else Text("…", style="yellow"))
+                    cells.append(plain("✗", style="red") if failed else plain("…", style="yellow"))
                 else:
-                    cells.append(Text(""))
+                    cells.append(plain(""))
             note = detail
             if self.retries.get(host):
                 note = f"{self.retries[host]} connect retr{'y' if self.retries[host] == 1 else 'ies'}; {note}"
@@ -199,7 +205,7 @@ def render_replay(outcome: ReplayOutcome, *, out: Console | None = None, err: Co
     for note in outcome.notes:
         say(err, note)
     why = f": {outcome.exit_reason}" if outcome.exit_reason else ""
-    out.print(f"run directory: {outcome.run_dir.path}  (exit {outcome.exit_code}{why})", markup=False, soft_wrap=True)
+    say(out, f"run directory: {outcome.run_dir.path}  (exit {outcome.exit_code}{why})")
     return outcome.exit_code
 
 
@@ -243,15 +249,15 @@ def report_table(report: RunReport) -> RenderableType:
             cells.append(cell)
         cells += [plain("<- flip" if task.flip else ""), plain(task.classification), plain(task.action)]
         table.add_row(*cells)
-    validity = Text(validity_line(report), style="green" if report.valid else "bold red")
-    gate = Text(gate_verdict(report), style="green" if report.within_gate else "bold red")
+    validity = plain(validity_line(report), style="green" if report.valid else "bold red")
+    gate = plain(gate_verdict(report), style="green" if report.within_gate else "bold red")
     parts: list[RenderableType] = [table, validity, gate]
-    parts += [Text(line, style="yellow") for line in burn_lines(report)]
-    parts += [Text(f"note: {note}", style="dim") for note in report.notes]
+    parts += [plain(line, style="yellow") for line in burn_lines(report)]
+    parts += [plain(f"note: {note}", style="dim") for note in report.notes]
     if report.error_attempts:
-        parts.append(Text(errors_line(report), style="yellow"))
+        parts.append(plain(errors_line(report), style="yellow"))
     if any(t.flip and t.evidence == "deterministic" for t in report.tasks):
-        parts.append(Text("* = verdict differs from the reference's on the same attempt", style="dim"))
+        parts.append(plain("* = verdict differs from the reference's on the same attempt", style="dim"))
     for task in report.tasks:
         if task.flip and task.cause:  # one line each; report.md has the whole evidence
             parts.append(plain(cut_words(f"cause {task.task}: {task.cause}", CAUSE_WIDTH)))
@@ -263,7 +269,7 @@ def report_table(report: RunReport) -> RenderableType:
     if whole:
         parts.append(plain(f"held model: every request answered from the reference's record in {whole} task(s)", "dim"))
     if any(t.evidence == "statistical" for t in report.tasks):
-        parts.append(Text(rates_legend(report), style="dim"))
+        parts.append(plain(rates_legend(report), style="dim"))
     return Group(*parts)
 
 
@@ -453,13 +459,13 @@ def render_repro(outcome: ReproOutcome, console: Console | None = None) -> None:
     console = console or Console()
 
     def line(text: str) -> None:
-        console.print(text, markup=False, highlight=False)
+        console.print(printable(text), markup=False, highlight=False)
 
     for h, error in outcome.errors.items():
         line(f"{h}: {error}")
     cmp = outcome.comparison
     if cmp is None:
-        console.print(f"no comparison: a host produced no trace (run dir {outcome.run_dir})", markup=False)
+        say(console, f"no comparison: a host produced no trace (run dir {outcome.run_dir})")
         return
     if not cmp.parted:
         verdict = "/".join(str(v) for v in cmp.verdicts.values())

