@@ -9,7 +9,6 @@ wrong. Files that stay files (``tasks/<id>/repo/``, ``agent/``) live next to ``s
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -19,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Type
 
 from .checker import validate_contract
 from .errors import InputError, SuiteError
+from .jsonfile import decode_text, loads, read_regular
 from .textguard import control_char
 from .trace import FINISH_REASONS
 
@@ -133,18 +133,21 @@ class Suite:
 
 
 def _read_text(path: Path, what: str) -> str:
+    """A suite file: a regular file (never a link, FIFO or device, refused before it is read), UTF-8."""
     try:
-        return path.read_text(encoding="utf-8")
+        return decode_text(read_regular(path, follow_links=False))
     except FileNotFoundError as exc:
         raise SuiteError(f"{path}: missing ({what})") from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SuiteError(f"{path}: cannot read {what}: {exc}") from exc
+    except OSError as exc:
+        raise SuiteError(f"{path}: cannot read {what}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise SuiteError(f"{path}: cannot read {what}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
 
 
 def _read_json(path: Path, what: str) -> Any:
     text = _read_text(path, what)
     try:
-        return json.loads(text)
+        return loads(text)
     except ValueError as exc:
         raise SuiteError(f"{path}: not valid JSON: {exc}") from exc
 
@@ -158,6 +161,8 @@ def _read_toml(path: Path) -> Dict[str, Any]:
         return _toml.loads(text)
     except _toml.TOMLDecodeError as exc:
         raise SuiteError(f"{path}: broken TOML: {exc}") from exc
+    except RecursionError:
+        raise SuiteError(f"{path}: broken TOML: nested too deeply") from None
 
 
 def _inside(root: Path, rel: Any, where: str) -> Path:

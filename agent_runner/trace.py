@@ -23,6 +23,7 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Uni
 
 from .digests import HashingWriter
 from .errors import TraceError
+from .jsonfile import loads
 from .records import (
     FINISH_REASONS,
     TRACE_SCHEMA,
@@ -69,12 +70,12 @@ def iter_records(path: PathArg) -> Iterator[Tuple[int, Dict[str, Any]]]:
                 record, end = _scan_once(line, 0)
                 if end != len(line) and not line[end:].isspace():
                     raise ValueError("trailing data")
-            except (StopIteration, ValueError):
+            except (StopIteration, ValueError, RecursionError):
                 text = line.strip()
                 if not text:
                     continue
                 try:
-                    record = json.loads(text)
+                    record = loads(text)
                 except ValueError as exc:
                     yield number, {"type": "corrupt", "error": f"not JSON ({exc.args[0] if exc.args else exc})",
                                    "text": text[:200]}
@@ -112,7 +113,7 @@ def _looks_like_seed(path: str) -> Optional[Dict[str, Any]]:
     with _open(path) as handle:
         first = handle.readline()
         try:
-            doc = json.loads(first)
+            doc = loads(first)
         except ValueError:
             doc = None
         if isinstance(doc, dict):
@@ -126,7 +127,7 @@ def _looks_like_seed(path: str) -> Optional[Dict[str, Any]]:
             return None
         handle.seek(0)
         try:
-            doc = json.load(handle)
+            doc = loads(handle.read())
         except ValueError:
             return None
     return doc if isinstance(doc, dict) and "tool_calls" in doc else None

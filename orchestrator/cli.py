@@ -156,14 +156,14 @@ def replay_cmd(
     from orchestrator.replay import ReplayRequest, planned_hosts, replay_command
     from orchestrator.selection import split_list
 
-    def split(v: str | None) -> list[str] | None:
-        return list(split_list(v)) or None
+    def split(v: str | None, flag: str) -> list[str] | None:
+        return list(split_list(v, flag)) or None
 
     request = ReplayRequest(
-        suite_dir=suite, inventory_path=inventory, hosts=split(hosts), tasks=split(tasks), repeat=repeat,
-        out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last, reference=reference,
-        slots=slots,
-        exclude=split(exclude), tags=split(tags), hold_model=hold_model,
+        suite_dir=suite, inventory_path=inventory, hosts=split(hosts, "--hosts"), tasks=split(tasks, "--tasks"),
+        repeat=repeat, out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last,
+        reference=reference, slots=slots,
+        exclude=split(exclude, "--exclude"), tags=split(tags, "--tags"), hold_model=hold_model,
     )  # fmt: skip
     with ui.ProgressView(planned_hosts(request)) as view:
         outcome = replay_command(request, on_event=view)
@@ -370,7 +370,7 @@ def diff_cmd(
     from orchestrator.selection import TaskSelection, split_list
 
     selection = TaskSelection.of(tasks or task, exclude, tags)
-    result = run_diff(run, split_list(hosts), selection)
+    result = run_diff(run, split_list(hosts, "--hosts"), selection)
     for line in result.lines:
         typer.echo(line)
     return diff_exit(result.differs)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_runner.jsonfile import loads as json_loads
 from orchestrator.analysis.stats import pass_counts, pass_rate
 from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
@@ -184,7 +185,9 @@ def _write(conn: sqlite3.Connection) -> Iterator[None]:
 
 def _load_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json_loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from exc
     except OSError as exc:

@@ -13,6 +13,7 @@ import json
 import posixpath
 from typing import Any
 
+from agent_runner.jsonfile import loads as json_loads
 from agent_runner.records import Fingerprint
 from agent_runner.redact import redact_text
 from orchestrator import remote
@@ -65,7 +66,7 @@ def take_fingerprint(
             cfg.name, f"fingerprint failed (exit {res.exit_code}): {tail(res.stderr or res.stdout)}"
         )
     try:
-        fp = json.loads(res.stdout)
+        fp = json_loads(res.stdout)
     except json.JSONDecodeError as exc:
         raise RunnerCrashed(cfg.name, f"fingerprint printed no JSON: {tail(res.stdout)}") from exc
     if not isinstance(fp, dict):

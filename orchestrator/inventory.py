@@ -35,32 +35,33 @@ class HostConfig(BaseModel):
 
     name: str
     transport: Literal["local", "ssh"] = "ssh"
-    address: str | None = None
-    port: int = Field(default=22, ge=1, le=65535)
-    user: str | None = None
+    # strict: `port = true` is not port 1, `port = "2601"` not a number; names are never empty
+    address: str | None = Field(default=None, min_length=1, strict=True)
+    port: int = Field(default=22, ge=1, le=65535, strict=True)
+    user: str | None = Field(default=None, min_length=1, strict=True)
     identity_file: Path | None = None
     known_hosts: Path | None = None
     env_allowlist: list[str] = Field(default_factory=lambda: list(DEFAULT_ENV_ALLOWLIST))
     env: dict[str, str] = Field(default_factory=dict)
     workspace_root: str = "/tmp/crosshost"
     # finite and bounded: they become `timeout -s KILL N` and socket timeouts (inf would crash the run)
-    timeout_s: float = Field(default=120, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
-    python: str = "python3"
-    connect_timeout_s: float = Field(default=10, gt=0, le=MAX_CONNECT_TIMEOUT_S, allow_inf_nan=False)
+    timeout_s: float = Field(default=120, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, strict=True)
+    python: str = Field(default="python3", min_length=1, strict=True)
+    connect_timeout_s: float = Field(default=10, gt=0, le=MAX_CONNECT_TIMEOUT_S, allow_inf_nan=False, strict=True)
     #: an ssh_config Host alias: address, port, user, keys and jump hosts come from ssh_config
     ssh: str | None = None
     #: authenticate with the keys of the running ssh-agent ($SSH_AUTH_SOCK); never forwarded
-    use_agent: bool = False
+    use_agent: bool = Field(default=False, strict=True)
     #: a controller variable holding identity_file's passphrase (read at connect, never recorded)
     passphrase_env: str | None = None
     #: with use_agent: only the agent key matching identity_file (as OpenSSH's IdentitiesOnly)
-    identities_only: bool = False
+    identities_only: bool = Field(default=False, strict=True)
     #: jump host(s), comma-separated: inventory host names or [user@]host[:port]
     proxy_jump: str | None = None
     #: at most this many connections being opened through one jump host at once (sshd MaxStartups: 10)
-    bastion_connections: int = Field(default=8, ge=1, le=64)
+    bastion_connections: int = Field(default=8, ge=1, le=64, strict=True)
     #: attempts at once on this host, each in its own workspace, HOME, TMPDIR and budget
-    slots: int = Field(default=1, ge=1, le=64)
+    slots: int = Field(default=1, ge=1, le=64, strict=True)
     # Filled by load_inventory, never read from the file:
     #: the resolved jump hosts, outermost first
     jump: list[HostConfig] = Field(default_factory=list)
@@ -200,6 +201,8 @@ def load_inventory(path: Path) -> Inventory:
         raise InventoryError(f"{label}: not UTF-8 text: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise InventoryError(f"{label}:{_toml_line(exc)} TOML syntax error: {exc}") from exc
+    except RecursionError:
+        raise InventoryError(f"{label}: TOML nested too deeply") from None
 
     for key in data:
         if key not in _TOP_KEYS:

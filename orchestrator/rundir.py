@@ -29,6 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agent_runner.jsonfile import decode_text, read_regular
+from agent_runner.jsonfile import loads as json_loads
 from agent_runner.records import Fingerprint, ResultRow, TraceHeader, migrate_pins
 from agent_runner.suite import MAX_REPEAT
 from orchestrator.errors import CrosshostError, InputError, TraceError
@@ -210,13 +212,15 @@ def migrate_manifest(data: dict[str, Any], run_dir: Path) -> dict[str, Any]:
 def _read_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(object, None) or (None, why) — why names the file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = decode_text(read_regular(path, follow_links=False))
     except FileNotFoundError:
         return None, f"{path}: missing"
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}"
+    except UnicodeDecodeError as exc:
+        return None, f"{path}: cannot read: not UTF-8 text ({exc.reason} at byte {exc.start})"
+    except OSError as exc:
+        return None, f"{path}: cannot read: {exc.strerror or exc}"
     try:
-        obj = json.loads(text)
+        obj = json_loads(text)
     except json.JSONDecodeError as exc:
         return None, f"{path}:{exc.lineno}: not JSON: {exc.msg}"
     if not isinstance(obj, dict):
@@ -257,7 +261,7 @@ def iter_jsonl(
                 if not line.strip():
                     continue
                 try:
-                    row = json.loads(line)
+                    row = json_loads(line)
                 except json.JSONDecodeError as exc:
                     why = f"not JSON ({exc.msg})"
                 else:
@@ -436,7 +440,7 @@ class RunDir:
                 continue
             try:
                 with path.open(encoding="utf-8") as fh:
-                    record = json.loads(fh.readline() or "{}")
+                    record = json_loads(fh.readline() or "{}")
             except (OSError, ValueError):
                 continue
             if isinstance(record, dict) and isinstance(record.get("pins"), dict):

@@ -19,12 +19,16 @@ from dataclasses import dataclass
 from orchestrator.errors import InputError
 
 
-def split_list(value: str | Sequence[str] | None) -> tuple[str, ...]:
-    """``"a, b,,c"`` -> ``("a", "b", "c")``; a sequence is taken as already split."""
+def split_list(value: str | Sequence[str] | None, flag: str = "") -> tuple[str, ...]:
+    """``"a, b,,c"`` -> ``("a", "b", "c")``; a sequence is taken as already split. A flag given
+    but naming nothing (``--hosts ,``) is bad input, never "all"."""
     if value is None:
         return ()
     parts = value.split(",") if isinstance(value, str) else list(value)
-    return tuple(p.strip() for p in parts if p.strip())
+    names = tuple(p.strip() for p in parts if p.strip())
+    if not names:
+        raise InputError(f"{flag or 'a name list'} {value!r}: names nothing; give comma-separated names or leave it out")
+    return names
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class TaskSelection:
         exclude: str | Sequence[str] | None = None,
         tags: str | Sequence[str] | None = None,
     ) -> TaskSelection:
-        return cls(split_list(tasks), split_list(exclude), split_list(tags))
+        return cls(split_list(tasks, "--tasks"), split_list(exclude, "--exclude"), split_list(tags, "--tags"))
 
     @property
     def everything(self) -> bool:

@@ -7,12 +7,12 @@ shapes (or argument values) actually differ, one pair of traces at a time.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from agent_runner.jsonfile import loads as json_loads
 from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps, iter_turns_by_value
 from orchestrator.analysis.attribution import (
     attribution,
@@ -230,7 +230,7 @@ def read_hold(run_dir: RunDir) -> dict[str, Any] | None:
     """The held model's summary (``model_hold.json``), or None when the run did not hold it."""
     path = run_dir.model_hold_path
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

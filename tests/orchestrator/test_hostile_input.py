@@ -25,6 +25,7 @@ from orchestrator.cli import app
 from orchestrator.errors import InputError
 from orchestrator.exit_policy import INTERNAL_ERROR
 from orchestrator.report import render_junit, render_markdown
+from orchestrator.rundir import RunDir
 from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, two_hosts
 
 TRIAGE = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
@@ -177,3 +178,85 @@ def test_an_internal_error_has_its_own_exit_code(monkeypatch: pytest.MonkeyPatch
     done = CliRunner().invoke(app, ["schedule", ".", "--every", "1h"])
     assert done.exit_code == INTERNAL_ERROR and INTERNAL_ERROR not in (0, 1, 2, 3, 130)
     assert "internal error: ZeroDivisionError: a bug" in done.output
+
+
+# --- bounded, total readers -----------------------------------------------------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deeply_nested_json_in_a_suite_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    suite = _suite(tmp_path, "triage")
+    (suite / "contract.json").write_text(DEEP)
+    with pytest.raises(SuiteError, match=r"contract.json: not valid JSON: nested more than \d+ levels deep"):
+        read_suite(suite)
+
+
+def test_deeply_nested_results_or_fingerprint_is_a_named_problem_not_a_crash(tmp_path: Path) -> None:
+    from orchestrator.rundir import TraceError, iter_jsonl
+
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"ok": 1}\n' + '{"a": ' * 5000 + "1" + "}" * 5000 + "\n")
+    with pytest.raises(TraceError, match=r"results.jsonl:2: not JSON \(nested more than"):
+        list(iter_jsonl(results))
+    run = build_run(tmp_path / "run", RunSpec(hosts=two_hosts(), attempts={("local", "t1", 0): Attempt("pass"),
+                                                                             ("box-b", "t1", 0): Attempt("pass")}))  # fmt: skip
+    rundir = RunDir(run)
+    rundir.fingerprint_path("box-b").write_text('{"x": ' + DEEP + "}")
+    fp, problem = rundir.read_fingerprint("box-b")
+    assert fp is None and problem is not None and "fingerprint.json" in problem and "nested" in problem
+
+
+def test_a_non_utf8_fingerprint_from_a_host_does_not_crash_report(tmp_path: Path) -> None:
+    run = build_run(tmp_path / "run", RunSpec(hosts=two_hosts(), attempts={("local", "t1", 0): Attempt("pass"),
+                                                                             ("box-b", "t1", 0): Attempt("pass")}))  # fmt: skip
+    RunDir(run).fingerprint_path("box-b").write_bytes(b'{"hostname": "\xff\xfe"}')
+    done = CliRunner().invoke(app, ["report", str(run)])
+    assert done.exit_code in (1, 3), done.output
+    assert "internal error" not in done.output and "Traceback" not in done.output
+    assert "not UTF-8" in json.dumps(json.loads((run / "report.json").read_text()))
+
+
+def test_a_fifo_or_a_symlink_in_a_suite_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    import os
+
+    suite = _suite(tmp_path, "triage")
+    prompt = next(suite.glob("tasks/*/prompt.md"))
+    prompt.unlink()
+    os.mkfifo(prompt)  # opening it for reading would block until a writer came
+    with pytest.raises(SuiteError, match=r"prompt.md: cannot read .*not a regular file"):
+        read_suite(suite)
+    prompt.unlink()
+    secret = tmp_path / "id_ed25519"
+    secret.write_text("not for a host\n")
+    prompt.symlink_to(secret)
+    with pytest.raises(SuiteError, match=r"prompt.md: cannot read .*symbolic link"):
+        read_suite(suite)
+
+
+def test_a_byte_order_mark_is_not_a_syntax_error(tmp_path: Path) -> None:
+    suite = _suite(tmp_path, "triage")
+    for name in ("suite.toml", "contract.json"):
+        (suite / name).write_bytes(b"\xef\xbb\xbf" + (suite / name).read_bytes())
+    assert read_suite(suite).name == "triage"
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [("port = true", "port"), ('port = "2601"', "port"), ('timeout_s = "10"', "timeout_s"),
+     ('python = ""', "python"), ('user = ""', "user"), ("slots = 1.0", "slots"), ('use_agent = "yes"', "use_agent")],
+)  # fmt: skip
+def test_inventory_types_are_strict(tmp_path: Path, line: str, key: str) -> None:
+    from orchestrator.errors import InventoryError
+    from orchestrator.inventory import load_inventory
+
+    inv = tmp_path / "hosts.toml"
+    inv.write_text(f'[defaults]\nssh_config = false\n[[hosts]]\nname = "b"\naddress = "127.0.0.1"\n{line}\n')
+    with pytest.raises(InventoryError, match=rf"hosts.toml: host 'b': key '{key}'"):
+        load_inventory(inv)
+
+
+def test_a_host_list_naming_nothing_is_bad_input_not_every_host(project: Path) -> None:
+    done = CliRunner().invoke(app, ["replay", str(TRIAGE), "-i", "hosts.toml", "--hosts", ","])
+    assert done.exit_code == 2, done.output
+    assert "--hosts ',': names nothing" in done.output
