@@ -46,7 +46,9 @@ def loads(text: "str | bytes") -> Any:
     return value
 
 
-def read_regular(path: "str | os.PathLike[str]", *, follow_links: bool = True, limit: int = MAX_FILE_BYTES) -> bytes:
+def read_regular(
+    path: "str | os.PathLike[str]", *, follow_links: bool = True, limit: int = MAX_FILE_BYTES
+) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes. A FIFO, a device or a directory is
     refused before a byte is read (a FIFO would hang, /dev/zero would fill memory), and so is a
     symbolic link unless ``follow_links``; each as an OSError whose strerror says why."""

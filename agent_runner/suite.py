@@ -542,6 +542,7 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
         if must_finish is not None and must_finish not in FINISH_REASONS:
             raise SuiteError(where(task_id, f"must_finish {must_finish!r} is not one of {', '.join(FINISH_REASONS)}"))
         repo = root / "tasks" / task_id / "repo"
+        _check_predicate(repo, where(task_id, "repo"))
         tasks.append(Task(
             id=task_id,
             prompt=prompt,
@@ -559,6 +560,16 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
     normalised["tools"] = tools
     return Suite(name=name, root=root, repeat=repeat, agent=suite_agent, budget=Budget(**budget),
                  gate=Gate(flip_rate=rate, alpha=alpha, burn_invalidates=burn), contract=contract, tools=tools, tasks=tasks, data=normalised)
+
+
+def _check_predicate(repo: Path, where: str) -> None:
+    """A task's ``repo/`` and its ``run_tests.sh`` predicate: absent is fine (no predicate), present but
+    unusable is an error of the suite, never a task that passes without being checked."""
+    if os.path.lexists(repo) and (os.path.islink(repo) or not repo.is_dir()):
+        raise SuiteError(f"{where}: {repo} must be a directory (the task's repository), not a file or link")
+    predicate = repo / "run_tests.sh"
+    if os.path.lexists(predicate) and (os.path.islink(predicate) or not predicate.is_file()):
+        raise SuiteError(f"{where}: {predicate} must be a regular file (the task's predicate), not a directory or link")
 
 
 def load_suite(directory: "str | os.PathLike[str]") -> Suite:

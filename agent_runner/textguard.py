@@ -27,4 +27,10 @@ def printable(text: object) -> str:
 def control_char(text: str) -> Optional[str]:
     """The first control character in ``text`` (newline and tab included) as ``\\xNN``, or None."""
     m = _ANY_CONTROL.search(text)
-    return None if m is None else "\\x%02x" % ord(m.group()) if ord(m.group()) < 256 else "\\u%04x" % ord(m.group())
+    return (
+        None
+        if m is None
+        else "\\x%02x" % ord(m.group())
+        if ord(m.group()) < 256
+        else "\\u%04x" % ord(m.group())
+    )

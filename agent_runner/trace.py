@@ -62,8 +62,18 @@ _scan_once: Callable[[str, int], Tuple[Any, int]] = json.JSONDecoder().scan_once
 
 def iter_records(path: PathArg) -> Iterator[Tuple[int, Dict[str, Any]]]:
     """Stream ``(line_number, record)``; a damaged line becomes a record of type ``"corrupt"``."""
-    with _open(path) as handle:
-        for number, line in enumerate(handle, start=1):
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 -- closed by the with below; each line decoded alone
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:  # a line that is not UTF-8 is damage, never text with replacement characters
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield number, {"type": "corrupt", "error": f"not UTF-8 text ({exc.reason} at byte {exc.start})",
+                               "text": raw[:200].decode("utf-8", "replace")}
+                continue
             # Fast path: one JSON value from the first character, then only whitespace. Anything else
             # (blank or indented line, trailing data, damage) goes the full way, whose answer it is.
             try:

@@ -52,6 +52,10 @@ def replay_exit(
     infra = infra_reason(manifest, rows)
     if infra:
         return HOST_FAILURE, infra
+    problems = list(getattr(report, "problems", None) or [])
+    if problems:  # damaged or unexpected evidence from a host: never a verdict
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        return HOST_FAILURE, f"damaged run directory: {problems[0]}{more}"
     if report is None:
         fps = {rec.fingerprint for rec in manifest.hosts.values() if rec.fingerprint}
         if len(fps) >= 2:

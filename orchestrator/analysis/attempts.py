@@ -101,6 +101,9 @@ class TraceSummariser:
         try:
             for lineno, record in iter_records(path):
                 kind = record.get("type")
+                if finish is not None and kind != "corrupt":  # the runner writes nothing after the finish
+                    summary.problem(f"{path}:{lineno}: a {kind} record after the finish")
+                    continue
                 if kind == "turn":
                     tool = record.get("tool")
                     if not isinstance(tool, str) or not tool:

@@ -127,7 +127,8 @@ class FlipsTable:
 
     @property
     def within_gate(self) -> bool:
-        return self.flip_rate <= self.gate
+        """Nothing comparable (every row an error or one-sided) measures nothing, so it never passes."""
+        return self.comparable > 0 and self.flip_rate <= self.gate
 
 
 def flips_table(
@@ -177,5 +178,7 @@ def format_flips(table: FlipsTable) -> str:
     )
     if table.errors:  # only when there are any: a file without error rows gets the plain totals line
         summary += f" errors={table.errors}"
+    if table.rows and not table.comparable:
+        summary += " (no task comparable: nothing measured, the gate is not passed)"
     lines.append(summary)
     return "\n".join(lines)

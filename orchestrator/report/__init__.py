@@ -42,6 +42,8 @@ __all__ = [
 
 
 def gate_verdict(report: RunReport) -> str:
+    if report.comparable == 0:
+        return f"no comparable task: nothing was measured, the gate ({report.gate:.2f}) is not passed"
     state = "within" if report.within_gate else "ABOVE"
     return (
         f"flip_rate={report.flip_rate:.3f} ({report.flipped}/{report.comparable} comparable tasks) "

@@ -137,7 +137,8 @@ def test_flips_refuses_two_rows_for_one_task_env_and_attempt_naming_both_lines(t
     )
     # another attempt of the same task and env is not a duplicate
     ok = runner.invoke(app, ["flips", str(results), "x", "y", "--attempt", "1"])
-    assert ok.exit_code == 0, ok.output
+    # refused it is not; y has no attempt 1, so nothing is comparable and the gate is not passed
+    assert ok.exit_code == 1 and "no task comparable" in ok.output, ok.output
 
 
 def test_flips_unknown_env_exits_2(tmp_path):

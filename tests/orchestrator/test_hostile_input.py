@@ -60,7 +60,9 @@ def test_a_suite_name_with_a_newline_is_refused_naming_the_file(tmp_path: Path) 
 
 def test_schedule_of_a_newline_named_suite_writes_nothing(project: Path) -> None:
     suite = _suite(project, INJECTED)
-    done = CliRunner().invoke(app, ["schedule", str(suite), "--every", "1h", "-i", "hosts.toml", "--systemd", "--install"])
+    done = CliRunner().invoke(
+        app, ["schedule", str(suite), "--every", "1h", "-i", "hosts.toml", "--systemd", "--install"]
+    )
     assert done.exit_code == 2, done.output
     assert "control character" in done.output and "Traceback" not in done.output
     assert not (project / "config").exists()
@@ -76,7 +78,10 @@ def test_a_unit_never_gains_a_directive_even_from_a_name_that_bypassed_validatio
     units = schedule._systemd_units("crosshost-t", INJECTED + "%n", every, cmd, project)
     assert set(_unit_keys(units["crosshost-t.service"])) == {
         "Description", "Type", "TimeoutStartSec", "KillSignal", "WorkingDirectory", "ExecStart"}  # fmt: skip
-    assert all("ExecStartPre" not in line or line.startswith("Description=") for line in units["crosshost-t.service"].splitlines())
+    assert all(
+        "ExecStartPre" not in line or line.startswith("Description=")
+        for line in units["crosshost-t.service"].splitlines()
+    )
     with pytest.raises(InputError, match="control character"):
         schedule.systemd_quote("/tmp/a\nExecStartPre=/bin/sh")
 
@@ -84,7 +89,9 @@ def test_a_unit_never_gains_a_directive_even_from_a_name_that_bypassed_validatio
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_systemd_analyze_verifies_the_units_of_a_hostile_name(tmp_path: Path) -> None:
     every = schedule.parse_every("1h")
-    units = schedule._systemd_units("crosshost-t", INJECTED + " %n $X", every, ["/bin/true", "a b", "50%"], tmp_path)
+    units = schedule._systemd_units(
+        "crosshost-t", INJECTED + " %n $X", every, ["/bin/true", "a b", "50%"], tmp_path
+    )
     for name, text in units.items():
         (tmp_path / name).write_text(text)
     done = subprocess.run(["systemd-analyze", "verify", "--user", str(tmp_path / "crosshost-t.service"),
@@ -260,3 +267,88 @@ def test_a_host_list_naming_nothing_is_bad_input_not_every_host(project: Path) -
     done = CliRunner().invoke(app, ["replay", str(TRIAGE), "-i", "hosts.toml", "--hosts", ","])
     assert done.exit_code == 2, done.output
     assert "--hosts ',': names nothing" in done.output
+
+
+# --- damaged evidence is an error, never a verdict ------------------------------------------------
+
+
+def _two_passing(tmp_path: Path) -> Path:
+    attempts = {("local", "t1", 0): Attempt("pass"), ("box-b", "t1", 0): Attempt("pass")}
+    return build_run(tmp_path / "run", RunSpec(hosts=two_hosts(), attempts=attempts))
+
+
+def _box_b_t1(report):  # type: ignore[no-untyped-def]
+    task = report.tasks[0]
+    return task.verdicts["box-b"][0], task.why["box-b"][0]
+
+
+def test_a_non_utf8_trace_line_is_an_error_attempt_naming_file_and_line(tmp_path: Path) -> None:
+    run = _two_passing(tmp_path)
+    trace = RunDir(run).trace_path("box-b", "t1", 0)
+    lines = trace.read_bytes().splitlines(keepends=True)
+    lines.insert(1, b'{"type": "turn", "step": 1, "tool": "read_file", "args": {"path": "\xff\xfe"}}\n')
+    trace.write_bytes(b"".join(lines))
+    verdict, why = _box_b_t1(analyse_run(run))
+    assert verdict == "error"
+    assert why.startswith(f"damaged trace: {trace}:2: not UTF-8")
+
+
+def test_a_record_after_the_finish_is_an_error_attempt(tmp_path: Path) -> None:
+    run = _two_passing(tmp_path)
+    trace = RunDir(run).trace_path("box-b", "t1", 0)
+    n = len(trace.read_text().splitlines())
+    with trace.open("a") as fh:
+        fh.write(json.dumps({"type": "finish", "reason": "stop", "verdict": "fail", "why": "forged"}) + "\n")
+    verdict, why = _box_b_t1(analyse_run(run))
+    assert (verdict, why) == ("error", f"damaged trace: {trace}:{n + 1}: a finish record after the finish")
+
+
+def test_unexpected_trace_files_from_a_host_are_problems_and_exit_3(tmp_path: Path) -> None:
+    from orchestrator.exit_policy import HOST_FAILURE, replay_exit
+    from orchestrator.rundir import load_run
+
+    run = _two_passing(tmp_path)
+    traces = RunDir(run).trace_path("box-b", "t1", 0).parent
+    for i in range(50):
+        (traces / f"injected{i}.0.jsonl").write_text((traces / "t1.0.jsonl").read_text())
+    report = analyse_run(run)
+    assert [t.task for t in report.tasks] == ["t1"] and report.error_attempts == 0
+    assert report.problems and report.problems[0].startswith("50 unexpected trace file(s) not analysed")
+    manifest = load_run(run).manifest
+    code, why = replay_exit(manifest, report, None, [])
+    assert code == HOST_FAILURE and "unexpected trace file" in why
+
+
+def test_a_run_where_nothing_was_comparable_does_not_pass_the_gate(tmp_path: Path) -> None:
+    from orchestrator.exit_policy import report_exit
+
+    attempts = {("local", "t1", 0): Attempt("pass"), ("box-b", "t1", 0): Attempt("error", why="boom")}
+    report = analyse_run(build_run(tmp_path / "run", RunSpec(hosts=two_hosts(), attempts=attempts)))
+    assert report.comparable == 0 and not report.within_gate
+    assert report_exit(report) != 0
+    from orchestrator.report import gate_verdict
+
+    assert gate_verdict(report).startswith("no comparable task")
+
+
+def test_flips_with_every_row_an_error_is_not_exit_0(tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps({"task": t, "env": e, "attempt": 0, "verdict": "error"}) + "\n"
+                               for t in ("a", "b") for e in ("x", "y")))  # fmt: skip
+    done = CliRunner().invoke(app, ["flips", str(results), "x", "y"])
+    assert done.exit_code == 1, done.output
+    assert "no task comparable" in done.output
+
+
+@pytest.mark.parametrize("broken", ["repo is a file", "run_tests.sh is a directory"])
+def test_an_unusable_predicate_is_a_suite_error(tmp_path: Path, broken: str) -> None:
+    suite = _suite(tmp_path, "triage")
+    repo = next(p for p in suite.glob("tasks/*/repo") if (p / "run_tests.sh").exists())
+    if broken == "repo is a file":
+        shutil.rmtree(repo)
+        repo.write_text("not a repository\n")
+    else:
+        (repo / "run_tests.sh").unlink()
+        (repo / "run_tests.sh").mkdir()
+    with pytest.raises(SuiteError, match=r"must be (a directory|a regular file)"):
+        read_suite(suite)
