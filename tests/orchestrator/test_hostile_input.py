@@ -26,7 +26,7 @@ from orchestrator.errors import InputError
 from orchestrator.exit_policy import INTERNAL_ERROR
 from orchestrator.report import render_junit, render_markdown
 from orchestrator.rundir import RunDir
-from tests.orchestrator.analysis.builder import Attempt, RunSpec, build_run, two_hosts
+from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
 
 TRIAGE = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
 INJECTED = "triage\nExecStartPre=/bin/touch /tmp/pwned"
