@@ -29,12 +29,21 @@ SECRET_ENV_PATTERNS = (
     "OPENAI_*",
     "ANTHROPIC_*",
 )
+# The families of environment names that hold secrets under another name: DB_PASS, PGPASS, PASSWD,
+# PRIVATE_KEY, NPM_AUTH, GH_PAT, SECRET_KEY_BASE, ENCRYPTION_KEY, SIGNING_KEY. Wide on purpose (an
+# allowlisted name is refused, never shipped); only for environment names, not for record keys.
+SECRET_ENV_FAMILIES = ("*PASS*", "*PRIVATE*", "*AUTH*", "*_PAT", "PAT", "*KEY_BASE", "*ENCRYPTION_KEY",
+                       "*SIGNING_KEY", "*_CREDENTIAL")
+# words inside a name that the families would catch but that hold no secret (a commit's author)
+_HARMLESS_WORDS = re.compile(r"AUTHOR|PASSTHRU|PASSTHROUGH")
+
 
 # Keys inside records (tool args, messages) whose values are secrets. "prompt_tokens" must not match,
 # so the secret word has to end the key.
 _SECRET_KEY = re.compile(
     r"(?i)(?:^|[_\-.])(?:api[_-]?key|apikey|token|secret|password|passwd|passphrase|authorization|"
-    r"private[_-]?key|access[_-]?key|secret[_-]?key|client[_-]?secret|credentials?|cookie)$"
+    r"private[_-]?key|access[_-]?key|secret[_-]?key|client[_-]?secret|credentials?|cookie|"
+    r"pass|pgpass|auth|pat|key[_-]?base|encryption[_-]?key|signing[_-]?key)$"
 )
 # camelCase keys (accessToken, secretKey): a boundary is put before each inner capital first.
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -63,7 +72,16 @@ _AFTER_MARKER = re.compile(
 @functools.lru_cache(maxsize=4096)
 def is_secret_env_key(name: str) -> bool:
     upper = name.upper()
-    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_PATTERNS)
+    if any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_PATTERNS):
+        return True
+    upper = _HARMLESS_WORDS.sub("", upper)
+    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_FAMILIES)
+
+
+def looks_like_credential(value: str) -> bool:
+    """Whether ``value`` holds something redaction would replace (a key, a JWT, a PEM block, a
+    connection string with a password)."""
+    return redact_text(value) != value
 
 
 def secret_env_keys(keys: Iterable[str]) -> List[str]:
@@ -72,7 +90,10 @@ def secret_env_keys(keys: Iterable[str]) -> List[str]:
 
 @functools.lru_cache(maxsize=4096)
 def is_secret_key(name: str) -> bool:
-    return bool(_SECRET_KEY.search(_CAMEL.sub("_", name))) or is_secret_env_key(name)
+    upper = name.upper()
+    return bool(_SECRET_KEY.search(_CAMEL.sub("_", name))) or any(
+        fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_PATTERNS
+    )
 
 
 def _keep_marker(match: "re.Match[str]") -> str:

@@ -82,6 +82,8 @@ def _suite_files(suite_dir: Path) -> list[Path]:
             p = Path(root) / name
             if p.is_symlink():
                 raise SuiteError(f"{p}: symlinks are not shipped in a suite; copy the file in")
+            if p.is_file() and p.lstat().st_nlink > 1:  # a hard link could be any file of the user's
+                raise SuiteError(f"{p}: hard-linked files are not shipped in a suite; copy the file in")
             if p.is_file():
                 files.append(p)
     return sorted(files, key=lambda p: p.relative_to(suite_dir).as_posix())

@@ -14,10 +14,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agent_runner.envkeys import ATTEMPT_ENV_KEYS
-from agent_runner.redact import is_secret_env_key
+from agent_runner.envkeys import ATTEMPT_ENV_KEYS, is_dangerous_env_key
+from agent_runner.redact import is_secret_env_key, looks_like_credential
 from orchestrator.errors import InventoryError
 
 DEFAULT_ENV_ALLOWLIST = ["PATH", "LANG", "LC_ALL", "TZ"]
@@ -43,6 +43,8 @@ class HostConfig(BaseModel):
     known_hosts: Path | None = None
     env_allowlist: list[str] = Field(default_factory=lambda: list(DEFAULT_ENV_ALLOWLIST))
     env: dict[str, str] = Field(default_factory=dict)
+    #: let env_allowlist/env name a loader-hijacking variable (LD_PRELOAD, PYTHONPATH, BASH_ENV, IFS, ...)
+    allow_dangerous_env: bool = Field(default=False, strict=True)
     workspace_root: str = "/tmp/crosshost"
     # finite and bounded: they become `timeout -s KILL N` and socket timeouts (inf would crash the run)
     timeout_s: float = Field(default=120, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, strict=True)
@@ -99,7 +101,25 @@ class HostConfig(BaseModel):
         for key, value in v.items():
             if "\x00" in value:
                 raise ValueError(f"{key!r}: a NUL byte cannot be passed in an environment value")
+            # a pinned value is recorded in manifest.json and seen in `ps` on the host: never a secret
+            if is_secret_env_key(key):
+                raise ValueError(f"{key!r} is secret-shaped; a secret must never reach a host or the manifest")
+            if looks_like_credential(value):
+                raise ValueError(f"{key!r}: the value holds a credential (a password in a URL, a key, a token); "
+                                 "a secret must never reach a host or the manifest")
         return v
+
+    @model_validator(mode="after")
+    def _no_loader_hijack(self) -> HostConfig:
+        if not self.allow_dangerous_env:
+            for field_name, keys in (("env_allowlist", list(self.env_allowlist)), ("env", list(self.env))):
+                bad = [k for k in keys if is_dangerous_env_key(k)]
+                if bad:
+                    raise ValueError(
+                        f"{field_name}: {', '.join(bad)} can make the host run other code before the runner; "
+                        "set allow_dangerous_env = true to pass it anyway"
+                    )
+        return self
 
     @field_validator("workspace_root")
     @classmethod
@@ -417,6 +437,8 @@ def _first_error(exc: ValidationError) -> str:
     if err["type"] == "extra_forbidden":
         return f"unknown key {key!r}"
     msg = str(err["msg"]).removeprefix("Value error, ")
+    if not err["loc"] or err["loc"][0] == "env":  # the whole table, or pinned values: never echoed
+        return f"key {key!r}: {msg}" if err["loc"] else msg
     return f"key {key!r}: {msg} (got {err.get('input')!r})"
 
 

@@ -352,3 +352,74 @@ def test_an_unusable_predicate_is_a_suite_error(tmp_path: Path, broken: str) -> 
         (repo / "run_tests.sh").mkdir()
     with pytest.raises(SuiteError, match=r"must be (a directory|a regular file)"):
         read_suite(suite)
+
+
+# --- secrets by another name, loader hijacking, hard links ------------------------------------------
+
+
+def _inventory(tmp_path: Path, extra: str) -> Path:
+    inv = tmp_path / "hosts.toml"
+    inv.write_text(f'[defaults]\nssh_config = false\n[[hosts]]\nname = "b"\ntransport = "local"\n{extra}\n')
+    return inv
+
+
+@pytest.mark.parametrize("name", ["DB_PASS", "PGPASS", "GH_PAT", "NPM_AUTH", "SECRET_KEY_BASE"])
+def test_secret_names_are_refused_in_the_allowlist_and_as_pinned_values(tmp_path: Path, name: str) -> None:
+    from orchestrator.errors import InventoryError
+    from orchestrator.inventory import load_inventory
+
+    with pytest.raises(InventoryError, match=rf"host 'b': key 'env_allowlist': '{name}' is secret-shaped"):
+        load_inventory(_inventory(tmp_path, f'env_allowlist = ["PATH", "{name}"]'))
+    with pytest.raises(InventoryError, match=rf"host 'b': key 'env': '{name}' is secret-shaped") as info:
+        load_inventory(_inventory(tmp_path, f'env = {{ {name} = "hunter2" }}'))
+    assert "hunter2" not in str(info.value)
+
+
+def test_a_pinned_connection_string_with_a_password_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    from orchestrator.errors import InventoryError
+    from orchestrator.inventory import load_inventory
+
+    with pytest.raises(
+        InventoryError, match=r"key 'env': 'DATABASE_URL': the value holds a credential"
+    ) as info:
+        load_inventory(
+            _inventory(
+                tmp_path,
+                'env_allowlist = ["DATABASE_URL"]\nenv = { DATABASE_URL = "postgres://app:hunter2@db/prod" }',
+            )
+        )
+    assert "hunter2" not in str(info.value)
+    ok = load_inventory(
+        _inventory(
+            tmp_path, 'env_allowlist = ["DATABASE_URL"]\nenv = { DATABASE_URL = "postgres://db/prod" }'
+        )
+    )
+    assert ok.hosts[0].env == {"DATABASE_URL": "postgres://db/prod"}
+
+
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "PYTHONPATH", "BASH_ENV", "IFS"])
+def test_loader_hijacking_variables_are_refused_unless_allowed(tmp_path: Path, name: str) -> None:
+    from orchestrator.errors import InventoryError
+    from orchestrator.inventory import load_inventory
+
+    with pytest.raises(
+        InventoryError, match=rf"host 'b': env_allowlist: {name} can make the host run other code"
+    ):
+        load_inventory(_inventory(tmp_path, f'env_allowlist = ["PATH", "{name}"]'))
+    allowed = load_inventory(
+        _inventory(tmp_path, f'env_allowlist = ["PATH", "{name}"]\nallow_dangerous_env = true')
+    )
+    assert name in allowed.hosts[0].env_allowlist
+
+
+def test_a_hard_link_in_a_suite_is_refused_like_a_symlink(tmp_path: Path) -> None:
+    import os
+
+    from orchestrator.bundle import build_bundle
+
+    suite = _suite(tmp_path, "triage")
+    key = tmp_path / "id_ed25519"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    os.link(key, suite / "tasks" / "healthy-no-writes" / "notes.txt")
+    with pytest.raises(SuiteError, match=r"notes.txt: hard-linked files are not shipped"):
+        build_bundle(suite, tmp_path / "out")
