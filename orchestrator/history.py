@@ -25,7 +25,7 @@ from agent_runner.jsonfile import loads as json_loads
 from orchestrator.analysis.stats import pass_counts, pass_rate
 from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
-from orchestrator.exit_policy import compare_last_exit
+from orchestrator.exit_policy import BAD_INPUT, compare_last_exit
 from orchestrator.hints import command, out_words
 from orchestrator.rundir import Manifest, RunDir, parse_utc
 
@@ -328,14 +328,33 @@ def run_dirs(runs_dir: Path) -> list[Path]:
     return sorted(p for p in runs_dir.iterdir() if RunDir(p).manifest_path.is_file())
 
 
+def _set_aside(runs_dir: Path) -> Path:
+    """Move a damaged index (and its WAL files) out of the way, kept for a post-mortem."""
+    path = index_path(runs_dir)
+    aside = path.with_name(f"{path.name}.damaged-{_dt.datetime.now(_dt.UTC):%Y%m%dT%H%M%S%fZ}")
+    for suffix in ("", "-wal", "-shm"):
+        part = Path(f"{path}{suffix}")
+        if part.exists():
+            part.replace(f"{aside}{suffix}")
+    return aside
+
+
 def rebuild(runs_dir: Path) -> tuple[int, list[str]]:
-    """Recreate the index from every run dir. Returns (runs indexed, skipped dirs with the reason)."""
+    """Recreate the index from every run dir. Returns (runs indexed, skipped dirs with the reason).
+    An index that cannot be opened or read is set aside and a new one written: the run dirs are
+    the source of truth, so this is the remedy for a damaged index."""
     rows, skipped = [], []
     for d in run_dirs(runs_dir):
         try:
             rows.append(read_run(d))
         except InputError as exc:
             skipped.append(f"{d.name}: {exc}")
+    try:
+        with _connect(runs_dir) as conn:
+            conn.execute("PRAGMA quick_check").fetchall()
+            conn.execute("SELECT count(*) FROM runs").fetchone()
+    except CrosshostError:
+        skipped.append(f"{index_path(runs_dir).name}: damaged, set aside as {_set_aside(runs_dir).name}")
     with _connect(runs_dir) as conn, _write(conn):
         conn.execute("DELETE FROM task_results")
         conn.execute("DELETE FROM runs")
@@ -517,9 +536,13 @@ def history_listing(
 class AfterReplay:
     newly_flipping: list[str]
     warning: str | None = None  # the index could not be written; the run dir is intact
+    compared: bool = True  # False: --compare-last asked and the index could not answer
 
     def exit_code(self, replay_code: int) -> int:
-        """``--compare-last``: a newly flipping task makes a passing replay exit 1, even under the gate."""
+        """``--compare-last``: a newly flipping task makes a passing replay exit 1, even under the gate;
+        a comparison that could not be made is never a pass (2: the index named in the warning)."""
+        if not self.compared and replay_code == 0:
+            return BAD_INPUT
         return compare_last_exit(replay_code, self.newly_flipping)
 
     def message(self, suite: str | None) -> str | None:
@@ -541,4 +564,6 @@ def after_replay(run_dir: Path, *, compare: bool = False) -> AfterReplay:
         record_run(runs_dir, run_dir)
         return AfterReplay([])
     except CrosshostError as exc:
+        if compare:
+            return AfterReplay([], warning=f"--compare-last could not compare: {exc}", compared=False)
         return AfterReplay([], warning=f"history index not updated: {exc}")

@@ -329,7 +329,12 @@ def replay(
 
     outcome = ReplayOutcome(run_dir, manifest, 0, results=rows, errors=errors)
     if not manifest.interrupted:
-        outcome.report = analyse_and_write(run_dir.path, gate) if with_analysis else None
+        try:
+            outcome.report = analyse_and_write(run_dir.path, gate) if with_analysis else None
+        except KeyboardInterrupt:  # the hosts are done; the run is kept, and says it was cut short
+            manifest.interrupted = True
+            manifest.notes.append("interrupted during the analysis: reports not written (crosshost report RUN_DIR)")
+            run_dir.write_manifest(manifest)
     outcome.exit_code, outcome.exit_reason = replay_exit(manifest, outcome.report, gate, rows)
     return outcome
 
@@ -373,5 +378,6 @@ def replay_command(request: ReplayRequest, *, lint: bool = True, **kwargs: Any) 
     outcome.notes += [n for n in (after.warning, after.message(outcome.manifest.suite_name or "?")) if n]
     code = after.exit_code(outcome.exit_code) if request.compare_last else outcome.exit_code
     if code != outcome.exit_code:
-        outcome.exit_code, outcome.exit_reason = code, COMPARE_LAST_REASON
+        reason = COMPARE_LAST_REASON if after.compared else (after.warning or "--compare-last could not compare")
+        outcome.exit_code, outcome.exit_reason = code, reason
     return outcome

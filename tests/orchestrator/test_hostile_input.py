@@ -423,3 +423,69 @@ def test_a_hard_link_in_a_suite_is_refused_like_a_symlink(tmp_path: Path) -> Non
     os.link(key, suite / "tasks" / "healthy-no-writes" / "notes.txt")
     with pytest.raises(SuiteError, match=r"notes.txt: hard-linked files are not shipped"):
         build_bundle(suite, tmp_path / "out")
+
+
+# --- history recovers -----------------------------------------------------------------------------
+
+
+def _indexed_runs(tmp_path: Path) -> Path:
+    from orchestrator.history import record_run
+    from orchestrator.report import write_reports
+
+    runs = tmp_path / "runs"
+    run = build_run(runs, RunSpec(hosts=two_hosts(), attempts={("local", "t1", 0): Attempt("pass"),
+                                                              ("box-b", "t1", 0): Attempt("pass")}))  # fmt: skip
+    write_reports(run, analyse_run(run))
+    record_run(runs, run)
+    return run
+
+
+def test_history_rebuild_recreates_a_corrupt_index(tmp_path: Path) -> None:
+    from orchestrator.history import history_listing, index_path
+
+    run = _indexed_runs(tmp_path)
+    runs = run.parent
+    for part in runs.glob("index.sqlite*"):
+        part.unlink()
+    index_path(runs).write_bytes(b"this is not a database" * 100)
+    listing = history_listing(runs, rebuild_index=True)
+    assert [e.row.run_id for e in listing.entries] == [run.name]
+    assert any("damaged, set aside" in n for n in listing.notes), listing.notes
+    done = CliRunner().invoke(app, ["history", "--out", str(runs)])
+    assert done.exit_code == 0, done.output
+
+
+def test_compare_last_that_cannot_compare_is_not_a_pass(tmp_path: Path) -> None:
+    from orchestrator.history import after_replay, index_path
+
+    run = _indexed_runs(tmp_path)
+    for part in run.parent.glob("index.sqlite*"):
+        part.unlink()
+    index_path(run.parent).write_bytes(b"this is not a database" * 100)
+    after = after_replay(run, compare=True)
+    assert after.exit_code(0) == 2 and not after.compared
+    assert after.warning is not None and after.warning.startswith("--compare-last could not compare")
+    assert "--rebuild" in after.warning
+
+
+def test_ctrl_c_during_the_analysis_is_recorded_as_an_interruption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orchestrator.replay as replay_mod
+    from orchestrator.replay import ReplayRequest, replay
+    from orchestrator.rundir import load_run
+
+    def interrupted(*_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(replay_mod, "analyse_and_write", interrupted)
+    inv = tmp_path / "hosts.toml"
+    inv.write_text('[[hosts]]\nname = "a"\ntransport = "local"\n[[hosts]]\nname = "b"\ntransport = "local"\n')
+    outcome = replay(
+        ReplayRequest(
+            suite_dir=TRIAGE, inventory_path=inv, out=tmp_path / "runs", tasks=["healthy-no-writes"]
+        )
+    )
+    assert outcome.exit_code == 130
+    manifest = load_run(outcome.run_dir.path).manifest
+    assert manifest.interrupted and any("interrupted during the analysis" in n for n in manifest.notes)
