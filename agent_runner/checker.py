@@ -26,10 +26,11 @@ _INVARIANT_KIND = {
 }
 
 # An absolute path under a root that only exists on a machine (POSIX), or a drive path (Windows).
-# The look-behind keeps URL paths ("https://h/home/x") and relative paths ("a/tmp/b") out.
+# The look-behind keeps URL paths ("https://h/home/x") and relative paths ("a/tmp/b") out. /etc, /usr,
+# /proc and /dev are the system's: the same path on every host tells nothing about this one.
 _ABSOLUTE_LOCAL = re.compile(
-    r"(?<![\w.~/:\-])/(?:Users|home|root|tmp|var|private|opt|mnt|srv|Volumes|etc|usr|run|media|"
-    r"workspace|workspaces|data|proc|dev|nix|snap)(?=/|$|[\s\"'`,;)\]}])[^\s\"'`,;)\]}]*"
+    r"(?<![\w.~/:\-])/(?:Users|home|root|tmp|var|private|opt|mnt|srv|Volumes|run|media|"
+    r"workspace|workspaces|data|nix|snap)(?=/|$|[\s\"'`,;)\]}])[^\s\"'`,;)\]}]*"
     r"|(?<![A-Za-z0-9])[A-Za-z]:\\[^\s\"'`,;]*"
     r"|(?<![A-Za-z0-9])[A-Za-z]:/(?!/)[^\s\"'`,;]*"
 )
@@ -121,7 +122,9 @@ def _path_re(path: str) -> "re.Pattern[str]":
 
 
 def _word_re(word: str) -> "re.Pattern[str]":
-    return re.compile(r"(?<![\w\-])" + re.escape(word) + r"(?![\w\-])", re.IGNORECASE)
+    """``word`` between any two non-alphanumeric characters: ``box-a`` in ``record-for-box-a`` and
+    ``box_a.log``, not in ``box-ab``."""
+    return re.compile(r"(?<![A-Za-z0-9])" + re.escape(word) + r"(?![A-Za-z0-9])", re.IGNORECASE)
 
 
 def _host_facts(fingerprints: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[str], List[str]]:

@@ -489,3 +489,19 @@ def test_ctrl_c_during_the_analysis_is_recorded_as_an_interruption(
     assert outcome.exit_code == 130
     manifest = load_run(outcome.run_dir.path).manifest
     assert manifest.interrupted and any("interrupted during the analysis" in n for n in manifest.notes)
+
+
+# --- precise leaks ---------------------------------------------------------------------------------
+
+
+def test_a_hostname_joined_into_an_identifier_is_a_leak_and_a_system_path_is_not() -> None:
+    from agent_runner.checker import check_turns
+
+    contract = {"contract_id": "c", "tools": [{"name": "note", "required_args": ["text"]}],
+                "invariants": ["no_absolute_local_paths", "no_hostname_in_tool_args"]}  # fmt: skip
+    box = {"hostname": "box-a", "home": "/home/dev", "cwd": "/tmp/crosshost/w"}
+    texts = ["record-for-box-a", "box-a_backup", "cat /etc/os-release", "ls /usr/lib/python3", "/proc/cpuinfo",
+             "/tmp/scratch/x"]  # fmt: skip
+    turns = [{"step": i, "tool": "note", "args": {"text": t}} for i, t in enumerate(texts, 1)]
+    found = [(f.step, f.kind) for f in check_turns(contract, turns, [box])]
+    assert found == [(1, "hostname"), (2, "hostname"), (6, "absolute_local_path")]
