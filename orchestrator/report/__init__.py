@@ -300,8 +300,13 @@ def _failure_text(task: TaskReport, report: RunReport) -> str:
     return "\n".join(lines)
 
 
+#: the test case an invalid run fails in junit.xml (a task id cannot hold a space)
+RUN_CASE = "run validity"
+
+
 def render_junit(report: RunReport) -> str:
-    """One test case per task; a flip or an invalid run is a failure, an ``error`` verdict an error."""
+    """One test case per task (a flip a failure, an ``error`` verdict an error), and for an invalid
+    run one more case, ``run validity``, that fails with the reasons."""
     suite_name = report.suite or "crosshost"
     failures = errors = 0
     suite = ET.Element("testsuite", name=f"crosshost.{suite_name}")
@@ -316,33 +321,30 @@ def render_junit(report: RunReport) -> str:
         ET.SubElement(props, "property", name=name, value=value)
     invalid = "invalid run: " + "; ".join(report.invalid_reasons) if not report.valid else ""
     cases: list[tuple[str, TaskReport | None]] = [(t.task, t) for t in report.tasks]
-    if not cases and invalid:  # no task to carry the failure: an invalid run must still fail CI
-        cases = [("run", None)]
+    if invalid:  # the run's validity is a case of its own: a task that agreed did not fail
+        cases.append((RUN_CASE, None))
     for name, task in cases:
         case = ET.SubElement(suite, "testcase", classname=suite_name, name=name)
-        messages = []
-        if task is not None and task.flip:
-            messages.append(
-                f"flip on {', '.join(task.flipped_hosts)} vs {report.reference}: {task.classification}"
-            )
-        if invalid:
-            messages.append(invalid)
-        if messages:
+        if task is None:
+            failures += 1
+            failure = ET.SubElement(case, "failure", message=invalid, type="crosshost.invalid")
+            failure.text = "\n".join(report.invalid_reasons)
+        elif task.flip:
             failures += 1
             failure = ET.SubElement(
                 case,
                 "failure",
-                message="; ".join(messages),
-                type="crosshost.flip" if task and task.flip else "crosshost.invalid",
+                message=f"flip on {', '.join(task.flipped_hosts)} vs {report.reference}: {task.classification}",
+                type="crosshost.flip",
             )
-            failure.text = _failure_text(task, report) if task else invalid
-        elif task is not None and task.classification == "infra_error":
+            failure.text = _failure_text(task, report)
+        elif task.classification == "infra_error":
             errors += 1
             error = ET.SubElement(
                 case, "error", message=f"infra_error: {task.action}", type="crosshost.infra_error"
             )
             error.text = _failure_text(task, report)
-        elif task is not None and task.classification != "agree":
+        elif task.classification != "agree":
             ET.SubElement(case, "system-out").text = _failure_text(task, report)
     suite.set("tests", str(len(cases)))
     suite.set("failures", str(failures))

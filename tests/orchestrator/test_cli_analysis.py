@@ -256,17 +256,19 @@ def test_report_junit_one_case_per_task_flip_is_a_failure(tmp_path):
     assert suite.get("failures") == "1"
 
 
-def test_report_junit_invalid_run_fails_every_case(tmp_path):
+def test_report_junit_invalid_run_is_one_failing_case_of_its_own(tmp_path):
     run = _flipped_run(tmp_path)
     (run / "contract.json").unlink()
     out = runner.invoke(app, ["report", str(run), "--format", "junit"])
     assert out.exit_code == 1
     suite = ET.fromstring(out.output).find("testsuite")
     assert suite is not None
-    failures = [c.find("failure") for c in suite.iter("testcase")]
-    assert len(failures) == 3 and all(
-        f is not None and "contract not stored" in f.get("message", "") for f in failures
-    )
+    cases = {c.get("name"): c.find("failure") for c in suite.iter("testcase")}
+    assert sorted(cases) == ["run validity", "t-flip", "t-ok", "t-shape"]
+    run_failure = cases["run validity"]
+    assert run_failure is not None and "contract not stored" in run_failure.get("message", "")
+    assert cases["t-ok"] is None and cases["t-shape"] is None  # an agreeing task did not fail
+    assert cases["t-flip"] is not None and suite.get("failures") == "2"
 
 
 def test_report_table_shows_flip_classification_validity_and_gate(tmp_path):
