@@ -80,7 +80,8 @@ def open_host(
             )
 
     retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(HostUnreachable),
+        # a name that does not resolve is HostUnreachable too, but not transient: not retried
+        retry=tenacity.retry_if_exception(lambda e: isinstance(e, HostUnreachable) and e.transient),
         stop=tenacity.stop_after_attempt(CONNECT_ATTEMPTS) | tenacity.stop_before_delay(budget_s),
         # Jitter on top of a growing floor: purely random waits can spend every attempt within a second.
         # `multiplier`, not the deprecated `initial` (a DeprecationWarning): hence tenacity >= 9.2.1.

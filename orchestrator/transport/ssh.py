@@ -351,6 +351,10 @@ def mapped_error(exc: BaseException, owner: str, what: str) -> HostError:
         return AuthenticationFailed(owner, f"{what}: {_describe(exc)}")
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return HostUnreachable(owner, f"{what}: {exc}")
+    if isinstance(exc, socket.gaierror):  # the name does not resolve: asking again will not change it
+        err = HostUnreachable(owner, f"{what}: the address does not resolve ({exc.strerror or exc})")
+        err.transient = False
+        return err
     return HostUnreachable(owner, f"{what}: {_describe(exc)}")
 
 

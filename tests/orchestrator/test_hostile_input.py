@@ -505,3 +505,20 @@ def test_a_hostname_joined_into_an_identifier_is_a_leak_and_a_system_path_is_not
     turns = [{"step": i, "tool": "note", "args": {"text": t}} for i, t in enumerate(texts, 1)]
     found = [(f.step, f.kind) for f in check_turns(contract, turns, [box])]
     assert found == [(1, "hostname"), (2, "hostname"), (6, "absolute_local_path")]
+
+
+def test_a_name_that_does_not_resolve_is_not_retried_as_transient(tmp_path: Path) -> None:
+    import subprocess as sp
+
+    from orchestrator.errors import HostUnreachable
+    from orchestrator.inventory import load_inventory
+    from orchestrator.transport import open_host
+
+    sp.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "id_ed25519")], check=True)
+    inv = tmp_path / "hosts.toml"
+    inv.write_text('[defaults]\nssh_config = false\n[[hosts]]\nname = "nx"\naddress = "no-such-host.invalid"\n'
+                   'user = "root"\nidentity_file = "id_ed25519"\n')  # fmt: skip
+    retries: list[object] = []
+    with pytest.raises(HostUnreachable, match="does not resolve") as info:
+        open_host(load_inventory(inv).get("nx"), on_retry=retries.append)
+    assert retries == [] and "gave up after 1 attempt" in str(info.value)
