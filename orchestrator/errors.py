@@ -7,7 +7,7 @@ error from this module. The controller adds:
     ├── InventoryError       hosts.toml
     └── ApiKeyMissing        [agent] api_key_env names a variable unset on the controller
     HostError                exit 3: infrastructure; carries the host's name
-    ├── HostUnreachable      connect refused / timed out / DNS (transient: retried)
+    ├── HostUnreachable      connect refused / timed out (transient: retried) / DNS (not retried)
     ├── HostKeyRejected      changed host key (never retried)
     │   └── HostKeyUnknown   a key not yet trusted; the command's hint adds --accept-new to it
     ├── AuthenticationFailed the key was refused (never retried)
