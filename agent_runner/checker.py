@@ -96,6 +96,10 @@ def validate_contract(contract: Any, source: str, error: Type[InputError] = Cont
     for invariant in invariants:
         if invariant not in INVARIANTS:
             raise error(f"{source}: unknown invariant {invariant!r} (known: {', '.join(INVARIANTS)})")
+    allowed = _string_list(contract.get("allowed_paths", []), f"{source}: 'allowed_paths'", error)
+    for prefix in allowed:
+        if not prefix.startswith("/") or prefix.rstrip("/") == "":
+            raise error(f"{source}: 'allowed_paths' entry {prefix!r} must be an absolute path prefix below /")
     return contract
 
 
@@ -173,6 +177,8 @@ class TurnChecker:
         self._homes = [(h.rstrip("/"), _path_re(h), h) for h in homes] if check_homes else []
         self._hostnames = [(h.lower(), _word_re(h), h) for h in hostnames] if check_hosts else []
         self._check_paths, self._check_homes = check_paths, check_homes
+        # paths the contract says are the same on every host (a shared mount, a tool's install dir)
+        self._allowed = tuple(p.rstrip("/") for p in contract.get("allowed_paths", []) if isinstance(p, str))
         self._leak_memo: Dict[str, Tuple[LeakMatch, ...]] = {}
         self._turn_memo: Dict[Any, Tuple[Tuple[str, str], ...]] = {}
 
@@ -192,7 +198,10 @@ class TurnChecker:
                 if needle in text and pattern.search(text):
                     yield "absolute_local_path", cwd, f"a host's working directory {cwd!r} in an argument"
             for match in _ABSOLUTE_LOCAL.finditer(text):
-                yield "absolute_local_path", match.group(0), f"absolute local path {match.group(0)!r}"
+                path = match.group(0)
+                if any(path == p or path.startswith(p + "/") for p in self._allowed):
+                    continue
+                yield "absolute_local_path", path, f"absolute local path {path!r}"
         if self._check_homes:
             for needle, pattern, home in self._homes:
                 if needle in text and pattern.search(text):

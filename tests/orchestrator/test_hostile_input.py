@@ -522,3 +522,19 @@ def test_a_name_that_does_not_resolve_is_not_retried_as_transient(tmp_path: Path
     with pytest.raises(HostUnreachable, match="does not resolve") as info:
         open_host(load_inventory(inv).get("nx"), on_retry=retries.append)
     assert retries == [] and "gave up after 1 attempt" in str(info.value)
+
+
+def test_a_contract_can_allow_path_prefixes_that_are_the_same_on_every_host() -> None:
+    from agent_runner.checker import check_turns, validate_contract
+    from agent_runner.errors import ContractError
+
+    contract = {"contract_id": "c", "tools": [{"name": "note", "required_args": ["text"]}],
+                "invariants": ["no_absolute_local_paths"], "allowed_paths": ["/opt/shared"]}  # fmt: skip
+    turns = [{"step": i, "tool": "note", "args": {"text": t}}
+             for i, t in enumerate(["/opt/shared/tool", "/opt/shared", "/opt/sharedx/a", "/opt/other"], 1)]  # fmt: skip
+    found = [f.step for f in check_turns(validate_contract(contract, "c.json"), turns, [])]
+    assert found == [3, 4]
+    with pytest.raises(
+        ContractError, match=r"c.json: 'allowed_paths' entry 'opt' must be an absolute path prefix"
+    ):
+        validate_contract({**contract, "allowed_paths": ["opt"]}, "c.json")
