@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agent_runner.envkeys import ATTEMPT_ENV_KEYS, is_dangerous_env_key
+from agent_runner.jsonfile import decode_text, read_regular
 from agent_runner.redact import is_secret_env_key, looks_like_credential
 from orchestrator.errors import InventoryError
 
@@ -212,11 +213,11 @@ def load_inventory(path: Path) -> Inventory:
     path = Path(path)
     label = str(path)
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)  # a FIFO or /dev/zero is refused before a byte is read
     except OSError as exc:
         raise InventoryError(f"{label}: cannot read inventory: {exc.strerror or exc}") from exc
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(decode_text(raw))
     except UnicodeDecodeError as exc:
         raise InventoryError(f"{label}: not UTF-8 text: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:

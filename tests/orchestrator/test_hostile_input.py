@@ -538,3 +538,18 @@ def test_a_contract_can_allow_path_prefixes_that_are_the_same_on_every_host() ->
         ContractError, match=r"c.json: 'allowed_paths' entry 'opt' must be an absolute path prefix"
     ):
         validate_contract({**contract, "allowed_paths": ["opt"]}, "c.json")
+
+
+def test_an_inventory_with_a_bom_reads_and_a_fifo_is_refused(tmp_path: Path) -> None:
+    import os
+
+    from orchestrator.errors import InventoryError
+    from orchestrator.inventory import load_inventory
+
+    inv = tmp_path / "hosts.toml"
+    inv.write_bytes(b'\xef\xbb\xbf[[hosts]]\nname = "a"\ntransport = "local"\n')
+    assert load_inventory(inv).names == ["a"]
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(InventoryError, match=r"fifo.toml: cannot read inventory: not a regular file"):
+        load_inventory(fifo)
