@@ -544,7 +544,7 @@ def render_explain(outcome: ExplainOutcome, console: Console | None = None) -> N
     console = console or Console()
 
     def line(text: str) -> None:
-        console.print(text, markup=False, highlight=False, soft_wrap=True)
+        say(console, text)
 
     for host, error in outcome.errors.items():
         line(f"{host}: {error}")
