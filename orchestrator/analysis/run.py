@@ -57,24 +57,6 @@ MAX_ARGS_DIFFS = 20
 MAX_LEAK_EXAMPLES = 1  # the rest are in each task's leaks
 
 
-def _expected_traces(run: Run) -> list[tuple[AttemptKey, Path]]:
-    """The run's trace files, less those of a host or task the manifest does not name: a host sent
-    them, nothing asked for them, and they are a problem of the run (never attempts that count)."""
-    hosts, tasks = set(run.manifest.hosts), set(run.manifest.tasks)
-    kept: list[tuple[AttemptKey, Path]] = []
-    unexpected: list[Path] = []
-    for key, path in run.trace_files():
-        if (hosts and key[0] not in hosts) or (tasks and key[1] not in tasks):
-            unexpected.append(path)
-        else:
-            kept.append((key, path))
-    if unexpected:
-        shown = ", ".join(str(p) for p in unexpected[:3]) + (", ..." if len(unexpected) > 3 else "")
-        run.problems.append(f"{len(unexpected)} unexpected trace file(s) not analysed (no such host or task in "
-                            f"the manifest): {shown}")
-    return kept
-
-
 def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelection | None = None) -> RunReport:
     """Analyse ``runs/<run_id>/``; ``gate`` (``--gate``) overrides the suite's flip-rate gate;
     ``selection`` (``--tasks/--exclude/--tags``) analyses those tasks only (flip rate, validity)."""
@@ -86,7 +68,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     hold = read_hold(run.dir)
     summaries: dict[AttemptKey, AttemptSummary] = {}
     summariser = TraceSummariser(contract, fingerprints)  # one memo for every trace of the run
-    traces = _expected_traces(run)
+    traces = list(run.trace_files())
     rows = run.results()
     tasks = list(dict.fromkeys([*run.manifest.tasks, *sorted({k[1] for k, _ in traces} | {k[1] for k in rows})]))
     if selection is not None and not selection.everything:
