@@ -66,7 +66,10 @@ def _prefix(level: str, uid: Optional[int]) -> List[str]:
         # runner. It holds nothing (the attempt's environment, no capability the attempt can use).
         return [unshare, *ns, "--", "/bin/sh", "-c", '"$@"; exit $?', "sh", *drop]
     if level == PIDNS:
-        return [unshare, "--user", *ns, "--"]
+        # A shell is the namespace's init, the attempt its child: init ignores the signals it has
+        # no handler for, so an attempt that was init could not be killed (a predicate's own
+        # `kill -KILL $$` would be ignored and it would run on to exit 0).
+        return [unshare, "--user", *ns, "--", "/bin/sh", "-c", '"$@"; exit $?', "sh"]
     return []
 
 

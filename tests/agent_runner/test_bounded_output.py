@@ -57,6 +57,20 @@ def test_a_gigabyte_of_output_keeps_the_runner_under_100_mb(tmp_path: Path) -> N
     assert obs[0]["content"].endswith(f"[truncated {GIB - 64 * 1024} bytes]")
 
 
+def test_a_predicate_that_kills_itself_fails(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path / "s", {
+        "killed": {"script": [{"content": "done", "finish": "stop"}],
+                   "repo": {"run_tests.sh": "echo before\nkill -KILL $$\necho after\n"}},
+    })  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, env=clean_env(), cwd=REPO,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    finish = records(tmp_path / "out" / "traces" / "killed.0.jsonl")[-1]
+    assert finish["verdict"] == "fail" and finish["predicate_exit"] not in (None, 0)
+    assert "after" not in (finish["predicate_output"] or "")
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="known gap: inside the PID-namespace sandbox a predicate that SIGKILLs itself reads as exit 0",
