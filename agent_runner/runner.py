@@ -38,6 +38,7 @@ from .checker import check_turns
 from .digests import HashingWriter, write_announced
 from .envkeys import ATTEMPT_ENV_KEYS
 from .errors import InputError, RunnerError, SecretVisible, SuiteError
+from .exec_agent import run_exec
 from .fingerprint import collect, commands_of
 from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
@@ -238,8 +239,10 @@ class Runner:
 
     def _run_agent(self, task: Task, work: Path, env: Dict[str, str], scratch: Path, writer: TraceWriter,
                    started: float, box: Sandbox, attempt: int = 0) -> LoopOutcome:
-        agent = agents.make_agent(task.agent)
         deadline = started + task.budget.timeout_s
+        if task.agent.kind == "exec":  # its own program runs its tools; the proxy saw its turns
+            return run_exec(task, attempt, work, env, scratch, self.suite.root, writer, deadline, box)
+        agent = agents.make_agent(task.agent)
         toolbox = ToolBox(self.suite.contract, self.suite.tools, task.fixtures, work, env, box)
         ctx = agents.AgentContext(task=task, prompt=task.prompt, tools=list(self.suite.contract.get("tools", [])),
                                   workspace=work, env=env, suite_dir=self.suite.root, scratch=scratch,

@@ -28,7 +28,9 @@ except ImportError:  # pragma: no cover - only on Python < 3.11
     _toml = None  # type: ignore[assignment]
 
 SCHEMA = "crosshost.suite/1"
-AGENT_KINDS = ("scripted", "command", "openai", "none")
+AGENT_KINDS = ("scripted", "command", "openai", "exec", "none")
+#: kinds that talk to a live model through the controller's proxy
+MODEL_KINDS = ("openai", "exec")
 TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 DEFAULT_BUDGET = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
 #: the most attempts of one task a suite may ask for (and so the most a run directory may hold)
@@ -198,7 +200,7 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
         "schema": SCHEMA,
         "name": raw.get("name", root.name),
         # A live model is sampled: three attempts per task unless the suite says otherwise.
-        "repeat": raw.get("repeat", 3 if isinstance(raw.get("agent"), dict) and raw["agent"].get("kind") == "openai"
+        "repeat": raw.get("repeat", 3 if isinstance(raw.get("agent"), dict) and raw["agent"].get("kind") in MODEL_KINDS
                           else 1),
         "agent": raw.get("agent", {"kind": "scripted"}),
         "budget": raw.get("budget", {}),
@@ -267,7 +269,7 @@ def shell_callers(tasks: List[Dict[str, Any]], contract: Dict[str, Any], suite_a
         script = script if isinstance(script, list) else []
         calls = {c.get("name") for turn in script if isinstance(turn, dict)
                  for c in (turn.get("tool_calls") or []) if isinstance(c, dict)}
-        if "shell" in calls or (declared and kind in ("command", "openai")):
+        if "shell" in calls or (declared and kind in ("command", "openai", "exec")):
             found.append(str(task.get("id")))
     return found
 
@@ -356,23 +358,25 @@ def _agent(raw: Any, base: Optional[Dict[str, Any]], where: str) -> AgentSpec:
         raise SuiteError(f"{where}.kind: unknown agent kind {kind!r} (known: {', '.join(AGENT_KINDS)})")
     command = merged.pop("command", None)
     merged.pop("kind")
-    if kind == "command":
+    if kind in ("command", "exec"):
         if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
-            raise SuiteError(f"{where}.command must be a non-empty list of strings for kind = \"command\"")
+            raise SuiteError(f"{where}.command must be a non-empty list of strings for kind = \"{kind}\"")
     elif command is not None:
-        raise SuiteError(f"{where}.command is only for kind = \"command\" (kind is {kind!r})")
-    if "sampled" in merged and (kind not in ("command", "openai") or not isinstance(merged["sampled"], bool)):
-        raise SuiteError(f"{where}.sampled must be true or false, for kind = \"command\" or \"openai\" "
+        raise SuiteError(f"{where}.command is only for kind = \"command\" or \"exec\" (kind is {kind!r})")
+    if "sampled" in merged and (kind not in ("command", "openai", "exec") or not isinstance(merged["sampled"], bool)):
+        raise SuiteError(f"{where}.sampled must be true or false, for kind = \"command\", \"openai\" or \"exec\" "
                          f"(kind is {kind!r}, sampled is {merged['sampled']!r})")
     if kind == "openai":
         _openai_options(merged, where)
+    if kind == "exec":
+        _openai_options(merged, where, _EXEC_KEYS, kind)
     return AgentSpec(kind=kind, command=command, options=merged)
 
 
 def is_sampled(agent: AgentSpec) -> bool:
     """Whether the agent's verdicts are draws: a live model unless ``sampled = false``, a command agent
     only with ``sampled = true``. One attempt of a sampled agent is never evidence of a host difference."""
-    default = agent.kind == "openai"
+    default = agent.kind in MODEL_KINDS
     return bool(agent.options.get("sampled", default))
 
 
@@ -404,15 +408,27 @@ def _positive_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
-def _openai_options(options: Dict[str, Any], where: str) -> None:
-    unknown = sorted(set(options) - set(_OPENAI_KEYS))
+# kind = "exec": the program picks its own sampling settings; the suite names the wire format, the
+# model it may ask for and the proxy's caps. Its model is not held (the proxy answers it live).
+_EXEC_KEYS: Dict[str, Any] = {
+    "api": (True, lambda v: v in ("openai", "anthropic"), '"openai" (chat completions) or "anthropic" (messages)'),
+    **{k: v for k, v in _OPENAI_KEYS.items()
+       if k in ("model", "base_url", "api_key_env", "max_requests", "max_total_tokens", "request_timeout_s",
+                "sampled")},
+}
+
+
+def _openai_options(options: Dict[str, Any], where: str, keys: Optional[Dict[str, Any]] = None,
+                    kind: str = "openai") -> None:
+    keys = _OPENAI_KEYS if keys is None else keys
+    unknown = sorted(set(options) - set(keys))
     if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)} for kind = \"openai\" "
-                         f"(known: {', '.join(sorted(_OPENAI_KEYS))})")
-    for key, (required, ok, what) in _OPENAI_KEYS.items():
+        raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)} for kind = \"{kind}\" "
+                         f"(known: {', '.join(sorted(keys))})")
+    for key, (required, ok, what) in keys.items():
         if key not in options:
             if required:
-                raise SuiteError(f"{where}.{key} is required for kind = \"openai\" ({what})")
+                raise SuiteError(f"{where}.{key} is required for kind = \"{kind}\" ({what})")
             continue
         if not ok(options[key]):
             # api_key_env may hold a pasted key by mistake: never echo its value.

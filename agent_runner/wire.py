@@ -28,6 +28,16 @@ ERR_BAD_JSON = "crosshost_provider_bad_json"
 #: hold_model = "strict": this host's request differs from the reference's record; the attempt ends
 ERR_DIVERGED = "crosshost_model_diverged"
 
+#: kind = "exec": the per-run placeholder the proxy requires in place of an API key (not a secret:
+#: it opens nothing but this run's proxy; the proxy swaps it for the real key)
+MODEL_PASS_ENV = "CROSSHOST_MODEL_PASS"
+#: an exec agent's base path: <proxy>/attempt/<task>.<attempt>, then the SDK's own path below it
+#: (``/v1/chat/completions`` or ``/v1/messages``), so the proxy knows the attempt of every exchange
+EXEC_PREFIX = "/attempt/"
+MESSAGES_PATH = "/messages"  # Anthropic messages, below API_BASE_PATH
+#: POST {"attempt": "<task>.<attempt>"} (with the placeholder): the trace turns the proxy built
+TURNS_PATH = "/crosshost/turns"
+
 FINISH_BUDGET_MODEL = "budget_model"
 FINISH_MODEL_DIVERGED = "model_diverged"
 
@@ -35,3 +45,8 @@ FINISH_MODEL_DIVERGED = "model_diverged"
 def model_url(port: int) -> str:
     """``CROSSHOST_MODEL_URL`` for a proxy (or a forward to it) on 127.0.0.1:``port``."""
     return f"http://127.0.0.1:{port}{API_BASE_PATH}"
+
+
+def proxy_root(url: str) -> str:
+    """The proxy's origin (``http://127.0.0.1:<port>``) from a ``CROSSHOST_MODEL_URL``."""
+    return url[: -len(API_BASE_PATH)] if url.endswith(API_BASE_PATH) else url.rstrip("/")

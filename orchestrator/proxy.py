@@ -20,6 +20,13 @@ latency, attempts, provider model / system_fingerprint, usage) so the runner wri
 trace; the controller keeps the same records in ``ModelProxy.calls``.
 
 One proxy per host per run: records and caps are then attributable to the host that spent them.
+
+An exec agent (``kind = "exec"``, its own program and SDK) reaches the proxy at
+``/attempt/<task>.<attempt>/v1/chat/completions`` (``api = "openai"``) or ``.../v1/messages``
+(``api = "anthropic"``), streamed or not, with the run's placeholder ``CROSSHOST_MODEL_PASS`` as its API
+key; the proxy requires it, forwards with the real key, passes server-sent events through as they
+arrive, and builds the attempt's trace turns from the exchanges (``orchestrator/exchanges.py``), which
+the runner fetches from ``/crosshost/turns`` when the agent has exited.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -42,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
+from agent_runner.suite import MODEL_KINDS
 from agent_runner.wire import (
     API_BASE_PATH,
     ATTEMPT_HEADER,
@@ -53,12 +63,17 @@ from agent_runner.wire import (
     ERR_PROVIDER,
     ERR_REFUSED,
     ERR_UNREACHABLE,
+    EXEC_PREFIX,
     FINISH_BUDGET_MODEL,
     FINISH_MODEL_DIVERGED,
+    MESSAGES_PATH,
+    MODEL_PASS_ENV,
     MODEL_URL_ENV,
+    TURNS_PATH,
     model_url,
 )
 from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
+from orchestrator.exchanges import ExchangeBook, StreamReader, is_answer, parse_answer
 from orchestrator.hold import ModelHold
 from orchestrator.transport.base import Host
 
@@ -74,23 +89,26 @@ _KEYISH = re.compile(r"\b(sk|pk|rk|key)[-_][A-Za-z0-9_\-*.]{4,}", re.IGNORECASE)
 
 
 def openai_agent_config(suite: Suite, tasks: list[str] | None = None) -> dict[str, Any] | None:
-    """The proxy's settings for a suite whose (selected) tasks use ``kind = "openai"``.
+    """The proxy's settings for a suite whose (selected) tasks use ``kind = "openai"`` or ``"exec"``.
 
     None when no selected task talks to a model. Each task's agent is the validated one (the suite's
     inherited by the suite's one rule). One proxy serves a host's whole run, so every such task must
     agree on ``base_url``, ``api_key_env`` and the caps; ``model`` is pinned only when they agree on it.
     """
     agents = [
-        task.agent.to_dict()
+        {**task.agent.to_dict(), "api": task.agent.options.get("api", "openai")}
         for task in suite.tasks
-        if task.agent.kind == "openai" and (tasks is None or task.id in tasks)
+        if task.agent.kind in MODEL_KINDS and (tasks is None or task.id in tasks)
     ]
     if not agents:
         return None
     config = dict(agents[0])
-    for key in ("base_url", "api_key_env", "max_requests", "max_total_tokens"):
+    for key in ("base_url", "api_key_env", "max_requests", "max_total_tokens", "api"):
         if len({json.dumps(a.get(key)) for a in agents}) > 1:
-            raise SuiteError(f"[agent] {key}: every openai task of a suite must use the same {key}")
+            raise SuiteError(f"[agent] {key}: every live-model task of a suite must use the same {key}")
+    if any(a["kind"] == "exec" for a in agents):
+        config["kind"] = "exec"
+        config["hold_model"] = False  # an exec agent's exchanges are answered live
     if len({a.get("model") for a in agents}) > 1:
         config["model"] = None
     return config
@@ -199,6 +217,7 @@ class ModelProxy:
         sleep: Callable[[float], None] = time.sleep,
         hold: ModelHold | None = None,
         host: str = "",
+        api: str = "openai",
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise InputError(f"{where}: [agent] base_url = {base_url!r} must start with http:// or https://")
@@ -214,6 +233,10 @@ class ModelProxy:
         self._sleep = sleep
         self.hold = hold
         self.host = host
+        self.api = api
+        #: what an exec agent is given as its API key; the proxy requires it and swaps in the real one
+        self.token = "crosshost-" + secrets.token_hex(16)
+        self.book = ExchangeBook()
         self.calls: list[ModelCall] = []
         self.refused_paths: list[str] = []
         self._lock = threading.Lock()
@@ -239,6 +262,7 @@ class ModelProxy:
             model=agent.get("model"),
             max_requests=agent.get("max_requests"),
             max_total_tokens=agent.get("max_total_tokens"),
+            api=str(agent.get("api", "openai")),
             environ=environ,
             where=where,
             **kw,
@@ -425,6 +449,150 @@ class ModelProxy:
         with self._lock:
             self.calls.append(call)
 
+    # -- exec agents: their own SDK, either wire format, streamed or not -----------------------------
+
+    def authorised(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request carries this run's placeholder (``Authorization: Bearer`` or ``x-api-key``)."""
+        headers = {k.lower(): v for k, v in headers.items()}
+        auth = headers.get("authorization") or ""
+        given = headers.get("x-api-key") or (auth[7:] if auth[:7].lower() == "bearer " else "")
+        return secrets.compare_digest(given.strip().encode(), self.token.encode())
+
+    def api_error(self, kind: str, message: str, *, code: str | None = None) -> dict[str, Any]:
+        """An error body in the format of the suite's ``api`` (so the agent's SDK raises it as such)."""
+        if self.api == "anthropic":
+            return {"type": "error", "error": {"type": kind, "code": code or kind, "message": message}}
+        return _error_body(kind, message, code=code)
+
+    def exchange(self, raw: bytes, attempt: str, headers: Mapping[str, str], reply: _Reply) -> None:
+        """Serve one exec agent request of ``attempt`` ("<task>.<attempt>"): caps, the real key,
+        retries before the first byte, server-sent events relayed line by line, the turns booked."""
+        started = time.monotonic()
+        with self._lock:
+            self._seq += 1
+            call = ModelCall(id=self._seq, status=0, latency_ms=0)
+
+        def refuse(status: int, kind: str, message: str, code: str | None = None) -> None:
+            call.status, call.error, call.message, call.latency_ms = status, kind, message, _ms(started)
+            self._record(call)
+            reply.json(status, self.api_error(kind, message, code=code), call)
+
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            refuse(400, ERR_REFUSED, f"request body is not a JSON object: {exc}")
+            return
+        if self.model is not None and body.get("model") != self.model:
+            refuse(403, ERR_REFUSED, f"model {body.get('model')!r} refused: the suite pins model {self.model!r}")
+            return
+        self.book.request(attempt, self.api, body)
+        refusal = self._admit()
+        if refusal is not None:
+            self.book.stop(attempt, stopped=FINISH_BUDGET_MODEL)
+            refuse(403, ERR_BUDGET, refusal, FINISH_BUDGET_MODEL)
+            return
+        stream = body.get("stream") is True
+        if stream and self.api == "openai":  # a streamed answer has its tokens only when asked for them
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+            raw = json.dumps(body).encode()
+        upstream = {"Content-Type": "application/json",
+                    "Accept": "text/event-stream" if stream else "application/json"}
+        if self.api == "anthropic":
+            upstream["x-api-key"] = self._key
+            upstream["anthropic-version"] = headers.get("anthropic-version") or "2023-06-01"
+            if headers.get("anthropic-beta"):
+                upstream["anthropic-beta"] = str(headers.get("anthropic-beta"))
+            url = self.base_url + API_BASE_PATH + MESSAGES_PATH
+        else:
+            upstream["Authorization"] = f"Bearer {self._key}"
+            url = self.base_url + CHAT_PATH
+        try:
+            resp = self._open(url, raw, upstream, call)
+            with resp:
+                if stream:
+                    if not (resp.headers.get("Content-Type") or "").startswith("text/event-stream"):
+                        raise _Final(ERR_BAD_JSON, 200, "a streamed answer that is not server-sent events")
+                    reader = StreamReader(self.api)
+                    reply.start_stream(resp.headers.get("Content-Type") or "text/event-stream")
+                    while True:
+                        line = resp.readline(MAX_RESPONSE_BYTES)
+                        if not line:
+                            break
+                        reader.line(line)
+                        reply.chunk(line)
+                    answer = reader.finish()
+                    answer_body: dict[str, Any] | None = None
+                else:
+                    data = resp.read(MAX_RESPONSE_BYTES + 1)
+                    try:
+                        answer_body = json.loads(data)
+                    except ValueError:
+                        raise _Final(ERR_BAD_JSON, 200, "answer is not JSON") from None
+                    if not is_answer(self.api, answer_body):
+                        raise _Final(ERR_BAD_JSON, 200, f"answer is JSON but not an {self.api} answer")
+                    assert isinstance(answer_body, dict)
+                    answer = parse_answer(self.api, answer_body)
+        except _Transient as exc:
+            what = "unreachable" if exc.status is None else f"answered HTTP {exc.status}"
+            kind = ERR_UNREACHABLE if exc.status is None else ERR_PROVIDER
+            message = f"model provider {self.base_url} {what} after {len(call.attempts)} attempt(s): {exc}"
+            self.book.stop(attempt, error=message)
+            refuse(502, kind, message)
+            return
+        except _Final as exc:
+            message = f"model provider {self.base_url}: {exc}"
+            self.book.stop(attempt, error=message)
+            refuse(502, exc.kind, message)
+            return
+        call.status, call.latency_ms, call.model = 200, _ms(started), answer.model
+        call.prompt_tokens, call.completion_tokens = answer.prompt_tokens, answer.completion_tokens
+        call.total_tokens = answer.prompt_tokens + answer.completion_tokens
+        with self._lock:
+            self._tokens += call.total_tokens
+        self._record(call)
+        self.book.answer(attempt, answer)
+        if answer_body is not None:
+            reply.json(200, answer_body, call)
+
+    def _open(self, url: str, raw: bytes, headers: dict[str, str], call: ModelCall) -> Any:
+        """The provider's open response (its body not read yet), retried like ``_forward`` while no
+        byte of an answer has been passed on."""
+
+        def one_attempt() -> Any:
+            number = len(call.attempts) + 1
+            t0 = time.monotonic()
+            request = urllib.request.Request(url, data=raw, method="POST", headers=headers)
+            try:
+                resp = urllib.request.urlopen(request, timeout=self.timeout_s)  # noqa: S310 - the suite's URL
+            except urllib.error.HTTPError as exc:
+                status = int(exc.code)
+                data = exc.read(64 * 1024) if exc.fp is not None else b""
+                message = self._redact(_provider_message(data) or exc.reason or "")
+                call.attempts.append(Attempt(number, status, _ms(t0), error=message or f"HTTP {status}"))
+                if status == 429 or status >= 500:
+                    raise _Transient(status, message or f"HTTP {status}", _retry_after(exc.headers)) from None
+                if status in (401, 403):
+                    message = "the provider refused the API key (check the key in the controller's environment)"
+                raise _Final(ERR_PROVIDER, status, f"HTTP {status}: {message}") from None
+            except (urllib.error.URLError, OSError) as exc:
+                text = self._redact(str(getattr(exc, "reason", exc)))
+                call.attempts.append(Attempt(number, None, _ms(t0), error=text))
+                raise _Transient(None, text) from None
+            call.attempts.append(Attempt(number, int(resp.status), _ms(t0)))
+            return resp
+
+        base_wait = wait_random_exponential(multiplier=self.retry_wait_s, max=self.retry_max_wait_s)
+        retrying = Retrying(
+            retry=retry_if_exception_type(_Transient),
+            stop=stop_after_attempt(self.retry_attempts),
+            wait=base_wait,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        return retrying(one_attempt)
+
     def _forward(self, raw: bytes, call: ModelCall) -> dict[str, Any]:
         """POST to the provider with retries; every attempt lands in ``call.attempts``."""
 
@@ -531,7 +699,49 @@ def _handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
             with contextlib.suppress(OSError):
                 self.wfile.write(data)
 
+        def _body(self) -> bytes | None:
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                self._refuse(411, "a Content-Length is required")
+                return None
+            if length < 0 or length > MAX_REQUEST_BYTES:
+                self._refuse(413, f"request body over {MAX_REQUEST_BYTES} bytes")
+                return None
+            return self.rfile.read(length)
+
+        def _exec(self, path: str) -> None:
+            """An exec agent's request (``/attempt/<key>/v1/...``) or the runner asking for its turns."""
+            if not proxy.authorised(dict(self.headers.items())):
+                with proxy._lock:
+                    proxy.refused_paths.append(f"{self.command} {path} (no placeholder)")
+                self._send(401, proxy.api_error(ERR_REFUSED, "the proxy needs this run's placeholder as the API key"),
+                           None)
+                return
+            raw = self._body()
+            if raw is None:
+                return
+            if path == TURNS_PATH:
+                try:
+                    attempt = str(json.loads(raw)["attempt"])
+                except (ValueError, KeyError, TypeError):
+                    self._refuse(400, 'expected {"attempt": "<task>.<attempt>"}')
+                    return
+                self._send(200, proxy.book.snapshot(attempt), None)
+                return
+            key, _, rest = path[len(EXEC_PREFIX):].partition("/")
+            wanted = (API_BASE_PATH + MESSAGES_PATH) if proxy.api == "anthropic" else FORWARDED_PATH
+            if "/" + rest != wanted or not key:
+                self._refuse(404, f"path {path!r} refused: an exec agent of api = {proxy.api!r} may POST only "
+                                  f"{EXEC_PREFIX}<attempt>{wanted}")
+                return
+            proxy.exchange(raw, urllib.parse.unquote(key), {k.lower(): v for k, v in self.headers.items()}, _Reply(self, self._send))
+
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            path = self.path.split("?", 1)[0]
+            if path == TURNS_PATH or path.startswith(EXEC_PREFIX):
+                self._exec(path)
+                return
             if self.path.split("?", 1)[0] != FORWARDED_PATH:
                 self._refuse(404, f"path {self.path!r} refused: the proxy forwards only POST {FORWARDED_PATH}")
                 return
@@ -553,6 +763,30 @@ def _handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
         do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
 
     return Handler
+
+
+class _Reply:
+    """How ``ModelProxy.exchange`` answers: one JSON body, or a stream relayed as it arrives."""
+
+    def __init__(self, handler: BaseHTTPRequestHandler,
+                 send: Callable[[int, dict[str, Any], ModelCall | None], None]) -> None:
+        self._handler = handler
+        self._send = send
+
+    def json(self, status: int, body: dict[str, Any], call: ModelCall | None) -> None:
+        self._send(status, body, call)
+
+    def start_stream(self, content_type: str) -> None:
+        # no Content-Length: the stream ends when the connection closes (HTTP/1.0 framing)
+        self._handler.send_response(200)
+        self._handler.send_header("Content-Type", content_type)
+        self._handler.send_header("Cache-Control", "no-cache")
+        self._handler.end_headers()
+
+    def chunk(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self._handler.wfile.write(data)
+            self._handler.wfile.flush()
 
 
 def _error_body(kind: str, message: str, *, code: str | None = None) -> dict[str, Any]:
@@ -621,7 +855,8 @@ def model_route(
             else:
                 port = host.forward_remote(proxy.port)
                 url = model_url(port)
-            yield {MODEL_URL_ENV: url}
+            extra = {MODEL_PASS_ENV: proxy.token} if agent.get("kind") == "exec" else {}
+            yield {MODEL_URL_ENV: url, **extra}
         finally:
             if port is not None:
                 host.cancel_forward(port)

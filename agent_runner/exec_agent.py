@@ -1,0 +1,162 @@
+"""agent.kind = "exec": any program that calls the model itself (an SDK agent, an agent CLI).
+
+The runner starts ``command`` in the attempt's workspace, with the attempt's allowlisted environment
+(disposable HOME and TMPDIR) plus the variables its SDK reads, pointing at the controller's model proxy
+for this attempt (``<proxy>/attempt/<task>.<attempt>``) with the run's placeholder as the API key:
+
+- ``api = "openai"``: ``OPENAI_BASE_URL`` (``.../v1``) and ``OPENAI_API_KEY``;
+- ``api = "anthropic"``: ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY``;
+- both: ``CROSSHOST_MODEL`` (the suite's model) and ``CROSSHOST_PROMPT_FILE``.
+
+The program runs its own tools; the runner keeps the budget (``timeout_s``; ``max_bytes`` of its
+stdout and stderr) and, once it has exited, asks the proxy for the trace turns it built from the
+exchanges. A cap the proxy enforced is the finish reason ``budget_model``; a provider failure is an
+``error`` verdict, never the agent's ``fail``.
+
+Standard library only, Python 3.9 syntax: this travels in the runner zipapp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .agents import Agent, AgentFailed, register
+from .loop import LoopOutcome
+from .sandbox import NONE, Sandbox
+from .suite import AgentSpec, Task
+from .tools import kill_group
+from .trace import TraceWriter
+from .wire import API_BASE_PATH, EXEC_PREFIX, MODEL_PASS_ENV, MODEL_URL_ENV, TURNS_PATH, proxy_root
+
+MCP_CONFIG = ".mcp.json"
+_TAIL = 400
+
+
+class _DrivenByRunner(Agent):
+    """Registered so ``exec`` is a known kind; the runner drives it with ``run_exec``, not the loop."""
+
+    def start(self, ctx: Any) -> None:
+        raise AgentFailed("an exec agent is driven by agent_runner.exec_agent.run_exec")
+
+
+register("exec", lambda spec: _DrivenByRunner())
+
+
+def attempt_key(task: Task, attempt: int) -> str:
+    return f"{task.id}.{attempt}"
+
+
+def sdk_env(spec: AgentSpec, base: str, token: str) -> Dict[str, str]:
+    """The variables an exec agent's SDK reads, for a proxy base of this attempt."""
+    model = str(spec.options.get("model", ""))
+    if spec.options.get("api") == "anthropic":
+        return {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": token, "CROSSHOST_MODEL": model}
+    return {"OPENAI_BASE_URL": base + API_BASE_PATH, "OPENAI_API_KEY": token, "CROSSHOST_MODEL": model}
+
+
+def argv_of(spec: AgentSpec, prompt_file: Path, workspace: Path, suite_dir: Path) -> List[str]:
+    values = {"{prompt_file}": str(prompt_file), "{workspace}": str(workspace), "{suite}": str(suite_dir),
+              "{mcp_config}": str(workspace / MCP_CONFIG)}
+    out = []
+    for arg in spec.command or []:
+        for placeholder, value in values.items():
+            arg = arg.replace(placeholder, value)
+        out.append(arg)
+    return out
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()[-_TAIL:].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return data.splitlines()[-1] if data else ""
+
+
+def fetch_turns(root: str, token: str, key: str, timeout_s: float = 30.0) -> Dict[str, Any]:
+    request = urllib.request.Request(root + TURNS_PATH, data=json.dumps({"attempt": key}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - the proxy on loopback
+        answer = json.loads(resp.read())
+    if not isinstance(answer, dict) or not isinstance(answer.get("turns"), list):
+        raise ValueError("the model proxy's turns answer has no 'turns' list")
+    return answer
+
+
+def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch: Path, suite_dir: Path,
+             writer: TraceWriter, deadline: float, box: Optional[Sandbox] = None) -> LoopOutcome:
+    """Run one exec attempt to its end; write the turns the proxy saw; return the loop's outcome."""
+    url, token = os.environ.get(MODEL_URL_ENV, ""), os.environ.get(MODEL_PASS_ENV, "")
+    if not url or not token:
+        why = f"no model proxy for an exec agent ({MODEL_URL_ENV} and {MODEL_PASS_ENV} unset; crosshost replay sets them)"
+        return LoopOutcome(reason="agent_error", final=why, infra_error=why)
+    key = attempt_key(task, attempt)
+    root = proxy_root(url)
+    base = root + EXEC_PREFIX + urllib.parse.quote(key, safe="")
+    box = box or Sandbox(NONE)
+    # the attempt's TMPDIR: outside the workspace, and readable by the attempt's own uid
+    own = Path(env.get("TMPDIR") or str(scratch))
+    prompt_file = own / "crosshost-prompt.md"
+    prompt_file.write_text(task.prompt, encoding="utf-8")
+    agent_env = dict(env)
+    agent_env.update(sdk_env(task.agent, base, token))
+    agent_env["CROSSHOST_PROMPT_FILE"] = str(prompt_file)
+    argv = argv_of(task.agent, prompt_file, work, suite_dir)
+    stdout_path, stderr_path = scratch / "agent.stdout", scratch / "agent.stderr"
+    reason, final = "stop", ""
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        missing = box.cannot_start(argv[0], str(work), agent_env)
+        if missing:
+            return LoopOutcome(reason="agent_error", final=f"cannot start the agent {argv[0]!r}: {missing}")
+        try:
+            proc = subprocess.Popen(box.argv(argv), cwd=str(work), env=agent_env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err, **box.popen_kwargs())
+        except OSError as exc:
+            return LoopOutcome(reason="agent_error", final=f"cannot start the agent {argv[0]!r}: {exc.strerror or exc}")
+        try:
+            while proc.poll() is None:
+                if time.monotonic() >= deadline:
+                    reason, final = "timeout", "the agent did not finish in time"
+                    break
+                if out.tell() + err.tell() > task.budget.max_bytes:
+                    reason, final = "budget_bytes", f"the agent wrote more than max_bytes = {task.budget.max_bytes}"
+                    break
+                time.sleep(0.05)
+        finally:
+            kill_group(proc.pid)  # the agent's children die with it
+            proc.wait()
+    try:
+        seen = fetch_turns(root, token, key)
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        why = f"could not read the exec agent's turns from the model proxy: {exc}"
+        return LoopOutcome(reason="agent_error", final=why, infra_error=why)
+    outcome = LoopOutcome(reason=reason, final=final)
+    for turn in seen["turns"]:
+        if len(outcome.turns) >= task.budget.max_steps:
+            outcome.reason = "budget_steps"
+            break
+        observation = turn.get("observation")
+        outcome.turns.append(writer.turn(
+            tool=str(turn.get("tool", "")), args=turn["args"] if isinstance(turn.get("args"), dict) else {},
+            observation=observation if isinstance(observation, str) else "", error=turn.get("error"),
+            prompt_tokens=int(turn.get("prompt_tokens") or 0), completion_tokens=int(turn.get("completion_tokens") or 0)))
+    outcome.agent_record = {"model": {"requests": seen.get("requests", 0)}}
+    if seen.get("error"):
+        outcome.reason, outcome.final, outcome.infra_error = "agent_error", str(seen["error"]), str(seen["error"])
+    elif seen.get("stopped"):
+        outcome.reason, outcome.final = str(seen["stopped"]), f"the model proxy stopped the agent: {seen['stopped']}"
+    elif reason == "stop" and proc.returncode != 0:
+        note = _tail(stderr_path)
+        outcome.reason = "agent_error"
+        outcome.final = f"the agent exited {proc.returncode}" + (f"; stderr: {note}" if note else "")
+    elif reason == "stop":
+        outcome.final = _tail(stdout_path)
+    return outcome

@@ -1,0 +1,197 @@
+"""agent.kind = "exec" on the local host and two real sshd hosts: agents written against the official
+``openai`` and ``anthropic`` SDKs, streaming, behind the controller's model proxy.
+
+The agents (tests/integration/exec_agents/) run in a venv of their own with both SDKs, made once from
+the package registry under /var/tmp (the test hosts have private /tmp, /root and /opt, so the dev
+venv's pyenv interpreter is invisible to them; /usr and /var/tmp are shared); the runner itself stays
+stdlib-only. The provider is tests/fake_provider.py on the controller's loopback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.replay import ReplayRequest, replay
+from orchestrator.rundir import read_jsonl
+from tests.fake_provider import FakeProvider
+from tests.integration.test_openai_sshd import CONTRACT, SCRIPT, ProcessWatch, _files_holding, _uts
+
+pytestmark = pytest.mark.sshd
+
+KEY_ENV = "CROSSHOST_IT_EXEC_KEY"
+AGENTS = Path(__file__).resolve().parent / "exec_agents"
+SDKS = ("openai", "anthropic")
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture(scope="module")
+def sdk_python() -> str:
+    """The interpreter of a venv holding the official SDKs, where every test host can run it."""
+    tag = hashlib.sha256(" ".join((SYSTEM_PYTHON, *SDKS)).encode()).hexdigest()[:12]
+    venv = Path(f"/var/tmp/crosshost-sdk-agents-{tag}")
+    python = venv / "bin" / "python"
+    if not (venv / ".ready").exists():
+        building = venv.with_name(venv.name + f".{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(building)], check=True)
+        subprocess.run([str(building / "bin" / "pip"), "install", "-q", *SDKS], check=True)
+        (building / ".ready").touch()
+        shutil.rmtree(venv, ignore_errors=True)
+        building.rename(venv)  # a moved venv keeps a working bin/python (only that is used)
+    return str(python)
+
+
+def exec_suite(root: Path, api: str, base_url: str, mark: str, python: str, *, max_requests: int = 50) -> Path:
+    suite = root / f"exec-{api}"
+    (suite / "tasks" / "answer" / "repo").mkdir(parents=True)
+    command = [python, str(AGENTS / f"{api}_sdk_agent.py"), "{prompt_file}", mark]
+    (suite / "suite.toml").write_text(
+        f'name = "exec-{api}"\nrepeat = 1\n'
+        f'[agent]\nkind = "exec"\ncommand = {json.dumps(command)}\napi = "{api}"\nmodel = "m1"\n'
+        f'base_url = "{base_url}"\napi_key_env = "{KEY_ENV}"\nmax_requests = {max_requests}\n'
+        "[budget]\nmax_steps = 6\ntimeout_s = 60\n"
+    )
+    (suite / "contract.json").write_text(json.dumps(CONTRACT))
+    (suite / "tools.json").write_text(json.dumps({"allow": [], "deny": []}))
+    task = suite / "tasks" / "answer"
+    (task / "task.toml").write_text("")
+    (task / "prompt.md").write_text("Find the answer and write it to answer.txt.\n")
+    (task / "repo" / "notes.txt").write_text("the answer is 42\n")
+    (task / "repo" / "run_tests.sh").write_text('test "$(cat answer.txt)" = 42\n')
+    return suite
+
+
+def provider_base(provider: FakeProvider, api: str) -> str:
+    # the SDKs' conventions: OpenAI's base URL ends in /v1, Anthropic's is the origin
+    return provider.base_url if api == "openai" else provider.base_url.removesuffix("/v1")
+
+
+class StreamGate:
+    """The provider waits after each stream's first event until the agents have seen as many first
+    events as streams were started: a proxy or forward that buffered a stream would stall it."""
+
+    def __init__(self, mark: Path) -> None:
+        self.mark = mark
+        self.started = 0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self.lock:
+            self.started += 1
+            wanted = self.started
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.mark.exists() and len(self.mark.read_text().splitlines()) >= wanted:
+                return True
+            time.sleep(0.02)
+        return False
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_sdk_exec_agent_streams_through_the_proxy_on_three_hosts_and_the_key_stays_home(
+    api: str, sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-it-" + secrets.token_hex(16)
+    monkeypatch.setenv(KEY_ENV, key)
+    fleet = sshd_hosts.fleet
+    tag = secrets.token_hex(4)
+    workspace_root = f"/tmp/crosshost-exec-{tag}"
+    mark = Path(f"/var/tmp/crosshost-exec-mark-{tag}")  # /var/tmp: the test hosts share it
+    inventory = fleet.write_inventory(
+        tmp_path / "hosts.toml", ["box-a", "box-b"], connect_timeout_s=5,
+        extra_defaults={"workspace_root": workspace_root},
+    )  # fmt: skip
+    watch = ProcessWatch(key, {n: _uts(fleet.hosts[n].ns_pid()) or "" for n in ("box-a", "box-b")}, workspace_root)
+    gate = StreamGate(mark)
+    try:
+        with FakeProvider(script=SCRIPT, key=key, on_request=watch, after_first_event=gate) as provider:
+            suite = exec_suite(tmp_path, api, provider_base(provider, api), str(mark), sdk_python)
+            out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+        run_dir = out.run_dir.path
+        rows = read_jsonl(run_dir / "results.jsonl")
+        assert sorted((r["env"], r["verdict"]) for r in rows) == [
+            ("box-a", "pass"), ("box-b", "pass"), ("local", "pass")
+        ], [r.get("why") for r in rows]
+
+        # Every request reached the provider streamed, with the real key, which only the proxy holds.
+        assert len(provider.requests) == 3 * 3
+        assert {r.body.get("stream") for r in provider.requests} == {True}
+        if api == "openai":
+            assert {r.headers["authorization"] for r in provider.requests} == {f"Bearer {key}"}
+        else:
+            assert {r.headers["x-api-key"] for r in provider.requests} == {key}
+            assert {r.path for r in provider.requests} == {"/v1/messages"}
+        # Each stream reached its agent event by event: the first before the provider sent the rest.
+        assert provider.stream_gates == [True] * 9
+
+        for host in ("local", "box-a", "box-b"):
+            trace = read_jsonl(run_dir / "hosts" / host / "traces" / "answer.0.jsonl")
+            turns = [t for t in trace if t.get("type") == "turn"]
+            assert [(t["tool"], t["args"]) for t in turns] == [
+                ("lookup", {"q": "answer"}), ("write_file", {"path": "answer.txt", "content": "42"}),
+            ], host  # fmt: skip
+            obs = read_jsonl(run_dir / "hosts" / host / "traces" / "answer.0.obs.jsonl")
+            assert [o["content"] for o in obs] == ["the answer is 42\n", "wrote 2 bytes"], host
+            assert turns[0]["prompt_tokens"] == 11 and turns[0]["completion_tokens"] == 7
+            finish = trace[-1]
+            assert finish["reason"] == "stop" and finish["findings"] == [], finish
+            calls = read_jsonl(run_dir / "hosts" / host / "model_calls.jsonl")
+            assert [c["status"] for c in calls] == [200] * 3, host
+        report = json.loads((run_dir / "report.json").read_text())
+        assert [t["classification"] for t in report["tasks"]] != ["infra_error"]
+
+        # The key is in no process environment on a host, no host file, no pulled file.
+        assert watch.foreign_processes > 0
+        assert watch.offenders == []
+        for host in ("box-a", "box-b"):
+            for sub in ("root", "tmp", "opt"):
+                assert _files_holding(fleet.hosts[host].dir / sub, key.encode()) == [], (host, sub)
+        assert _files_holding(run_dir, key.encode()) == []
+        assert _files_holding(run_dir, KEY_ENV.encode() + b"=") == []
+    finally:
+        shutil.rmtree(workspace_root, ignore_errors=True)
+        mark.unlink(missing_ok=True)
+
+
+def test_the_caps_stop_a_runaway_exec_agent_with_budget_model(
+    sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-it-" + secrets.token_hex(16)
+    monkeypatch.setenv(KEY_ENV, key)
+    inventory = sshd_hosts.fleet.write_inventory(tmp_path / "hosts.toml", ["box-a"], connect_timeout_s=5)
+    with FakeProvider(mode="forever", key=key) as provider:
+        suite = exec_suite(tmp_path, "openai", provider.base_url, "-", sdk_python, max_requests=4)
+        out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+    rows = read_jsonl(out.run_dir.path / "results.jsonl")
+    assert sorted((r["env"], r["reason"]) for r in rows) == [("box-a", "budget_model"), ("local", "budget_model")]
+    assert all(r["verdict"] != "error" for r in rows), rows
+    assert len(provider.requests) == 2 * 4  # the fifth request of each host never left the controller
+
+
+def test_a_provider_failure_is_an_error_verdict_for_an_exec_agent(
+    sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-it-" + secrets.token_hex(16)
+    monkeypatch.setenv(KEY_ENV, key)
+    inventory = sshd_hosts.fleet.write_inventory(tmp_path / "hosts.toml", ["box-a"], connect_timeout_s=5)
+    with FakeProvider(mode="bad_json", key=key) as provider:
+        suite = exec_suite(tmp_path, "anthropic", provider_base(provider, "anthropic"), "-", sdk_python)
+        out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+    rows = read_jsonl(out.run_dir.path / "results.jsonl")
+    assert sorted((r["env"], r["verdict"], r["reason"]) for r in rows) == [
+        ("box-a", "error", "agent_error"), ("local", "error", "agent_error")
+    ], rows
+    assert all("not server-sent events" in r["why"] for r in rows), rows
+    report = json.loads((out.run_dir.path / "report.json").read_text())
+    assert [t["classification"] for t in report["tasks"]] == ["infra_error"]

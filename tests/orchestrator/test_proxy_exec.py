@@ -1,0 +1,101 @@
+"""The model proxy for exec agents, driven by the official SDKs (not streamed here; the sshd tests
+stream): the placeholder is required and swapped for the real key, and the exchanges become turns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from agent_runner.errors import SuiteError
+from agent_runner.suite import read_suite
+from agent_runner.wire import EXEC_PREFIX, MODEL_PASS_ENV
+from orchestrator.proxy import ModelProxy, model_route
+from orchestrator.testing import FakeHost
+from tests.fake_provider import FakeProvider
+
+KEY = "sk-unit-" + "k" * 24
+SCRIPT: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "lookup", "args": {"q": "answer"}}]},
+    {"content": "42", "finish": "stop"},
+]
+
+
+def _proxy(api: str, base_url: str, **kw: Any) -> ModelProxy:
+    return ModelProxy(base_url, "K", api=api, environ={"K": KEY}, retry_wait_s=0, **kw)
+
+
+def test_openai_sdk_through_the_proxy_builds_turns_with_the_next_requests_tool_result() -> None:
+    with FakeProvider(script=SCRIPT, key=KEY) as provider, _proxy("openai", provider.base_url) as proxy:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1", api_key=proxy.token)
+        first = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
+        call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+        messages: list[Any] = [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "the answer is 42"},
+        ]
+        second = client.chat.completions.create(model="m", messages=messages)
+        assert second.choices[0].message.content == "42"
+        assert {r.headers["authorization"] for r in provider.requests} == {f"Bearer {KEY}"}
+        snapshot = proxy.book.snapshot("t.0")
+    assert snapshot["requests"] == 2 and snapshot["stopped"] is None and snapshot["error"] is None
+    assert [(t["tool"], t["args"], t["observation"], t["prompt_tokens"]) for t in snapshot["turns"]] == [
+        ("lookup", {"q": "answer"}, "the answer is 42", 11)
+    ]
+
+
+def test_anthropic_sdk_through_the_proxy_with_the_placeholder_only() -> None:
+    with FakeProvider(script=SCRIPT, key=KEY) as provider:
+        base = provider.base_url.removesuffix("/v1")
+        with _proxy("anthropic", base) as proxy:
+            url = f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.1"
+            wrong = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+            with pytest.raises(anthropic.AuthenticationError):  # the real key is not what the proxy takes
+                wrong.messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": "go"}])
+            client = anthropic.Anthropic(base_url=url, api_key=proxy.token)
+            answer = client.messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": "go"}])
+            assert [b.type for b in answer.content] == ["tool_use"]
+            snapshot = proxy.book.snapshot("t.1")
+        assert {r.headers["x-api-key"] for r in provider.requests} == {KEY}
+        assert len(provider.requests) == 1  # the refused request never left the controller
+    assert [(t["tool"], t["args"], t["observation"]) for t in snapshot["turns"]] == [("lookup", {"q": "answer"}, None)]
+
+
+def test_the_request_cap_is_a_budget_model_stop_of_the_attempt() -> None:
+    with FakeProvider(mode="forever", key=KEY) as provider, _proxy("openai", provider.base_url, max_requests=1) as proxy:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1", api_key=proxy.token,
+                               max_retries=0)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
+        with pytest.raises(openai.PermissionDeniedError) as got:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
+        assert "max_requests = 1" in str(got.value)
+        assert proxy.book.snapshot("t.0")["stopped"] == "budget_model"
+
+
+def test_model_route_gives_an_exec_run_the_placeholder_and_never_the_key() -> None:
+    agent = {"kind": "exec", "api": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key_env": "K"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("K", KEY)
+        with model_route(FakeHost("h"), agent) as env:
+            assert env[MODEL_PASS_ENV].startswith("crosshost-") and KEY not in env.values()
+
+
+def test_an_exec_agent_needs_its_api_and_command(tmp_path: Any) -> None:
+    suite = tmp_path / "s"
+    (suite / "tasks" / "t").mkdir(parents=True)
+    (suite / "contract.json").write_text('{"contract_id": "c", "tools": []}')
+    (suite / "tasks" / "t" / "task.toml").write_text("")
+    (suite / "tasks" / "t" / "prompt.md").write_text("go\n")
+    base = 'model = "m"\nbase_url = "http://x/v1"\napi_key_env = "K"\n'
+    (suite / "suite.toml").write_text(f'[agent]\nkind = "exec"\ncommand = ["a"]\n{base}')
+    with pytest.raises(SuiteError, match=r"api is required for kind = \"exec\""):
+        read_suite(suite)
+    (suite / "suite.toml").write_text(f'[agent]\nkind = "exec"\napi = "openai"\n{base}')
+    with pytest.raises(SuiteError, match="command must be a non-empty list"):
+        read_suite(suite)
+    (suite / "suite.toml").write_text(f'[agent]\nkind = "exec"\napi = "openai"\ncommand = ["a"]\n{base}')
+    loaded = read_suite(suite)
+    assert loaded.tasks[0].agent.kind == "exec" and loaded.repeat == 3  # sampled: three attempts
