@@ -60,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     norm = sub.add_parser("normalise", help="print a suite directory as the normalised suite.json")
     norm.add_argument("suite")
 
+    mcp = sub.add_parser("mcp", help="serve a task's contract tools over MCP on stdio (for an exec agent)")
+    mcp.add_argument("--suite", required=True)
+    mcp.add_argument("--task", required=True)
+    mcp.add_argument("--workspace", required=True, help="the attempt's workspace (tools are confined to it)")
+    mcp.add_argument("--turns", help="append each tool call here (JSON lines) for the attempt's trace")
+    mcp.add_argument("--env-keys", default="", help="comma-separated environment keys the tools see")
+
     sub.add_parser("version", help="print the runner version and runner_source_sha (the digest of its sources)")
     return parser
 
@@ -86,6 +93,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         print(json.dumps(normalise_suite(args.suite), indent=2, sort_keys=True))
         return 0
+    if args.command == "mcp":
+        from .mcp_server import serve_mcp
+
+        return serve_mcp(args.suite, args.task, args.workspace, args.turns,
+                         [k for k in args.env_keys.split(",") if k])
     if args.command == "version":
         from .pins import runner_source_sha
 

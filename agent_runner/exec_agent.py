@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -73,6 +74,42 @@ def argv_of(spec: AgentSpec, prompt_file: Path, workspace: Path, suite_dir: Path
     return out
 
 
+def write_mcp_config(path: Path, task: Task, suite_dir: Path, work: Path, env: Dict[str, str],
+                     turns: Path) -> None:
+    """``.mcp.json`` (the layout agent CLIs read): this runner's ``mcp`` command serving the task's
+    contract tools, with the attempt's allowlisted environment and nothing else."""
+    root = str(Path(__file__).resolve().parents[1])  # the zipapp, or the directory holding agent_runner
+    args = ["-m", "agent_runner", "mcp", "--suite", str(suite_dir), "--task", task.id, "--workspace", str(work),
+            "--turns", str(turns), "--env-keys", ",".join(sorted(env))]
+    server = {"type": "stdio", "command": sys.executable, "args": args, "env": {**env, "PYTHONPATH": root}}
+    path.write_text(json.dumps({"mcpServers": {"crosshost": server}}, indent=2) + "\n", encoding="utf-8")
+
+
+def merge_mcp_turns(turns: List[Dict[str, Any]], path: Path) -> List[Dict[str, Any]]:
+    """The proxy's turns with the MCP server's calls: a call the model asked for takes the MCP result
+    as its observation; any other MCP call is a turn of its own."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return turns
+    merged = [dict(t) for t in turns]
+    used: set = set()
+    for line in lines:
+        try:
+            call = json.loads(line)
+        except ValueError:
+            continue
+        match = next((i for i, t in enumerate(merged) if i not in used and t.get("tool") == call.get("tool")
+                      and t.get("args") == call.get("args")), None)
+        if match is None:
+            merged.append({**call, "prompt_tokens": 0, "completion_tokens": 0})
+            used.add(len(merged) - 1)
+        else:
+            merged[match].update(observation=call.get("observation"), error=call.get("error"))
+            used.add(match)
+    return merged
+
+
 def _tail(path: Path) -> str:
     try:
         data = path.read_bytes()[-_TAIL:].decode("utf-8", "replace").strip()
@@ -110,6 +147,9 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
     agent_env.update(sdk_env(task.agent, base, token))
     agent_env["CROSSHOST_PROMPT_FILE"] = str(prompt_file)
     argv = argv_of(task.agent, prompt_file, work, suite_dir)
+    mcp_turns = scratch / "mcp_turns.jsonl"
+    if any("{mcp_config}" in a for a in task.agent.command or []):
+        write_mcp_config(work / MCP_CONFIG, task, suite_dir, work, env, mcp_turns)
     stdout_path, stderr_path = scratch / "agent.stdout", scratch / "agent.stderr"
     reason, final = "stop", ""
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
@@ -139,7 +179,7 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
         why = f"could not read the exec agent's turns from the model proxy: {exc}"
         return LoopOutcome(reason="agent_error", final=why, infra_error=why)
     outcome = LoopOutcome(reason=reason, final=final)
-    for turn in seen["turns"]:
+    for turn in merge_mcp_turns(seen["turns"], mcp_turns):
         if len(outcome.turns) >= task.budget.max_steps:
             outcome.reason = "budget_steps"
             break

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.sshd
 
 KEY_ENV = "CROSSHOST_IT_EXEC_KEY"
 AGENTS = Path(__file__).resolve().parent / "exec_agents"
-SDKS = ("openai", "anthropic")
+SDKS = ("openai", "anthropic", "mcp")
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
@@ -195,3 +195,45 @@ def test_a_provider_failure_is_an_error_verdict_for_an_exec_agent(
     assert all("not server-sent events" in r["why"] for r in rows), rows
     report = json.loads((out.run_dir.path / "report.json").read_text())
     assert [t["classification"] for t in report["tasks"]] == ["infra_error"]
+
+
+def test_an_mcp_client_agent_calls_the_contract_tools_and_each_call_is_a_trace_turn(
+    sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, "sk-it-" + secrets.token_hex(16))
+    inventory = sshd_hosts.fleet.write_inventory(tmp_path / "hosts.toml", ["box-a"], connect_timeout_s=5)
+    with FakeProvider(key="unused") as provider:
+        suite = exec_suite(tmp_path, "openai", provider.base_url, "-", sdk_python)
+        contract = {**CONTRACT, "tools": [{"name": "lookup", "required_args": ["q"], "forbidden_args": ["token"]},
+                                          {"name": "write_file", "required_args": ["path", "content"]}]}
+        (suite / "contract.json").write_text(json.dumps(contract))
+        (suite / "tasks" / "answer" / "task.toml").write_text('[fixtures]\nlookup = "the answer is 42"\n')
+        toml = (suite / "suite.toml").read_text()
+        start = toml.index("command = ")
+        end = toml.index("\n", start)
+        command = [sdk_python, str(AGENTS / "mcp_agent.py"), "{mcp_config}"]
+        (suite / "suite.toml").write_text(toml[:start] + f"command = {json.dumps(command)}" + toml[end:])
+        out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+    assert provider.requests == []  # this agent asks no model: its tools come over MCP
+    rows = read_jsonl(out.run_dir.path / "results.jsonl")
+    assert sorted(r["env"] for r in rows) == ["box-a", "local"]
+    for row in rows:
+        host = row["env"]
+        trace = read_jsonl(out.run_dir.path / "hosts" / host / "traces" / "answer.0.jsonl")
+        finish = trace[-1]
+        seen = json.loads(finish["final"])
+        assert seen["protocol"] in ("2025-11-25", "2025-06-18") and seen["tools"] == ["lookup", "write_file"]
+        assert seen["lookup"] == "the answer is 42" and seen["write_file"][0] is False
+        assert seen["unknown"][0] is True and "not in contract" in seen["unknown"][1], seen
+        assert seen["forbidden"][0] is True and "forbidden argument" in seen["forbidden"][1], seen
+        turns = [t for t in trace if t.get("type") == "turn"]
+        assert [(t["tool"], t["args"]) for t in turns] == [
+            ("lookup", {"q": "answer"}), ("write_file", {"path": "answer.txt", "content": "42"}),
+            ("rm_rf", {"path": "/"}), ("lookup", {"q": "answer", "token": "[REDACTED]"}),
+        ], host  # fmt: skip
+        assert turns[2]["error"] and "not in contract" in turns[2]["error"]
+        # the predicate passed; the contract check fails the attempt on the unknown tool and the forbidden arg
+        assert finish["predicate_exit"] == 0
+        assert row["verdict"] == "fail" and "contract:" in row["why"], row
+        kinds = {f["kind"] for f in finish["findings"]}
+        assert {"unknown_tool", "forbidden_args"} <= kinds, finish["findings"]
