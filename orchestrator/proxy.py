@@ -583,15 +583,7 @@ class ModelProxy:
             call.attempts.append(Attempt(number, int(resp.status), _ms(t0)))
             return resp
 
-        base_wait = wait_random_exponential(multiplier=self.retry_wait_s, max=self.retry_max_wait_s)
-        retrying = Retrying(
-            retry=retry_if_exception_type(_Transient),
-            stop=stop_after_attempt(self.retry_attempts),
-            wait=base_wait,
-            sleep=self._sleep,
-            reraise=True,
-        )
-        return retrying(one_attempt)
+        return self._retrying(call)(one_attempt)
 
     def _forward(self, raw: bytes, call: ModelCall) -> dict[str, Any]:
         """POST to the provider with retries; every attempt lands in ``call.attempts``."""
@@ -645,6 +637,12 @@ class ModelProxy:
                 raise _Final(ERR_BAD_JSON, status, "answer is JSON but not a chat completion (no choices)")
             return answer
 
+        result: dict[str, Any] = self._retrying(call)(one_attempt)
+        return result
+
+    def _retrying(self, call: ModelCall) -> Retrying:
+        """Retries of transient failures: jittered backoff, at least a provider's Retry-After, each
+        wait recorded on the attempt before it."""
         base_wait = wait_random_exponential(multiplier=self.retry_wait_s, max=self.retry_max_wait_s)
 
         def wait(state: RetryCallState) -> float:
@@ -658,7 +656,7 @@ class ModelProxy:
             if call.attempts and state.next_action is not None:
                 call.attempts[-1].wait_s = round(float(state.next_action.sleep), 3)
 
-        retrying = Retrying(
+        return Retrying(
             retry=retry_if_exception_type(_Transient),
             stop=stop_after_attempt(self.retry_attempts),
             wait=wait,
@@ -666,8 +664,6 @@ class ModelProxy:
             sleep=self._sleep,
             reraise=True,
         )
-        result: dict[str, Any] = retrying(one_attempt)
-        return result
 
     def _redact(self, text: str) -> str:
         text = text.replace(self._key, "[redacted]")
