@@ -38,7 +38,7 @@ SETTINGS = ("model", "temperature", "seed", "max_tokens", "tools")
 def hold_mode(agent: dict[str, Any] | None, override: bool | None) -> str | None:
     """``"true"``, ``"strict"`` or None (not held): the suite's ``hold_model`` (default true for a live
     model), ``--hold-model``/``--no-hold-model`` over it."""
-    if agent is None:
+    if agent is None or agent.get("kind") == "exec":  # an exec agent's exchanges are answered live
         return None
     if override is not None:
         return "true" if override else None

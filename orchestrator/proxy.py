@@ -107,8 +107,7 @@ def openai_agent_config(suite: Suite, tasks: list[str] | None = None) -> dict[st
         if len({json.dumps(a.get(key)) for a in agents}) > 1:
             raise SuiteError(f"[agent] {key}: every live-model task of a suite must use the same {key}")
     if any(a["kind"] == "exec" for a in agents):
-        config["kind"] = "exec"
-        config["hold_model"] = False  # an exec agent's exchanges are answered live
+        config["kind"] = "exec"  # the placeholder for its program; its exchanges are not held
     if len({a.get("model") for a in agents}) > 1:
         config["model"] = None
     return config

@@ -99,3 +99,10 @@ def test_an_exec_agent_needs_its_api_and_command(tmp_path: Any) -> None:
     (suite / "suite.toml").write_text(f'[agent]\nkind = "exec"\napi = "openai"\ncommand = ["a"]\n{base}')
     loaded = read_suite(suite)
     assert loaded.tasks[0].agent.kind == "exec" and loaded.repeat == 3  # sampled: three attempts
+
+
+def test_an_exec_agents_model_is_never_held_even_with_hold_model() -> None:
+    from orchestrator.hold import hold_mode
+
+    assert hold_mode({"kind": "exec", "api": "openai"}, True) is None
+    assert hold_mode({"kind": "openai"}, True) == "true"
