@@ -4,7 +4,7 @@
 The agents (tests/integration/exec_agents/) run in a venv of their own with both SDKs, made once from
 the package registry under /var/tmp (the test hosts have private /tmp, /root and /opt, so the dev
 venv's pyenv interpreter is invisible to them; /usr and /var/tmp are shared); the runner itself stays
-stdlib-only. The provider is tests/fake_provider.py on the controller's loopback.
+stdlib-only. The provider is tests/support/fake_provider.py on the controller's loopback.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import pytest
 
 from orchestrator.replay import ReplayRequest, replay
 from orchestrator.rundir import read_jsonl
-from tests.fake_provider import FakeProvider
 from tests.integration.test_openai_sshd import CONTRACT, SCRIPT, ProcessWatch, _files_holding, _uts
+from tests.support.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.sshd
 

@@ -14,7 +14,7 @@ from agent_runner.suite import read_suite
 from agent_runner.wire import EXEC_PREFIX, MODEL_PASS_ENV
 from orchestrator.proxy import ModelProxy, model_route
 from orchestrator.testing import FakeHost
-from tests.fake_provider import FakeProvider
+from tests.support.fake_provider import FakeProvider
 
 KEY = "sk-unit-" + "k" * 24
 SCRIPT: list[dict[str, Any]] = [
