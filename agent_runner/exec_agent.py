@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional
 
 from .agents import Agent, AgentFailed, register
 from .loop import LoopOutcome
-from .sandbox import NONE, Sandbox
+from .sandbox import NONE, Sandbox, reachable_by_others
 from .suite import AgentSpec, Task
 from .tools import kill_group
 from .trace import TraceWriter
@@ -81,8 +81,19 @@ def write_mcp_config(path: Path, task: Task, suite_dir: Path, work: Path, env: D
     root = str(Path(__file__).resolve().parents[1])  # the zipapp, or the directory holding agent_runner
     args = ["-m", "agent_runner", "mcp", "--suite", str(suite_dir), "--task", task.id, "--workspace", str(work),
             "--turns", str(turns), "--env-keys", ",".join(sorted(env))]
-    server = {"type": "stdio", "command": sys.executable, "args": args, "env": {**env, "PYTHONPATH": root}}
+    server = {"type": "stdio", "command": _python_for_others(env), "args": args, "env": {**env, "PYTHONPATH": root}}
     path.write_text(json.dumps({"mcpServers": {"crosshost": server}}, indent=2) + "\n", encoding="utf-8")
+
+
+def _python_for_others(env: Dict[str, str]) -> str:
+    """A Python the attempt's own uid can run: this runner's, unless it lives where that uid cannot
+    pass (a pyenv under /root), then the first ``python3`` of the attempt's PATH that it can."""
+    on_path = [os.path.join(d, "python3") for d in env.get("PATH", os.defpath).split(os.pathsep) if d]
+    for candidate in (sys.executable, *on_path):
+        real = os.path.realpath(candidate)
+        if os.access(real, os.X_OK) and reachable_by_others(real) and os.stat(real).st_mode & 0o001:
+            return candidate
+    return sys.executable
 
 
 def merge_mcp_turns(turns: List[Dict[str, Any]], path: Path) -> List[Dict[str, Any]]:
@@ -147,7 +158,7 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
     agent_env.update(sdk_env(task.agent, base, token))
     agent_env["CROSSHOST_PROMPT_FILE"] = str(prompt_file)
     argv = argv_of(task.agent, prompt_file, work, suite_dir)
-    mcp_turns = scratch / "mcp_turns.jsonl"
+    mcp_turns = own / "crosshost-mcp-turns.jsonl"  # written by the MCP server, as the attempt's uid
     if any("{mcp_config}" in a for a in task.agent.command or []):
         write_mcp_config(work / MCP_CONFIG, task, suite_dir, work, env, mcp_turns)
     stdout_path, stderr_path = scratch / "agent.stdout", scratch / "agent.stderr"
@@ -171,7 +182,8 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
                     break
                 time.sleep(0.05)
         finally:
-            kill_group(proc.pid)  # the agent's children die with it
+            if proc.returncode is None:  # still running (a reaped pid's group may be another's now)
+                kill_group(proc.pid)  # the agent's children die with it
             proc.wait()
     try:
         seen = fetch_turns(root, token, key)

@@ -78,8 +78,8 @@ def provider_base(provider: FakeProvider, api: str) -> str:
 
 
 class StreamGate:
-    """The provider waits after each stream's first event until the agents have seen as many first
-    events as streams were started: a proxy or forward that buffered a stream would stall it."""
+    """The provider waits after each stream's first event until the agents have marked as many first
+    events (a file each in ``mark``) as streams were started: a proxy or forward that buffered a stream would stall it."""
 
     def __init__(self, mark: Path) -> None:
         self.mark = mark
@@ -92,7 +92,7 @@ class StreamGate:
             wanted = self.started
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            if self.mark.exists() and len(self.mark.read_text().splitlines()) >= wanted:
+            if len(list(self.mark.iterdir())) >= wanted:
                 return True
             time.sleep(0.02)
         return False
@@ -112,7 +112,15 @@ def test_sdk_exec_agent_streams_through_the_proxy_on_three_hosts_and_the_key_sta
         tmp_path / "hosts.toml", ["box-a", "box-b"], connect_timeout_s=5,
         extra_defaults={"workspace_root": workspace_root},
     )  # fmt: skip
+    # a root of its own per host: the hosts share this machine's processes, and a host's cleanup
+    # stops whatever names its workspace path
+    text = inventory.read_text()
+    for name in ("box-a", "box-b"):
+        text = text.replace(f'name = "{name}"\n', f'name = "{name}"\nworkspace_root = "{workspace_root}-{name}"\n')
+    inventory.write_text(text)
     watch = ProcessWatch(key, {n: _uts(fleet.hosts[n].ns_pid()) or "" for n in ("box-a", "box-b")}, workspace_root)
+    mark.mkdir()
+    mark.chmod(0o777)  # the attempts run as uids of their own
     gate = StreamGate(mark)
     try:
         with FakeProvider(script=SCRIPT, key=key, on_request=watch, after_first_event=gate) as provider:
@@ -161,7 +169,7 @@ def test_sdk_exec_agent_streams_through_the_proxy_on_three_hosts_and_the_key_sta
         assert _files_holding(run_dir, KEY_ENV.encode() + b"=") == []
     finally:
         shutil.rmtree(workspace_root, ignore_errors=True)
-        mark.unlink(missing_ok=True)
+        shutil.rmtree(mark, ignore_errors=True)
 
 
 def test_the_caps_stop_a_runaway_exec_agent_with_budget_model(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,7 @@ def main() -> int:
                                     tools=TOOLS) as stream:
             for n, _event in enumerate(stream):
                 if n == 0 and mark != "-":
-                    with open(mark, "a") as fh:
-                        fh.write("first event\n")
+                    Path(mark, f"{os.getpid()}-{time.time_ns()}").write_text("first event\n")
             message = stream.get_final_message()
         uses = [b for b in message.content if b.type == "tool_use"]
         if not uses:

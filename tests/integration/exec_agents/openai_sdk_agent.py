@@ -2,7 +2,7 @@
 
 It knows nothing of crosshost: ``OpenAI()`` reads ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``. It streams
 every answer, runs its own two tools in the working directory, and stops when the model stops.
-argv: the prompt file, then a file to append a line to on each stream's first event (or "-").
+argv: the prompt file, then a directory to create a file in on each stream's first event (or "-").
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +37,23 @@ def run_tool(name: str, args: dict[str, Any]) -> str:
     return f"unknown tool {name}"
 
 
+def _chunks(stream: Any, mark: str) -> Any:
+    for n, chunk in enumerate(stream):
+        if n == 0 and mark != "-":  # the first event arrived: say so before the rest comes
+            Path(mark, f"{os.getpid()}-{time.time_ns()}").write_text("first event\n")
+        yield chunk
+
+
 def main() -> int:
     prompt, mark = Path(sys.argv[1]).read_text(), sys.argv[2]
     client = OpenAI()
     messages: list[Any] = [{"role": "user", "content": prompt}]
     for _ in range(1000):
-        stream = client.chat.completions.create(model=os.environ["CROSSHOST_MODEL"], messages=messages,
-                                                tools=TOOLS, stream=True)
         text, calls = "", {}
-        for n, chunk in enumerate(stream):
-            if n == 0 and mark != "-":
-                with open(mark, "a") as fh:
-                    fh.write("first event\n")
+        with client.chat.completions.create(model=os.environ["CROSSHOST_MODEL"], messages=messages,
+                                            tools=TOOLS, stream=True) as stream:
+            chunks = list(_chunks(stream, mark))
+        for chunk in chunks:
             for choice in chunk.choices:
                 text += choice.delta.content or ""
                 for call in choice.delta.tool_calls or []:
