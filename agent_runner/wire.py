@@ -30,7 +30,7 @@ ERR_DIVERGED = "crosshost_model_diverged"
 
 #: kind = "exec": the per-run placeholder the proxy requires in place of an API key (not a secret:
 #: it opens nothing but this run's proxy; the proxy swaps it for the real key)
-MODEL_PASS_ENV = "CROSSHOST_MODEL_PASS"
+MODEL_PASS_ENV = "CROSSHOST_MODEL_STANDIN"
 #: an exec agent's base path: <proxy>/attempt/<task>.<attempt>, then the SDK's own path below it
 #: (``/v1/chat/completions`` or ``/v1/messages``), so the proxy knows the attempt of every exchange
 EXEC_PREFIX = "/attempt/"

@@ -23,7 +23,7 @@ One proxy per host per run: records and caps are then attributable to the host t
 
 An exec agent (``kind = "exec"``, its own program and SDK) reaches the proxy at
 ``/attempt/<task>.<attempt>/v1/chat/completions`` (``api = "openai"``) or ``.../v1/messages``
-(``api = "anthropic"``), streamed or not, with the run's placeholder ``CROSSHOST_MODEL_PASS`` as its API
+(``api = "anthropic"``), streamed or not, with the run's placeholder ``CROSSHOST_MODEL_STANDIN`` as its API
 key; the proxy requires it, forwards with the real key, passes server-sent events through as they
 arrive, and builds the attempt's trace turns from the exchanges (``orchestrator/exchanges.py``), which
 the runner fetches from ``/crosshost/turns`` when the agent has exited.
