@@ -73,7 +73,7 @@ def test_a_predicate_that_kills_itself_fails(tmp_path: Path) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known gap: inside the PID-namespace sandbox a predicate that SIGKILLs itself reads as exit 0",
+    reason="known gap: inside the PID-namespace sandbox a signal death reads as exit 137, not as the signal",
 )
 def test_a_predicate_killed_by_a_signal_says_so_not_timed_out(tmp_path: Path) -> None:
     suite = write_suite(tmp_path / "s", {
