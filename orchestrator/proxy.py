@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
@@ -565,24 +565,29 @@ class ModelProxy:
             request = urllib.request.Request(url, data=raw, method="POST", headers=headers)
             try:
                 resp = urllib.request.urlopen(request, timeout=self.timeout_s)  # noqa: S310 - the suite's URL
-            except urllib.error.HTTPError as exc:
-                status = int(exc.code)
-                data = exc.read(64 * 1024) if exc.fp is not None else b""
-                message = self._redact(_provider_message(data) or exc.reason or "")
-                call.attempts.append(Attempt(number, status, _ms(t0), error=message or f"HTTP {status}"))
-                if status == 429 or status >= 500:
-                    raise _Transient(status, message or f"HTTP {status}", _retry_after(exc.headers)) from None
-                if status in (401, 403):
-                    message = "the provider refused the API key (check the key in the controller's environment)"
-                raise _Final(ERR_PROVIDER, status, f"HTTP {status}: {message}") from None
             except (urllib.error.URLError, OSError) as exc:
-                text = self._redact(str(getattr(exc, "reason", exc)))
-                call.attempts.append(Attempt(number, None, _ms(t0), error=text))
-                raise _Transient(None, text) from None
+                self._failed_attempt(exc, call, number, t0)
             call.attempts.append(Attempt(number, int(resp.status), _ms(t0)))
             return resp
 
         return self._retrying(call)(one_attempt)
+
+    def _failed_attempt(self, exc: OSError, call: ModelCall, number: int, t0: float) -> NoReturn:
+        """Record a failed provider request in ``call.attempts`` and raise what the retry policy acts
+        on: 429, 5xx and connection errors are transient; any other status is final."""
+        if isinstance(exc, urllib.error.HTTPError):
+            status = int(exc.code)
+            data = exc.read(64 * 1024) if exc.fp is not None else b""
+            message = self._redact(_provider_message(data) or exc.reason or "")
+            call.attempts.append(Attempt(number, status, _ms(t0), error=message or f"HTTP {status}"))
+            if status == 429 or status >= 500:
+                raise _Transient(status, message or f"HTTP {status}", _retry_after(exc.headers)) from None
+            if status in (401, 403):
+                message = "the provider refused the API key (check the key in the controller's environment)"
+            raise _Final(ERR_PROVIDER, status, f"HTTP {status}: {message}") from None
+        text = self._redact(str(getattr(exc, "reason", exc)))
+        call.attempts.append(Attempt(number, None, _ms(t0), error=text))
+        raise _Transient(None, text) from None
 
     def _forward(self, raw: bytes, call: ModelCall) -> dict[str, Any]:
         """POST to the provider with retries; every attempt lands in ``call.attempts``."""
@@ -604,23 +609,8 @@ class ModelProxy:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
                     status = int(resp.status)
                     data = resp.read(MAX_RESPONSE_BYTES + 1)
-            except urllib.error.HTTPError as exc:
-                status = int(exc.code)
-                data = exc.read(64 * 1024) if exc.fp is not None else b""
-                message = self._redact(_provider_message(data) or exc.reason or "")
-                call.attempts.append(Attempt(number, status, _ms(t0), error=message or f"HTTP {status}"))
-                if status == 429 or status >= 500:
-                    raise _Transient(status, message or f"HTTP {status}", _retry_after(exc.headers)) from None
-                if status in (401, 403):
-                    message = (
-                        "the provider refused the API key (check the key in the controller's environment)"
-                    )
-                raise _Final(ERR_PROVIDER, status, f"HTTP {status}: {message}") from None
             except (urllib.error.URLError, OSError) as exc:
-                reason = getattr(exc, "reason", exc)
-                text = self._redact(str(reason))
-                call.attempts.append(Attempt(number, None, _ms(t0), error=text))
-                raise _Transient(None, text) from None
+                self._failed_attempt(exc, call, number, t0)
             call.attempts.append(Attempt(number, status, _ms(t0)))
             if len(data) > MAX_RESPONSE_BYTES:
                 raise _Final(ERR_BAD_JSON, status, f"answer larger than {MAX_RESPONSE_BYTES} bytes")
