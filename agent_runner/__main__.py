@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--env-allow", help="comma-separated environment keys the agent may see "
                      "(default: PATH,LANG,LC_ALL,TZ)")
     run.add_argument("--trace-files", action="store_true",
-                     help="run each predicate under strace (where it exists) and keep the paths it touched")
+                     help="run every process of an attempt (agent, tools, predicate) under strace where it "
+                     "exists and keep the paths they touched")
     run.add_argument("--slots", type=_positive, default=1,
                      help="attempts at once, each in its own workspace, HOME, TMPDIR and budget (default 1)")
 

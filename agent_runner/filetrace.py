@@ -1,22 +1,29 @@
-"""File-access evidence: the paths outside an attempt's own directories that its predicate touched.
+"""File-access evidence: the paths outside an attempt's own directories that its processes touched.
 
-With ``run --trace-files`` the predicate runs under ``strace -f -e trace=file,process`` when strace is
-on this host's PATH; the absolute paths it opened, stat'ed, listed or executed are kept, except the
-attempt's own workspace, HOME, TMPDIR and scratch and the kernel's pseudo file systems. The result is
-``files/<task>.<attempt>.json``: ``{"traced": true, "paths": {path: [syscalls]}}``, or
-``{"traced": false, "why": ...}`` when strace is not there (the evidence is then absent, not guessed).
-Standard library only, Python 3.9.
+With ``run --trace-files`` every process of an attempt (the command or exec agent, each tool process,
+the predicate) runs under ``strace -f -e trace=file,process`` when strace is on this host's PATH; the
+absolute paths they opened, stat'ed, listed or executed are kept, except the attempt's own
+workspace, HOME, TMPDIR and scratch, the suite and the runner's own files, and the kernel's pseudo
+file systems. The result is ``files/<task>.<attempt>.json``: ``{"traced": true, "paths": {path:
+[syscalls]}, "agent_paths": {...}, "env_path": PATH}`` (``paths``: the predicate's; ``agent_paths``: the
+agent's and its tools'; ``env_path``: the attempt's PATH, None when it looks like it holds a secret),
+or ``{"traced": false, "why": ..., "env_path": ...}`` when strace is not there (the evidence is then
+absent, not guessed). Standard library only, Python 3.9.
 """
 
+import itertools
 import json
 import re
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from .digests import write_announced
+from .redact import redact_text
 
-MAX_PATHS = 300  # paths kept per attempt (the first ones, in the order the predicate touched them)
+#: paths kept per attempt and side (predicate, agent), the first ones in the order they were touched:
+#: an interpreter's start alone names some hundreds
+MAX_PATHS = 1000
 _PSEUDO = ("/proc/", "/sys/", "/dev/")
 # `1234  openat(AT_FDCWD, "/opt/x", O_RDONLY) = -1 ENOENT (...)`: the syscall and its first path argument
 _CALL = re.compile(r'^(?:\[pid\s+)?\d*\]?\s*(\w+)\((?:[A-Z_]+, )?"((?:[^"\\]|\\.)*)"')
@@ -39,7 +46,8 @@ def _unescape(text: str) -> str:
 
 
 def touched_paths(log_text: str, own: Sequence[str]) -> Dict[str, List[str]]:
-    """path -> the syscalls that named it, for absolute paths outside ``own`` and the pseudo file systems."""
+    """path -> the syscalls that named it, for absolute paths outside ``own`` (and not a parent of one of
+    them) and the pseudo file systems."""
     prefixes = [p.rstrip("/") + "/" for p in own if p]
     found: Dict[str, List[str]] = {}
     for line in log_text.splitlines():
@@ -49,7 +57,8 @@ def touched_paths(log_text: str, own: Sequence[str]) -> Dict[str, List[str]]:
         call, path = match.group(1), _unescape(match.group(2))
         if not path.startswith("/") or path.startswith(_PSEUDO):
             continue
-        if any((path + "/").startswith(p) for p in prefixes):
+        # under its own directories, or on the way to them (their parents differ as the roots do)
+        if any((path + "/").startswith(p) or p.startswith(path.rstrip("/") + "/") for p in prefixes):
             continue
         calls = found.get(path)
         if calls is None:
@@ -61,10 +70,57 @@ def touched_paths(log_text: str, own: Sequence[str]) -> Dict[str, List[str]]:
     return found
 
 
+class Tracer:
+    """Hands out traced command lines, one log each under ``logs``, and reads them back per side."""
+
+    def __init__(self, strace: str, logs: Path) -> None:
+        self.strace = strace
+        self.logs = logs
+        self._count = itertools.count()
+        self._given: Dict[str, List[Path]] = {}
+
+    def wrap(self, side: str) -> Callable[[List[str]], List[str]]:
+        def traced(argv: List[str]) -> List[str]:
+            log = self.logs / f"{side}.{next(self._count)}.strace"
+            self._given.setdefault(side, []).append(log)
+            return traced_argv(self.strace, log, argv)
+
+        return traced
+
+    def paths(self, side: str, own: Sequence[str]) -> Dict[str, List[str]]:
+        """What ``side``'s processes touched, in the order they ran. A command line that never started
+        left no log; OSError when none of ``side``'s did (strace itself could not run)."""
+        texts: List[str] = []
+        error: Optional[OSError] = None
+        for log in self._given.get(side, []):
+            try:
+                texts.append(log.read_text("utf-8", "replace"))
+            except OSError as exc:
+                error = exc
+        if error is not None and not texts:
+            raise error
+        return touched_paths("".join(texts), own)
+
+
+def shown_path(env_path: str) -> Optional[str]:
+    """The attempt's PATH as the evidence keeps it: None when redaction would change it."""
+    return env_path if redact_text(env_path) == env_path else None
+
+
 def write_evidence(
-    target: Path, *, traced: bool, paths: Optional[Dict[str, List[str]]] = None, why: str = ""
+    target: Path,
+    *,
+    traced: bool,
+    paths: Optional[Dict[str, List[str]]] = None,
+    agent_paths: Optional[Dict[str, List[str]]] = None,
+    why: str = "",
+    env_path: Optional[str] = None,
 ) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    record = {"traced": traced, "paths": paths or {}} if traced else {"traced": False, "why": why}
+    record: Dict[str, object] = (
+        {"traced": True, "paths": paths or {}, "agent_paths": agent_paths or {}}
+        if traced else {"traced": False, "why": why}
+    )
+    record["env_path"] = env_path
     # out/files/<task>.<attempt>.json: announced like every file the runner writes in out/
     write_announced(target.parent.parent, target, json.dumps(record, sort_keys=True) + "\n")

@@ -67,7 +67,7 @@ class RunOptions:
     env_allow: Optional[List[str]] = None
     #: attempts run at once, each in its own workspace, HOME, TMPDIR and budget (default 1)
     slots: int = 1
-    #: run each predicate under strace where it exists and keep the paths it touched (filetrace.py)
+    #: run every process of an attempt under strace where it exists; keep the paths touched (filetrace.py)
     trace_files: bool = False
 
 
@@ -194,13 +194,16 @@ class Runner:
             writer.header(run_id=self.run_id, host=self.host, task=task.id, attempt=attempt,
                           fingerprint=digest, pins=pins, env_sha=this_env_sha,
                           agent=task.agent.kind)
-            outcome = self._run_agent(task, work, env, scratch, writer, started, box, attempt)
-            evidence = None
-            if self.options.trace_files:
-                evidence = (self.out / "files" / f"{task.id}.{attempt}.json", scratch,
-                            [str(attempt_dir), str(work), str(home), str(tmp)])
+            strace = filetrace.strace_path() if self.options.trace_files else None
+            tracer = filetrace.Tracer(strace, scratch) if strace else None
+            outcome = self._run_agent(task, work, env, scratch, writer, started,
+                                      box.traced(tracer.wrap("agent")) if tracer else box, attempt)
             predicate_exit, predicate_output, predicate_error = self._run_predicate(
-                task, pristine, work, env, box, evidence)
+                task, pristine, work, env, box.traced(tracer.wrap("predicate")) if tracer else box)
+            if self.options.trace_files:
+                own = [str(attempt_dir), str(work), str(home), str(tmp), str(self.suite.root), _runner_home()]
+                self._write_file_evidence(self.out / "files" / f"{task.id}.{attempt}.json", tracer, own,
+                                          env.get("PATH", ""))
             strays = self.new_strays(box.strays(str(attempt_dir), home=self.home))
             checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
@@ -260,12 +263,24 @@ class Runner:
         finally:
             agent.close()
 
+    def _write_file_evidence(self, target: Path, tracer: Optional[filetrace.Tracer], own: List[str],
+                             env_path: str) -> None:
+        shown = filetrace.shown_path(env_path)
+        if tracer is None:
+            filetrace.write_evidence(target, traced=False, why="strace is not on this host's PATH", env_path=shown)
+            return
+        try:
+            paths, agent_paths = tracer.paths("predicate", own), tracer.paths("agent", own)
+        except OSError as exc:
+            filetrace.write_evidence(target, traced=False, why=f"strace wrote no log: {exc.strerror or exc}",
+                                     env_path=shown)
+            return
+        filetrace.write_evidence(target, traced=True, paths=paths, agent_paths=agent_paths, env_path=shown)
+
     def _run_predicate(self, task: Task, pristine: Optional[bytes], work: Path, env: Dict[str, str],
-                       box: Sandbox, evidence: Optional[Tuple[Path, Path, List[str]]] = None,
-                       ) -> Tuple[Optional[int], str, Optional[str]]:
+                       box: Sandbox) -> Tuple[Optional[int], str, Optional[str]]:
         """(exit code, its output's last ``PREDICATE_OUTPUT_CAP`` bytes, harness error). An agent that
-        rewrote run_tests.sh gets the pristine one back before it runs. ``evidence`` (the record to
-        write, a scratch directory, the attempt's own directories): run it under strace if there is one."""
+        rewrote run_tests.sh gets the pristine one back before it runs."""
         if pristine is None:
             return None, "", None
         target = work / PREDICATE
@@ -279,15 +294,6 @@ class Runner:
         except OSError as exc:
             return None, "", f"could not restore the pristine {PREDICATE}: {exc}"
         argv = box.argv(["sh", PREDICATE])
-        strace_log = None
-        if evidence is not None:
-            strace = filetrace.strace_path()
-            if strace is None:
-                filetrace.write_evidence(evidence[0], traced=False, why="strace is not on this host's PATH")
-            else:
-                # the tracer runs as the runner, around the sandbox: its log is out of the attempt's reach
-                strace_log = evidence[1] / "predicate.strace"
-                argv = filetrace.traced_argv(strace, strace_log, argv)
         try:
             proc = subprocess.Popen(argv, cwd=str(work), env=env, stdin=subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **box.popen_kwargs())
@@ -301,18 +307,17 @@ class Runner:
             kill_group(proc.pid)
         if got.timed_out:
             return 124, "timed out", None  # like timeout(1): a predicate that hangs fails
-        if evidence is not None and strace_log is not None:
-            try:
-                text = strace_log.read_text("utf-8", "replace")
-            except OSError as exc:
-                filetrace.write_evidence(evidence[0], traced=False, why=f"strace wrote no log: {exc.strerror or exc}")
-            else:
-                filetrace.write_evidence(evidence[0], traced=True, paths=filetrace.touched_paths(text, evidence[2]))
         kept = got.kept.decode("utf-8", "replace").strip()
         shown = "…" + kept if got.dropped else kept
         if got.signal_name is not None:  # what it was, never a timeout
             shown = f"{death(got.signal_name)}\n{shown}".rstrip()
         return (got.returncode if got.returncode is not None else 137), shown, None
+
+
+def _runner_home() -> str:
+    """Where the runner's own code is (its zipapp, or its package): its own reads are not evidence."""
+    package = Path(__file__).resolve().parent
+    return str(package.parent if package.parent.is_file() else package)
 
 
 class BundleChanged(RunnerError):

@@ -21,6 +21,7 @@ those that started their own session. Standard library only, Python 3.9.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import os
 import secrets
@@ -130,6 +131,7 @@ class Sandbox:
         self.level = level
         self.uid = uid if level == PIDNS_UID else None
         self.started = time.time()
+        self._wrap: Optional[Callable[[List[str]], List[str]]] = None
 
     @classmethod
     def for_attempt(cls, level: str, uid: int, *paths: str) -> "Sandbox":
@@ -142,7 +144,15 @@ class Sandbox:
         return cls(level)
 
     def argv(self, argv: Sequence[str]) -> List[str]:
-        return _prefix(self.level, self.uid) + list(argv)
+        full = _prefix(self.level, self.uid) + list(argv)
+        return self._wrap(full) if self._wrap is not None else full
+
+    def traced(self, wrap: Callable[[List[str]], List[str]]) -> "Sandbox":
+        """The same sandbox whose every command line goes through ``wrap`` (a tracer around it: the
+        tracer runs as the runner, outside the namespace, its log out of the attempt's reach)."""
+        other = copy.copy(self)
+        other._wrap = wrap
+        return other
 
     def popen_kwargs(self) -> Dict[str, Any]:
         """Its own session (a ``kill(0)`` inside reaches only the sandbox) and death with the runner."""

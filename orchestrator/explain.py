@@ -3,12 +3,14 @@
 For the run's flipped tasks, explain replays them once more with the run's pins (the suite the run
 recorded, checked by its sha) on the reference and every host they flipped on, then re-runs them on
 the reference with one environment fact of another host applied at a time (a counterfactual: each
-allowlisted variable whose value differs between the two fingerprints, the locale variables, TZ),
-at most ``MAX_COUNTERFACTUALS`` replays. A fact whose change alone gives the reference the other
-host's verdict is named. The once-more replay runs each predicate under strace where the host has
-it; every path it touched outside the attempt's own directories is then checked on every compared
-host (read only) and the paths whose state differs are named. Every replay is an ordinary replay of kind ``explain`` under
-``<run>/explain/``, so each host's workspace is removed and verified gone as after any replay.
+allowlisted variable whose value differs between the two fingerprints, the locale variables, TZ,
+and PATH as the once-more replay's attempts saw it), at most ``MAX_COUNTERFACTUALS`` replays. A fact
+whose change alone gives the reference the other host's verdict is named. The once-more replay runs
+each attempt's processes (the agent's tree, its tool processes, the predicate) under strace where
+the host has it; every path they touched outside the attempt's own directories is then checked on
+every compared host (read only) and the paths whose state differs are named. Every replay is an
+ordinary replay of kind ``explain`` under ``<run>/explain/``, so each host's workspace is removed and
+verified gone as after any replay.
 The evidence goes to ``explain.json``; the run's reports are written again to carry it.
 """
 
@@ -89,12 +91,23 @@ def env_facts(
         a, b = (left.get(group) or {}).get(name), (right.get(group) or {}).get(name)
         if a != b and (b is None or isinstance(b, str)):
             facts.append(EnvFact(host, name, b))
-    known = {f.name for f in facts} | {d.split(".")[1] for d in _ENV_FACTS}
+    # an attempt always has a PATH (the runner's default when the host has none): its value is path_fact's
+    known = {f.name for f in facts} | {d.split(".")[1] for d in _ENV_FACTS} | {"PATH"}
     ref_keys, other_keys = set(left.get("env_keys") or []), set(right.get("env_keys") or [])
     facts += [
         EnvFact(host, k, None) for k in sorted(ref_keys - other_keys) if k not in known and k in allowlist
     ]
     return facts
+
+
+def path_fact(env_paths: dict[str, str], reference: str, host: str) -> list[EnvFact]:
+    """``host``'s PATH as a fact when it differs from the reference's: both as the attempts of explain's
+    once-more run saw them (the fingerprint keeps no value of PATH). Applied on the reference as it is,
+    directories the reference lacks included: a lookup there finds nothing, as on a host without them."""
+    ours, theirs = env_paths.get(reference), env_paths.get(host)
+    if ours is None or theirs is None or ours == theirs:
+        return []
+    return [EnvFact(host, "PATH", theirs)]
 
 
 def with_fact(fact: EnvFact) -> Callable[[HostConfig], HostConfig]:
@@ -196,7 +209,7 @@ def explain(
     others = sorted({h for t in tasks for h in t.flipped_hosts})
     again = run_once([reference, *others], [t.task for t in tasks], None, files=True)
     configs = {h.name: h for h in load_inventory(request.inventory_path).hosts}
-    paths, notes = file_evidence(
+    paths, notes, env_paths = file_evidence(
         runs[record.runs[0]], [reference, *others], [t.task for t in tasks], configs,
         opener or default_opener, request.accept_new,
     )  # fmt: skip
@@ -210,7 +223,8 @@ def explain(
     planned: list[tuple[EnvFact, list[str]]] = []
     for host in others:
         names = [t.task for t in tasks if host in t.flipped_hosts]
-        for fact in env_facts(run.fingerprints.get(reference), run.fingerprints.get(host), host, allowlist):
+        facts = env_facts(run.fingerprints.get(reference), run.fingerprints.get(host), host, allowlist)
+        for fact in path_fact(env_paths, reference, host) + facts:
             if len(planned) < MAX_COUNTERFACTUALS:
                 planned.append((fact, names))
             else:
@@ -246,7 +260,8 @@ def explain(
 
 # --- file evidence ----------------------------------------------------------------------------------
 
-MAX_CHECKED_PATHS = 300  # paths checked per host (the union over the explained tasks)
+MAX_CHECKED_PATHS = 3000  # paths checked per host (the union over the explained tasks)
+CHUNK_CHARS = 60_000  # paths per exec of the check: its one argument stays far under the kernel's 128 KiB
 SMALL_FILE = 1024 * 1024  # files up to this size get a sha256
 # Run on each host with the host's python: per path its state in one word or line; stdlib only. A file
 # others may not read gets no digest: a hash of a small private file (a key, a token) is a lead to it.
@@ -284,34 +299,84 @@ print(json.dumps(out))
 """.replace("%(small)d", str(SMALL_FILE))
 
 
-def touched(run_dir: Path, host: str, task: str) -> tuple[dict[str, list[str]] | None, str]:
-    """The paths ``host``'s predicate touched in explain's once-more run, or None and why not."""
+SIDES = ("predicate", "agent")  # who touched a path, in the record's keys "paths" and "agent_paths"
+
+
+@dataclass
+class Touched:
+    """One host's file evidence for one task of explain's once-more run."""
+
+    #: path -> side -> the system calls that named it; None when the host collected none
+    paths: dict[str, dict[str, list[str]]] | None
+    why: str = ""  # why not, when ``paths`` is None
+    env_path: str | None = None  # the attempt's PATH there (None: not sent, or withheld as secret-looking)
+
+
+def touched(run_dir: Path, host: str, task: str) -> Touched:
+    """The paths ``host``'s attempt (predicate, agent and its tools) touched in explain's once-more run."""
     path = RunDir(run_dir).host_dir(host) / "files" / f"{task}.0.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None, "the host sent no file evidence"
-    if not isinstance(record, dict) or not record.get("traced"):
-        why = record.get("why") if isinstance(record, dict) else None
-        return None, str(why or "not traced")
-    paths = record.get("paths")
-    if not isinstance(paths, dict):
-        return None, "the host's file evidence is damaged"
-    return {str(k): [str(c) for c in v] for k, v in paths.items() if isinstance(v, list)}, ""
+        return Touched(None, "the host sent no file evidence")
+    if not isinstance(record, dict):
+        return Touched(None, "the host's file evidence is damaged")
+    env_path = record.get("env_path") if isinstance(record.get("env_path"), str) else None
+    if not record.get("traced"):
+        return Touched(None, str(record.get("why") or "not traced"), env_path)
+    found: dict[str, dict[str, list[str]]] = {}
+    for side, key in zip(SIDES, ("paths", "agent_paths"), strict=True):
+        paths = record.get(key, {})
+        if not isinstance(paths, dict):
+            return Touched(None, "the host's file evidence is damaged", env_path)
+        for k, v in paths.items():
+            if isinstance(v, list):
+                found.setdefault(str(k), {})[side] = [str(c) for c in v]
+    return Touched(found, "", env_path)
+
+
+def _chunks(paths: list[str]) -> list[list[str]]:
+    """``paths`` in runs whose JSON stays under ``CHUNK_CHARS`` (one argument of one exec)."""
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for p in paths:
+        if chunks[-1] and size + len(p) + 4 > CHUNK_CHARS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(p)
+        size += len(json.dumps(p)) + 2
+    return [c for c in chunks if c]
 
 
 def path_states(cfg: HostConfig, paths: list[str], opener: Opener, accept_new: bool) -> dict[str, str]:
-    """Each path's state on the host, by one exec of its python (nothing is written there)."""
+    """Each path's state on the host, by one exec of its python per chunk (nothing is written there)."""
     host = opener(cfg, accept_new=accept_new)
+    states: dict[str, str] = {}
     try:
-        result = host.exec([cfg.python, "-c", _STAT_SCRIPT, json.dumps(paths)], 60)
+        for chunk in _chunks(paths):
+            result = host.exec([cfg.python, "-c", _STAT_SCRIPT, json.dumps(chunk)], 60)
+            try:
+                got = json.loads(result.stdout)
+            except ValueError:
+                continue
+            if isinstance(got, dict):
+                states.update({str(k): str(v) for k, v in got.items()})
     finally:
         host.close()
-    try:
-        states = json.loads(result.stdout)
-    except ValueError:
-        return {}
-    return {str(k): str(v) for k, v in states.items()} if isinstance(states, dict) else {}
+    return states
+
+
+def _rank(evidence: PathEvidence, hosts: list[str]) -> tuple[bool, bool, bool, str]:
+    """The likeliest cause first: a path looked up on every host with a different answer (the same
+    lookup; a path touched on one host only follows from a difference earlier, e.g. another
+    interpreter and its files), then present on one host and absent on another, then the predicate's."""
+    states = set(evidence.state.values())
+    return (
+        set(evidence.touched_on) != set(hosts),
+        "absent" not in states or states == {"absent"},
+        "predicate" not in evidence.by,
+        evidence.path,
+    )
 
 
 def file_evidence(
@@ -321,17 +386,21 @@ def file_evidence(
     configs: dict[str, HostConfig],
     opener: Opener,
     accept_new: bool,
-) -> tuple[dict[str, list[PathEvidence]], dict[str, list[str]]]:
-    """Per task the touched paths whose state differs between ``hosts``, and what was not collected."""
+) -> tuple[dict[str, list[PathEvidence]], dict[str, list[str]], dict[str, str]]:
+    """Per task the touched paths whose state differs between ``hosts``, what was not collected, and
+    each host's attempt PATH (where one was sent)."""
     notes: dict[str, list[str]] = {t: [] for t in tasks}
-    seen: dict[str, dict[str, dict[str, list[str]]]] = {t: {} for t in tasks}  # task -> host -> path -> calls
+    env_paths: dict[str, str] = {}
+    seen: dict[str, dict[str, dict[str, dict[str, list[str]]]]] = {t: {} for t in tasks}  # task -> host -> path
     for task in tasks:
         for host in hosts:
-            paths, why = touched(explain_run, host, task)
-            if paths is None:
-                notes[task].append(f"file evidence not collected on {host}: {why}")
+            got = touched(explain_run, host, task)
+            if got.env_path is not None:
+                env_paths.setdefault(host, got.env_path)
+            if got.paths is None:
+                notes[task].append(f"file evidence not collected on {host}: {got.why}")
             else:
-                seen[task][host] = paths
+                seen[task][host] = got.paths
     wanted = sorted({p for per_host in seen.values() for paths in per_host.values() for p in paths})
     wanted = wanted[:MAX_CHECKED_PATHS]
     states = {h: path_states(configs[h], wanted, opener, accept_new) for h in hosts} if wanted else {}
@@ -341,7 +410,10 @@ def file_evidence(
         for p in task_paths:
             state = {h: states.get(h, {}).get(p, "unknown") for h in hosts}
             if len(set(state.values())) > 1:
-                calls = sorted({c for per_host in seen[task].values() for c in per_host.get(p, [])})
+                sides = [per_host[p] for per_host in seen[task].values() if p in per_host]
+                calls = sorted({c for by_side in sides for cs in by_side.values() for c in cs})
+                by = [side for side in SIDES if any(side in by_side for by_side in sides)]
                 on = [h for h in hosts if p in seen[task].get(h, {})]
-                found[task].append(PathEvidence(path=p, calls=calls, touched_on=on, state=state))
-    return found, notes
+                found[task].append(PathEvidence(path=p, calls=calls, touched_on=on, state=state, by=by))
+        found[task].sort(key=lambda e: _rank(e, hosts))
+    return found, notes, env_paths

@@ -82,7 +82,7 @@ class ReplayRequest:
     #: applied to each selected host's inventory entry before the run (``explain``'s counterfactual:
     #: the reference with one environment fact of another host); the manifest records the result
     adjust_host: Callable[[HostConfig], HostConfig] | None = None
-    trace_files: bool = False  # predicates under strace where a host has it (explain's file evidence)
+    trace_files: bool = False  # attempts under strace where a host has it (explain's file evidence)
 
     @property
     def selection(self) -> TaskSelection:

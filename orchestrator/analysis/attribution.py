@@ -177,14 +177,19 @@ MAX_CAUSE_PATHS = 2  # differing paths named in the one-line cause (report.md li
 _VERBS = (("execve", "executed"), ("open", "read"), ("getdents", "listed"))
 
 
-def path_line(evidence: PathEvidence, predicate: str = "run_tests.sh") -> str:
-    """"run_tests.sh read /opt/x/feature.flag: present on box-b (file 0 bytes …), absent on local"."""
+_WHO = {"predicate": "run_tests.sh", "agent": "the agent"}
+
+
+def path_line(evidence: PathEvidence) -> str:
+    """"run_tests.sh read /opt/x/feature.flag: present on box-b (file 0 bytes …), absent on local"
+    ("the agent read …" for a path only the agent's processes or its tools touched)."""
     verb = next((v for prefix, v in _VERBS if any(c.startswith(prefix) for c in evidence.calls)), "looked up")
+    who = " and ".join(_WHO.get(side, side) for side in evidence.by) or _WHO["predicate"]
     parts = [
         "absent on " + host if state == "absent" else f"present on {host} ({state})"
         for host, state in sorted(evidence.state.items(), key=lambda hs: hs[1] == "absent")
     ]
-    return f"{predicate} {verb} {evidence.path}: " + ", ".join(parts)
+    return f"{who} {verb} {evidence.path}: " + ", ".join(parts)
 
 
 def explain_cause(entry: ExplainTask, reference: str) -> str:

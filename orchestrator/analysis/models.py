@@ -115,11 +115,13 @@ class Counterfactual(BaseModel):
 
 
 class PathEvidence(BaseModel):
-    """A path the predicate touched outside its own directories whose state differs between hosts."""
+    """A path an attempt touched outside its own directories whose state differs between hosts."""
 
     path: str
     calls: list[str] = Field(default_factory=list)  # the system calls that named it (openat, stat, execve…)
-    touched_on: list[str] = Field(default_factory=list)  # the hosts whose predicate touched it
+    touched_on: list[str] = Field(default_factory=list)  # the hosts where the attempt touched it
+    #: who touched it: "predicate" (run_tests.sh) and/or "agent" (the agent's processes and its tools')
+    by: list[str] = Field(default_factory=lambda: ["predicate"])
     #: host -> its state there: "absent", "directory", "file 12 bytes sha256 ab12…", "symlink -> x", …
     state: dict[str, str] = Field(default_factory=dict)
 

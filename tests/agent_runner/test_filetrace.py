@@ -44,3 +44,53 @@ def test_a_real_strace_sees_a_file_the_predicate_looks_for(tmp_path: Path):
     subprocess.run(traced_argv(strace, log, ["sh", str(script)]), check=True, cwd=tmp_path / "work")
     found = touched_paths(log.read_text(), [str(tmp_path)])
     assert "/opt/crosshost-test-absent/flag" in found and str(script) not in found
+
+
+def test_the_parents_of_the_attempts_own_directories_are_not_evidence():
+    log = (
+        '1  newfstatat(AT_FDCWD, "/srv/ws", 0x1, 0) = 0\n'
+        '1  newfstatat(AT_FDCWD, "/srv/ws/bundles/abc/suite/agent/a.py", 0x1, 0) = 0\n'
+        '1  newfstatat(AT_FDCWD, "/srv/wsx", 0x1, 0) = -1 ENOENT (No such file or directory)\n'
+    )
+    # /srv/ws lies on the way to the suite (its parents differ where the workspace roots do); /srv/wsx does not
+    assert touched_paths(log, ["/srv/ws/bundles/abc/suite"]) == {"/srv/wsx": ["newfstatat"]}
+
+
+def test_a_tracer_keeps_each_sides_processes_apart_and_reads_them_in_order(tmp_path: Path):
+    strace = shutil.which("strace")
+    assert strace is not None, "strace is installed by make setup"
+    import subprocess
+
+    from agent_runner.filetrace import Tracer
+
+    tracer = Tracer(strace, tmp_path)
+    agent, predicate = tracer.wrap("agent"), tracer.wrap("predicate")
+    for argv in (agent(["sh", "-c", "[ -e /opt/crosshost-test-agent-1 ]; exit 0"]),
+                 agent(["sh", "-c", "cat /opt/crosshost-test-agent-2 2>/dev/null; exit 0"]),
+                 predicate(["sh", "-c", "[ -e /opt/crosshost-test-predicate ]; exit 0"])):  # fmt: skip
+        subprocess.run(argv, check=True)
+    agent(["never-started"])  # handed out, never run: no log, and no error while another one exists
+    seen = tracer.paths("agent", [str(tmp_path)])
+    assert [p for p in seen if p.startswith("/opt/")] == ["/opt/crosshost-test-agent-1", "/opt/crosshost-test-agent-2"]
+    assert [p for p in tracer.paths("predicate", [str(tmp_path)]) if p.startswith("/opt/")] == [
+        "/opt/crosshost-test-predicate"
+    ]
+
+
+def test_a_side_whose_strace_wrote_no_log_at_all_is_an_error_not_an_empty_trace(tmp_path: Path):
+    import pytest
+
+    from agent_runner.filetrace import Tracer
+
+    tracer = Tracer("/usr/bin/strace", tmp_path)
+    tracer.wrap("agent")(["sh"])
+    with pytest.raises(OSError):
+        tracer.paths("agent", [])
+    assert tracer.paths("predicate", []) == {}  # nothing of it ran: nothing touched
+
+
+def test_a_secret_looking_path_is_withheld():
+    from agent_runner.filetrace import shown_path
+
+    assert shown_path("/usr/local/bin:/usr/bin") == "/usr/local/bin:/usr/bin"
+    assert shown_path("/opt/ghp_" + "a" * 36 + "/bin:/usr/bin") is None

@@ -196,3 +196,113 @@ def test_a_command_on_one_hosts_path_is_named_by_its_executable(fresh_sshd_host:
     assert differing.state["local"] == "absent" and differing.state["box-c"].startswith("file ")
     assert out.report is not None
     assert out.report.tasks[0].cause.startswith("run_tests.sh executed /opt/bin/demo-tool: present on box-c")
+
+
+_READER = """import json, os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from protocol import call, final, task
+task()
+if sys.argv[1] == "itself":  # the agent's own process looks for the file
+    new = os.path.exists("/opt/crosshost-demo/agent.flag")
+else:  # a tool process it asks for reads it
+    new = call("shell", {"argv": ["cat", "/opt/crosshost-demo/tool.flag"]}).startswith("exit 0")
+call("write_file", {"path": "mode.txt", "content": "new" if new else "old"})
+final("done")
+"""
+
+
+def _agent_suite(root: Path) -> Path:
+    """Two command-agent tasks whose agent (not the predicate) reads a file of box-c's /opt: itself, or
+    through a shell tool; each predicate reads only the workspace."""
+    suite = root / "agents"
+    (suite / "agent").mkdir(parents=True)
+    # no path invariant: the tool's argument names a path of /opt on purpose
+    (suite / "contract.json").write_text(json.dumps({
+        "contract_id": "agents.v1", "invariants": [],
+        "tools": [{"name": "shell", "required_args": ["argv"]}, {"name": "write_file", "required_args": ["path", "content"]}],
+    }))  # fmt: skip
+    shutil.copy(TRIAGE / "tools.json", suite / "tools.json")
+    shutil.copy(TRIAGE / "agent" / "protocol.py", suite / "agent" / "protocol.py")
+    (suite / "agent" / "reader.py").write_text(_READER)
+    (suite / "suite.toml").write_text(
+        'name = "agents"\nrepeat = 1\ncontract = "contract.json"\ntools = "tools.json"\n'
+        '[agent]\nkind = "none"\n[budget]\nmax_steps = 4\nmax_bytes = 8192\ntimeout_s = 30\n'
+    )
+    for name, how in (("agent-reads", "itself"), ("tool-reads", "tool")):
+        task = suite / "tasks" / name
+        (task / "repo").mkdir(parents=True)
+        (task / "task.toml").write_text(
+            f'description = "the agent decides by a host file"\n[agent]\nkind = "command"\n'
+            f'command = ["python3", "{{suite}}/agent/reader.py", "{how}"]\n'
+        )
+        (task / "prompt.md").write_text("write mode.txt\n")
+        script = task / "repo" / "run_tests.sh"
+        script.write_text('#!/bin/sh\n[ "$(cat mode.txt)" = old ] || { echo "FAIL: new mode"; exit 1; }\necho ok\n')
+        script.chmod(0o755)
+    return suite
+
+
+def test_a_file_only_the_agent_reads_is_named_by_its_path(fresh_sshd_host: Any, tmp_path: Path) -> None:
+    """The agent's processes (the command agent itself, the tool processes it asks for) run under the
+    trace too: a file of one host's /opt that only they read explains the flip, said as the agent's."""
+    opt = fresh_sshd_host.fleet.hosts["box-c"].dir / "opt" / "crosshost-demo"
+    opt.mkdir(parents=True)
+    (opt / "agent.flag").touch()
+    (opt / "tool.flag").write_text("on\n")
+    inventory = fresh_sshd_host.inventory_path
+    run = replay(ReplayRequest(suite_dir=_agent_suite(tmp_path), inventory_path=inventory, out=tmp_path / "runs"))
+    assert run.report is not None
+    assert {t.task: t.flip for t in run.report.tasks} == {"agent-reads": True, "tool-reads": True}, [
+        (t.task, t.verdicts, t.reasons) for t in run.report.tasks
+    ]
+    out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
+    assert out.exit_code == 0 and not out.errors, out.errors
+    entries = {t.task: t for t in out.record.tasks}
+    for task, flag, verb in (("agent-reads", "agent.flag", "looked up"), ("tool-reads", "tool.flag", "read")):
+        entry = entries[task]
+        assert entry.not_collected == []
+        [first, *_] = entry.paths
+        assert (first.path, first.by, first.touched_on) == (f"/opt/crosshost-demo/{flag}", ["agent"], ["local", "box-c"])
+        assert first.state["local"] == "absent" and first.state["box-c"].startswith("file ")
+        # the attempt's own directories, the suite and the runner's files are not evidence
+        assert not [p.path for p in entry.paths if "/crosshost" in p.path and "crosshost-demo" not in p.path], [
+            (p.path, p.state) for p in entry.paths
+        ]
+        assert out.report is not None
+        cause = next(t.cause for t in out.report.tasks if t.task == task)
+        assert cause.startswith(f"the agent {verb} /opt/crosshost-demo/{flag}: present on box-c (file "), cause
+        assert cause.endswith("absent on local") or "absent on local;" in cause, cause
+    for run_id in out.record.runs:
+        assert _left_of_run(inventory, run_id) == {"local": "", "box-c": ""}
+
+
+def test_a_path_that_finds_a_command_is_named_by_the_path_counterfactual(
+    fresh_sshd_host: Any, tmp_path: Path
+) -> None:
+    """The same demo-tool on both hosts (a directory both see), on box-c's PATH only: no file differs,
+    and box-c's PATH applied on local reproduces the flip."""
+    shared = Path(tempfile.mkdtemp(prefix="crosshost-pathtool-", dir="/var/tmp"))  # box-c sees /var/tmp
+    try:
+        (shared / "demo-tool").write_text("#!/bin/sh\nexit 0\n")
+        (shared / "demo-tool").chmod(0o755)
+        shared.chmod(0o755)
+        plain = "/usr/local/bin:/usr/bin:/bin"
+        text = fresh_sshd_host.inventory_path.read_text()
+        text = text.replace('transport = "local"', f'transport = "local"\nenv = {{ PATH = "{plain}" }}', 1)
+        text = text.replace('name = "box-c"', f'name = "box-c"\nenv = {{ PATH = "{shared}:{plain}" }}', 1)
+        inventory = tmp_path / "hosts.toml"
+        inventory.write_text(text)
+        run = replay(ReplayRequest(suite_dir=_tool_suite(tmp_path), inventory_path=inventory, out=tmp_path / "runs"))
+        assert run.report is not None and [t.flip for t in run.report.tasks] == [True]
+        out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
+        assert out.exit_code == 0, out.errors
+        [entry] = out.record.tasks
+        [path_cf] = [cf for cf in entry.counterfactuals if cf.fact == "PATH"]
+        assert (path_cf.host, path_cf.value, path_cf.verdict, path_cf.reproduces) == (
+            "box-c", f"{shared}:{plain}", "fail", True
+        )
+        assert not [p for p in entry.paths if p.path.startswith(str(shared))]  # the same file on both hosts
+        assert out.report is not None
+        assert out.report.tasks[0].cause.startswith(f"with box-c's PATH ({shared}:{plain}), local fails too")
+    finally:
+        shutil.rmtree(shared)

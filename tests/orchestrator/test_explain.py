@@ -159,3 +159,32 @@ def test_path_states_give_digests_of_world_readable_files_only(tmp_path: Path):
     assert states[str(private)] == "file 7 bytes, not world-readable (no digest)"
     assert states[str(tmp_path / "gone")] == "absent"
     assert states[str(tmp_path)] == "directory of 2 entries"
+
+
+def test_the_other_hosts_path_is_a_fact_only_when_both_are_known_and_differ():
+    from orchestrator.explain import path_fact
+
+    paths = {"local": "/usr/bin:/bin", "box-b": "/opt/bin:/usr/bin:/bin", "box-c": "/usr/bin:/bin"}
+    assert path_fact(paths, "local", "box-b") == [EnvFact("box-b", "PATH", "/opt/bin:/usr/bin:/bin")]
+    assert path_fact(paths, "local", "box-c") == [] and path_fact(paths, "local", "box-d") == []
+    # the fingerprint's names never make an "unset PATH" fact: every attempt has a PATH
+    ref = fingerprint("ref", "a" * 16, env_keys=["LANG", "PATH"])
+    assert env_facts(ref, fingerprint("box-b", "b" * 16, env_keys=["LANG"]), "box-b", ALLOW) == []
+
+
+def test_a_path_both_hosts_looked_up_outranks_one_only_one_host_touched():
+    from orchestrator.analysis.models import PathEvidence
+    from orchestrator.explain import _rank
+
+    hosts = ["local", "box-b"]
+    interpreter = PathEvidence(path="/a/python3", calls=["execve"], touched_on=["local"], by=["agent"],
+                               state={"local": "file 9 bytes", "box-b": "absent"})  # fmt: skip
+    flag = PathEvidence(path="/z/flag", calls=["newfstatat"], touched_on=hosts, by=["agent"],
+                        state={"local": "absent", "box-b": "file 0 bytes"})  # fmt: skip
+    changed = PathEvidence(path="/b/conf", calls=["openat"], touched_on=hosts, state={"local": "file 1 bytes", "box-b": "file 2 bytes"})
+    assert sorted([interpreter, changed, flag], key=lambda e: _rank(e, hosts)) == [flag, changed, interpreter]
+    from orchestrator.analysis.attribution import path_line
+
+    assert path_line(flag).startswith("the agent looked up /z/flag: present on box-b")
+    both = flag.model_copy(update={"by": ["predicate", "agent"]})
+    assert path_line(both).startswith("run_tests.sh and the agent looked up /z/flag")
