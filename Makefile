@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint hosts-up hosts-down bench clean browser
+.PHONY: setup demo test lint hosts-up hosts-down bench clean browser agent-clis
 
 $(STAMP): pyproject.toml
 	@command -v /usr/sbin/sshd >/dev/null || { \
@@ -27,9 +27,28 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || { echo "error: could not install chromium; install it (apt-get install chromium) and rerun" >&2; exit 1; }; }
 
-setup: $(STAMP) browser
+# Agent CLIs from the package registry that the integration tests drive end to end through the model
+# proxy (tests/integration/test_agent_cli_sshd.py): pinned in tools/agent-clis (package.json and its
+# lockfile), installed into .agent-clis/ next to the venv, never globally.
+AGENT_CLIS := .agent-clis
+AGENT_CLIS_STAMP := $(AGENT_CLIS)/.installed
+$(AGENT_CLIS_STAMP): tools/agent-clis/package.json tools/agent-clis/package-lock.json
+	@command -v npm >/dev/null || { \
+	  echo "installing nodejs and npm (they install the agent CLIs of tools/agent-clis)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null) \
+	  || { echo "error: could not install npm; install Node.js with npm (apt-get install nodejs npm) and rerun" >&2; exit 1; }; }
+	rm -rf $(AGENT_CLIS) && mkdir -p $(AGENT_CLIS)
+	cp tools/agent-clis/package.json tools/agent-clis/package-lock.json $(AGENT_CLIS)/
+	npm ci --prefix $(AGENT_CLIS) --no-fund --no-audit --loglevel=error
+	@$(AGENT_CLIS)/node_modules/.bin/claude --version | grep -q "^$$(node -p 'require("./tools/agent-clis/package.json").dependencies["@anthropic-ai/claude-code"]') " || { \
+	  echo "error: $(AGENT_CLIS)/node_modules/.bin/claude does not run the pinned Claude Code (its postinstall did not place the native binary?); rm -rf $(AGENT_CLIS) and rerun make setup" >&2; exit 1; }
+	touch $@
 
-test: $(STAMP) browser
+agent-clis: $(AGENT_CLIS_STAMP)
+
+setup: $(STAMP) browser agent-clis
+
+test: $(STAMP) browser agent-clis
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -ra
@@ -90,4 +109,4 @@ bench: $(STAMP) browser $(BENCH_VENV)/.installed
 	BENCH_ANSIBLE_VENV=$(abspath $(BENCH_VENV)) $(PY) -m bench.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(AGENT_CLIS) build *.egg-info

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +39,11 @@ from .trace import TraceWriter
 from .wire import API_BASE_PATH, EXEC_PREFIX, MODEL_PASS_ENV, MODEL_URL_ENV, TURNS_PATH, proxy_root
 
 MCP_CONFIG = ".mcp.json"
+#: the MCP server's name in ``.mcp.json``; agent CLIs show its tools to the model as
+#: ``mcp__crosshost__<tool>`` (Claude Code, Codex) or ``crosshost__<tool>``
+MCP_SERVER = "crosshost"
+_MCP_PREFIXES = (f"mcp__{MCP_SERVER}__", f"{MCP_SERVER}__")
+_PLACEHOLDER = re.compile(r"\{(prompt|prompt_file|workspace|suite|mcp_config)\}")
 _TAIL = 400
 
 
@@ -63,15 +69,12 @@ def sdk_env(spec: AgentSpec, base: str, token: str) -> Dict[str, str]:
     return {"OPENAI_BASE_URL": base + API_BASE_PATH, "OPENAI_API_KEY": token, "CROSSHOST_MODEL": model}
 
 
-def argv_of(spec: AgentSpec, prompt_file: Path, workspace: Path, suite_dir: Path) -> List[str]:
-    values = {"{prompt_file}": str(prompt_file), "{workspace}": str(workspace), "{suite}": str(suite_dir),
-              "{mcp_config}": str(workspace / MCP_CONFIG)}
-    out = []
-    for arg in spec.command or []:
-        for placeholder, value in values.items():
-            arg = arg.replace(placeholder, value)
-        out.append(arg)
-    return out
+def argv_of(spec: AgentSpec, prompt: str, prompt_file: Path, workspace: Path, suite_dir: Path) -> List[str]:
+    """``command`` with its placeholders replaced, in one pass (a prompt that names a placeholder
+    keeps it as text)."""
+    values = {"prompt": prompt, "prompt_file": str(prompt_file), "workspace": str(workspace),
+              "suite": str(suite_dir), "mcp_config": str(workspace / MCP_CONFIG)}
+    return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in spec.command or []]
 
 
 def write_mcp_config(path: Path, task: Task, suite_dir: Path, work: Path, env: Dict[str, str],
@@ -82,7 +85,7 @@ def write_mcp_config(path: Path, task: Task, suite_dir: Path, work: Path, env: D
     args = ["-m", "agent_runner", "mcp", "--suite", str(suite_dir), "--task", task.id, "--workspace", str(work),
             "--turns", str(turns), "--env-keys", ",".join(sorted(env))]
     server = {"type": "stdio", "command": _python_for_others(env), "args": args, "env": {**env, "PYTHONPATH": root}}
-    path.write_text(json.dumps({"mcpServers": {"crosshost": server}}, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json.dumps({"mcpServers": {MCP_SERVER: server}}, indent=2) + "\n", encoding="utf-8")
 
 
 def _python_for_others(env: Dict[str, str]) -> str:
@@ -96,14 +99,23 @@ def _python_for_others(env: Dict[str, str]) -> str:
     return sys.executable
 
 
+def contract_name(tool: str) -> str:
+    """The contract's name of a tool the model asked for: an agent CLI shows the MCP server's tool
+    ``lookup`` to its model as ``mcp__crosshost__lookup``; the trace and the contract check use ``lookup``."""
+    for prefix in _MCP_PREFIXES:
+        if tool.startswith(prefix) and len(tool) > len(prefix):
+            return tool[len(prefix):]
+    return tool
+
+
 def merge_mcp_turns(turns: List[Dict[str, Any]], path: Path) -> List[Dict[str, Any]]:
-    """The proxy's turns with the MCP server's calls: a call the model asked for takes the MCP result
-    as its observation; any other MCP call is a turn of its own."""
+    """The proxy's turns with the MCP server's calls: a call the model asked for (same tool, same
+    arguments) takes the MCP result as its observation; any other MCP call is a turn of its own."""
+    merged = [{**t, "tool": contract_name(str(t.get("tool", "")))} for t in turns]
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return turns
-    merged = [dict(t) for t in turns]
+        return merged
     used: set = set()
     for line in lines:
         try:
@@ -157,7 +169,7 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
     agent_env = dict(env)
     agent_env.update(sdk_env(task.agent, base, token))
     agent_env["CROSSHOST_PROMPT_FILE"] = str(prompt_file)
-    argv = argv_of(task.agent, prompt_file, work, suite_dir)
+    argv = argv_of(task.agent, task.prompt, prompt_file, work, suite_dir)
     mcp_turns = own / "crosshost-mcp-turns.jsonl"  # written by the MCP server, as the attempt's uid
     if any("{mcp_config}" in a for a in task.agent.command or []):
         write_mcp_config(work / MCP_CONFIG, task, suite_dir, work, env, mcp_turns)

@@ -1,10 +1,14 @@
-"""The runner's MCP server, message by message (the official client drives it in the sshd tests)."""
+"""The runner's MCP server, message by message (the official client drives it in the sshd tests), and
+how an exec agent's command and MCP calls are put together."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from agent_runner.exec_agent import argv_of, contract_name, merge_mcp_turns
 from agent_runner.mcp_server import McpServer
+from agent_runner.suite import AgentSpec
 from agent_runner.tools import ToolBox
 
 CONTRACT = {"contract_id": "c", "tools": [{"name": "lookup", "required_args": ["q"]}, {"name": "list_dir"}]}
@@ -40,3 +44,31 @@ def test_tools_list_and_a_call_outside_the_contract_starts_nothing(tmp_path: Pat
     assert len((tmp_path / "turns.jsonl").read_text().splitlines()) == 2
     missing = server.handle({"jsonrpc": "2.0", "id": 5, "method": "resources/list"})
     assert missing is not None and missing["error"]["code"] == -32601
+
+
+def test_an_agent_clis_name_for_a_contract_tool_and_its_mcp_call_are_one_turn(tmp_path: Path) -> None:
+    # Claude Code shows the server's "lookup" to its model as mcp__crosshost__lookup
+    asked = [{"tool": "mcp__crosshost__lookup", "args": {"q": "a"}, "observation": "", "prompt_tokens": 5},
+             {"tool": "mcp__crosshost__lookup", "args": {"q": "b"}, "observation": "", "prompt_tokens": 0},
+             {"tool": "mcp__other__lookup", "args": {"q": "a"}, "observation": "", "prompt_tokens": 0}]
+    served = tmp_path / "turns.jsonl"
+    served.write_text("".join(json.dumps(c) + "\n" for c in (
+        {"tool": "lookup", "args": {"q": "b"}, "observation": "B", "error": None},
+        {"tool": "lookup", "args": {"q": "a"}, "observation": "A", "error": None},
+        {"tool": "lookup", "args": {"q": "c"}, "observation": "C", "error": None},
+    )))
+    merged = merge_mcp_turns(asked, served)
+    assert [(t["tool"], t["args"], t["observation"]) for t in merged] == [
+        ("lookup", {"q": "a"}, "A"), ("lookup", {"q": "b"}, "B"),
+        ("mcp__other__lookup", {"q": "a"}, ""),  # another server's tool is no contract tool
+        ("lookup", {"q": "c"}, "C"),  # called over MCP, never asked for by the model
+    ]
+    assert merged[0]["prompt_tokens"] == 5 and contract_name("crosshost__write_file") == "write_file"
+    assert contract_name("mcp__crosshost__") == "mcp__crosshost__"
+
+
+def test_command_placeholders_are_replaced_once_and_the_prompt_stays_as_written(tmp_path: Path) -> None:
+    spec = AgentSpec(kind="exec", command=["cli", "-p", "{prompt}", "--mcp-config={mcp_config}", "{suite}/x"])
+    argv = argv_of(spec, "write {workspace} into {prompt_file}", tmp_path / "p.md", tmp_path / "w", tmp_path / "s")
+    assert argv == ["cli", "-p", "write {workspace} into {prompt_file}", f"--mcp-config={tmp_path}/w/.mcp.json",
+                    f"{tmp_path}/s/x"]

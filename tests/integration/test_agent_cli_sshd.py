@@ -1,0 +1,191 @@
+"""An agent CLI that people run, from the package registry, driving a task end to end through the
+model proxy on the local host and two real sshd hosts: Claude Code (``@anthropic-ai/claude-code``,
+pinned in tools/agent-clis, installed into .agent-clis/ by ``make setup``).
+
+Claude Code calls the Anthropic messages API (streamed, ``/v1/messages?beta=true``) through the proxy
+with the run's placeholder as its key, and takes the contract's tools from the runner's MCP server
+(``--mcp-config {mcp_config}``, its built-in tools off with ``--tools=``). The provider is
+tests/support/fake_provider.py, scripted to ask for the contract tools the way Claude Code shows them
+to its model (``mcp__crosshost__<tool>``), then to finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_runner.sandbox import reachable_by_others
+from orchestrator.inventory import load_inventory
+from orchestrator.replay import ReplayRequest, replay
+from orchestrator.rundir import read_jsonl
+from orchestrator.transport import open_host
+from tests.integration.test_exec_sshd import KEY_ENV
+from tests.integration.test_openai_sshd import CONTRACT, ProcessWatch, _files_holding, _read, _uts
+from tests.support.fake_provider import FakeProvider
+
+pytestmark = pytest.mark.sshd
+
+REPO = Path(__file__).resolve().parents[2]
+PINS = REPO / "tools" / "agent-clis" / "package.json"
+INSTALLED = REPO / ".agent-clis" / "node_modules" / ".bin" / "claude"
+PACKAGE = "@anthropic-ai/claude-code"
+
+# Claude Code names the MCP server's tools mcp__<server>__<tool>; the runner's server is "crosshost".
+SCRIPT: list[dict[str, Any]] = [
+    {"tool_calls": [{"name": "mcp__crosshost__lookup", "args": {"q": "answer"}}]},
+    {"tool_calls": [{"name": "mcp__crosshost__write_file", "args": {"path": "answer.txt", "content": "42"}}]},
+    {"content": "wrote it", "finish": "stop"},
+]
+
+
+def claude_command(claude: str, model: str) -> list[str]:
+    """The suite's ``command`` for Claude Code (the README's snippet): one prompt, no terminal, only
+    the contract's tools over MCP, no calls but the model's (no internet on a test host)."""
+    return [
+        "/usr/bin/env", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "DISABLE_AUTOUPDATER=1",
+        claude, "-p", "{prompt}", "--model", model,
+        "--mcp-config", "{mcp_config}", "--strict-mcp-config", "--tools=", "--allowedTools", "mcp__crosshost",
+        "--no-session-persistence", "--output-format", "text",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def claude_code() -> str:
+    """The pinned Claude Code binary where every test host and the attempts' own uid can run it."""
+    version = json.loads(PINS.read_text())["dependencies"][PACKAGE]
+    if not INSTALLED.exists():
+        pytest.fail(f"Claude Code {version} is not installed at {INSTALLED}: run `make setup` "
+                    f"(it installs tools/agent-clis into .agent-clis/ with npm)")
+    binary = Path(os.path.realpath(INSTALLED))
+    said = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60).stdout
+    if not said.startswith(version + " "):
+        pytest.fail(f"{INSTALLED} says {said.strip()!r}, not the pinned {version}: rerun `make setup`")
+    if reachable_by_others(str(binary)) and binary.stat().st_mode & 0o001:
+        return str(binary)
+    # a checkout under /root: a copy on /var/tmp, which the test hosts share and any uid can pass
+    shared = Path(f"/var/tmp/crosshost-agent-clis/claude-code-{version}/claude")
+    if not shared.exists():
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        shared.parent.parent.chmod(0o755)
+        building = shared.with_name(f"claude.{os.getpid()}")
+        shutil.copy2(binary, building)
+        building.chmod(0o755)
+        building.rename(shared)
+    return str(shared)
+
+
+class AgentEnvWatch(ProcessWatch):
+    """ProcessWatch, and the API key each running Claude Code process was given."""
+
+    def __init__(self, binary: str, *args: Any) -> None:
+        super().__init__(*args)
+        self.binary = binary.encode()
+        self.agent_keys: set[str] = set()
+        self.agent_lock = threading.Lock()
+
+    def __call__(self) -> None:
+        super().__call__()
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            if _read(f"/proc/{pid}/cmdline").split(b"\0")[0] != self.binary:
+                continue
+            env = dict(v.split(b"=", 1) for v in _read(f"/proc/{pid}/environ").split(b"\0") if b"=" in v)
+            with self.agent_lock:
+                self.agent_keys.add(env.get(b"ANTHROPIC_API_KEY", b"").decode())
+
+
+def test_claude_code_from_npm_passes_a_task_through_the_proxy_on_three_hosts(
+    claude_code: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "sk-it-" + secrets.token_hex(16)
+    monkeypatch.setenv(KEY_ENV, key)
+    fleet = sshd_hosts.fleet
+    hosts = ("box-a", "box-b")
+    # short roots: Claude Code puts its socket under TMPDIR only while the socket's path fits in 103
+    # bytes, else in /tmp/cc-socks-<uid> (residue the runner reports as outside_workspace)
+    workspace_root = f"/tmp/cx-{secrets.token_hex(4)}"
+    inventory = fleet.write_inventory(
+        tmp_path / "hosts.toml", list(hosts), connect_timeout_s=5, extra_defaults={"workspace_root": workspace_root}
+    )
+    text = inventory.read_text()
+    for name in hosts:  # a root of its own per host (a host's cleanup stops whatever names its path)
+        text = text.replace(f'name = "{name}"\n', f'name = "{name}"\nworkspace_root = "{workspace_root}{name[-1]}"\n')
+    inventory.write_text(text)
+    watch = AgentEnvWatch(claude_code, key, {n: _uts(fleet.hosts[n].ns_pid()) or "" for n in hosts}, workspace_root)
+    try:
+        with FakeProvider(script=SCRIPT, key=key, on_request=watch) as provider:
+            suite = tmp_path / "claude-code"
+            task = suite / "tasks" / "answer"
+            (task / "repo").mkdir(parents=True)
+            (suite / "suite.toml").write_text(
+                'name = "claude-code"\nrepeat = 1\n[agent]\nkind = "exec"\n'
+                f"command = {json.dumps(claude_command(claude_code, 'm1'))}\n"
+                f'api = "anthropic"\nmodel = "m1"\nbase_url = "{provider.base_url.removesuffix("/v1")}"\n'
+                f'api_key_env = "{KEY_ENV}"\nmax_requests = 20\n[budget]\nmax_steps = 6\ntimeout_s = 120\n'
+            )
+            (suite / "contract.json").write_text(json.dumps(CONTRACT))
+            (suite / "tools.json").write_text(json.dumps({"allow": [], "deny": []}))
+            (task / "task.toml").write_text('[fixtures]\nlookup = "the answer is 42"\n')
+            (task / "prompt.md").write_text("Look up the answer and write it to answer.txt.\n")
+            (task / "repo" / "run_tests.sh").write_text('test "$(cat answer.txt)" = 42\n')
+            out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+        run_dir = out.run_dir.path
+        rows = read_jsonl(run_dir / "results.jsonl")
+        assert sorted((r["env"], r["verdict"]) for r in rows) == [
+            ("box-a", "pass"), ("box-b", "pass"), ("local", "pass")
+        ], [r.get("why") for r in rows]
+
+        # The real Claude Code asked the model, streamed, and the provider saw the real key every time.
+        assert len(provider.requests) == 3 * 3
+        assert {r.path for r in provider.requests} == {"/v1/messages"}
+        assert {r.headers["x-api-key"] for r in provider.requests} == {key}
+        assert {r.body["stream"] for r in provider.requests} == {True}
+        # What the model was offered: the contract's tools from the MCP server, none of Claude Code's own.
+        offered = {t["name"] for r in provider.requests for t in r.body["tools"]}
+        assert {"mcp__crosshost__lookup", "mcp__crosshost__write_file"} <= offered
+        assert not offered & {"Bash", "Edit", "Write", "Read"}, offered
+        # Claude Code itself held only a placeholder (one per host's proxy); no host process held the key.
+        assert len(watch.agent_keys) == 3, watch.agent_keys
+        assert all(re.fullmatch(r"crosshost-[0-9a-f]{32}", k) for k in watch.agent_keys), watch.agent_keys
+        assert watch.foreign_processes > 0 and watch.offenders == []
+
+        for host in ("local", *hosts):
+            trace = read_jsonl(run_dir / "hosts" / host / "traces" / "answer.0.jsonl")
+            turns = [t for t in trace if t.get("type") == "turn"]
+            # the model's call (mcp__crosshost__lookup) and the MCP server's call (lookup) are one turn
+            assert [(t["tool"], t["args"]) for t in turns] == [
+                ("lookup", {"q": "answer"}), ("write_file", {"path": "answer.txt", "content": "42"}),
+            ], host  # fmt: skip
+            obs = read_jsonl(run_dir / "hosts" / host / "traces" / "answer.0.obs.jsonl")
+            assert [o["content"] for o in obs] == ["the answer is 42", "wrote 2 bytes"], host
+            finish = trace[-1]
+            assert finish["reason"] == "stop" and finish["final"] == "wrote it", finish
+            assert finish["findings"] == [] and "outside_workspace" not in finish, (host, finish.get("outside_workspace"))
+            calls = read_jsonl(run_dir / "hosts" / host / "model_calls.jsonl")
+            assert [c["status"] for c in calls] == [200] * 3, host
+
+        # No residue: the run's workspace is gone on every host, no Claude Code process is left, and
+        # the key is in no host file and no pulled file.
+        for cfg in load_inventory(inventory).hosts:
+            host = open_host(cfg)
+            try:
+                left = host.exec(["sh", "-c", f"ls -A {cfg.workspace_root}/runs 2>/dev/null; true"], 30).stdout
+            finally:
+                host.close()
+            assert left.strip() == "", (cfg.name, left)
+        assert not [p for p in os.listdir("/proc") if p.isdigit()
+                    and _read(f"/proc/{p}/cmdline").split(b"\0")[0] == claude_code.encode()]
+        for host in hosts:
+            for sub in ("root", "tmp", "opt"):
+                assert _files_holding(fleet.hosts[host].dir / sub, key.encode()) == [], (host, sub)
+        assert _files_holding(run_dir, key.encode()) == []
+    finally:
+        shutil.rmtree(workspace_root, ignore_errors=True)
