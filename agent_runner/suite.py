@@ -409,12 +409,12 @@ def _positive_int(v: Any) -> bool:
 
 
 # kind = "exec": the program picks its own sampling settings; the suite names the wire format, the
-# model it may ask for and the proxy's caps. Its model is not held (the proxy answers it live).
+# model it may ask for, the proxy's caps and whether the model is held.
 _EXEC_KEYS: Dict[str, Any] = {
     "api": (True, lambda v: v in ("openai", "anthropic"), '"openai" (chat completions) or "anthropic" (messages)'),
     **{k: v for k, v in _OPENAI_KEYS.items()
        if k in ("model", "base_url", "api_key_env", "max_requests", "max_total_tokens", "request_timeout_s",
-                "sampled")},
+                "sampled", "hold_model")},
 }
 
 

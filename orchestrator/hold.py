@@ -32,13 +32,14 @@ from orchestrator.rundir import RunDir
 
 MAX_TEXT = 300
 MAX_DIFF_LINES = 12
-SETTINGS = ("model", "temperature", "seed", "max_tokens", "tools")
+# "system": Anthropic's system prompt is not a message; "stream": a held stream is replayed as events
+SETTINGS = ("model", "temperature", "seed", "max_tokens", "tools", "system", "stream")
 
 
 def hold_mode(agent: dict[str, Any] | None, override: bool | None) -> str | None:
     """``"true"``, ``"strict"`` or None (not held): the suite's ``hold_model`` (default true for a live
     model), ``--hold-model``/``--no-hold-model`` over it."""
-    if agent is None or agent.get("kind") == "exec":  # an exec agent's exchanges are answered live
+    if agent is None:
         return None
     if override is not None:
         return "true" if override else None

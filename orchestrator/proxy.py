@@ -81,6 +81,8 @@ if TYPE_CHECKING:
     from agent_runner.suite import Suite
 
 FORWARDED_PATH = API_BASE_PATH + CHAT_PATH  # the one path the proxy serves
+#: a held streamed answer: the reference's server-sent event lines, as the provider sent them
+HELD_EVENTS = "crosshost_events"
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 
@@ -107,7 +109,7 @@ def openai_agent_config(suite: Suite, tasks: list[str] | None = None) -> dict[st
         if len({json.dumps(a.get(key)) for a in agents}) > 1:
             raise SuiteError(f"[agent] {key}: every live-model task of a suite must use the same {key}")
     if any(a["kind"] == "exec" for a in agents):
-        config["kind"] = "exec"  # the placeholder for its program; its exchanges are not held
+        config["kind"] = "exec"  # the placeholder for its program
     if len({a.get("model") for a in agents}) > 1:
         config["model"] = None
     return config
@@ -402,7 +404,7 @@ class ModelProxy:
                 call.system_fingerprint = _str_or_none(held.get("system_fingerprint"))
                 self._record(call)
                 return 200, held, call
-            if self.hold.mode == "strict":
+            if self.hold.mode == "strict" and self.hold.diverged(self.host, attempt_key):
                 msg = f"held model: this request of {attempt_key} differs from the reference's (hold_model = \"strict\")"
                 call.status, call.error, call.message = 409, ERR_DIVERGED, msg
                 self._record(call)
@@ -487,6 +489,16 @@ class ModelProxy:
             refuse(403, ERR_REFUSED, f"model {body.get('model')!r} refused: the suite pins model {self.model!r}")
             return
         self.book.request(attempt, self.api, body)
+        if self.hold is not None and self.host != self.hold.reference:
+            held = self.hold.follow(self.host, attempt, body)
+            if held is not None:
+                self._answer_held(attempt, held, call, started, reply)
+                return
+            if self.hold.mode == "strict" and self.hold.diverged(self.host, attempt):
+                message = f"held model: this request of {attempt} differs from the reference's (hold_model = \"strict\")"
+                self.book.stop(attempt, stopped=FINISH_MODEL_DIVERGED)
+                refuse(409, ERR_DIVERGED, message, FINISH_MODEL_DIVERGED)
+                return
         refusal = self._admit()
         if refusal is not None:
             self.book.stop(attempt, stopped=FINISH_BUDGET_MODEL)
@@ -507,6 +519,7 @@ class ModelProxy:
         else:
             upstream["Authorization"] = f"Bearer {self._key}"
             url = self.base_url + CHAT_PATH
+        events: list[str] = []  # a streamed answer's lines, for a held model's record
         try:
             resp = self._open(url, raw, upstream, call)
             with resp:
@@ -521,6 +534,7 @@ class ModelProxy:
                             break
                         reader.line(line)
                         reply.chunk(line)
+                        events.append(line.decode("utf-8", "replace"))
                     answer = reader.finish()
                     answer_body: dict[str, Any] | None = None
                 else:
@@ -552,8 +566,34 @@ class ModelProxy:
             self._tokens += call.total_tokens
         self._record(call)
         self.book.answer(attempt, answer)
+        if self.hold is not None and self.host == self.hold.reference:
+            # a streamed answer is held as its events, relayed as they were to the reference
+            self.hold.record(attempt, body, answer_body if answer_body is not None else {HELD_EVENTS: events})
         if answer_body is not None:
             reply.json(200, answer_body, call)
+
+    def _answer_held(self, attempt: str, held: dict[str, Any], call: ModelCall, started: float,
+                     reply: _Reply) -> None:
+        """Answer an exec agent's request from the reference's record: its events again when it was
+        streamed, its body when not; the provider is not asked and no cap is spent."""
+        call.status, call.held, call.latency_ms = 200, True, _ms(started)
+        events = held.get(HELD_EVENTS)
+        if isinstance(events, list):
+            reader = StreamReader(self.api)
+            for line in events:
+                reader.line(str(line).encode())
+            answer = reader.finish()
+        else:
+            answer = parse_answer(self.api, held)
+        call.model = answer.model
+        self._record(call)
+        self.book.answer(attempt, answer)
+        if not isinstance(events, list):
+            reply.json(200, held, call)
+            return
+        reply.start_stream("text/event-stream")
+        for line in events:
+            reply.chunk(str(line).encode())
 
     def _open(self, url: str, raw: bytes, headers: dict[str, str], call: ModelCall) -> Any:
         """The provider's open response (its body not read yet), retried like ``_forward`` while no

@@ -237,13 +237,18 @@ def read_hold(run_dir: RunDir) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def held_requests(hold: Mapping[str, Any], host: str, keys: list[str]) -> int:
+    """How many of ``host``'s model requests in the attempts ``keys`` were answered from the record."""
+    return sum(int((hold.get("held", {}).get(host) or {}).get(k) or 0) for k in keys)
+
+
 def hold_lines(hold: Mapping[str, Any], task: str, keys: list[str], others: list[str]) -> list[str]:
     """Per host: ``model held for N requests on HOST``, or where it diverged and on what."""
     recorded = sum(int(hold.get("recorded", {}).get(k) or 0) for k in keys)
     lines: list[str] = []
     divergences = [d for d in hold.get("divergences") or [] if isinstance(d, dict) and d.get("task") == task]
     for host in others:
-        held = sum(int((hold.get("held", {}).get(host) or {}).get(k) or 0) for k in keys)
+        held = held_requests(hold, host, keys)
         mine = [d for d in divergences if d.get("host") == host]
         if not mine:
             lines.append(f"model held for {held} of {recorded} request(s) on {host}")
@@ -282,7 +287,11 @@ def _task_report(
     verdicts = {h: [s.verdict for s in seq] for h, seq in attempts.items()}
     sampled = task in run.sampled
     keys = [f"{task}.{a}" for a in range(n_attempts)]
-    held = hold is not None and any(hold.get("recorded", {}).get(k) for k in keys)
+    others = [h for h in run.hosts if h != reference]
+    recorded = hold is not None and any(hold.get("recorded", {}).get(k) for k in keys)
+    # attempts are paired again only where every other host got some of the reference's answers (an
+    # agent whose first request names a host-specific path diverges before anything is held)
+    held = recorded and hold is not None and all(held_requests(hold, h, keys) for h in others)
     flip = task_flip(verdicts, reference, alpha=alpha, sampled=sampled, held=held)
     report = TaskReport(
         task=task,
@@ -330,8 +339,8 @@ def _task_report(
         ),
     )
     report.needed_repeat = decision.needed_repeat
-    if held and hold is not None:
-        report.model_hold = hold_lines(hold, task, keys, [h for h in run.hosts if h != reference])
+    if recorded and hold is not None:
+        report.model_hold = hold_lines(hold, task, keys, others)
     # ranked per task: what ties a fact to the task is the task's own words, whoever said them
     task_text = "\n".join(
         [w for seq in report.why.values() for w in seq]

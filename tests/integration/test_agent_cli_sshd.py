@@ -152,6 +152,15 @@ def test_claude_code_from_npm_passes_a_task_through_the_proxy_on_three_hosts(
         offered = {t["name"] for r in provider.requests for t in r.body["tools"]}
         assert {"mcp__crosshost__lookup", "mcp__crosshost__write_file"} <= offered
         assert not offered & {"Bash", "Edit", "Write", "Read"}, offered
+        # The model is held by default, but Claude Code tells its model its working directory (the
+        # attempt's workspace, a path of each host's own): every other host diverges at its first request
+        # and is answered live.
+        hold = json.loads((run_dir / "model_hold.json").read_text())
+        assert hold["held"] == {} and hold["recorded"] == {"answer.0": 3}
+        assert sorted((d["host"], d["request"]) for d in hold["divergences"]) == [("box-a", 0), ("box-b", 0)]
+        assert all("Primary working directory: " in d["reference"] for d in hold["divergences"])
+        [task_report] = json.loads((run_dir / "report.json").read_text())["tasks"]
+        assert task_report["evidence"] == "statistical"  # nothing held: the attempts are not paired
         # Claude Code itself held only a placeholder (one per host's proxy); no host process held the key.
         assert len(watch.agent_keys) == 3, watch.agent_keys
         assert all(re.fullmatch(r"crosshost-[0-9a-f]{32}", k) for k in watch.agent_keys), watch.agent_keys

@@ -52,7 +52,10 @@ def sdk_python() -> str:
     return str(python)
 
 
-def exec_suite(root: Path, api: str, base_url: str, mark: str, python: str, *, max_requests: int = 50) -> Path:
+def exec_suite(root: Path, api: str, base_url: str, mark: str, python: str, *, max_requests: int = 50,
+               hold: bool = False) -> Path:
+    """A one-task exec suite; its model is held only with ``hold`` (every host then gets the reference's
+    answers, and the provider sees the reference's requests alone)."""
     suite = root / f"exec-{api}"
     (suite / "tasks" / "answer" / "repo").mkdir(parents=True)
     command = [python, str(AGENTS / f"{api}_sdk_agent.py"), "{prompt_file}", mark]
@@ -60,7 +63,7 @@ def exec_suite(root: Path, api: str, base_url: str, mark: str, python: str, *, m
         f'name = "exec-{api}"\nrepeat = 1\n'
         f'[agent]\nkind = "exec"\ncommand = {json.dumps(command)}\napi = "{api}"\nmodel = "m1"\n'
         f'base_url = "{base_url}"\napi_key_env = "{KEY_ENV}"\nmax_requests = {max_requests}\n'
-        "[budget]\nmax_steps = 6\ntimeout_s = 60\n"
+        + ("" if hold else "hold_model = false\n") + "[budget]\nmax_steps = 6\ntimeout_s = 60\n"
     )
     (suite / "contract.json").write_text(json.dumps(CONTRACT))
     (suite / "tools.json").write_text(json.dumps({"allow": [], "deny": []}))
@@ -245,3 +248,33 @@ def test_an_mcp_client_agent_calls_the_contract_tools_and_each_call_is_a_trace_t
         assert row["verdict"] == "fail" and "contract:" in row["why"], row
         kinds = {f["kind"] for f in finish["findings"]}
         assert {"unknown_tool", "forbidden_args"} <= kinds, finish["findings"]
+
+
+def test_an_exec_agents_model_is_held_streamed_answers_and_all(
+    sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampled model (each call's arguments drawn at random) behind a streaming SDK agent: held, box-a
+    gets the reference's answers, event for event, and its trace is the reference's."""
+    key = "sk-it-" + secrets.token_hex(16)
+    monkeypatch.setenv(KEY_ENV, key)
+    inventory = sshd_hosts.fleet.write_inventory(tmp_path / "hosts.toml", ["box-a"], connect_timeout_s=5)
+    with FakeProvider(script=SCRIPT, key=key, mode="random") as provider:
+        suite = exec_suite(tmp_path, "openai", provider.base_url, "-", sdk_python, hold=True)
+        (suite / "suite.toml").write_text((suite / "suite.toml").read_text().replace("repeat = 1", "repeat = 3"))
+        out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+    run_dir = out.run_dir.path
+    rows = read_jsonl(run_dir / "results.jsonl")
+    assert sorted((r["env"], r["verdict"]) for r in rows) == [("box-a", "pass")] * 3 + [("local", "pass")] * 3
+    assert len(provider.requests) == 3 * 3  # the reference's three attempts only; box-a asked nothing
+    hold = json.loads((run_dir / "model_hold.json").read_text())
+    assert hold["held"] == {"box-a": {"answer.0": 3, "answer.1": 3, "answer.2": 3}} and hold["divergences"] == []
+    for attempt in range(3):
+        shapes = [[(t["tool"], t["args"]) for t in read_jsonl(run_dir / "hosts" / h / "traces" / f"answer.{attempt}.jsonl")
+                   if t.get("type") == "turn"] for h in ("local", "box-a")]
+        assert shapes[0] == shapes[1] and len(shapes[0]) == 2, shapes
+    calls = read_jsonl(run_dir / "hosts" / "box-a" / "model_calls.jsonl")
+    assert {c["held"] for c in calls} == {True} and len(calls) == 9
+    report = json.loads((run_dir / "report.json").read_text())
+    [task] = report["tasks"]
+    assert report["hold_model"] == "true" and task["model_hold"] == ["model held for 9 of 9 request(s) on box-a"]
+    assert task["shape_diff"] == [] and task["classification"] == "agree", task

@@ -57,9 +57,10 @@ def test_held_while_equal_then_live_or_stopped_at_the_first_difference(mode: str
     assert summary["recorded"] == {"t.0": 2} and summary["held"] == {"box-b": {"t.0": 1}}
 
 
-def test_an_attempt_the_reference_never_asked_about_is_answered_live_unrecorded_as_divergence() -> None:
+@pytest.mark.parametrize("mode", ["true", "strict"])
+def test_an_attempt_the_reference_never_asked_about_is_answered_live_unrecorded_as_divergence(mode: str) -> None:
     with FakeProvider(script=SCRIPT, key=KEY) as provider:
-        hold, _, other = _proxies(provider, "true")
+        hold, _, other = _proxies(provider, mode)
         status, _, call = other.handle_chat(_body(), "t.1")
     assert (status, call.held, hold.divergences) == (200, False, [])
     assert hold.summary()["live"] == {"box-b": {"t.1": 1}}

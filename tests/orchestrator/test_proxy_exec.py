@@ -3,6 +3,9 @@ stream): the placeholder is required and swapped for the real key, and the excha
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from typing import Any
 
 import anthropic
@@ -12,6 +15,7 @@ import pytest
 from agent_runner.errors import SuiteError
 from agent_runner.suite import read_suite
 from agent_runner.wire import EXEC_PREFIX, MODEL_PASS_ENV
+from orchestrator.hold import ModelHold
 from orchestrator.proxy import ModelProxy, model_route
 from orchestrator.testing import FakeHost
 from tests.support.fake_provider import FakeProvider
@@ -101,8 +105,39 @@ def test_an_exec_agent_needs_its_api_and_command(tmp_path: Any) -> None:
     assert loaded.tasks[0].agent.kind == "exec" and loaded.repeat == 3  # sampled: three attempts
 
 
-def test_an_exec_agents_model_is_never_held_even_with_hold_model() -> None:
-    from orchestrator.hold import hold_mode
+def _post(proxy: ModelProxy, attempt: str, api: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
+    request = urllib.request.Request(f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}{attempt}{path}",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "x-api-key": proxy.token})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
 
-    assert hold_mode({"kind": "exec", "api": "openai"}, True) is None
-    assert hold_mode({"kind": "openai"}, True) == "true"
+
+@pytest.mark.parametrize(("api", "stream"), [("openai", True), ("openai", False), ("anthropic", True),
+                                             ("anthropic", False)])
+def test_an_exec_agents_model_is_held_streamed_or_not(api: str, stream: bool) -> None:
+    first = {"model": "m", "max_tokens": 9, "stream": stream, "messages": [{"role": "user", "content": "go"}]}
+    with FakeProvider(script=SCRIPT, key=KEY, mode="random") as provider:
+        base = provider.base_url if api == "openai" else provider.base_url.removesuffix("/v1")
+        hold = ModelHold("ref", "strict")
+        with _proxy(api, base, hold=hold, host="ref") as ref, _proxy(api, base, hold=hold, host="other") as other:
+            reference = _post(ref, "t.0", api, first)
+            held = _post(other, "t.0", api, first)
+            asked = len(provider.requests)
+            # a request the reference did not make: strict ends the attempt with model_diverged
+            diverged = _post(other, "t.1", api, {**first, "messages": [{"role": "user", "content": "other"}]})
+            _post(ref, "t.1", api, first)
+            after = _post(other, "t.1", api, {**first, "messages": [{"role": "user", "content": "other"}]})
+    assert asked == 1  # the held host asked the provider nothing
+    assert held == reference and held[0] == 200  # the same bytes: a stream's events as the reference got them
+    assert ref.book.snapshot("t.0")["turns"] == other.book.snapshot("t.0")["turns"] != []
+    assert [c.held for c in other.calls] == [True, False, False]
+    assert diverged[0] == 200  # t.1 had no record yet: answered live, not held
+    assert after[0] == 409 and b"model_diverged" in after[1], after  # differs from the reference's t.1
+    assert len(provider.requests) == 3
+    assert other.book.snapshot("t.1")["stopped"] == "model_diverged"
+    assert hold.summary()["held"] == {"other": {"t.0": 1}}
