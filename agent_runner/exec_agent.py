@@ -141,6 +141,16 @@ def _tail(path: Path) -> str:
     return data.splitlines()[-1] if data else ""
 
 
+def model_record(spec: AgentSpec, seen: Dict[str, Any]) -> Dict[str, Any]:
+    """The finish record's ``model``, as the built-in agent writes it: the pinned settings (the model
+    and the wire format), requests, retries, tokens and each request's record from the proxy."""
+    calls = [c for c in seen.get("calls") or [] if isinstance(c, dict)]
+    return {"settings": {"model": spec.options.get("model"), "api": spec.options.get("api", "openai")},
+            "requests": int(seen.get("requests") or 0), "retries": sum(int(c.get("retries") or 0) for c in calls),
+            "prompt_tokens": int(seen.get("prompt_tokens") or 0),
+            "completion_tokens": int(seen.get("completion_tokens") or 0), "calls": calls}
+
+
 def fetch_turns(root: str, token: str, key: str, timeout_s: float = 30.0) -> Dict[str, Any]:
     request = urllib.request.Request(root + TURNS_PATH, data=json.dumps({"attempt": key}).encode(), method="POST",
                                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
@@ -211,8 +221,9 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
         outcome.turns.append(writer.turn(
             tool=str(turn.get("tool", "")), args=turn["args"] if isinstance(turn.get("args"), dict) else {},
             observation=observation if isinstance(observation, str) else "", error=turn.get("error"),
-            prompt_tokens=int(turn.get("prompt_tokens") or 0), completion_tokens=int(turn.get("completion_tokens") or 0)))
-    outcome.agent_record = {"model": {"requests": seen.get("requests", 0)}}
+            prompt_tokens=int(turn.get("prompt_tokens") or 0), completion_tokens=int(turn.get("completion_tokens") or 0),
+            model=turn["model"] if isinstance(turn.get("model"), dict) else None))
+    outcome.agent_record = {"model": model_record(task.agent, seen)}
     if seen.get("error"):
         outcome.reason, outcome.final, outcome.infra_error = "agent_error", str(seen["error"]), str(seen["error"])
     elif seen.get("stopped"):

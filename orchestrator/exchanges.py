@@ -24,6 +24,7 @@ class Answer:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model: str | None = None
+    finish_reason: str | None = None  # OpenAI's finish_reason, Anthropic's stop_reason
 
 
 @dataclass
@@ -35,9 +36,15 @@ class AttemptLog:
     requests: int = 0
     stopped: str | None = None
     error: str | None = None
+    #: the proxy's record of each request, as the built-in agent keeps it (``model`` of its first turn)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    prompt_tokens: int = 0  # every answer's, also those without a tool call
+    completion_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"turns": self.turns, "requests": self.requests, "stopped": self.stopped, "error": self.error}
+        return {"turns": self.turns, "requests": self.requests, "stopped": self.stopped, "error": self.error,
+                "calls": self.calls, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens}
 
 
 class ExchangeBook:
@@ -61,15 +68,23 @@ class ExchangeBook:
                 if turn["observation"] is None and turn["call_id"] in results:
                     turn["observation"], turn["error"] = results[turn["call_id"]]
 
-    def answer(self, attempt: str, answer: Answer) -> None:
+    def call(self, attempt: str, record: dict[str, Any]) -> None:
+        """The proxy's record of one request of ``attempt`` (answered, held, refused or failed)."""
+        with self._lock:
+            self._attempts.setdefault(attempt, AttemptLog()).calls.append(record)
+
+    def answer(self, attempt: str, answer: Answer, record: dict[str, Any] | None = None) -> None:
         with self._lock:
             log = self._attempts.setdefault(attempt, AttemptLog())
+            log.prompt_tokens += answer.prompt_tokens
+            log.completion_tokens += answer.completion_tokens
             for i, (call_id, name, args) in enumerate(answer.calls):
                 log.turns.append({
                     "call_id": call_id, "tool": name, "args": args, "observation": None, "error": None,
-                    # the answer's tokens go to its first call, like the built-in agent's turns
+                    # the answer's tokens and request record go to its first call, like the built-in agent's
                     "prompt_tokens": answer.prompt_tokens if i == 0 else 0,
                     "completion_tokens": answer.completion_tokens if i == 0 else 0,
+                    "model": record if i == 0 else None,
                 })
 
     def stop(self, attempt: str, *, stopped: str | None = None, error: str | None = None) -> None:
@@ -134,11 +149,14 @@ def parse_answer(api: str, answer: dict[str, Any]) -> Answer:
         out.prompt_tokens, out.completion_tokens = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
         choices = answer.get("choices") or [{}]
         message = choices[0].get("message") if isinstance(choices[0], dict) else None
+        reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
+        out.finish_reason = reason if isinstance(reason, str) else None
         for call in (message or {}).get("tool_calls") or []:
             function = call.get("function") or {}
             out.calls.append((str(call.get("id", "")), str(function.get("name", "")), _args(function.get("arguments"))))
     else:
         out.prompt_tokens, out.completion_tokens = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+        out.finish_reason = answer["stop_reason"] if isinstance(answer.get("stop_reason"), str) else None
         for block in answer.get("content") or []:
             if isinstance(block, dict) and block.get("type") == "tool_use":
                 out.calls.append((str(block.get("id", "")), str(block.get("name", "")), _args(block.get("input"))))
@@ -186,6 +204,8 @@ class StreamReader:
             self.answer.prompt_tokens = _count(usage.get("prompt_tokens"))
             self.answer.completion_tokens = _count(usage.get("completion_tokens"))
         for choice in event.get("choices") or []:
+            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
+                self.answer.finish_reason = choice["finish_reason"]
             delta = choice.get("delta") if isinstance(choice, dict) else None
             for call in (delta or {}).get("tool_calls") or []:
                 slot = self._calls.setdefault(int(call.get("index", 0)), {"id": "", "name": "", "arguments": ""})
@@ -213,6 +233,9 @@ class StreamReader:
             if slot is not None and delta.get("type") == "input_json_delta":
                 slot["arguments"] += delta.get("partial_json") or ""
         elif kind == "message_delta":
+            delta = event.get("delta") or {}
+            if isinstance(delta.get("stop_reason"), str):
+                self.answer.finish_reason = delta["stop_reason"]
             usage = event.get("usage") or {}
             if "output_tokens" in usage:
                 self.answer.completion_tokens = _count(usage.get("output_tokens"))

@@ -240,7 +240,9 @@ class _Emitter:
         agent = header.get("agent") if isinstance(header.get("agent"), str) else None
         model = _obj(finish.get("model"))
         settings = _obj(model.get("settings"))
-        provider = "openai" if agent == "openai" else None
+        # an exec agent's wire format names its provider (gen_ai.provider.name: openai, anthropic)
+        provider = "openai" if agent == "openai" else settings.get("api") if agent == "exec" else None
+        provider = provider if isinstance(provider, str) else None
         verdict = str(
             finish.get("verdict") or task_info["verdicts"].get(a.host, ["error"] * (a.attempt + 1))[a.attempt]
         )

@@ -476,6 +476,7 @@ class ModelProxy:
         def refuse(status: int, kind: str, message: str, code: str | None = None) -> None:
             call.status, call.error, call.message, call.latency_ms = status, kind, message, _ms(started)
             self._record(call)
+            self.book.call(attempt, call_record(call))
             reply.json(status, self.api_error(kind, message, code=code), call)
 
         try:
@@ -527,7 +528,8 @@ class ModelProxy:
                     if not (resp.headers.get("Content-Type") or "").startswith("text/event-stream"):
                         raise _Final(ERR_BAD_JSON, 200, "a streamed answer that is not server-sent events")
                     reader = StreamReader(self.api)
-                    reply.start_stream(resp.headers.get("Content-Type") or "text/event-stream")
+                    call.status, call.latency_ms = 200, _ms(started)  # the record header: as of the first byte
+                    reply.start_stream(resp.headers.get("Content-Type") or "text/event-stream", call)
                     while True:
                         line = resp.readline(MAX_RESPONSE_BYTES)
                         if not line:
@@ -565,7 +567,9 @@ class ModelProxy:
         with self._lock:
             self._tokens += call.total_tokens
         self._record(call)
-        self.book.answer(attempt, answer)
+        record = call_record(call, answer.finish_reason)
+        self.book.call(attempt, record)
+        self.book.answer(attempt, answer, record)
         if self.hold is not None and self.host == self.hold.reference:
             # a streamed answer is held as its events, relayed as they were to the reference
             self.hold.record(attempt, body, answer_body if answer_body is not None else {HELD_EVENTS: events})
@@ -587,11 +591,13 @@ class ModelProxy:
             answer = parse_answer(self.api, held)
         call.model = answer.model
         self._record(call)
-        self.book.answer(attempt, answer)
+        record = call_record(call, answer.finish_reason)
+        self.book.call(attempt, record)
+        self.book.answer(attempt, answer, record)
         if not isinstance(events, list):
             reply.json(200, held, call)
             return
-        reply.start_stream("text/event-stream")
+        reply.start_stream("text/event-stream", call)
         for line in events:
             reply.chunk(str(line).encode())
 
@@ -801,17 +807,35 @@ class _Reply:
     def json(self, status: int, body: dict[str, Any], call: ModelCall | None) -> None:
         self._send(status, body, call)
 
-    def start_stream(self, content_type: str) -> None:
+    def start_stream(self, content_type: str, call: ModelCall) -> None:
         # no Content-Length: the stream ends when the connection closes (HTTP/1.0 framing)
         self._handler.send_response(200)
         self._handler.send_header("Content-Type", content_type)
         self._handler.send_header("Cache-Control", "no-cache")
+        # the record as of the first byte (tokens come with the last event; the runner's trace has them)
+        self._handler.send_header(CALL_HEADER, json.dumps(call.to_json(), sort_keys=True))
         self._handler.end_headers()
 
     def chunk(self, data: bytes) -> None:
         with contextlib.suppress(OSError):
             self._handler.wfile.write(data)
             self._handler.wfile.flush()
+
+
+def call_record(call: ModelCall, finish_reason: str | None = None) -> dict[str, Any]:
+    """What an exec attempt's trace keeps about one request, as the built-in agent's turns do (no
+    prompt, no key): the request id, status, each try, the provider's model, why the answer ended."""
+    record: dict[str, Any] = {
+        "request": call.id, "status": call.status, "retries": call.retries,
+        "attempts": [{"status": a.status, "latency_ms": a.latency_ms, "error": a.error, "wait_s": a.wait_s}
+                     for a in call.attempts],
+        "model": call.model, "system_fingerprint": call.system_fingerprint, "finish_reason": finish_reason,
+    }
+    if call.held:
+        record["held"] = True
+    if call.error is not None:
+        record.update(error=call.error, message=call.message)
+    return record
 
 
 def _error_body(kind: str, message: str, *, code: str | None = None) -> dict[str, Any]:

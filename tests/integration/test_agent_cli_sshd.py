@@ -22,14 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from agent_runner.sandbox import reachable_by_others
+from orchestrator.cli import app
 from orchestrator.inventory import load_inventory
+from orchestrator.otel import read_otlp_json_lines
 from orchestrator.replay import ReplayRequest, replay
 from orchestrator.rundir import read_jsonl
 from orchestrator.transport import open_host
 from tests.integration.test_exec_sshd import KEY_ENV
 from tests.integration.test_openai_sshd import CONTRACT, ProcessWatch, _files_holding, _read, _uts
+from tests.orchestrator.test_otel import flatten
 from tests.support.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.sshd
@@ -180,6 +184,25 @@ def test_claude_code_from_npm_passes_a_task_through_the_proxy_on_three_hosts(
             assert finish["findings"] == [] and "outside_workspace" not in finish, (host, finish.get("outside_workspace"))
             calls = read_jsonl(run_dir / "hosts" / host / "model_calls.jsonl")
             assert [c["status"] for c in calls] == [200] * 3, host
+
+        # Exported as OpenTelemetry GenAI spans like a model agent: a chat span per request (the provider
+        # named by the wire format, tokens), an execute_tool span per call with its arguments.
+        spans_file = tmp_path / "spans.jsonl"
+        exported = CliRunner().invoke(app, ["export", "otel", str(run_dir), "--file", str(spans_file), "--content"])
+        assert exported.exit_code == 0, exported.output
+        spans = [s for r in read_otlp_json_lines(spans_file) for s in flatten(r)]
+        root = next(s for s in spans if s["name"] == "invoke_agent exec" and s["attrs"]["crosshost.host"] == "box-a")
+        mine = [s for s in spans if s["trace"] == root["trace"] and s is not root]
+        chats = [s for s in mine if s["attrs"]["gen_ai.operation.name"] == "chat"]
+        assert [s["name"] for s in chats] == ["chat m1"] * 3
+        assert {s["attrs"]["gen_ai.provider.name"] for s in chats} == {"anthropic"}
+        assert sum(s["attrs"]["gen_ai.usage.input_tokens"] for s in chats) == 33
+        assert [c["attrs"].get("gen_ai.response.finish_reasons") for c in chats] == [
+            ["tool_use"], ["tool_use"], ["end_turn"]]  # fmt: skip
+        tools = [(s["attrs"]["gen_ai.tool.name"], json.loads(s["attrs"]["gen_ai.tool.call.arguments"]))
+                 for s in mine if s["attrs"]["gen_ai.operation.name"] == "execute_tool"]
+        assert tools == [("lookup", {"q": "answer"}), ("write_file", {"path": "answer.txt", "content": "42"})]
+        assert root["attrs"]["gen_ai.provider.name"] == "anthropic" and root["attrs"]["gen_ai.request.model"] == "m1"
 
         # No residue: the run's workspace is gone on every host, no Claude Code process is left, and
         # the key is in no host file and no pulled file.

@@ -14,7 +14,7 @@ import pytest
 
 from agent_runner.errors import SuiteError
 from agent_runner.suite import read_suite
-from agent_runner.wire import EXEC_PREFIX, MODEL_PASS_ENV
+from agent_runner.wire import CALL_HEADER, EXEC_PREFIX, MODEL_PASS_ENV
 from orchestrator.hold import ModelHold
 from orchestrator.proxy import ModelProxy, model_route
 from orchestrator.testing import FakeHost
@@ -134,10 +134,33 @@ def test_an_exec_agents_model_is_held_streamed_or_not(api: str, stream: bool) ->
             after = _post(other, "t.1", api, {**first, "messages": [{"role": "user", "content": "other"}]})
     assert asked == 1  # the held host asked the provider nothing
     assert held == reference and held[0] == 200  # the same bytes: a stream's events as the reference got them
-    assert ref.book.snapshot("t.0")["turns"] == other.book.snapshot("t.0")["turns"] != []
+    shapes = [[(t["tool"], t["args"]) for t in p.book.snapshot("t.0")["turns"]] for p in (ref, other)]
+    assert shapes[0] == shapes[1] != []
+    assert other.book.snapshot("t.0")["calls"][0]["held"] is True
     assert [c.held for c in other.calls] == [True, False, False]
     assert diverged[0] == 200  # t.1 had no record yet: answered live, not held
     assert after[0] == 409 and b"model_diverged" in after[1], after  # differs from the reference's t.1
     assert len(provider.requests) == 3
     assert other.book.snapshot("t.1")["stopped"] == "model_diverged"
     assert hold.summary()["held"] == {"other": {"t.0": 1}}
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+def test_a_streamed_answer_carries_its_record_header_and_the_attempt_keeps_each_requests_record(api: str) -> None:
+    first = {"model": "m", "max_tokens": 9, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    with FakeProvider(script=SCRIPT, key=KEY) as provider:
+        base = provider.base_url if api == "openai" else provider.base_url.removesuffix("/v1")
+        with _proxy(api, base, model="m") as proxy:
+            path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
+            request = urllib.request.Request(f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0{path}",
+                                             data=json.dumps(first).encode(), method="POST",
+                                             headers={"Content-Type": "application/json", "x-api-key": proxy.token})
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                header = json.loads(resp.headers[CALL_HEADER])
+                assert resp.read().count(b"data:") > 3
+            _post(proxy, "t.0", api, {**first, "model": "other"})  # refused: recorded too
+            seen = proxy.book.snapshot("t.0")
+    assert (header["id"], header["status"], [a["status"] for a in header["attempts"]]) == (1, 200, [200])
+    assert [(c["request"], c["status"], c["finish_reason"], c.get("error")) for c in seen["calls"]] == [
+        (1, 200, "tool_calls" if api == "openai" else "tool_use", None), (2, 403, None, "crosshost_refused")]
+    assert seen["turns"][0]["model"] == seen["calls"][0] and (seen["prompt_tokens"], seen["completion_tokens"]) == (11, 7)
