@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agent_runner.textguard import printable
-from orchestrator.analysis.attribution import cut_words, path_line
+from orchestrator.analysis.attribution import cut_words, path_line, trial_line
 from orchestrator.report import (
     burn_lines,
     errors_line,
@@ -559,9 +559,7 @@ def render_explain(outcome: ExplainOutcome, console: Console | None = None) -> N
             continue
         line(f"{task.task}: {task.cause}")
         for cf in task.explain.counterfactuals:
-            value = "unset" if cf.value is None else cf.value
-            mark = "reproduces" if cf.reproduces else "no"
-            line(f"  {reference} with {cf.host}'s {cf.fact} ({value}): {cf.verdict or 'no verdict'} [{mark}]")
+            line(f"  {trial_line(cf, reference)}")
         for evidence in task.explain.paths:
             line(f"  {path_line(evidence)}")
         for note in task.explain.not_collected:

@@ -173,6 +173,20 @@ def counterfactual_line(cf: Counterfactual, reference: str) -> str:
     return f"with {cf.host}'s {cf.fact} ({value}), {reference} {cf.verdict}s too"
 
 
+def trial_line(cf: Counterfactual, reference: str) -> str:
+    """"local with box-b's LANG (unset): fail, reproduces the flip": one counterfactual as tried."""
+    value = "unset" if cf.value is None else cf.value
+    said = "reproduces the flip" if cf.reproduces else "does not reproduce it"
+    return f"{reference} with {cf.host}'s {cf.fact} ({value}): {cf.verdict or 'no verdict'}, {said}"
+
+
+def again_line(entry: ExplainTask) -> str:
+    """"replayed once more: local pass, box-b fail" (empty when explain replayed nothing)."""
+    if not entry.again:
+        return ""
+    return "replayed once more: " + ", ".join(f"{h} {v or 'no verdict'}" for h, v in entry.again.items())
+
+
 MAX_CAUSE_PATHS = 2  # differing paths named in the one-line cause (report.md lists every one)
 _VERBS = (("execve", "executed"), ("open", "read"), ("getdents", "listed"))
 

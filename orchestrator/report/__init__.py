@@ -13,7 +13,7 @@ from xml.etree import ElementTree as ET
 
 from agent_runner.textguard import printable
 from orchestrator.analysis import analyse_run
-from orchestrator.analysis.attribution import path_line, shown
+from orchestrator.analysis.attribution import again_line, path_line, shown, trial_line
 from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.flips import attempt_pairs
 from orchestrator.analysis.models import HostRate, RunReport, TaskReport
@@ -238,17 +238,8 @@ def _markdown_explain(task: TaskReport, reference: str) -> list[str]:
     """``crosshost explain``'s evidence for one task, whole (docs/explain.md)."""
     entry = task.explain
     assert entry is not None
-    out: list[str] = []
-    if entry.again:
-        again = ", ".join(f"{_md(h)} {v or 'no verdict'}" for h, v in entry.again.items())
-        out.append(f"- explain, replayed once more: {again}")
-    for cf in entry.counterfactuals:
-        value = "unset" if cf.value is None else cf.value
-        said = "reproduces the flip" if cf.reproduces else "does not reproduce it"
-        out.append(
-            f"- explain, {_md(reference)} with {_md(cf.host)}'s {_md(cf.fact)} ({_md(value)}): "
-            f"{cf.verdict or 'no verdict'}, {said}"
-        )
+    out = [f"- explain, {_md(again_line(entry))}"] if entry.again else []
+    out += [f"- explain, {_md(trial_line(cf, reference))}" for cf in entry.counterfactuals]
     out += [f"- explain, file evidence: {_md(path_line(p))}" for p in entry.paths]
     out += [f"- explain: {_md(line)}" for line in entry.not_collected]
     return out

@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 from agent_runner.trace import iter_records
+from orchestrator.analysis.attribution import again_line, path_line, trial_line
 from orchestrator.analysis.models import RunReport, TaskReport
 from orchestrator.analysis.shapes import Step, align_steps, step_of
 from orchestrator.errors import InputError, TraceError
@@ -55,7 +56,24 @@ _TASK_FIELDS = (
 
 
 # shown by the page in their own way, or not at all (the statistics only for sampled agents)
-_KNOWN = {*_TASK_FIELDS, "comparable", "errors", "evidence", "sampled", "rates", "needed_repeat"}
+_KNOWN = {*_TASK_FIELDS, "comparable", "errors", "evidence", "sampled", "rates", "needed_repeat", "cause", "explain"}
+
+
+def _explain_view(task: TaskReport, reference: str) -> dict[str, Any] | None:
+    """``crosshost explain``'s evidence for the task as the sentences report.md has (one home for them)."""
+    entry = task.explain
+    if entry is None:
+        return None
+    return {
+        "again": again_line(entry),
+        "counterfactuals": [
+            {"line": trial_line(cf, reference), "reproduces": cf.reproduces} for cf in entry.counterfactuals
+        ],
+        "paths": [
+            {"line": path_line(p), "path": p.path, "by": p.by, "state": p.state} for p in entry.paths
+        ],
+        "not_collected": entry.not_collected,
+    }
 
 
 def esc(value: object) -> str:
@@ -347,6 +365,8 @@ def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
                 "rates": dumped["rates"],
             }
         row["extra"] = {k: v for k, v in dumped.items() if k not in _KNOWN and v}
+        row["cause"] = task.cause if task.flip else ""
+        row["explain"] = _explain_view(task, reference)
         row["flipped_attempts"] = {h: sorted(flipped_attempts(task, h, reference)) for h in hosts}
         row.update(per_task.get(task.task, {}))
         tasks.append(row)
@@ -363,6 +383,7 @@ def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
             "within_gate": report.within_gate,
             "flipped": report.flipped,
             "comparable": report.comparable,
+            "explain": report.explain,
         },
         "hosts": host_rows,
         "tasks": tasks,
@@ -518,6 +539,8 @@ def _overview(report: RunReport, data: Mapping[str, Any]) -> Iterator[str]:
         )
     if report.interrupted:
         yield '<p class="bad">the run was interrupted: results are partial</p>'
+    if report.explain:
+        yield f'<p class="explain-cost" id="explain-cost">{esc(report.explain)}</p>'
     yield (
         '<table class="hosts" id="hosts"><thead><tr><th>host</th><th>fingerprint</th><th>reachable</th>'
         "<th>pass rate</th><th>pass / fail / error</th><th>pass^k</th><th>leaks</th><th>contract findings</th>"

@@ -76,7 +76,11 @@ def test_the_flip_matrix_holds_the_runs_cells(browser, run):
     assert by_task["agree-task"]["flip"] == "" and by_task["agree-task"]["cls"] == "agree"
     assert by_task[HOSTILE_TASK]["hosts"]["box-b"] == ["fail|v fail", "fail|v fail"]
     headers = page.evaluate("[...document.querySelectorAll('#matrix thead th')].map(th => th.textContent)")
-    assert headers == ["task", "local (ref)", "box-b", "box-c", "flip", "classification", "action"]
+    assert headers == ["task", "local (ref)", "box-b", "box-c", "flip", "classification", "action", "cause"]
+    # before explain ran, the flipped task's cause is the attribution's own line
+    assert page.evaluate(
+        "document.querySelector('tr[data-task=\"flip-task\"] td.cause').textContent"
+    ).startswith("box-b: ")
 
 
 def test_selecting_a_task_shows_the_side_by_side_with_the_first_divergence_marked(browser, run):
@@ -214,3 +218,59 @@ def test_the_trend_is_drawn_from_the_history_index(browser, tmp_path):
     assert trend["lines"] == 4 and trend["points"] == 3 * 4  # 3 runs x (flip rate + 3 hosts)
     assert trend["legend"] == ["flip rate", "local pass rate", "box-b pass rate", "box-c pass rate", "gate"]
     assert page.console_errors() == []
+
+
+def test_explain_evidence_and_the_cause_are_on_the_page(browser, tmp_path):
+    """With an explain.json the flipped task's row carries explain's one-line cause, and its task view
+    the whole evidence: replayed once more, each counterfactual (the reproducing one marked), the
+    differing paths as sentences, what was not collected; the overview says what explain spent."""
+    from orchestrator.analysis.models import Counterfactual, ExplainRecord, ExplainTask, PathEvidence
+    from orchestrator.rundir import RunDir
+
+    run = build_known_run(tmp_path / "runs")
+    hostile = "/opt/<b>flag</b>"
+    record = ExplainRecord(
+        run_id="20250101T000000Z-abcdef", reference="local", replays=3, seconds=4.5, max_counterfactuals=8,
+        tasks=[ExplainTask(
+            task="flip-task", again={"local": "pass", "box-b": "fail"},
+            counterfactuals=[
+                Counterfactual(host="box-b", fact="LANG", value=None, verdict="fail", reproduces=True),
+                Counterfactual(host="box-b", fact="TZ", value="UTC", verdict="pass", reproduces=False),
+            ],
+            paths=[PathEvidence(path=hostile, calls=["openat"], touched_on=["local", "box-b"], by=["agent"],
+                                state={"local": "absent", "box-b": "file 3 bytes sha256 0123456789abcdef"})],
+            not_collected=["file evidence not collected on box-c: strace is not on this host's PATH"],
+        )],
+    )  # fmt: skip
+    RunDir(run).explain_path.write_text(record.model_dump_json())
+    write_reports(run, analyse_run(run))
+    page = _open(browser, (run / "report.html").as_uri())
+    assert page.console_errors() == []
+    cause = page.evaluate("document.querySelector('tr[data-task=\"flip-task\"] td.cause').textContent")
+    assert cause.startswith(
+        "with box-b's LANG (unset), local fails too; the agent read /opt/<b>flag</b>: "
+        "present on box-b (file 3 bytes sha256 0123456789abcdef), absent on local"
+    ), cause
+    assert page.evaluate("document.querySelector('tr[data-task=\"agree-task\"] td.cause').textContent") == ""
+    assert page.evaluate("document.getElementById('explain-cost').textContent").startswith(
+        "explain: 3 replay(s) in 4.5 s for 1 flipped task(s)"
+    )
+    page.evaluate("location.hash = 'task=flip-task'")
+    page.wait_for("document.getElementById('explain') !== null")
+    shown = page.evaluate(
+        """(() => { const x = document.getElementById('explain');
+            return {head: x.querySelector('h3').textContent,
+                    items: [...x.querySelectorAll('li')].map(li => [li.textContent, li.className]),
+                    cause: document.querySelector('#task .cause-line').textContent,
+                    markup: x.querySelectorAll('b').length}; })()"""
+    )
+    assert shown["head"] == "Explain: replayed once more: local pass, box-b fail"
+    assert shown["items"] == [
+        ["local with box-b's LANG (unset): fail, reproduces the flip", "reproduces"],
+        ["local with box-b's TZ (UTC): pass, does not reproduce it", ""],
+        ["the agent read /opt/<b>flag</b>: present on box-b (file 3 bytes sha256 0123456789abcdef), absent on local", ""],
+        ["file evidence not collected on box-c: strace is not on this host's PATH", ""],
+    ]
+    assert shown["cause"] == "cause: " + cause and shown["markup"] == 0  # a path's markup is text
+    # the evidence is not shown a second time as a raw JSON blob
+    assert page.evaluate("[...document.querySelectorAll('#task h3')].map(h => h.textContent)").count("explain") == 0

@@ -36,6 +36,7 @@
     add(head, el("th", null, "flip"));
     add(head, el("th", null, "classification"));
     add(head, el("th", null, "action"));
+    add(head, el("th", null, "cause"));
     matrix.tHead.appendChild(head);
     var body = document.createDocumentFragment();
     DATA.tasks.forEach(function (t) {
@@ -56,6 +57,7 @@
       add(tr, el("td", { "class": "flip-mark" }, t.flip ? "← flip" : ""));
       add(tr, el("td", { "class": "cls " + t.classification }, t.classification));
       add(tr, el("td", null, t.action));
+      add(tr, el("td", { "class": "cause" }, t.cause || ""));
       tr.addEventListener("click", function (ev) {
         if (ev.target.tagName !== "A") location.hash = "task=" + encodeURIComponent(t.task);
       });
@@ -252,6 +254,17 @@
     items.forEach(function (x) { add(ul, el("li", null, fmt(x))); });
   }
 
+  // crosshost explain's evidence: the same sentences as report.md, the reproducing ones marked
+  function explainBlock(section, x) {
+    var box = add(section, el("div", { "class": "explain", id: "explain" }));
+    add(box, el("h3", null, "Explain: " + (x.again || "evidence of crosshost explain")));
+    list(box, "Counterfactuals (one fact of the other host applied on " + REF + ")", x.counterfactuals, function (c) { return c.line; });
+    var items = box.querySelectorAll("li");
+    x.counterfactuals.forEach(function (c, i) { if (c.reproduces) items[i].className = "reproduces"; });
+    list(box, "File evidence: touched paths whose state differs", x.paths, function (p) { return p.line; });
+    list(box, "Not collected", x.not_collected, function (n) { return n; });
+  }
+
   function showTask(id) {
     var section = document.getElementById("task");
     var t = BY_ID[id];
@@ -265,6 +278,9 @@
     add(section, el("p", { "class": "cls-line" }, t.classification + " — " + t.action + (t.flip ? " · flipped on " + t.flipped_hosts.join(", ") : "")));
     var close = add(section, el("a", { href: "#matrix-section", "class": "close" }, "back to the matrix"));
     close.addEventListener("click", function () { history.replaceState(null, "", "#matrix-section"); section.hidden = true; });
+
+    if (t.cause) add(section, el("p", { "class": "cause-line" }, "cause: " + t.cause));
+    if (t.explain) explainBlock(section, t.explain);
 
     list(section, "Attribution: fingerprint fields that differ", t.attribution, function (a) {
       return a.reference + " vs " + a.host + ": " + (a.fields.length ? a.fields.map(function (f) {
