@@ -57,6 +57,7 @@ def touched_paths(log_text: str, own: Sequence[str]) -> Dict[str, List[str]]:
         call, path = match.group(1), _unescape(match.group(2))
         if not path.startswith("/") or path.startswith(_PSEUDO):
             continue
+        path = path.rstrip("/") or "/"  # "dir/" and "dir" are one path
         # under its own directories, or on the way to them (their parents differ as the roots do)
         if any((path + "/").startswith(p) or p.startswith(path.rstrip("/") + "/") for p in prefixes):
             continue

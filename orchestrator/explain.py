@@ -366,17 +366,28 @@ def path_states(cfg: HostConfig, paths: list[str], opener: Opener, accept_new: b
     return states
 
 
-def _rank(evidence: PathEvidence, hosts: list[str]) -> tuple[bool, bool, bool, str]:
-    """The likeliest cause first: a path looked up on every host with a different answer (the same
-    lookup; a path touched on one host only follows from a difference earlier, e.g. another
-    interpreter and its files), then present on one host and absent on another, then the predicate's."""
-    states = set(evidence.state.values())
-    return (
-        set(evidence.touched_on) != set(hosts),
-        "absent" not in states or states == {"absent"},
-        "predicate" not in evidence.by,
-        evidence.path,
-    )
+def _ranked(found: list[PathEvidence], hosts: list[str]) -> list[PathEvidence]:
+    """The likeliest cause first. A path is *anchored* when it was looked up on every host with a
+    different answer (the same lookup), or lies under such a path (an entry of a directory only one
+    host has); a path touched on one host only, outside those, follows from a difference earlier
+    (another interpreter and its files). Then: the most specific first (a differing path inside
+    another comes before it), present on one host and absent on another, the predicate's first."""
+    every = [e.path for e in found if set(e.touched_on) == set(hosts)]
+
+    def under(path: str, parents: list[str]) -> bool:
+        return any(path.startswith(p.rstrip("/") + "/") for p in parents)
+
+    def key(e: PathEvidence) -> tuple[bool, bool, bool, bool, str]:
+        states = set(e.state.values())
+        return (
+            e.path not in every and not under(e.path, every),
+            any(under(o.path, [e.path]) for o in found),
+            "absent" not in states or states == {"absent"},
+            "predicate" not in e.by,
+            e.path,
+        )
+
+    return sorted(found, key=key)
 
 
 def file_evidence(
@@ -415,5 +426,5 @@ def file_evidence(
                 by = [side for side in SIDES if any(side in by_side for by_side in sides)]
                 on = [h for h in hosts if p in seen[task].get(h, {})]
                 found[task].append(PathEvidence(path=p, calls=calls, touched_on=on, state=state, by=by))
-        found[task].sort(key=lambda e: _rank(e, hosts))
+        found[task] = _ranked(found[task], hosts)
     return found, notes, env_paths

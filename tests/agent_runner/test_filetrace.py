@@ -94,3 +94,11 @@ def test_a_secret_looking_path_is_withheld():
 
     assert shown_path("/usr/local/bin:/usr/bin") == "/usr/local/bin:/usr/bin"
     assert shown_path("/opt/ghp_" + "a" * 36 + "/bin:/usr/bin") is None
+
+
+def test_a_directory_named_with_a_trailing_slash_is_one_path():
+    log = (
+        '1  openat(AT_FDCWD, "/tmp/cache/", O_RDONLY|O_DIRECTORY) = 3\n'
+        '1  chdir("/tmp/cache") = 0\n'
+    )
+    assert touched_paths(log, []) == {"/tmp/cache": ["openat", "chdir"]}

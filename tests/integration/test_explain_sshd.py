@@ -155,6 +155,29 @@ def test_a_host_without_strace_gets_counterfactuals_and_a_plain_line(
         shutil.rmtree(bare)
 
 
+def test_a_stale_wheel_in_one_hosts_tmp_is_named_by_its_path(fresh_sshd_host: Any, tmp_path: Path) -> None:
+    """The demo's stale-wheel-probe with the wheel in box-c's own /tmp (this machine's /tmp is shared
+    with whatever else runs here): explain names the wheel first, then the cache directory."""
+    wheels = fresh_sshd_host.fleet.hosts["box-c"].dir / "tmp" / "crosshost-demo" / "wheels"
+    wheels.mkdir(parents=True)
+    (wheels / "triage_tools-0.9-py3-none-any.whl").touch()
+    inventory = fresh_sshd_host.inventory_path
+    run = replay(
+        ReplayRequest(
+            suite_dir=TRIAGE, inventory_path=inventory, out=tmp_path / "runs", tasks=["stale-wheel-probe"], repeat=1
+        )
+    )
+    assert run.report is not None and [t.flip for t in run.report.tasks] == [True]
+    out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
+    assert out.exit_code == 0 and not out.errors, out.errors
+    [entry] = out.record.tasks
+    wheel = "/tmp/crosshost-demo/wheels/triage_tools-0.9-py3-none-any.whl"
+    assert [p.path for p in entry.paths[:2]] == [wheel, "/tmp/crosshost-demo/wheels"]
+    assert entry.paths[0].state["local"] == "absent" and entry.paths[0].state["box-c"].startswith("file 0 bytes")
+    assert out.report is not None
+    assert out.report.tasks[0].cause.startswith(f"run_tests.sh looked up {wheel}: present on box-c (file 0 bytes")
+
+
 def _tool_suite(root: Path) -> Path:
     """One predicate-only task that fails where a ``demo-tool`` is on PATH."""
     suite = root / "tool"

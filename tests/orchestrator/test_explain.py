@@ -174,7 +174,7 @@ def test_the_other_hosts_path_is_a_fact_only_when_both_are_known_and_differ():
 
 def test_a_path_both_hosts_looked_up_outranks_one_only_one_host_touched():
     from orchestrator.analysis.models import PathEvidence
-    from orchestrator.explain import _rank
+    from orchestrator.explain import _ranked
 
     hosts = ["local", "box-b"]
     interpreter = PathEvidence(path="/a/python3", calls=["execve"], touched_on=["local"], by=["agent"],
@@ -182,9 +182,24 @@ def test_a_path_both_hosts_looked_up_outranks_one_only_one_host_touched():
     flag = PathEvidence(path="/z/flag", calls=["newfstatat"], touched_on=hosts, by=["agent"],
                         state={"local": "absent", "box-b": "file 0 bytes"})  # fmt: skip
     changed = PathEvidence(path="/b/conf", calls=["openat"], touched_on=hosts, state={"local": "file 1 bytes", "box-b": "file 2 bytes"})
-    assert sorted([interpreter, changed, flag], key=lambda e: _rank(e, hosts)) == [flag, changed, interpreter]
+    assert _ranked([interpreter, changed, flag], hosts) == [flag, changed, interpreter]
     from orchestrator.analysis.attribution import path_line
 
     assert path_line(flag).startswith("the agent looked up /z/flag: present on box-b")
     both = flag.model_copy(update={"by": ["predicate", "agent"]})
     assert path_line(both).startswith("run_tests.sh and the agent looked up /z/flag")
+
+
+def test_an_entry_of_a_directory_one_host_lacks_leads_its_directory():
+    """The demo's stale wheel: both hosts list the cache directory, only local finds the wheel in it."""
+    from orchestrator.analysis.models import PathEvidence
+    from orchestrator.explain import _ranked
+
+    hosts = ["local", "box-b"]
+    cache = PathEvidence(path="/tmp/w", calls=["openat"], touched_on=hosts,
+                         state={"local": "directory of 1 entries", "box-b": "absent"})  # fmt: skip
+    wheel = PathEvidence(path="/tmp/w/x.whl", calls=["statx"], touched_on=["local"],
+                         state={"local": "file 0 bytes", "box-b": "absent"})  # fmt: skip
+    elsewhere = PathEvidence(path="/opt/py/lib.so", calls=["openat"], touched_on=["local"],
+                             state={"local": "file 9 bytes", "box-b": "absent"})  # fmt: skip
+    assert _ranked([elsewhere, cache, wheel], hosts) == [wheel, cache, elsewhere]
