@@ -204,9 +204,8 @@ class CommandAgent(Agent):
         if missing:
             raise AgentFailed(f"cannot start the agent {argv[0]!r}: {missing}")
         try:
-            self._proc = subprocess.Popen(ctx.sandbox.argv(argv), cwd=str(ctx.workspace), env=ctx.env,
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                          **ctx.sandbox.popen_kwargs())
+            self._proc = ctx.sandbox.popen(argv, cwd=str(ctx.workspace), env=ctx.env, stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, stderr=self._stderr)
         except OSError as exc:
             raise AgentFailed(f"cannot start the agent {argv[0]!r}: {exc.strerror or exc}") from exc
         threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True).start()

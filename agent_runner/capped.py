@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .sandbox import Started
+
 CHUNK = 1 << 16
 #: after the child ended or was killed, how long a pipe held open by its strays is still drained
 DRAIN_S = 2.0
@@ -26,6 +28,7 @@ class Captured:
     total: int  # every byte the child printed, kept or not
     returncode: Optional[int]
     timed_out: bool
+    oom: Optional[bool] = None  # the kernel's OOM killer ran while it did (None: unknown)
 
     @property
     def dropped(self) -> int:
@@ -34,19 +37,39 @@ class Captured:
     @property
     def signal_name(self) -> Optional[str]:
         """The signal that ended the child (``SIGKILL``, ``SIGSEGV``...), None when it exited."""
-        if self.returncode is None or self.returncode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.returncode).name
-        except ValueError:
-            return f"signal {-self.returncode}"
+        return signal_name(self.returncode)
+
+    @property
+    def death(self) -> Optional[str]:
+        """How it ended when not by a plain exit of its own (``death``), never a timeout."""
+        return death(self.returncode, self.oom)
 
 
-def death(signal_name: str) -> str:
-    """What a signal death was, in the words a person reads (SIGKILL unasked is usually the OOM killer)."""
-    if signal_name == "SIGKILL":
+def signal_name(returncode: Optional[int]) -> Optional[str]:
+    """The signal a ``subprocess`` return code says ended the process, None when it exited."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def death(returncode: Optional[int], oom: Optional[bool] = None) -> Optional[str]:
+    """How a child ended when not by its own plain exit, in the words a person reads; None when it
+    just exited. ``oom``: whether the kernel's OOM killer ran meanwhile (None: the kernel does not say,
+    and a SIGKILL unasked is then usually the OOM killer). A child that exited after the OOM killer
+    ended one of its own children (a test run under ``sh``) is said to have met it too."""
+    name = signal_name(returncode)
+    if name is None:
+        failed = returncode is not None and returncode != 0
+        return "the kernel's OOM killer killed a process while it ran (out of memory)" if failed and oom else None
+    if name == "SIGKILL" and oom is not None:
+        return "killed by SIGKILL: out of memory (the kernel's OOM killer)" if oom else \
+            "killed by SIGKILL (not by the OOM killer)"
+    if name == "SIGKILL":
         return "killed by SIGKILL (out of memory, or killed from outside)"
-    return f"killed by {signal_name}"
+    return f"killed by {name}"
 
 
 def capture(
@@ -97,4 +120,5 @@ def capture(
         returncode: Optional[int] = proc.wait(timeout=DRAIN_S if not timed_out else 10)
     except subprocess.TimeoutExpired:
         returncode = None
-    return Captured(bytes(kept), total, returncode, timed_out)
+    oom = proc.oom_killed() if isinstance(proc, Started) else None
+    return Captured(bytes(kept), total, returncode, timed_out, oom)

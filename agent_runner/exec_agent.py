@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .agents import Agent, AgentFailed, register
+from .capped import death
 from .loop import LoopOutcome
 from .sandbox import NONE, Sandbox, reachable_by_others
 from .suite import AgentSpec, Task
@@ -190,8 +191,7 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
         if missing:
             return LoopOutcome(reason="agent_error", final=f"cannot start the agent {argv[0]!r}: {missing}")
         try:
-            proc = subprocess.Popen(box.argv(argv), cwd=str(work), env=agent_env, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, **box.popen_kwargs())
+            proc = box.popen(argv, cwd=str(work), env=agent_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
         except OSError as exc:
             return LoopOutcome(reason="agent_error", final=f"cannot start the agent {argv[0]!r}: {exc.strerror or exc}")
         try:
@@ -231,7 +231,8 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
     elif reason == "stop" and proc.returncode != 0:
         note = _tail(stderr_path)
         outcome.reason = "agent_error"
-        outcome.final = f"the agent exited {proc.returncode}" + (f"; stderr: {note}" if note else "")
+        ended = death(proc.returncode, proc.oom_killed()) if proc.returncode < 0 else f"exited {proc.returncode}"
+        outcome.final = f"the agent {ended}" + (f"; stderr: {note}" if note else "")
     elif reason == "stop":
         outcome.final = _tail(stdout_path)
     return outcome

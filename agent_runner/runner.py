@@ -33,7 +33,7 @@ from types import FrameType
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import agents, filetrace, golden
-from .capped import capture, death
+from .capped import capture
 from .checker import check_turns
 from .digests import HashingWriter, write_announced
 from .envkeys import ATTEMPT_ENV_KEYS
@@ -293,10 +293,9 @@ class Runner:
             target.chmod(0o755)
         except OSError as exc:
             return None, "", f"could not restore the pristine {PREDICATE}: {exc}"
-        argv = box.argv(["sh", PREDICATE])
         try:
-            proc = subprocess.Popen(argv, cwd=str(work), env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **box.popen_kwargs())
+            proc = box.popen(["sh", PREDICATE], cwd=str(work), env=env, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         except OSError as exc:
             return None, "", f"the predicate could not start: {exc.strerror or exc}"
         try:
@@ -309,8 +308,8 @@ class Runner:
             return 124, "timed out", None  # like timeout(1): a predicate that hangs fails
         kept = got.kept.decode("utf-8", "replace").strip()
         shown = "…" + kept if got.dropped else kept
-        if got.signal_name is not None:  # what it was, never a timeout
-            shown = f"{death(got.signal_name)}\n{shown}".rstrip()
+        if got.death is not None:  # what it was, never a timeout
+            shown = f"{got.death}\n{shown}".rstrip()
         return (got.returncode if got.returncode is not None else 137), shown, None
 
 

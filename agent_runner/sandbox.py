@@ -1,7 +1,7 @@
 """Where an attempt's processes run: out of sight and reach of the runner and the controller.
 
 Every process an attempt starts (the command agent, a shell tool, the predicate) is started through
-``Sandbox.argv`` and ``Sandbox.popen_kwargs``. The level is decided once per runner, by trying it:
+``Sandbox.popen``. The level is decided once per runner, by trying it:
 
 - ``pidns+uid`` (the runner is root): a new PID and mount namespace (``unshare --pid --mount
   --mount-proc --kill-child``) whose processes run as an unprivileged uid of their own
@@ -15,7 +15,11 @@ Every process an attempt starts (the command agent, a shell tool, the predicate)
 
 The namespace is also the process tracker: when its first process ends (or the ``unshare`` holding
 it is killed, or the runner dies: parent-death signal), the kernel kills every process in it, even
-those that started their own session. Standard library only, Python 3.9.
+those that started their own session. That first process is a small init of the runner's own
+Python (``INIT``): the attempt is its child, because a namespace's init ignores every signal it has no
+handler for (an attempt that was init could not be killed, not even by its own ``kill -KILL $$``), and
+it tells the runner how the attempt ended on a pipe of its own, because its exit code alone could
+not (a signal death is 128+N there, the same as ``exit 137``). Standard library only, Python 3.9.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -55,36 +60,86 @@ def _pdeathsig() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _prefix(level: str, uid: Optional[int]) -> List[str]:
-    unshare = shutil.which("unshare") or "unshare"
-    ns = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"]
+#: The namespace's first process (argv: the status pipe's fd, then the attempt's argv). It forks the
+#: attempt, waits for it, writes its raw wait status to the pipe and exits as a shell would (128+N
+#: for a signal). It undoes what Python's start changed before the attempt's exec: the environment
+#: is the one the init was given (/proc/self/environ; Python sets LC_CTYPE under a C locale), SIGPIPE
+#: and SIGXFSZ are no longer ignored; and it drops Python's SIGINT handler, as init ignores what it
+#: has no handler for.
+INIT = """\
+import os, signal, sys
+fd, argv = int(sys.argv[1]), sys.argv[2:]
+with open("/proc/self/environ", "rb") as f:
+    env = dict(v.split(b"=", 1) for v in f.read().split(b"\\0") if b"=" in v)
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    for s in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(s, signal.SIG_DFL)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        os.write(2, ("%s: %s\\n" % (argv[0], e.strerror)).encode())
+        os._exit(127)
+status = os.waitpid(pid, 0)[1]
+os.write(fd, str(status).encode())
+os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+"""
+
+
+def _wrapped(level: str, uid: Optional[int], status_fd: int, argv: Sequence[str],
+             tracer: Optional[Callable[[List[str]], List[str]]] = None) -> List[str]:
+    """``argv`` as the sandbox at ``level`` starts it; ``tracer`` wraps what runs under the init (the
+    uid change and the attempt), so it traces the attempt and never the init's own start."""
+    inner = list(argv)
     if level == PIDNS_UID and uid is not None:
         setpriv = shutil.which("setpriv") or "setpriv"
-        drop = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
-                "--inh-caps=-all", "--bounding-set=-all", "--"]
-        # The namespace's first process stays a root shell that waits: a change of uid clears the
-        # parent-death signal --kill-child gives it, and without it the namespace would outlive the
-        # runner. It holds nothing (the attempt's environment, no capability the attempt can use).
-        return [unshare, *ns, "--", "/bin/sh", "-c", '"$@"; exit $?', "sh", *drop]
-    if level == PIDNS:
-        # A shell is the namespace's init, the attempt its child: init ignores the signals it has
-        # no handler for, so an attempt that was init could not be killed (a predicate's own
-        # `kill -KILL $$` would be ignored and it would run on to exit 0).
-        return [unshare, "--user", *ns, "--", "/bin/sh", "-c", '"$@"; exit $?', "sh"]
-    return []
+        inner = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+                 "--inh-caps=-all", "--bounding-set=-all", "--", *inner]
+    if tracer is not None:
+        inner = tracer(inner)
+    if level not in (PIDNS_UID, PIDNS):
+        return inner
+    unshare = shutil.which("unshare") or "unshare"
+    ns = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"]
+    # The init stays the runner's uid (root under pidns+uid): a change of uid would clear the
+    # parent-death signal --kill-child gives it, and the namespace would outlive the runner. It
+    # holds nothing the attempt could use (the attempt's environment, no open file of the runner).
+    init = ["--", sys.executable or "python3", "-I", "-S", "-c", INIT, str(status_fd)]
+    return [unshare, *(["--user"] if level == PIDNS else []), *ns, *init, *inner]
 
 
 def _works(level: str) -> bool:
     """Try the level once: a process in it sees a fresh /proc (its own few processes), and with a uid
     of its own, is not root."""
     check = 'set -- /proc/[0-9]*; test "$#" -le 3' + (' && test "$(id -u)" != 0' if level == PIDNS_UID else "")
-    argv = _prefix(level, UID_BASE + UID_SPAN - 1) + ["sh", "-c", check]
     try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=_PROBE_TIMEOUT_S, env={"PATH": os.defpath})
-    except (OSError, subprocess.SubprocessError):
+        proc = Sandbox(level, UID_BASE + UID_SPAN - 1).popen(
+            ["sh", "-c", check], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env={"PATH": os.defpath})
+    except OSError:
         return False
-    return done.returncode == 0
+    try:
+        return proc.wait(timeout=_PROBE_TIMEOUT_S) == 0
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return False
+
+
+def oom_kills() -> Optional[int]:
+    """How many processes the kernel's OOM killer has killed since boot (any memory cgroup too), or
+    None where the kernel does not say (not Linux, before 4.13)."""
+    try:
+        with open("/proc/vmstat", "rb") as f:
+            for line in f:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 _detected: Optional[str] = None
@@ -143,21 +198,18 @@ class Sandbox:
             level = PIDNS if _works(PIDNS) else NONE
         return cls(level)
 
-    def argv(self, argv: Sequence[str]) -> List[str]:
-        full = _prefix(self.level, self.uid) + list(argv)
-        return self._wrap(full) if self._wrap is not None else full
-
     def traced(self, wrap: Callable[[List[str]], List[str]]) -> "Sandbox":
-        """The same sandbox whose every command line goes through ``wrap`` (a tracer around it: the
-        tracer runs as the runner, outside the namespace, its log out of the attempt's reach)."""
+        """The same sandbox whose every command line goes through ``wrap`` (a tracer): inside the
+        namespace, around the attempt, as the runner's uid (its log out of the attempt's reach under
+        ``pidns+uid``), never around the sandbox's own init."""
         other = copy.copy(self)
         other._wrap = wrap
         return other
 
-    def popen_kwargs(self) -> Dict[str, Any]:
-        """Its own session (a ``kill(0)`` inside reaches only the sandbox) and death with the runner."""
-        preexec: Optional[Callable[[], None]] = _pdeathsig if os.name == "posix" else None
-        return {"start_new_session": True, "preexec_fn": preexec}
+    def popen(self, argv: Sequence[str], **kwargs: Any) -> "Started":
+        """Start ``argv`` in the sandbox, in a session of its own (a ``kill(0)`` inside reaches only the
+        sandbox) that dies with the runner. ``kwargs`` go to ``subprocess.Popen``."""
+        return Started(self, argv, self._wrap, kwargs)
 
     def cannot_start(self, argv0: str, cwd: str, env: Dict[str, str]) -> Optional[str]:
         """Why ``argv0`` cannot start (as exec would say), checked before the sandbox is entered, so a
@@ -210,3 +262,72 @@ class Sandbox:
         found = [p for p in found if p != own and not p.startswith(own.rstrip("/") + "/")]
         found = [p for p in found if not any(p.startswith(f + "/") for f in found)]  # top-most only
         return sorted(found)
+
+
+class Started(subprocess.Popen[bytes]):
+    """A process started in a sandbox: its ``returncode`` is the attempt's own (``-9`` for a SIGKILL
+    death, as ``subprocess`` says it), read from the init's status pipe; ``oom_killed`` says whether
+    the kernel's OOM killer ran while it did."""
+
+    def __init__(self, box: Sandbox, argv: Sequence[str], tracer: Optional[Callable[[List[str]], List[str]]],
+                 kwargs: Dict[str, Any]) -> None:
+        self._status: Optional[int] = None  # the read end of the init's status pipe
+        self._oom_before = oom_kills()
+        self._oom_after: Optional[int] = None
+        write_end = None
+        if box.level != NONE:
+            self._status, write_end = os.pipe()
+        full = _wrapped(box.level, box.uid, -1 if write_end is None else write_end, argv, tracer)
+        preexec: Optional[Callable[[], None]] = _pdeathsig if os.name == "posix" else None
+        try:
+            super().__init__(full, start_new_session=True, preexec_fn=preexec,
+                             pass_fds=() if write_end is None else (write_end,), **kwargs)
+        except BaseException:
+            self._close_status()
+            raise
+        finally:
+            if write_end is not None:
+                os.close(write_end)  # the init holds the only other copy: its end is the pipe's end
+
+    def _close_status(self) -> None:
+        if self._status is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._status)
+            self._status = None
+
+    def _settle(self) -> None:
+        """Once it has ended: the attempt's own status instead of the shell-like code of its init."""
+        if self.returncode is None:
+            return
+        if self._oom_after is None:
+            self._oom_after = oom_kills()
+        if self._status is None:
+            return
+        try:
+            os.set_blocking(self._status, False)
+            said = os.read(self._status, 64)
+        except OSError:
+            said = b""  # the init was killed before it could say (the runner's own kill, a timeout)
+        self._close_status()
+        with contextlib.suppress(ValueError):
+            status = int(said)
+            if os.WIFSIGNALED(status) and self.returncode == 128 + os.WTERMSIG(status):
+                self.returncode = -os.WTERMSIG(status)
+
+    def poll(self) -> Optional[int]:
+        super().poll()
+        self._settle()
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        super().wait(timeout)
+        self._settle()
+        return self.returncode
+
+    def oom_killed(self) -> Optional[bool]:
+        """True when the kernel's OOM killer killed something while this ran (on a busy machine it may
+        have been another process; with a SIGKILL death, it was almost surely this one); None when
+        the kernel does not count OOM kills or it has not ended."""
+        if self._oom_before is None or self._oom_after is None:
+            return None
+        return self._oom_after > self._oom_before

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .capped import Captured, capture, death
+from .capped import Captured, capture
 from .errors import ContractError
 from .jsonfile import read_json
 from .sandbox import NONE, Sandbox
@@ -199,9 +199,8 @@ class ToolBox:
         if missing:
             return _error(f"shell: cannot start {argv[0]!r}: {missing}")
         try:
-            proc = subprocess.Popen(self.sandbox.argv(argv), cwd=str(self.workspace), env=self.env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    **self.sandbox.popen_kwargs())
+            proc = self.sandbox.popen(argv, cwd=str(self.workspace), env=self.env, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         except OSError as exc:
             return _error(f"shell: cannot start {argv[0]!r}: {exc.strerror or exc}")
         self.processes_started += 1
@@ -213,5 +212,6 @@ class ToolBox:
             return ToolResult(observation=f"error: timed out\n{_shown(got)}", error="timed out",
                               started_process=True)
         if got.signal_name is not None:
-            return ToolResult(observation=f"{death(got.signal_name)}\n{_shown(got)}", started_process=True)
-        return ToolResult(observation=f"exit {got.returncode}\n{_shown(got)}", started_process=True)
+            return ToolResult(observation=f"{got.death}\n{_shown(got)}", started_process=True)
+        oom = f"{got.death}\n" if got.death else ""
+        return ToolResult(observation=f"exit {got.returncode}\n{oom}{_shown(got)}", started_process=True)

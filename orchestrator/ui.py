@@ -30,6 +30,7 @@ from orchestrator.report import (
     flipped_attempts,
     gate_verdict,
     host_names,
+    outside_workspace_lines,
     rate_text,
     rates_legend,
     validity_line,
@@ -253,6 +254,7 @@ def report_table(report: RunReport) -> RenderableType:
     gate = plain(gate_verdict(report), style="green" if report.within_gate else "bold red")
     parts: list[RenderableType] = [table, validity, gate]
     parts += [plain(line, style="yellow") for line in burn_lines(report)]
+    parts += [plain(line, style="yellow") for line in outside_workspace_lines(report)]
     parts += [plain(f"note: {note}", style="dim") for note in report.notes]
     if report.error_attempts:
         parts.append(plain(errors_line(report), style="yellow"))

@@ -22,6 +22,7 @@ from orchestrator.analysis.shapes import ShapeHasher, Step, shape_line, step_of
 MEMO_TURNS = 4096  # distinct (tool, arguments) remembered at once; cleared when full
 KEEP_FINDINGS = 20  # per attempt; the count is kept in full
 KEEP_PROBLEMS = 10
+KEEP_STRAYS = 10  # paths outside the workspace kept per attempt; the count is kept in full
 
 
 @dataclass
@@ -53,6 +54,9 @@ class AttemptSummary:
     n_leaks: int = 0
     problems: list[str] = field(default_factory=list)
     n_problems: int = 0
+    #: files the attempt's uid left outside its workspace (the runner's finish record, capped)
+    outside_workspace: list[str] = field(default_factory=list)
+    n_outside_workspace: int = 0
 
     @property
     def has_trace(self) -> bool:
@@ -174,6 +178,10 @@ def _settle_verdict(summary: AttemptSummary, path: Path, finish: dict[str, Any] 
         summary.why = why if isinstance(why, str) else ""
         said = finish.get("predicate_output")
         summary.predicate_output = said if isinstance(said, str) else None
+        strays = finish.get("outside_workspace")
+        if isinstance(strays, list):
+            paths = [p for p in strays if isinstance(p, str)]
+            summary.outside_workspace, summary.n_outside_workspace = paths[:KEEP_STRAYS], len(paths)
         if summary.verdict == "pass" and summary.n_findings:
             # pass needs a clean contract check, and ours sees every host's fingerprint
             first = summary.findings[0]

@@ -223,6 +223,19 @@ class BurnFinding(BaseModel):
     meaning: str
 
 
+class OutsideWorkspace(BaseModel):
+    """Files an attempt left outside its workspace (``/tmp``, ``/var/tmp``, ``/dev/shm``, the runner's
+    HOME), found by the uid the sandbox gave the run's attempts: a warning, never a verdict and never
+    invalidating (docs/threat-model.md). Attempts of one run share that uid, so with slots > 1 the
+    attempt named is the one after which the files were first seen."""
+
+    host: str
+    task: str
+    attempt: int
+    paths: list[str]  # at most a few; ``count`` is all of them
+    count: int
+
+
 class RunReport(BaseModel):
     run_id: str
     suite: str | None = None
@@ -247,6 +260,8 @@ class RunReport(BaseModel):
     #: every host's burn findings, always listed; they invalidate the run under [gate] burn_invalidates
     burn: list[BurnFinding] = Field(default_factory=list)
     burn_invalidates: bool = False
+    #: every attempt that left files outside its workspace on its host (a warning)
+    outside_workspace: list[OutsideWorkspace] = Field(default_factory=list)
     #: what the run's manifest says once per run: inventory values crosshost replaced or ignored
     notes: list[str] = Field(default_factory=list)
     hold_model: str | None = None  # "true" or "strict" when the run held the model

@@ -40,6 +40,7 @@ from orchestrator.analysis.models import (
     HostRate,
     HostStats,
     Leak,
+    OutsideWorkspace,
     RunReport,
     ShapeDiff,
     TaskReport,
@@ -150,6 +151,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
         alpha=alpha,
         burn=burn,
         burn_invalidates=run.manifest.burn_invalidates,
+        outside_workspace=outside_workspace(summaries),
         notes=run.manifest.notes,
         hold_model=run.manifest.hold_model,
         explain=None if explained is None else explain_spent(explained),
@@ -468,6 +470,15 @@ def burn_findings(run: Run) -> list[BurnFinding]:
                     )  # fmt: skip
                 )
     return found
+
+
+def outside_workspace(summaries: Mapping[AttemptKey, AttemptSummary]) -> list[OutsideWorkspace]:
+    """Every attempt whose files were found outside its workspace, in host, task, attempt order."""
+    return [
+        OutsideWorkspace(host=h, task=t, attempt=a, paths=s.outside_workspace, count=s.n_outside_workspace)
+        for (h, t, a), s in sorted(summaries.items())
+        if s.n_outside_workspace
+    ]
 
 
 def _burn_reasons(burn: list[BurnFinding]) -> list[str]:

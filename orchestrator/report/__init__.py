@@ -28,6 +28,7 @@ __all__ = [
     "flipped_attempts",
     "gate_verdict",
     "host_names",
+    "outside_workspace_lines",
     "render_json",
     "render_junit",
     "p_text",
@@ -62,6 +63,18 @@ def burn_lines(report: RunReport) -> list[str]:
         else "burn findings are listed; with [gate] burn_invalidates = true they invalidate the run"
     )
     return [*(f"burn: {f.host}: {f.kind} ({f.detail}): {f.meaning}" for f in report.burn), effect]
+
+
+def outside_workspace_lines(report: RunReport) -> list[str]:
+    """One warning line per attempt that left files outside its workspace on its host."""
+    lines = []
+    for f in report.outside_workspace:
+        more = f" and {f.count - len(f.paths)} more" if f.count > len(f.paths) else ""
+        lines.append(
+            f"warning: {f.host}: {f.task}.{f.attempt} left {f.count} file(s) outside its workspace, kept on "
+            f"the host (not a verdict): {', '.join(f.paths)}{more}"
+        )
+    return lines
 
 
 def validity_line(report: RunReport) -> str:
@@ -143,6 +156,7 @@ def render_markdown(report: RunReport) -> str:
     out.append(f"- validity: **{'valid' if report.valid else 'INVALID'}**")
     out += [f"  - {_md(reason)}" for reason in report.invalid_reasons]
     out += [f"- {_md(line)}" for line in burn_lines(report)]
+    out += [f"- {_md(line)}" for line in outside_workspace_lines(report)]
     out += [f"- note: {_md(note)}" for note in report.notes]
     if report.explain:
         out.append(f"- {_md(report.explain)}")

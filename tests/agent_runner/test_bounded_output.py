@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cgroups import join, memory_limited
 from tests.support.runner import REPO, clean_env, records, write_suite
 
 GIB = 1 << 30
@@ -71,10 +72,6 @@ def test_a_predicate_that_kills_itself_fails(tmp_path: Path) -> None:
     assert "after" not in (finish["predicate_output"] or "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: inside the PID-namespace sandbox a signal death reads as exit 137, not as the signal",
-)
 def test_a_predicate_killed_by_a_signal_says_so_not_timed_out(tmp_path: Path) -> None:
     suite = write_suite(tmp_path / "s", {
         "killed": {"script": [{"content": "done", "finish": "stop"}],
@@ -88,3 +85,25 @@ def test_a_predicate_killed_by_a_signal_says_so_not_timed_out(tmp_path: Path) ->
     assert finish["verdict"] == "fail"
     assert "killed by SIGKILL" in finish["predicate_output"] and "timed out" not in finish["why"]
     assert finish["predicate_output"].endswith("before")
+
+
+@pytest.mark.parametrize(("how", "said"), [
+    ("exec ", "killed by SIGKILL: out of memory (the kernel's OOM killer)"),  # the predicate itself is killed
+    ("", "the kernel's OOM killer killed a process while it ran (out of memory)"),  # a child of its shell
+])  # fmt: skip
+def test_a_predicate_the_oom_killer_ends_says_out_of_memory(tmp_path: Path, how: str, said: str) -> None:
+    """The runner in a cgroup of 256 MiB, its predicate growing a string without end: the kernel's OOM
+    killer ends it, and the trace says so, not a bare exit 137, not a timeout."""
+    grow = how + "awk 'BEGIN { s = \"x\"; while (1) s = s s }'\n"
+    suite = write_suite(tmp_path / "s", {
+        "hungry": {"script": [{"content": "done", "finish": "stop"}], "repo": {"run_tests.sh": f"echo before\n{grow}"}},
+    })  # fmt: skip
+    argv = [sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out", str(tmp_path / "out")]
+    with memory_limited(256 << 20) as procs:
+        done = subprocess.run(argv, capture_output=True, text=True, env=clean_env(), cwd=REPO, timeout=120,
+                              preexec_fn=lambda: join(procs))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    finish = records(tmp_path / "out" / "traces" / "hungry.0.jsonl")[-1]
+    assert finish["verdict"] == "fail" and finish["predicate_exit"] not in (None, 0)
+    assert finish["predicate_output"].startswith(said + "\nbefore"), finish["predicate_output"]
+    assert "timed out" not in finish["why"]

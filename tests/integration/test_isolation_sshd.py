@@ -4,7 +4,7 @@ What a user relies on: an attempt cannot read the controller's or the runner's e
 secrets, the model URL); an agent that rewrites the host's bundle cache changes nothing for the next
 run; no process or late file of a run remains after a normal end, a timeout or Ctrl-C (checked in
 /proc, which the sshd test hosts share with this process); a file an attempt wrote outside its
-workspace is a finding, and is gone.
+workspace is a warning in report.json, report.md and on the terminal, and it and the run are kept valid.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from orchestrator.replay import ReplayRequest, replay
 from orchestrator.rundir import read_jsonl
 from orchestrator.transport import open_host
+from orchestrator.ui import render_replay
 
 pytestmark = pytest.mark.sshd
 
@@ -235,18 +237,28 @@ def _nothing_left(sshd_hosts: Any, token: str, *, wait_s: float = LATE_S + 1) ->
 def test_nothing_of_a_run_outlives_a_normal_end(sshd_hosts: Any, tmp_path: Path) -> None:
     token = _token()
     suite = _suite(tmp_path, "leaver", {"leaver": _leaver(token, stray=True)})
-    out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs"),
-                 with_analysis=False)  # fmt: skip
+    out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs"))
     rows = _rows(out)
+    report = json.loads((out.run_dir.path / "report.json").read_text())
+    markdown = (out.run_dir.path / "report.md").read_text()
+    terminal = Console(width=400, record=True)
+    render_replay(out, out=terminal, err=terminal)
+    shown = terminal.export_text()
     for name in HOSTS:
         rec = out.manifest.hosts[name]
         assert rec.error is None and rec.workspace_removed is True, (name, rec)
-        # the file it wrote outside its workspace is a finding in its trace (not a verdict)
+        # the file it wrote outside its workspace is a warning in every report, not a verdict
         assert rows[(name, "leaver")]["verdict"] == "pass", (name, rows[(name, "leaver")])
         trace = out.run_dir.path / "hosts" / name / "traces" / "leaver.0.jsonl"
         finish = json.loads(trace.read_text().splitlines()[-1])
         assert finish["outside_workspace"] == [f"/tmp/stray-{token}"], (name, finish)
+        assert {"host": name, "task": "leaver", "attempt": 0, "paths": [f"/tmp/stray-{token}"],
+                "count": 1} in report["outside_workspace"]  # fmt: skip
+        line = f"warning: {name}: leaver.0 left 1 file(s) outside its workspace, kept on the host (not a verdict): "
+        assert f"- {line}/tmp/stray-{token}" in markdown
+        assert f"{line}/tmp/stray-{token}" in shown
         (_tmp_of(sshd_hosts, name) / f"stray-{token}").unlink()
+    assert report["valid"] is True and out.exit_code == 0
     _nothing_left(sshd_hosts, token)
 
 
