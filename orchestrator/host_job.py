@@ -28,6 +28,7 @@ from orchestrator.errors import (
     RunnerCrashed,
     WorkspaceLeft,
 )
+from orchestrator.fanout import Interrupted
 from orchestrator.hold import ModelHold
 from orchestrator.host_fingerprint import fingerprint_script, tail
 from orchestrator.integrity import verify_host_output
@@ -36,7 +37,7 @@ from orchestrator.proxy import model_route
 from orchestrator.rundir import HostRecord, RunDir, utc_now
 from orchestrator.transport import Opener
 from orchestrator.transport.base import ExecResult, Host
-from orchestrator.workspace import Running, Workspace
+from orchestrator.workspace import ABANDON_AFTER_S, Running, Workspace
 
 #: on top of timeout_s x attempts: start-up, fingerprint, writing out/ and packing it
 RUN_MARGIN_S = 60
@@ -84,8 +85,10 @@ class HostJob:
         ws: Workspace | None = None
         run_started = run_finished = False
         error: BaseException | None = None
+        watched = contextlib.ExitStack()
         try:
             host = self._stage("connect", self._connect)
+            watched.enter_context(self.plan.running.connected(host))  # Ctrl-C abandons it when it goes silent
             ws = Workspace(host, self.cfg.name, self.cfg.workspace_root, self.plan.run_dir.run_id, self.cfg.python)
             self.record.reachable = True
             self.plan.running.check_cancel()
@@ -121,6 +124,7 @@ class HostJob:
             if ws is not None:
                 self._clean(ws, run_started and not run_finished, error)
                 ws.host.close()
+            watched.close()
         self.plan.emit(self.cfg.name, "done", self._done_detail())
         return self.record
 
@@ -150,7 +154,45 @@ class HostJob:
                 self.plan.retries.append(entry)
             self.plan.emit(name, "retry", str(info.get("error") or info))
 
-        host: Host = self.plan.opener(self.cfg, accept_new=self.plan.accept_new, on_retry=on_retry)
+        return self._given_up_on_ctrl_c(
+            lambda: self.plan.opener(self.cfg, accept_new=self.plan.accept_new, on_retry=on_retry)
+        )
+
+    def _given_up_on_ctrl_c(self, connect: Callable[[], Host]) -> Host:
+        """``connect()`` in a thread of its own, given up ABANDON_AFTER_S after Ctrl-C (a host that
+        accepts the TCP connection and answers nothing would hold it for its connect timeouts); a
+        connection that completes after that is closed at once."""
+        done = threading.Event()
+        lock = threading.Lock()
+        got: dict[str, Any] = {}
+
+        def attempt() -> None:
+            try:
+                host = connect()
+            except BaseException as exc:
+                got["error"] = exc
+            else:
+                with lock:
+                    if got.get("given_up"):
+                        host.close()
+                    else:
+                        got["host"] = host
+            finally:
+                done.set()
+
+        threading.Thread(target=attempt, daemon=True, name=f"connect-{self.cfg.name}").start()
+        cancelled_at: float | None = None
+        while not done.wait(0.2):
+            if cancelled_at is None and self.plan.running.cancel.is_set():
+                cancelled_at = time.monotonic()
+            if cancelled_at is not None and time.monotonic() - cancelled_at >= ABANDON_AFTER_S:
+                with lock:
+                    if "host" not in got and "error" not in got:
+                        got["given_up"] = True
+                        raise Interrupted("interrupted while connecting")
+        if "error" in got:
+            raise got["error"]
+        host: Host = got["host"]
         return host
 
     def _fingerprint_script(self) -> str:
@@ -246,6 +288,9 @@ class HostJob:
                 raise
             if isinstance(exc, WorkspaceLeft) or not isinstance(error, UNREACHABLE):
                 self.cleanup_error = exc.one_line()  # said beside the first error, never instead of it
+        except BaseException:
+            self.record.workspace_removed = False  # never claimed removed when the answer did not come
+            raise
         finally:
             self.record.stages["clean"] = round(time.monotonic() - t0, 3)
 

@@ -300,6 +300,7 @@ def replay(
             on_waiting=lambda: emit("*", "waiting", "cleaning remote workspaces; please wait"),
         )
     finally:
+        plan.running.over()
         errors: dict[str, str] = {}
         for name, job in jobs.items():
             rec = job.record

@@ -176,6 +176,7 @@ def interrupted_line(manifest: Manifest) -> str:
     hosts = manifest.hosts.items()
     removed = [h for h, rec in hosts if rec.workspace_removed is True]
     left = [h for h, rec in hosts if rec.workspace_removed is False]
+    never = [h for h, rec in hosts if rec.workspace_removed is None]  # not connected: nothing made there
     said = ["interrupted: partial results written"]
     if removed:
         said.append(f"workspace removed on {', '.join(removed)}")
@@ -185,6 +186,8 @@ def interrupted_line(manifest: Manifest) -> str:
         )
     if not removed and not left:
         said.append("no remote workspace was created")
+    elif never:
+        said.append(f"none created on {', '.join(never)}")
     return "; ".join(said)
 
 

@@ -15,7 +15,6 @@ import contextlib
 import posixpath
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -42,10 +41,13 @@ SHORT_TIMEOUT_S = 120.0
 PULL_LIMITS = ArchiveLimits()
 #: how long Ctrl-C waits for one kill
 KILL_TIMEOUT_S = 30
-#: after Ctrl-C, a host whose kill has not finished by then and that owes a reply for SILENT_AFTER_S
-#: is abandoned (its workspace reported not removed), so Ctrl-C is honoured within seconds
+#: after Ctrl-C, a host that owes a reply for SILENT_AFTER_S, whatever stage it is in, is abandoned
+#: (every channel waiting on it ends; its workspace is reported not removed), so Ctrl-C is honoured
+#: within seconds; a host still connecting is given up ABANDON_AFTER_S after Ctrl-C
 ABANDON_AFTER_S = 3.0
 SILENT_AFTER_S = 2.0
+#: after Ctrl-C, how often every host is asked for a reply until the replay is over
+WATCH_EVERY_S = 0.5
 
 
 class Workspace:
@@ -167,13 +169,16 @@ class Workspace:
 
 
 class Running:
-    """The workspaces running a runner now, and the cancel flag Ctrl-C sets: a run is either seen
-    and killed, or never started."""
+    """The hosts of a replay and the workspaces running a runner now, and the cancel flag Ctrl-C
+    sets: a run is either seen and killed, or never started; a host that stops answering after
+    Ctrl-C, in any stage, is abandoned within seconds."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cancel = threading.Event()
         self._now: dict[int, Workspace] = {}
+        self._hosts: dict[int, Host] = {}  # every connected host, from its connect to its close
+        self._over = threading.Event()
 
     def check_cancel(self) -> None:
         if self.cancel.is_set():
@@ -190,22 +195,46 @@ class Running:
             with self.lock:
                 self._now.pop(id(ws), None)
 
+    @contextlib.contextmanager
+    def connected(self, host: Host) -> Iterator[None]:
+        """``host`` is watched after Ctrl-C for as long as this lasts (push, run, pull and clean)."""
+        with self.lock:
+            self._hosts[id(host)] = host
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._hosts.pop(id(host), None)
+
+    def over(self) -> None:
+        """The replay's hosts are done: nothing more to watch."""
+        self._over.set()
+
     def stop_all(self) -> None:
-        """Ctrl-C: no new run starts, every runner in flight is killed (its process group); the
-        workers then clean up."""
+        """Ctrl-C: no new run starts, every runner in flight is killed (its process group), and from
+        now on every host that stops answering is abandoned; the workers then clean up."""
         with self.lock:
             self.cancel.set()
             now = list(self._now.values())
-        for ws in now:
-            ws.host.ping()  # a stopped host is told from a slow one within SILENT_AFTER_S
+        self._watch_once()  # a host silent for long already is abandoned at once
+        threading.Thread(target=self._watch, daemon=True, name="crosshost-watch").start()
         threads = [threading.Thread(target=ws.kill, daemon=True) for ws in now]
         for t in threads:
             t.start()
-        give_up_at = time.monotonic() + ABANDON_AFTER_S
-        for t in threads:
-            t.join(timeout=max(0.0, give_up_at - time.monotonic()))
-        for ws, t in zip(now, threads, strict=True):
-            if t.is_alive() and ws.host.silent_s() >= SILENT_AFTER_S:
-                ws.host.abandon()  # it answers nothing: its channels end now, its workspace is left
         for t in threads:
             t.join(timeout=KILL_TIMEOUT_S + 5)
+
+    def _watch_once(self) -> None:
+        with self.lock:
+            hosts = list(self._hosts.values())
+        for host in hosts:
+            if host.silent_s() >= SILENT_AFTER_S:
+                host.abandon()  # it answers nothing: its channels end now, its workspace is left
+            else:
+                host.ping()  # a stopped host is told from a slow one within SILENT_AFTER_S
+
+    def _watch(self) -> None:
+        """After Ctrl-C until the replay is over: every host is asked for a reply every WATCH_EVERY_S,
+        and one that owes a reply for SILENT_AFTER_S is abandoned (a hung push, pull or clean too)."""
+        while not self._over.wait(WATCH_EVERY_S):
+            self._watch_once()

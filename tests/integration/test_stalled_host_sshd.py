@@ -125,3 +125,58 @@ def test_ctrl_c_with_a_stopped_host_ends_within_5_s_and_says_what_was_left(
     assert m.hosts["box-c"].workspace_removed is False
     line = interrupted_line(m)
     assert "workspace NOT removed on box-c" in line and "workspace removed on" not in line, line
+
+
+@pytest.mark.parametrize("stage", ["connect", "push", "pull", "clean"])
+def test_ctrl_c_abandons_a_host_stopped_in_any_stage_within_5_s(
+    fresh_sshd_host: Any, tmp_path: Path, stage: str
+) -> None:
+    """box-c's sshd is stopped the moment it enters ``stage``, Ctrl-C a second later: the replay ends
+    within 5 s of it, and its last line says where the workspace was removed (local), where it was
+    NOT (box-c, whose answer never came) or that none was made (box-c stopped while connecting).
+    At the default connect timeout (10 s), which a stopped host would otherwise hold each wait for."""
+    from orchestrator.ui import interrupted_line
+
+    suite = _slow_suite(tmp_path, tasks=1, sleep_s=0.2)
+    inventory = fresh_sshd_host.fleet.write_inventory(tmp_path / "hosts.toml", ["box-c"])
+    host = fresh_sshd_host.fleet.hosts["box-c"]
+    stopped: list[int] = []
+    pressed: list[float] = []
+
+    def ctrl_c() -> None:
+        pressed.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def hook(name: str, at: str, detail: str) -> None:
+        if name == "box-c" and at == stage and not stopped:
+            root = host.ns_pid()
+            assert root is not None
+            for pid in _tree(root):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append(pid)
+            threading.Timer(1.0, ctrl_c).start()
+
+    try:
+        out = replay(
+            ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs", hosts=["local", "box-c"]),
+            on_event=hook, with_analysis=False,
+        )  # fmt: skip
+        ended = time.monotonic()
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert stopped and pressed, f"box-c never reached {stage}"
+    assert ended - pressed[0] < 5, f"Ctrl-C in {stage} took {ended - pressed[0]:.1f}s"
+    assert out.exit_code == 130
+    m = RunDir(out.run_dir.path).read_manifest()
+    assert m.hosts["local"].workspace_removed is True
+    line = interrupted_line(m)
+    assert "workspace removed on local;" in line, line
+    if stage == "connect":
+        assert m.hosts["box-c"].workspace_removed is None
+        assert line.endswith("none created on box-c"), line
+    else:
+        assert m.hosts["box-c"].workspace_removed is False
+        assert "workspace NOT removed on box-c (" in line, line
