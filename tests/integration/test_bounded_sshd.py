@@ -1,5 +1,5 @@
 """Bounded on real sshd hosts and on local: what the code under test prints, and what a host adds to
-its own output, costs the runner and the controller no memory in proportion.
+its own output, costs the runner and the controller no memory in proportion (under 100 MB).
 
 The sshd test hosts share this machine's /proc, so the runner's peak resident memory (VmHWM) is read
 from there while it runs; the controller's is read by a small parent of a replay in its own process.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,8 +18,8 @@ from typing import Any
 import pytest
 
 from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import RunDir
-from tests.support.runner import write_suite
+from orchestrator.rundir import RunDir, read_jsonl
+from tests.support.runner import REPO, write_suite
 
 pytestmark = pytest.mark.sshd
 
@@ -73,3 +75,61 @@ def test_a_gigabyte_of_predicate_output_keeps_the_runner_under_100_mb(sshd_hosts
         finish = json.loads(trace.read_text().splitlines()[-1])
         assert finish["verdict"] == "fail" and finish["predicate_exit"] == 1, (name, finish)
         assert finish["predicate_output"].startswith("…") and finish["predicate_output"].endswith("the end")
+
+
+#: a replay in a process of its own (its peak is its own, not pytest's), whose box-a adds a 40-byte
+#: trace named t.3000000.jsonl and a results row of attempt 2999999 to its out/ before the pull
+BOMBED_REPLAY = r"""
+import json, shlex, sys
+from pathlib import Path
+from orchestrator.inventory import load_inventory
+from orchestrator.replay import ReplayRequest, replay
+from orchestrator.transport import open_host
+suite, inventory, out = (Path(a) for a in sys.argv[1:4])
+cfg = load_inventory(inventory).get("box-a")
+BOMB = (
+    "cd %s/runs/*/ && printf '%%s\\n' '{\"type\": \"header\", \"task\": \"t\"}' > out/traces/t.3000000.jsonl && "
+    "sed -n 1p out/results.jsonl | sed 's/\"attempt\": 0/\"attempt\": 2999999/' >> out/results.jsonl && "
+    "rm -f out.tar && tar -C out -cf out.tar ." % shlex.quote(cfg.workspace_root)
+)
+def hook(name, stage, detail):
+    if name == "box-a" and stage == "pull":
+        host = open_host(cfg)
+        try:
+            done = host.exec(["sh", "-c", BOMB], 30)
+            assert done.ok, done.stderr
+        finally:
+            host.close()
+done = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=out, hosts=["local", "box-a"]), on_event=hook)
+print(json.dumps({"exit": done.exit_code, "run_dir": str(done.run_dir.path)}))
+"""
+#: the peak of a child, read by its parent: a process's own ru_maxrss starts from its forker's
+MEASURE = """
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+sys.stderr.write(done.stderr[-3000:])
+print(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "{}")
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+"""
+
+
+def test_an_attempt_number_bomb_from_a_host_is_its_error_and_costs_under_100_mb(
+    sshd_hosts: Any, tmp_path: Path
+) -> None:
+    suite = write_suite(tmp_path / "s", {"t": {"script": [{"content": "done", "finish": "stop"}],
+                                               "repo": {"run_tests.sh": "exit 0\n"}}})  # fmt: skip
+    argv = [sys.executable, "-c", MEASURE, sys.executable, "-c", BOMBED_REPLAY, str(suite),
+            str(sshd_hosts.inventory_path), str(tmp_path / "runs")]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=300)
+    said, peak = done.stdout.strip().splitlines()[-2:]
+    outcome, peak_mb = json.loads(said), int(peak)
+    assert outcome.get("exit") == 3, done.stderr
+    assert peak_mb < 100, f"the controller peaked at {peak_mb} MB"
+    m = RunDir(Path(outcome["run_dir"])).read_manifest()
+    error = m.hosts["box-a"].error or ""
+    assert "OutputTampered" in error and "(2 problems in all)" in error, error
+    assert m.hosts["local"].error is None
+    run_dir = Path(outcome["run_dir"])
+    assert (run_dir / "hosts" / "box-a" / "traces" / "t.3000000.jsonl.tampered").is_file()  # never analysed
+    rows = [r for r in read_jsonl(run_dir / "results.jsonl") if r["env"] == "box-a"]
+    assert len(rows) <= 1 and all(r["attempt"] == 0 for r in rows), rows

@@ -4,7 +4,8 @@ What a user relies on: an attempt cannot read the controller's or the runner's e
 secrets, the model URL); an agent that rewrites the host's bundle cache changes nothing for the next
 run; no process or late file of a run remains after a normal end, a timeout or Ctrl-C (checked in
 /proc, which the sshd test hosts share with this process); a file an attempt wrote outside its
-workspace is a warning in report.json, report.md and on the terminal, and it and the run are kept valid.
+workspace is a warning in report.json, report.md and on the terminal, and it and the run are kept valid;
+a host that gives no isolation is a burn finding the report shows.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from orchestrator.replay import ReplayRequest, replay
 from orchestrator.rundir import read_jsonl
 from orchestrator.transport import open_host
 from orchestrator.ui import render_replay
+from tests.support.runner import write_suite
 
 pytestmark = pytest.mark.sshd
 
@@ -317,3 +319,32 @@ def test_a_leftover_process_means_the_workspace_is_not_cleaned(tmp_path: Path) -
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_host_that_gives_no_isolation_is_a_burn_finding_the_report_shows(sshd_hosts: Any, tmp_path: Path) -> None:
+    """The runner's PATH holds no unshare (a host without it): attempts run beside the runner, and the
+    report says so on local and on the sshd host; the suite's burn_invalidates makes the run invalid."""
+    bare = sshd_hosts.fleet.state / f"bare-path-{tmp_path.name}"  # under /var/tmp: seen by every host
+    bare.mkdir()
+    for name, target in (("python3", "/usr/bin/python3"), ("sh", "/bin/sh")):
+        (bare / name).symlink_to(target)
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text(sshd_hosts.inventory_path.read_text().replace(
+        "[defaults]\n", f'[defaults]\nenv = {{ PATH = "{bare}" }}\n', 1))  # fmt: skip
+    suite = write_suite(tmp_path / "s", {"t": {"script": [{"content": "done", "finish": "stop"}],
+                                               "repo": {"run_tests.sh": "exit 0\n"}}},
+                        suite_toml='name = "bare"\nrepeat = 1\n[agent]\nkind = "scripted"\n[budget]\n'
+                                   'max_steps = 4\ntimeout_s = 60\nmax_bytes = 100000\n'
+                                   '[gate]\nburn_invalidates = true\n')  # fmt: skip
+    out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs",
+                               hosts=["local", "box-a"]))  # fmt: skip
+    report = json.loads((out.run_dir.path / "report.json").read_text())
+    burned = {(f["host"], f["kind"]) for f in report["burn"]}
+    assert {("local", "no_isolation"), ("box-a", "no_isolation")} <= burned, report["burn"]
+    markdown = (out.run_dir.path / "report.md").read_text()
+    assert "- burn: box-a: no_isolation (attempts run beside the runner): this host gives neither" in markdown
+    assert report["valid"] is False and out.exit_code == 1
+    assert any(r.startswith("isolation: box-a has") and "no_isolation" in r for r in report["invalid_reasons"])
+    for name in ("local", "box-a"):
+        fp = json.loads((out.run_dir.path / "hosts" / name / "fingerprint.json").read_text())
+        assert fp["isolation"] == "none", (name, fp["isolation"])
