@@ -34,8 +34,6 @@ def _parser() -> argparse.ArgumentParser:
     fp.add_argument("--cwd", help="the working directory to describe (default: the current one)")
     fp.add_argument("--tools", help="tools.json: record the versions of the commands it allows")
     fp.add_argument("--suite", help="a suite directory: record the versions of the commands its tools allow")
-    fp.add_argument("--run-id", help="the run this is part of: a cwd containing it is digested as "
-                    "{run_id}, so the digest is the same on every run (as `run --run-id` does)")
 
     run = sub.add_parser("run", help="replay a suite's tasks on this host")
     run.add_argument("--suite", required=True, help="suite directory (suite.toml or suite.json)")
@@ -82,7 +80,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             from .suite import load_suite
 
             commands = sorted(set(commands) | set(commands_of(load_suite(args.suite).tools)))
-        fingerprint = collect(cwd=args.cwd, allowed_commands=commands, run_id=args.run_id)
+        fingerprint = collect(cwd=args.cwd, allowed_commands=commands)
         print(json.dumps(fingerprint.to_json(), indent=2, sort_keys=True))
         return 0
     if args.command == "check":

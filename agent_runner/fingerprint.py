@@ -1,7 +1,16 @@
 """The host fingerprint: what a host is, as far as an agent run can tell, plus its isolation findings.
 
-``fingerprint`` (16 hex) digests every field but ``captured_at``. Environment values are never read
-into it, only key names.
+``fingerprint`` (16 hex) digests what describes the host as an agent run sees it: every field but
+``captured_at``, ``cwd`` (a run's own path: two runs, or two inventory names for one machine, work in
+different directories) and the machine identity. Environment values are never read into it, only
+key names.
+
+``machine_identity`` says which machine this is: a sha256 of ``/etc/machine-id`` and the kernel's
+boot id, never the raw values (both identify the machine to anyone who sees them). Without a
+machine-id it is the hash of the boot id alone and ``machine_identity_complete`` is false: every
+container on one kernel shares that boot id, so a partial identity is never taken as "the same
+machine". It is left out of the digest: the boot id changes at every reboot, and a reboot must not
+read as a changed host.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import sandbox
 from .records import Fingerprint
@@ -25,6 +34,37 @@ from .redact import secret_env_keys
 VERSION_TIMEOUT_S = 5
 # Shell bookkeeping that says nothing about the host; left out so a fingerprint does not move with it.
 _SHELL_NOISE_KEYS = {"_", "OLDPWD", "SHLVL", "PWD"}
+#: fields the digest leaves out: its own, the capture time, the run's own path, which machine it is
+NOT_DIGESTED = frozenset({"fingerprint", "captured_at", "cwd", "machine_identity", "machine_identity_complete"})
+#: where the machine id lives (systemd's, then D-Bus's older copy); 32 hex, one line
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+_IDENTITY_FORMAT = b"crosshost machine identity v1\0"
+
+
+def _read_id(paths: Sequence[str], hex_digits: int) -> Optional[str]:
+    """The first of ``paths`` holding an id of ``hex_digits`` hex digits (dashes dropped), else None."""
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                text = handle.read(128).decode("ascii", "replace").strip().replace("-", "").lower()
+        except OSError:
+            continue
+        if len(text) == hex_digits and all(c in "0123456789abcdef" for c in text):
+            return text
+    return None
+
+
+def machine_identity(machine_id_files: Sequence[str] = MACHINE_ID_FILES,
+                     boot_id_file: str = BOOT_ID_FILE) -> Tuple[Optional[str], bool]:
+    """(the machine's identity, 32 hex, or None when neither id can be read; True when it was made
+    from both the machine id and the boot id)."""
+    machine_id = _read_id(machine_id_files, 32)
+    boot_id = _read_id((boot_id_file,), 32)
+    if machine_id is None and boot_id is None:
+        return None, False
+    text = f"machine-id={machine_id or ''}\0boot-id={boot_id or ''}".encode()
+    return hashlib.sha256(_IDENTITY_FORMAT + text).hexdigest()[:32], machine_id is not None and boot_id is not None
 
 
 def _version_of(command: str, env: Mapping[str, str]) -> Optional[str]:
@@ -95,11 +135,8 @@ def isolation_findings(env: Mapping[str, str], home: str, uid: Optional[int],
 
 
 def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
-            env: Optional[Mapping[str, str]] = None, run_id: Optional[str] = None) -> Fingerprint:
-    """The fingerprint of this host as seen from ``cwd`` (default: the process's working directory).
-
-    ``run_id``: when the cwd contains it (a per-run workspace), the digest sees "{run_id}" instead, so
-    the same host gives the same fingerprint on every run; ``cwd`` itself stays the real path."""
+            env: Optional[Mapping[str, str]] = None) -> Fingerprint:
+    """The fingerprint of this host as seen from ``cwd`` (default: the process's working directory)."""
     env = dict(os.environ if env is None else env)
     cwd = os.path.abspath(cwd or os.getcwd())
     home = os.path.expanduser("~")
@@ -130,16 +167,14 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
         "isolation": isolation,
         "findings": isolation_findings(env, home, uid, isolation),
     }
-    stable = dict(data)
-    if run_id:
-        stable["cwd"] = cwd.replace(run_id, "{run_id}")
-    data["fingerprint"] = digest(stable)
+    data["fingerprint"] = digest(data)
+    data["machine_identity"], data["machine_identity_complete"] = machine_identity()
     data["captured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return Fingerprint.from_json(data)
 
 
 def digest(data: Mapping[str, Any]) -> str:
-    stable = {k: v for k, v in data.items() if k not in ("fingerprint", "captured_at")}
+    stable = {k: v for k, v in data.items() if k not in NOT_DIGESTED}
     return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -71,7 +71,8 @@ def migrate_result_row(row: Mapping[str, Any]) -> Dict[str, Any]:
 def migrate_fingerprint(data: Mapping[str, Any]) -> Dict[str, Any]:
     """A fingerprint.json of any known shape as today's: the digest under ``fingerprint`` (others
     wrote ``id``, ``digest``, ``sha`` or ``env_sha``) and ``python`` as ``"<implementation> <version>"``
-    (others wrote ``{"implementation": ..., "version": ...}``)."""
+    (others wrote ``{"implementation": ..., "version": ...}``). One written before the machine
+    identity has none (``machine_identity_complete`` false): it is never taken for the same machine."""
     out = dict(data)
     if not (isinstance(out.get("fingerprint"), str) and out["fingerprint"]):
         for key in _DIGEST_ALIASES[1:]:
@@ -81,6 +82,8 @@ def migrate_fingerprint(data: Mapping[str, Any]) -> Dict[str, Any]:
                 break
     for key in _DIGEST_ALIASES[1:]:
         out.pop(key, None)
+    if "machine_identity" not in out:
+        out["machine_identity_complete"] = False
     python = out.get("python")
     if isinstance(python, dict):
         parts = [str(python[k]) for k in ("implementation", "version") if python.get(k)]
@@ -350,6 +353,10 @@ class Fingerprint:
     findings: List[Dict[str, str]] = field(default_factory=list)
     #: how attempts are kept from the runner here: "pidns+uid", "pidns" or "none" (agent_runner/sandbox.py)
     isolation: Optional[str] = None
+    #: which machine this is: 32 hex of a sha256 of /etc/machine-id and the boot id (never the ids)
+    machine_identity: Optional[str] = None
+    #: the identity was made from both ids (without a machine-id, from the boot id alone)
+    machine_identity_complete: Optional[bool] = None
     captured_at: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
@@ -365,3 +372,11 @@ class Fingerprint:
         data = migrate_fingerprint(obj)
         known = {f.name for f in fields(cls)} - {"extra"}
         return cls(**{k: v for k, v in data.items() if k in known}, extra=_extra(data, cls))
+
+    @property
+    def same_machine_key(self) -> Optional[str]:
+        """The machine identity when it can say "the same machine": complete (both ids), else None.
+        A fingerprint written before the identity existed has none."""
+        if self.machine_identity_complete is True and isinstance(self.machine_identity, str) and self.machine_identity:
+            return self.machine_identity
+        return None

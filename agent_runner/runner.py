@@ -381,7 +381,7 @@ def run_suite(options: RunOptions) -> int:
         # The fingerprint describes where agents work: the configured workspace root (stable across runs).
         run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
-                              allowed_commands=commands_of(suite.tools), run_id=run_id)
+                              allowed_commands=commands_of(suite.tools))
         write_announced(out, out / "fingerprint.json",
                         json.dumps(redact(fingerprint.to_json()), indent=2, sort_keys=True) + "\n")
         host = options.host or fingerprint.hostname or default_host()

@@ -1,10 +1,11 @@
 """The runner's fingerprint of a host, taken one way for ``crosshost hosts`` and ``crosshost replay``.
 
 The digest must describe the host, not the run: the runner is started exactly as a replay's runner
-is, in ``<workspace_root>/runs/<run_id>/work`` (where a replay's attempts work), through ``env -i``
-with the inventory's allowlist, and given ``--run-id`` so the run id in that path is digested as
-``{run_id}``. Two probes of a host, and a probe and a replay, then print the same 16 hex (for a
-suite whose tools.json allows commands, pass it: their versions are part of the digest).
+is, in ``<workspace_root>/runs/<run_id>-<name>/work`` (where a replay's attempts work), through
+``env -i`` with the inventory's allowlist and its pinned values (``remote.clean_env_command``); the
+working directory itself is not digested. Two probes of a host, and a probe and a replay, then print
+the same 16 hex (for a suite whose tools.json allows commands, pass it: their versions are part of
+the digest).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from orchestrator.transport.base import Host
 FINGERPRINT_KILL_AFTER_S = 60
 
 
-def run_workspace(workspace_root: str, run_id: str) -> str:
-    """``<workspace_root>/runs/<run_id>``: one run's (or probe's) directory on a host."""
-    return posixpath.join(workspace_root, "runs", run_id)
+def run_workspace(workspace_root: str, run_id: str, name: str) -> str:
+    """``<workspace_root>/runs/<run_id>-<name>``: one run's (or probe's) directory on a host, for the
+    inventory entry ``name``: two names for one machine never share one."""
+    return posixpath.join(workspace_root, "runs", f"{run_id}-{name}")
 
 
 def work_dir(workspace: str) -> str:
@@ -35,31 +37,34 @@ def work_dir(workspace: str) -> str:
 
 
 def fingerprint_script(
-    cfg: Any, runner: str, run_id: str, *, tools: str | None = None, suite: str | None = None
+    cfg: Any, runner: str, workspace: str, *, tools: str | None = None, suite: str | None = None
 ) -> str:
-    """``runner.pyz fingerprint`` as shell text, started as a replay's runner is: in the run's ``work``
-    directory (which must exist), through ``env -i`` with the allowlist, under ``timeout -s KILL``.
-    The commands whose versions it records are those a tools.json (``tools``) or the suite (``suite``,
-    a directory on the host) allows."""
-    args = ["fingerprint", "--run-id", run_id]
+    """``runner.pyz fingerprint`` as shell text, started as a replay's runner is: in ``workspace``'s
+    ``work`` directory (which must exist), through ``env -i`` with the allowlist and the pinned values
+    (from the workspace's pins file, ``Workspace.put_pins``), under ``timeout -s KILL``. The commands
+    whose versions it records are those a tools.json (``tools``) or the suite (``suite``, a directory
+    on the host) allows."""
+    args = ["fingerprint"]
     if tools:
         args += ["--tools", tools]
     if suite:
         args += ["--suite", suite]
-    cmd = remote.clean_env_command(cfg.env_allowlist, cfg.env, [cfg.python, runner, *args])
-    cwd = work_dir(run_workspace(cfg.workspace_root, run_id))
-    return f"cd {remote.q(cwd)} && exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"
+    cmd = remote.clean_env_command(
+        cfg.env_allowlist, [cfg.python, runner, *args], pinned=list(cfg.env), pins_file=remote.pins_path(workspace)
+    )
+    return f"cd {remote.q(work_dir(workspace))} && exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"
 
 
 def take_fingerprint(
-    host: Host, cfg: Any, runner: str, run_id: str, *, tools: str | None = None
+    host: Host, cfg: Any, runner: str, workspace: str, *, tools: str | None = None
 ) -> Fingerprint:
-    """Run ``runner.pyz fingerprint`` on ``host`` in the run's ``work`` directory (which must exist).
+    """Run ``runner.pyz fingerprint`` on ``host`` in ``workspace``'s ``work`` directory (which must
+    exist, with the pins file when ``cfg`` pins values).
 
-    ``cfg`` is the host's inventory entry (python, env_allowlist, env, workspace_root, name);
-    ``tools`` a tools.json path on the host. A failure is RunnerCrashed naming the host.
+    ``cfg`` is the host's inventory entry (python, env_allowlist, env, name); ``tools`` a tools.json
+    path on the host. A failure is RunnerCrashed naming the host.
     """
-    script = fingerprint_script(cfg, runner, run_id, tools=tools)
+    script = fingerprint_script(cfg, runner, workspace, tools=tools)
     res = host.exec(["sh", "-c", script], FINGERPRINT_KILL_AFTER_S + 30)
     if not res.ok:
         raise RunnerCrashed(

@@ -195,12 +195,12 @@ class HostJob:
         host: Host = got["host"]
         return host
 
-    def _fingerprint_script(self) -> str:
+    def _fingerprint_script(self, ws: Workspace) -> str:
         """``runner fingerprint`` exactly as ``crosshost hosts --suite`` takes it (same digest)."""
         return fingerprint_script(
             self.cfg,
             self.plan.bundle.remote_runner(self.cfg.workspace_root),
-            self.plan.run_dir.run_id,
+            ws.path,
             suite=self.plan.bundle.remote_suite(self.cfg.workspace_root),
         )
 
@@ -231,13 +231,15 @@ class HostJob:
         # A live model: the controller's proxy (key added there), reached through a reverse forward on
         # an SSH host; the runner itself gets CROSSHOST_MODEL_URL only (not in --env-allow: tools never see it).
         with model_route(ws.host, self.plan.model, self.host_dir, self.plan.hold, self.cfg.name) as model_env:
+            pinned = {**self.cfg.env, **model_env}
+            ws.put_pins(pinned)  # never on the command line: `ps` on the host shows that to every user
             script = remote.run_script(
                 ws.path,
                 [*self.cfg.env_allowlist, *model_env],
-                {**self.cfg.env, **model_env},
+                list(pinned),
                 runner,
                 self.kill_after_s(),
-                fingerprint=self._fingerprint_script(),
+                fingerprint=self._fingerprint_script(ws),
             )
             return ws.run(script, self.kill_after_s() + 30, self.plan.running)
 
@@ -280,8 +282,10 @@ class HostJob:
             self.plan.emit(self.cfg.name, "clean", "")
         t0 = time.monotonic()
         try:
-            ws.remove(kill_first=kill_first, prune_bundles=True)
-            self.record.workspace_removed = True
+            if ws.remove(kill_first=kill_first, prune_bundles=True):
+                self.record.workspace_removed = True
+            elif error is not None:  # only a failed create meets a workspace that is not its own
+                self.cleanup_error = f"{ws.path} was not created by this run: left alone"
         except HostError as exc:
             self.record.workspace_removed = False
             if error is None:

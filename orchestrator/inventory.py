@@ -102,12 +102,13 @@ class HostConfig(BaseModel):
         for key, value in v.items():
             if "\x00" in value:
                 raise ValueError(f"{key!r}: a NUL byte cannot be passed in an environment value")
-            # a pinned value is recorded in manifest.json and seen in `ps` on the host: never a secret
+            # a pinned value reaches every attempt's environment, where the agent under test reads it
+            # (it is in neither `ps` nor manifest.json): a secret never leaves the controller
             if is_secret_env_key(key):
-                raise ValueError(f"{key!r} is secret-shaped; a secret must never reach a host or the manifest")
+                raise ValueError(f"{key!r} is secret-shaped; a pinned value reaches the agent under test, a secret never leaves the controller")
             if looks_like_credential(value):
                 raise ValueError(f"{key!r}: the value holds a credential (a password in a URL, a key, a token); "
-                                 "a secret must never reach a host or the manifest")
+                                 "a pinned value reaches the agent under test, a secret never leaves the controller")
         return v
 
     @model_validator(mode="after")
@@ -132,10 +133,12 @@ class HostConfig(BaseModel):
         return v.rstrip("/")
 
     def public_dict(self) -> dict[str, Any]:
-        """What the manifest records: no key or known_hosts paths (they are the controller's)."""
+        """What the manifest records: no key or known_hosts paths (they are the controller's), and of
+        the pinned values their keys only (``env``: a sorted list)."""
         data = self.model_dump(
             mode="json", exclude={"identity_file", "known_hosts", "passphrase_env", "jump", "notes"}
         )
+        data["env"] = sorted(self.env)
         if self.jump:
             data["via"] = [hop.name for hop in self.jump]
         return data

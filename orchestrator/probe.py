@@ -2,10 +2,10 @@
 
 Per host (in the same bounded pool as a replay): connect (``--accept-new`` records an unknown key in
 the tool-owned known_hosts; a changed key is refused even then), push the runner zipapp into a
-throw-away run directory ``<workspace_root>/runs/probe-<hex>``, take its fingerprint exactly as a
-replay does (``host_fingerprint.take_fingerprint``: same directory layout, clean environment and
-run-id normalisation, so the digest is the one a replay records), then remove the directory and
-verify it is gone. ``--suite`` adds the versions of the commands its tools.json allows, as a replay
+throw-away run directory ``<workspace_root>/runs/probe-<hex>-<name>``, take its fingerprint exactly
+as a replay does (``host_fingerprint.take_fingerprint``: same directory layout, clean environment and
+pinned values, so the digest is the one a replay records), then remove the directory and verify it
+is gone. ``--suite`` adds the versions of the commands its tools.json allows, as a replay
 of that suite records them.
 """
 
@@ -68,15 +68,15 @@ def probe_host(
         ws.create(failure=TransferError)
         remote_runner = ws.put(runner, "runner.pyz")
         remote_tools = ws.put(tools, "tools.json") if tools is not None else None
-        fp = take_fingerprint(host, cfg, remote_runner, probe_id, tools=remote_tools)
+        ws.put_pins(cfg.env)
+        fp = take_fingerprint(host, cfg, remote_runner, ws.path, tools=remote_tools)
         result.fingerprint = fp.fingerprint
         result.python = fp.python
         result.hostname = fp.hostname
         result.findings = [f for f in fp.findings if isinstance(f, dict)] if isinstance(fp.findings, list) else []
     finally:
         try:
-            ws.remove()
-            result.cleaned = True
+            result.cleaned = ws.remove()
         except HostError:
             result.cleaned = False
         host.close()

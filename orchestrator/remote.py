@@ -2,39 +2,69 @@
 
 The runner's environment is built here, never by SSH environment passing (sshd's ``AcceptEnv``
 drops it silently): ``env -i`` empties it, then each allowlisted key gets either the value the
-inventory pins (a shlex-quoted literal) or the host's OWN value, expanded by the host's shell
-(``${PATH+"PATH=$PATH"}`` passes PATH only when the host has it). Nothing of the controller's
-environment is ever part of a command.
+inventory pins or the host's OWN value, expanded by the host's shell (``${PATH+"PATH=$PATH"}``
+passes PATH only when the host has it). Pinned values are never part of a command line (``ps`` on
+the host shows every command line to every user): they travel in a file of the workspace's private
+``in/`` directory (``pins_text``, put there by ``Workspace.put_pins``), which a shell between
+``env -i`` and the runner reads with ``.`` and the run removes after use. Nothing of the
+controller's environment is ever part of a command.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import secrets
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 q = shlex.quote
 
 
-def env_assignments(allowlist: Sequence[str], pinned: Mapping[str, str]) -> str:
-    """The ``K=v`` words after ``env -i``, for the host's shell to expand."""
-    words: list[str] = []
-    for key in allowlist:
-        if not _ENV_KEY.match(key):
-            raise ValueError(f"env_allowlist: {key!r} is not an environment variable name")
-        if key in pinned:
-            words.append(q(f"{key}={pinned[key]}"))
-        else:
-            words.append(f'${{{key}+"{key}=${key}"}}')
-    return " ".join(words)
+def _check_key(key: str) -> str:
+    if not _ENV_KEY.match(key):
+        raise ValueError(f"env_allowlist: {key!r} is not an environment variable name")
+    return key
 
 
-def clean_env_command(allowlist: Sequence[str], pinned: Mapping[str, str], argv: Sequence[str]) -> str:
-    """``env -i <allowlisted> argv...`` as shell text."""
+def env_assignments(allowlist: Sequence[str], pinned: Collection[str] = ()) -> str:
+    """The ``K=$K`` words after ``env -i`` for the keys not ``pinned``, for the host's shell to expand."""
+    return " ".join(f'${{{key}+"{key}=${key}"}}' for key in map(_check_key, allowlist) if key not in pinned)
+
+
+#: sources the pins file ($1) with every assignment exported, then runs the rest of its arguments
+#: (each its own word: ``kill_script`` finds the launcher by one of them). The shell exports a PWD
+#: of its own: dropped unless the allowlist passes one.
+_SOURCE_PINS = 'set -a && . "$1" && set +a && {unset}shift && exec "$@"'
+
+
+def clean_env_command(
+    allowlist: Sequence[str], argv: Sequence[str], *, pinned: Collection[str] = (), pins_file: str | None = None
+) -> str:
+    """``env -i <allowlisted> argv...`` as shell text; the ``pinned`` keys' values come from
+    ``pins_file`` (``pins_text``), read by a shell that then becomes ``argv``."""
+    if pinned and pins_file is None:
+        raise ValueError("pinned values need a pins file: they never go on a command line")
+    if pinned:
+        source = _SOURCE_PINS.replace("{unset}", "" if "PWD" in allowlist else "unset PWD && ")
+        argv = ["sh", "-c", source, "crosshost-pins", pins_file or "", *argv]
     return " ".join(w for w in ("env -i", env_assignments(allowlist, pinned), shlex.join(argv)) if w)
+
+
+#: the workspace's private directory (700): what the controller hands the runner, never pulled home
+PRIVATE_DIR = "in"
+
+
+def pins_path(workspace: str) -> str:
+    """Where a run's pinned values wait for its runner: ``<workspace>/in/pins.env``."""
+    return posixpath.join(workspace, PRIVATE_DIR, "pins.env")
+
+
+def pins_text(pinned: Mapping[str, str]) -> str:
+    """The pins file: one ``K='value'`` line each, quoted so the shell reading it runs nothing of a value."""
+    return "".join(f"{_check_key(key)}={q(value)}\n" for key, value in pinned.items())
 
 
 #: the run script's last stdout line: ``<marker> <bytes of out.tar>`` or ``<marker> none``
@@ -44,14 +74,16 @@ OUT_TAR_MARKER = "crosshost-out-tar"
 def run_script(
     workspace: str,
     allowlist: Sequence[str],
-    pinned: Mapping[str, str],
+    pinned: Collection[str],
     argv: Sequence[str],
     kill_after_s: int,
     *,
     fingerprint: str | None = None,
 ) -> str:
-    """The runner's command line: in its workspace, under ``timeout -s KILL``, with a clean env; then,
-    in the same exec, ``out/`` packed as ``out.tar`` and its size printed (``split_out_tar``).
+    """The runner's command line: in its workspace, under ``timeout -s KILL``, with a clean env (the
+    ``pinned`` keys' values from the workspace's pins file, removed once the runner and the fallback
+    fingerprint are done); then, in the same exec, ``out/`` packed as ``out.tar`` and its size
+    printed (``split_out_tar``).
 
     ``timeout`` puts itself and the runner in a new process group; its pid (= the group id) is
     written to ``pid`` so an interrupted run can be killed as a whole (``kill_script``). The packing
@@ -60,13 +92,15 @@ def run_script(
     ``out/fingerprint.json`` (it writes one before its first task), so a host is described even when
     its runner stopped before that. Exits with the runner's status.
     """
-    launch = f"echo $$ > pid && exec timeout -s KILL {int(kill_after_s)} {clean_env_command(allowlist, pinned, argv)}"
+    command = clean_env_command(allowlist, argv, pinned=pinned, pins_file=pins_path(workspace))
+    launch = f"echo $$ > pid && exec timeout -s KILL {int(kill_after_s)} {command}"
     lines = [f"cd {q(workspace)} || exit 1", f"sh -c {q(launch)}", "rc=$?"]
     if fingerprint:
         lines.append(
             f"test -s out/fingerprint.json || {{ sh -c {q(fingerprint)} > out/.fingerprint.json 2>/dev/null "
             "&& mv out/.fingerprint.json out/fingerprint.json; rm -f out/.fingerprint.json; }"
         )
+    lines.append(f"rm -f {q(pins_path(workspace))}")
     lines.append(
         f"if test -d out && tar -C out -cf out.tar . 2>/dev/null; then s=$(wc -c < out.tar); else s=none; fi; "
         f"echo; echo {OUT_TAR_MARKER} $s; exit $rc"

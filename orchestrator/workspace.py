@@ -1,10 +1,14 @@
 """One run's workspace on one host, from creation to its verified removal.
 
-``<workspace_root>/runs/<run_id>/`` (mode 700) with ``out/`` (what the runner writes and the
-controller brings home) and ``work/`` (the attempts' workspaces, the directory the fingerprint
-describes). ``Workspace`` creates it (looking for the bundle in the same exec) and pushes the bundle
-when it is missing, runs a script in it, pulls ``out/`` home as one tar whose size is checked on the
-host before anything is transferred, removes it and verifies it is gone, and kills what runs in it.
+``<workspace_root>/runs/<run_id>-<name>/`` (mode 711; ``name`` the inventory's, so two names for
+one machine never share one) with ``out/`` (700: what the runner writes and the controller brings
+home), ``in/`` (700: what the controller hands the runner, the pinned values; never brought home),
+``work/`` (the attempts' workspaces, the directory the fingerprint describes) and ``owner`` (600: a
+token only this ``Workspace`` knows). ``Workspace`` creates it (looking for the bundle in the same
+exec) and pushes the bundle when it is missing, runs a script in it, pulls ``out/`` home as one tar
+whose size is checked on the host before anything is transferred, removes it and verifies it is
+gone, and kills what runs in it. It never removes, nor kills in, a workspace whose ``owner`` is not
+its token: one it did not create (a stale one, another worker's) is left alone.
 ``Running`` knows which workspaces run a runner now, so Ctrl-C kills them all. ``crosshost replay``
 and ``crosshost hosts`` use it; ``crosshost repro`` through the replay.
 """
@@ -12,10 +16,12 @@ and ``crosshost hosts`` use it; ``crosshost repro`` through the replay.
 from __future__ import annotations
 
 import contextlib
+import os
 import posixpath
+import secrets
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 from orchestrator import remote
@@ -50,8 +56,13 @@ SILENT_AFTER_S = 2.0
 WATCH_EVERY_S = 0.5
 
 
+#: ``Workspace.remove``'s answer when the workspace there is not this worker's
+NOT_OURS = "crosshost-not-ours"
+
+
 class Workspace:
-    """``<workspace_root>/runs/<run_id>/`` on ``host`` (``name`` is the inventory's: every error names it)."""
+    """``<workspace_root>/runs/<run_id>-<name>/`` on ``host`` (``name`` is the inventory's: every error
+    names it)."""
 
     def __init__(self, host: Host, name: str, workspace_root: str, run_id: str, python: str = "python3") -> None:
         self.host = host
@@ -59,7 +70,10 @@ class Workspace:
         self.bundle_replaced = False  # the cached bundle had changed: removed, pushed again
         self.name = name
         self.root = workspace_root
-        self.path = run_workspace(workspace_root, run_id)
+        self.path = run_workspace(workspace_root, run_id, name)
+        # Written into ``owner`` when this worker creates the workspace; removal checks it first. Not a
+        # secret (it is on a command line): it tells this worker's workspace from any other.
+        self.token = secrets.token_hex(16)
         self.created = False  # it exists on the host: remove it
         self.pulled: list[PurePosixPath] = []  # the files the last pull wrote, relative to its ``into``
 
@@ -78,9 +92,12 @@ class Workspace:
             look = f"if {present}; then echo bundle-cached; else {bundle_remove_script(bundle, self.root)}; fi; "
         # the run names its bundle: a concurrent run's pruning never removes it (prune_host_bundles_script)
         mark = f" && {in_use_marker(bundle, self.path)}" if bundle else ""
-        # The attempts' uid may pass through the workspace to work/ (711), never into out/ (700).
+        # The attempts' uid may pass through the workspace to work/ (711), never into out/ or in/
+        # (700). ``mkdir`` claims the path (it fails on one that exists); ``owner`` is written next.
+        owner = remote.q(posixpath.join(self.path, "owner"))
         made = self._exec(
-            f"{look}mkdir -p {runs} && mkdir -m 711 {ws} && mkdir -m 700 {ws}/out && mkdir -m 711 {work}{mark}"
+            f"{look}mkdir -p {runs} && mkdir -m 711 {ws} && ( umask 077 && echo {self.token} > {owner} ) "
+            f"&& mkdir -m 700 {ws}/out {ws}/{remote.PRIVATE_DIR} && mkdir -m 711 {work}{mark}"
         )
         if not made.ok:
             raise failure(self.name, f"cannot create {self.path}: {tail(made.stderr)}")
@@ -94,6 +111,20 @@ class Workspace:
         if self.create(bundle):
             return False
         return ensure_bundle(self.host, bundle, self.root, look=False, python=self.python)
+
+    def put_pins(self, pinned: Mapping[str, str]) -> str | None:
+        """Write the pinned values into ``in/`` (``remote.pins_path``; never on a command line, in a
+        directory only the login user can enter); None when nothing is pinned."""
+        if not pinned:
+            return None
+        path = remote.pins_path(self.path)
+        with tempfile.TemporaryDirectory(prefix="crosshost-pins-") as tmp:  # 700, like the file
+            local = Path(tmp) / "pins.env"
+            fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(remote.pins_text(pinned))
+            self.host.put(local, path)
+        return path
 
     def put(self, local: Path, name: str) -> str:
         """Copy a local file into the workspace; its path on the host."""
@@ -149,18 +180,32 @@ class Workspace:
                 "(look for what fills the run's out/)",
             )
 
-    def remove(self, *, kill_first: bool = False, prune_bundles: bool = False) -> None:
-        """Remove it and verify it is gone (``kill_first``: a runner may still run in it). Not gone is
+    def remove(self, *, kill_first: bool = False, prune_bundles: bool = False) -> bool:
+        """Remove it and verify it is gone (``kill_first``: a runner may still run in it); True when
+        nothing of it is left. A workspace at this path that this worker did not create (its
+        ``owner`` is not this token) is left alone, nothing in it killed: False (one it created whose
+        token changed is ``WorkspaceLeft``). Not gone is
         ``WorkspaceLeft``; a host that cannot be asked raises its ``HostError``. ``prune_bundles``: in
         the same exec, keep only the host's newest bundles (never one a run in progress uses)."""
+        ws = remote.q(self.path)
         script = remote.remove_script(self.path, self.python)
         if kill_first:
             script = f"{remote.kill_script(self.path)}; {script}"
+        owner = remote.q(posixpath.join(self.path, "owner"))
+        script = (
+            f'if test -e {ws} || test -L {ws}; then if test "$(head -c 64 {owner} 2>/dev/null)" = {self.token}; '
+            f"then {script}; else echo {NOT_OURS}; fi; fi"
+        )
         if prune_bundles:
             script = f"{script}; gone=$?; {prune_host_bundles_script(self.root)}; exit $gone"
         res = self._exec(script)
         if not res.ok:
             raise WorkspaceLeft(self.name, f"{self.path} is not gone: {tail(res.stderr) or f'exit {res.exit_code}'}")
+        if NOT_OURS not in res.stdout.split():
+            return True
+        if self.created:  # this worker made it: what runs in it changed the token, and it stays
+            raise WorkspaceLeft(self.name, f"{self.path} is not gone: its owner token changed while it ran; left alone")
+        return False
 
     def kill(self) -> None:
         """Kill the runner's process group, if any; a dead host cannot be helped (its worker says so)."""

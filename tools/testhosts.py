@@ -5,8 +5,9 @@
     python tools/testhosts.py down --state /var/tmp/crosshost-hosts
 
 Each host gets its own hostname and its own /root, /tmp and /opt (bind-mounted from its state
-directory, which lives outside the bound paths), a generated ed25519 host key, and the fleet's
-client key in its authorized_keys. The fleet owns a known_hosts (``[127.0.0.1]:PORT key``) and can
+directory, which lives outside the bound paths), its own /etc/machine-id (so each is a machine of
+its own to crosshost's machine identity; two inventory names for one host are one machine), a
+generated ed25519 host key, and the fleet's client key in its authorized_keys. The fleet owns a known_hosts (``[127.0.0.1]:PORT key``) and can
 write an inventory for any set of its hosts. Tests import ``Fleet`` for the destructive operations
 (kill a host with all its sessions, start late, change the host key).
 """
@@ -25,11 +26,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
 HOST_NAME_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+MACHINE_ID = Path("/etc/machine-id")
 
 SSHD_CONFIG = """\
 Port {port}
@@ -259,6 +262,9 @@ class Fleet:
         hosts_file = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else ""
         hosts_file += "".join(f"{addr} {alias}\n" for alias, addr in (etc_hosts or {}).items())
         (host.dir / "etc" / "hosts").write_text(hosts_file)
+        own_id = host.dir / "etc" / "machine-id"
+        if not own_id.exists():  # kept across restarts: the same host stays the same machine
+            own_id.write_text(uuid.uuid4().hex + "\n")
         (host.dir / "sshd_config").write_text(SSHD_CONFIG.format(port=port, dir=host.dir, log_level=log_level))
         self.hosts[name] = host
         self._write_meta()
@@ -281,6 +287,9 @@ class Fleet:
             f"hostname {shlex.quote(name)} && "
             f"mount --bind {d}/root /root && mount --bind {d}/tmp /tmp && mount --bind {d}/opt /opt && "
             f"mount --bind {d}/home /home && mount --bind {d}/etc/hosts /etc/hosts && "
+            # without a machine-id on this machine there is nothing to bind over: the hosts then
+            # have a partial identity (the boot id alone), which never says "the same machine"
+            f"{f'mount --bind {d}/etc/machine-id /etc/machine-id && ' if MACHINE_ID.exists() else ''}"
             f"{_bind_user_files(host.dir)}"
             f"exec {SSHD} -D -f {d}/sshd_config -E {d}/sshd.log"
         )

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agent_runner.fingerprint import NOT_DIGESTED
 from agent_runner.records import Fingerprint
 from orchestrator.analysis.models import (
     Attribution,
@@ -28,8 +29,9 @@ from orchestrator.analysis.models import (
 )
 from orchestrator.dotted import flatten
 
-# The digest summarises every other field and the capture time always differs: neither is a lead.
-_NOT_HOST_FACTS = {"fingerprint", "captured_at"}
+# What the digest leaves out is no lead either: the digest itself, the capture time, the run's own
+# working directory (each host's workspace has a path of its own) and the machine identity (a hash).
+_NOT_HOST_FACTS = NOT_DIGESTED
 
 # Prior order of facts no task named: what a test most often reads first, bookkeeping last.
 _PRIOR = (

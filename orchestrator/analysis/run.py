@@ -47,7 +47,13 @@ from orchestrator.analysis.models import (
 )
 from orchestrator.analysis.shapes import Step, arg_values_differing, shape_edits, step_of, turn_args
 from orchestrator.analysis.stats import DEFAULT_ALPHA, pass_rate, wilson_interval
-from orchestrator.analysis.verdict import AGENT_CALL_KINDS, classify_task, same_fingerprint, who_acts
+from orchestrator.analysis.verdict import (
+    AGENT_CALL_KINDS,
+    classify_task,
+    same_fingerprint,
+    same_host,
+    who_acts,
+)
 from orchestrator.dotted import flatten
 from orchestrator.rundir import AttemptKey, ResultRow, Run, RunDir, load_run
 from orchestrator.selection import TaskSelection
@@ -82,6 +88,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
             summaries[(host, task, attempt)] = summariser.summarise(path, host, task, attempt)
 
     fp_ids = {host: _fingerprint_id(run, host, summaries) for host in run.hosts}
+    machines = {host: fp.same_machine_key for host, fp in run.fingerprints.items()}
     reference = run.reference or (run.hosts[0] if run.hosts else "")
 
     attempts_of: dict[str, int] = {}
@@ -97,7 +104,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
                 if key not in summaries:
                     summaries[key] = _missing_attempt(run, key, rows)
         task_reports.append(
-            _task_report(run, task, n_attempts, summaries, reference, fp_ids, alpha, hold)
+            _task_report(run, task, n_attempts, summaries, reference, fp_ids, alpha, hold, machines)
         )
 
     explained = read_explain(run.dir.explain_path, run.problems)
@@ -114,7 +121,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     comparable = sum(t.comparable for t in task_reports)
     rate = flip_rate(flipped, comparable)
     gate_value = effective_gate(gate, run.gate)
-    reasons = _invalid_reasons(run, summaries, tasks, reference, fp_ids)
+    reasons = _invalid_reasons(run, summaries, tasks, reference, fp_ids, machines)
     burn = burn_findings(run)
     if run.manifest.burn_invalidates:
         reasons += _burn_reasons(burn)
@@ -152,7 +159,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
         burn=burn,
         burn_invalidates=run.manifest.burn_invalidates,
         outside_workspace=outside_workspace(summaries),
-        notes=run.manifest.notes,
+        notes=[*run.manifest.notes, *_same_machine_notes(run.hosts, machines)],
         hold_model=run.manifest.hold_model,
         explain=None if explained is None else explain_spent(explained),
     )
@@ -284,6 +291,7 @@ def _task_report(
     fp_ids: Mapping[str, str | None],
     alpha: float,
     hold: Mapping[str, Any] | None = None,
+    machines: Mapping[str, str | None] | None = None,
 ) -> TaskReport:
     attempts = {h: [summaries[(h, task, a)] for a in range(n_attempts)] for h in run.hosts}
     verdicts = {h: [s.verdict for s in seq] for h, seq in attempts.items()}
@@ -327,7 +335,7 @@ def _task_report(
         shapes_differ[host] = _compare_shapes(report, host, attempts.get(reference, []), seq)
 
     decision = classify_task(
-        verdicts, reference, fp_ids, shapes_differ, flip, alpha=alpha, sampled=sampled
+        verdicts, reference, fp_ids, shapes_differ, flip, alpha=alpha, sampled=sampled, machines=machines
     )
     report.classification = decision.classification
     report.action = who_acts(
@@ -498,6 +506,7 @@ def _invalid_reasons(
     tasks: list[str],
     reference: str,
     fp_ids: Mapping[str, str | None],
+    machines: Mapping[str, str | None],
 ) -> list[str]:
     """Every reason the run is not valid, in the order of the validity rule; empty means valid."""
     reasons: list[str] = []
@@ -514,16 +523,15 @@ def _invalid_reasons(
     if len(replayed) < 2:
         reasons.append(f"fewer than two hosts replayed ({', '.join(replayed) or 'none'})")
     else:
-        distinct = [
-            h
-            for h in replayed
-            if not any(same_fingerprint(fp_ids.get(h), fp_ids.get(g)) for g in replayed if g < h)
-        ]
+        distinct = [h for h in replayed if not any(same_host(h, g, fp_ids, machines) for g in replayed if g < h)]
         if len(distinct) < 2:
             same = ", ".join(h for h in replayed if h != replayed[0])
-            reasons.append(
-                f"no two replayed hosts have different fingerprints ({same} same as {replayed[0]})"
-            )
+            if all(same_fingerprint(machines.get(h), machines.get(replayed[0])) for h in replayed):
+                reasons.append(
+                    f"no two replayed hosts are different machines ({same} the same machine as {replayed[0]})"
+                )
+            else:
+                reasons.append(f"no two replayed hosts have different fingerprints ({same} same as {replayed[0]})")
 
     reasons.extend(_pin_reasons(run, summaries, tasks, reference))
 
@@ -540,6 +548,20 @@ def _invalid_reasons(
                     examples.append(f"{task}.{attempt} step {f.step}: {f.kind}: {message}")
         reasons.append(f"host leakage: {total} finding(s) in traces from {host} (first: {'; '.join(examples)})")
     return reasons
+
+
+def _same_machine_notes(hosts: list[str], machines: Mapping[str, str | None]) -> list[str]:
+    """One note for each host that is an earlier host's machine under another inventory name (their
+    fingerprints may differ: another workspace_root, another user)."""
+    notes = []
+    for i, host in enumerate(hosts):
+        first = next((g for g in hosts[:i] if same_fingerprint(machines.get(host), machines.get(g))), None)
+        if first is not None:
+            notes.append(
+                f"{host} is the same machine as {first} (equal machine identities): compared with each "
+                "other they are same_host, a difference between them is not the host's"
+            )
+    return notes
 
 
 def _pin_reasons(

@@ -3,7 +3,8 @@
 Precedence (highest first), because one task may show several observations at once:
 
 1. ``infra_error``  any ``error`` verdict on any host: nothing else about the task can be trusted.
-2. ``same_host``    no other host has a fingerprint different from the reference's: there was no
+2. ``same_host``    every other host is the reference's host: the same fingerprint, or the same
+                    machine under another inventory name (equal machine identities): there was no
                     second machine, so a verdict difference cannot be attributed to the host.
 3. On deterministic evidence (see ``flips.task_flip``), each host whose fingerprint differs from the
    reference is compared with it (its attempts agree, so each host has one verdict) and the worst
@@ -45,6 +46,17 @@ def same_fingerprint(a: str | None, b: str | None) -> bool:
     return a is not None and a == b
 
 
+def same_host(
+    a: str, b: str, fingerprints: Mapping[str, str | None], machines: Mapping[str, str | None] | None = None
+) -> bool:
+    """Hosts ``a`` and ``b`` are one: equal fingerprints, or equal machine identities (one machine
+    under two inventory names, whatever its working directories or users). ``machines`` holds only
+    identities that can say so (``Fingerprint.same_machine_key``)."""
+    if same_fingerprint(fingerprints.get(a), fingerprints.get(b)):
+        return True
+    return machines is not None and same_fingerprint(machines.get(a), machines.get(b))
+
+
 def pair_classification(reference: str, other: str, shapes_differ: bool) -> str:
     """Two hosts with consistent verdicts (``pass``/``fail``), the reference's first."""
     if reference == "pass" and other == "fail":
@@ -65,15 +77,13 @@ def classify_task(
     *,
     alpha: float = DEFAULT_ALPHA,
     sampled: bool = False,
+    machines: Mapping[str, str | None] | None = None,
 ) -> Decision:
-    """The classification of one task (and, when underpowered, the attempts that could settle it)."""
+    """The classification of one task (and, when underpowered, the attempts that could settle it);
+    ``machines``: each host's machine identity (``same_host``)."""
     if any(not seq or "error" in seq for seq in verdicts.values()):
         return Decision("infra_error")
-    others = [
-        h
-        for h in verdicts
-        if h != reference and not same_fingerprint(fingerprints.get(h), fingerprints.get(reference))
-    ]
+    others = [h for h in verdicts if h != reference and not same_host(h, reference, fingerprints, machines)]
     if not others:
         return Decision("same_host")
     if flip.evidence == DETERMINISTIC:  # every host's attempts agree: one verdict a host

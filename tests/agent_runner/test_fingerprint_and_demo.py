@@ -38,18 +38,33 @@ def test_fingerprint_fields_cwd_tools_and_findings(tmp_path: Path) -> None:
     assert moved["user_home_in_cwd"] and moved["fingerprint"] != data["fingerprint"]
 
 
-def test_fingerprint_run_id_keeps_the_digest_of_a_per_run_directory(tmp_path: Path) -> None:
-    def digest(run_id: str, *extra: str) -> str:
-        work = tmp_path / "runs" / run_id / "work"
+def test_run_specific_paths_never_move_the_digest(tmp_path: Path) -> None:
+    """Each run, and each inventory name of one machine, works in a directory of its own: the digest
+    describes the host, so the working directory is reported but not digested."""
+    def fingerprint(*parts: str) -> dict:
+        work = tmp_path.joinpath(*parts)
         work.mkdir(parents=True, exist_ok=True)
-        done = run_runner("fingerprint", "--cwd", str(work), *extra, env=clean_env(HOME=str(tmp_path)))
+        done = run_runner("fingerprint", "--cwd", str(work), env=clean_env(HOME=str(tmp_path)))
         assert done.returncode == 0, done.stderr
         data = json.loads(done.stdout)
         assert data["cwd"] == str(work)  # the real path is still reported
-        return str(data["fingerprint"])
+        return dict(data)
 
-    assert digest("probe-1a2b", "--run-id", "probe-1a2b") == digest("probe-3c4d", "--run-id", "probe-3c4d")
-    assert digest("probe-1a2b") != digest("probe-3c4d")  # without it, the random directory moves the digest
+    first = fingerprint("root-a", "runs", "probe-1a2b-box-a", "work")
+    second = fingerprint("root-b", "runs", "20261130T120000-3c4d5e-box-a-again", "work")
+    assert first["fingerprint"] == second["fingerprint"]
+    assert first["machine_identity"] == second["machine_identity"]
+
+
+def test_the_machine_identity_is_a_hash_of_the_machine_and_boot_ids_never_the_ids(tmp_path: Path) -> None:
+    done = run_runner("fingerprint", env=clean_env(HOME=str(tmp_path)))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    machine_id = Path("/etc/machine-id").read_text().strip()
+    boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert data["machine_identity_complete"] is True and len(data["machine_identity"]) == 32
+    for raw in (machine_id, boot_id, boot_id.replace("-", "")):
+        assert raw not in done.stdout
 
 
 def _run_demo(out: Path, env: dict[str, str], with_flag: bool, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ under workspace_root on any host that can still be reached.
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from orchestrator.replay import ReplayRequest, replay
 from orchestrator.rundir import RunDir, read_jsonl
 from orchestrator.transport import open_host
+from tests.support.runner import predicate_suite
 
 pytestmark = pytest.mark.sshd
 
@@ -30,23 +30,7 @@ SECRET = "crosshost-test-token-3c1f9a"
 
 def _slow_suite(root: Path, *, tasks: int, sleep_s: float) -> Path:
     """A suite of predicate-only tasks, each sleeping ``sleep_s``: long enough to be killed mid-run."""
-    suite = root / "slow"
-    suite.mkdir()
-    shutil.copy(TRIAGE / "contract.json", suite / "contract.json")
-    shutil.copy(TRIAGE / "tools.json", suite / "tools.json")
-    (suite / "suite.toml").write_text(
-        'name = "slow"\nrepeat = 1\ncontract = "contract.json"\ntools = "tools.json"\n'
-        '[agent]\nkind = "none"\n[budget]\nmax_steps = 2\nmax_bytes = 4096\ntimeout_s = 30\n'
-    )
-    for i in range(tasks):
-        task = suite / "tasks" / f"sleep-{i}"
-        (task / "repo").mkdir(parents=True)
-        (task / "task.toml").write_text('description = "sleeps, then passes"\n[agent]\nkind = "none"\n')
-        (task / "prompt.md").write_text("nothing to do\n")
-        script = task / "repo" / "run_tests.sh"
-        script.write_text(f"#!/bin/sh\nsleep {sleep_s}\necho ok\n")
-        script.chmod(0o755)
-    return suite
+    return predicate_suite(root, f"sleep {sleep_s}\necho ok", tasks=tasks, prefix="sleep")
 
 
 def _left_of_run(inventory_path: Path, run_id: str, skip: set[str] = frozenset()) -> dict[str, str]:
@@ -60,7 +44,7 @@ def _left_of_run(inventory_path: Path, run_id: str, skip: set[str] = frozenset()
         host = open_host(cfg)
         try:
             res = host.exec(
-                ["sh", "-c", f"ls -d {cfg.workspace_root}/runs/{run_id} {cfg.workspace_root}/runs/probe-* "
+                ["sh", "-c", f"ls -d {cfg.workspace_root}/runs/{run_id}* {cfg.workspace_root}/runs/probe-* "
                  f"{cfg.workspace_root}/probe-* "
                  f"{cfg.workspace_root}/bundles/.tmp-* 2>/dev/null; true"],
                 30,
@@ -208,7 +192,7 @@ def test_ctrl_c_and_failure_leave_nothing_behind(sshd_hosts: Any, tmp_path: Path
     for name in ("local", "box-a", "box-b"):
         assert m.hosts[name].workspace_removed is not False, (name, m.hosts[name])
     # the place _left_of_run looks at is where the run really lived: it was there mid-run
-    assert m.run_id in during
+    assert f"{m.run_id}-box-b" in during
     assert _left_of_run(sshd_hosts.inventory_path, m.run_id) == {"local": "", "box-a": "", "box-b": ""}
 
     # A failing runner (an interpreter that exits 1) is exit 3, and its workspace goes too.

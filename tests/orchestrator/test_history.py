@@ -14,6 +14,7 @@ import pytest
 from orchestrator import history, ui
 from orchestrator.errors import InputError
 from orchestrator.rundir import HostRecord, Manifest, SuiteRef
+from tests.support.runner import own_machine_python
 
 HOSTS = ("local", "box-b")
 
@@ -435,7 +436,8 @@ def _two_local_hosts(path: Path, tz_b: str) -> Path:
         f'[defaults]\npython = "{sys.executable}"\nenv_allowlist = ["PATH", "TZ", "LANG"]\n'
         + "".join(
             f'[[hosts]]\nname = "{n}"\ntransport = "local"\nworkspace_root = "{path.parent}/roots/{n}"\n'
-            f'env = {{ TZ = "{tz}", LANG = "{lang}" }}\n'  # LANG differs so the fingerprints do
+            f'python = "{own_machine_python(path.parent, n)}"\n'  # two machines of their own
+            f'env = {{ TZ = "{tz}", LANG = "{lang}" }}\n'
             for n, tz, lang in (("a", "UTC", "C"), ("b", tz_b, "C.UTF-8"))
         )
     )

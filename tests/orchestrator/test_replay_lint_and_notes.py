@@ -10,6 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
+from tests.support.runner import own_machine_python
 
 CONTRACT = {"contract_id": "t.v1", "tools": [{"name": "read_file", "required_args": ["path"]}]}
 
@@ -29,14 +30,14 @@ def _suite(root: Path, task_toml: str = "") -> Path:
 def _inventory(path: Path, *, allow_home: bool = False, pin_tmpdir: bool = False) -> Path:
     allow = ["PATH", "LANG"] + (["HOME"] if allow_home else [])
     lines = [f'[defaults]\npython = "{sys.executable}"\nenv_allowlist = {json.dumps(allow)}\n']
-    for name, lang in (("a", "C"), ("b", "C.UTF-8")):  # LANG differs so the fingerprints do
+    for name, lang in (("a", "C"), ("b", "C.UTF-8")):  # two machines of their own, LANG differs
         env = f'LANG = "{lang}"' + (', TMPDIR = "/var/tmp/mine"' if pin_tmpdir and name == "b" else "")
+        head = (f'[[hosts]]\nname = "{name}"\ntransport = "local"\nworkspace_root = "{path.parent}/roots/{name}"\n'
+                f'python = "{own_machine_python(path.parent, name)}"\n')
         if pin_tmpdir and name == "b":
-            lines.append(f'[[hosts]]\nname = "{name}"\ntransport = "local"\nworkspace_root = "{path.parent}/roots/{name}"\n'
-                         f'env_allowlist = {json.dumps([*allow, "TMPDIR"])}\nenv = {{ {env} }}\n')
+            lines.append(f'{head}env_allowlist = {json.dumps([*allow, "TMPDIR"])}\nenv = {{ {env} }}\n')
         else:
-            lines.append(f'[[hosts]]\nname = "{name}"\ntransport = "local"\nworkspace_root = "{path.parent}/roots/{name}"\n'
-                         f'env = {{ {env} }}\n')
+            lines.append(f'{head}env = {{ {env} }}\n')
     path.write_text("\n".join(lines))
     return path
 

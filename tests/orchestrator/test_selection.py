@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from orchestrator.errors import InputError
 from orchestrator.selection import TaskSelection
+from tests.support.runner import own_machine_python
 
 TASKS = ["net-dns", "net-http", "disk-full", "unicode"]
 TAGS = {"net-dns": ["net"], "net-http": ["net", "slow"], "disk-full": ["disk", "slow"]}
@@ -70,7 +71,7 @@ def _inventory(path: Path) -> Path:
         f'[defaults]\npython = "{sys.executable}"\nenv_allowlist = ["PATH", "LANG"]\n'
         + "".join(
             f'[[hosts]]\nname = "{n}"\ntransport = "local"\nworkspace_root = "{path.parent}/roots/{n}"\n'
-            f'env = {{ LANG = "{lang}" }}\n'
+            f'python = "{own_machine_python(path.parent, n)}"\nenv = {{ LANG = "{lang}" }}\n'
             for n, lang in (("a", "C"), ("b", "C.UTF-8"), ("c", "C.UTF-8"))
         )
     )

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator import workspace
 from orchestrator.archive import ArchiveLimits
-from orchestrator.errors import ArchiveRejected, RunnerCrashed, TransferError
+from orchestrator.errors import ArchiveRejected, RunnerCrashed, TransferError, WorkspaceLeft
 from orchestrator.fanout import Interrupted
 from orchestrator.transport.local import LocalHost
 from orchestrator.workspace import Running, Workspace
@@ -26,12 +26,18 @@ def test_create_makes_a_private_workspace_once_and_remove_leaves_nothing(tmp_pat
     # others (the attempts' uid) may pass through to work/, never list it or enter out/
     assert stat.S_IMODE(path.stat().st_mode) == 0o711 and stat.S_IMODE((path / "out").stat().st_mode) == 0o700
     assert stat.S_IMODE((path / "work").stat().st_mode) == 0o711
+    # in/ (the pinned values) is the login user's alone; the owner token is readable by it alone
+    assert stat.S_IMODE((path / "in").stat().st_mode) == 0o700
+    assert (path / "owner").read_text().strip() == ws.token and stat.S_IMODE((path / "owner").stat().st_mode) == 0o600
+    pins = ws.put_pins({"TZ": "UTC"})
+    assert pins == str(path / "in" / "pins.env") and Path(pins).read_text() == "TZ=UTC\n"
+    assert ws.put_pins({}) is None
     with pytest.raises(RunnerCrashed, match="cannot create"):
         _ws(tmp_path).create()  # an existing workspace is never reused
     with pytest.raises(TransferError, match="cannot create"):
         _ws(tmp_path).create(failure=TransferError)
     assert ws.put(Path(__file__), "x.py") == str(path / "x.py") and (path / "x.py").is_file()
-    ws.remove()
+    assert ws.remove() is True
     assert not path.exists() and list((tmp_path / "root" / "runs").iterdir()) == []
 
 
@@ -61,3 +67,16 @@ def test_a_cancelled_run_never_starts(tmp_path: Path) -> None:
     assert not started.exists()
     ws.run(f"touch {started}", 10, Running())
     assert started.exists()
+
+
+def test_a_workspace_another_worker_made_is_left_alone_and_a_changed_token_is_reported(tmp_path: Path) -> None:
+    ws = _ws(tmp_path)
+    ws.create()
+    other = _ws(tmp_path)  # the same path, another worker
+    with pytest.raises(RunnerCrashed, match="File exists"):
+        other.create()
+    assert other.remove(kill_first=True) is False and Path(ws.path, "work").is_dir()
+    Path(ws.path, "owner").write_text("forged\n")  # what runs in it rewrote the token
+    with pytest.raises(WorkspaceLeft, match="owner token changed"):
+        ws.remove()
+    assert Path(ws.path).is_dir()

@@ -62,6 +62,52 @@ def write_suite(root: Path, tasks: dict[str, dict[str, Any]], *, suite_toml: str
     return root
 
 
+def predicate_suite(root: Path, predicate: str, *, tasks: int, prefix: str = "t", name: str = "slow",
+                    timeout_s: int = 30) -> Path:
+    """``root/<name>``: a suite of predicate-only tasks (no agent), ``<prefix>-0`` ... each running the
+    shell text ``predicate`` as its ``run_tests.sh`` (the triage suite's contract and tools)."""
+    import shutil
+
+    suite = root / name
+    suite.mkdir()
+    shutil.copy(TRIAGE / "contract.json", suite / "contract.json")
+    shutil.copy(TRIAGE / "tools.json", suite / "tools.json")
+    (suite / "suite.toml").write_text(
+        f'name = "{name}"\nrepeat = 1\ncontract = "contract.json"\ntools = "tools.json"\n'
+        f'[agent]\nkind = "none"\n[budget]\nmax_steps = 2\nmax_bytes = 4096\ntimeout_s = {timeout_s}\n'
+    )
+    for i in range(tasks):
+        task = suite / "tasks" / f"{prefix}-{i}"
+        (task / "repo").mkdir(parents=True)
+        (task / "task.toml").write_text('description = "runs its predicate"\n[agent]\nkind = "none"\n')
+        (task / "prompt.md").write_text("nothing to do\n")
+        script = task / "repo" / "run_tests.sh"
+        script.write_text(f"#!/bin/sh\n{predicate}\n")
+        script.chmod(0o755)
+    return suite
+
+
+def own_machine_python(where: Path, name: str) -> Path:
+    """A ``python`` for a ``local`` inventory entry that makes it a machine of its own: the runner runs
+    in a private mount namespace whose /etc/machine-id is ``name``'s, so two local entries are two
+    machines to crosshost's machine identity (two local entries are otherwise one machine:
+    ``same_host``). On a machine without /etc/machine-id it is the interpreter as it is."""
+    import hashlib
+
+    machine_id = where / f"machine-id-{name}"
+    machine_id.parent.mkdir(parents=True, exist_ok=True)
+    machine_id.write_text(hashlib.sha256(name.encode()).hexdigest()[:32] + "\n")
+    wrapper = where / f"python-{name}"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'test -e /etc/machine-id || exec "{sys.executable}" "$@"\n'
+        "exec unshare --mount --propagation private sh -c "
+        f"'mount --bind \"$0\" /etc/machine-id && exec \"$@\"' \"{machine_id}\" \"{sys.executable}\" \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 def run_runner(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
                timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agent_runner", *args], capture_output=True, text=True,
