@@ -58,6 +58,8 @@ def touched_paths(log_text: str, own: Sequence[str]) -> Dict[str, List[str]]:
         if not path.startswith("/") or path.startswith(_PSEUDO):
             continue
         path = path.rstrip("/") or "/"  # "dir/" and "dir" are one path
+        if redact_text(path) != path:  # a credential-shaped name never leaves the host
+            continue
         # under its own directories, or on the way to them (their parents differ as the roots do)
         if any((path + "/").startswith(p) or p.startswith(path.rstrip("/") + "/") for p in prefixes):
             continue

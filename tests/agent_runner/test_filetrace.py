@@ -102,3 +102,9 @@ def test_a_directory_named_with_a_trailing_slash_is_one_path():
         '1  chdir("/tmp/cache") = 0\n'
     )
     assert touched_paths(log, []) == {"/tmp/cache": ["openat", "chdir"]}
+
+
+def test_a_path_whose_name_looks_like_a_credential_is_not_kept():
+    token = "ghp_" + "b" * 36
+    log = f'1  openat(AT_FDCWD, "/opt/cache/{token}/state", O_RDONLY) = 3\n1  openat(AT_FDCWD, "/opt/x", O_RDONLY) = 3\n'
+    assert touched_paths(log, []) == {"/opt/x": ["openat"]}

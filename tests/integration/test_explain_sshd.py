@@ -276,7 +276,7 @@ def test_a_file_only_the_agent_reads_is_named_by_its_path(fresh_sshd_host: Any, 
     run = replay(ReplayRequest(suite_dir=_agent_suite(tmp_path), inventory_path=inventory, out=tmp_path / "runs"))
     assert run.report is not None
     assert {t.task: t.flip for t in run.report.tasks} == {"agent-reads": True, "tool-reads": True}, [
-        (t.task, t.verdicts, t.reasons) for t in run.report.tasks
+        (t.task, t.verdicts, t.why) for t in run.report.tasks
     ]
     out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
     assert out.exit_code == 0 and not out.errors, out.errors
@@ -329,3 +329,39 @@ def test_a_path_that_finds_a_command_is_named_by_the_path_counterfactual(
         assert out.report.tasks[0].cause.startswith(f"with box-c's PATH ({shared}:{plain}), local fails too")
     finally:
         shutil.rmtree(shared)
+
+
+def test_an_exec_agents_own_file_is_named_by_its_path(
+    fresh_sshd_host: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exec agent (a program of its own, here one that asks no model) runs under the trace too."""
+    monkeypatch.setenv("CROSSHOST_IT_EXPLAIN_KEY", "sk-" + "e" * 32)
+    opt = fresh_sshd_host.fleet.hosts["box-c"].dir / "opt" / "crosshost-demo"
+    opt.mkdir(parents=True)
+    (opt / "exec.flag").touch()
+    suite = tmp_path / "exec"
+    (suite / "tasks" / "decide" / "repo").mkdir(parents=True)
+    program = "if [ -e /opt/crosshost-demo/exec.flag ]; then echo new > mode.txt; else echo old > mode.txt; fi"
+    (suite / "suite.toml").write_text(
+        'name = "exec"\nrepeat = 1\n[agent]\nkind = "exec"\n'
+        f"command = {json.dumps(['/bin/sh', '-c', program])}\n"
+        'api = "openai"\nmodel = "m1"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        'api_key_env = "CROSSHOST_IT_EXPLAIN_KEY"\nsampled = false\n[budget]\nmax_steps = 2\ntimeout_s = 30\n'
+    )
+    (suite / "contract.json").write_text(json.dumps({"contract_id": "exec.v1", "tools": [], "invariants": []}))
+    (suite / "tools.json").write_text(json.dumps({"allow": [], "deny": []}))
+    task = suite / "tasks" / "decide"
+    (task / "task.toml").write_text("")
+    (task / "prompt.md").write_text("decide\n")
+    (task / "repo" / "run_tests.sh").write_text('[ "$(cat mode.txt)" = old ] || { echo "FAIL: new mode"; exit 1; }\n')
+    inventory = fresh_sshd_host.inventory_path
+    run = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+    assert run.report is not None and [t.flip for t in run.report.tasks] == [True], [
+        (t.task, t.verdicts, t.why) for t in run.report.tasks
+    ]
+    out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
+    assert out.exit_code == 0 and not out.errors, out.errors
+    [entry] = out.record.tasks
+    assert entry.paths[0].path == "/opt/crosshost-demo/exec.flag" and entry.paths[0].by == ["agent"]
+    assert out.report is not None
+    assert out.report.tasks[0].cause.startswith("the agent looked up /opt/crosshost-demo/exec.flag: present on box-c")
