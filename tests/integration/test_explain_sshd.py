@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +42,11 @@ def test_explain_names_the_locale_counterfactual_and_leaves_nothing(
     flag.touch()
     inventory = _inventory(fresh_sshd_host, tmp_path)
     tasks = ["locale-probe", "feature-flag-probe", "restart-unhealthy-only"]
-    started = time.monotonic()
     run = replay(
         ReplayRequest(
             suite_dir=TRIAGE, inventory_path=inventory, out=tmp_path / "runs", tasks=tasks, repeat=1
         )
     )
-    replay_s = time.monotonic() - started
     report = run.report
     assert report is not None
     flipped = {t.task for t in report.tasks if t.flip}
@@ -59,9 +56,7 @@ def test_explain_names_the_locale_counterfactual_and_leaves_nothing(
     assert by_task["locale-probe"].attribution[0].fields[0].field == "locale.LANG"
     assert "no differing fact named by the task" in by_task["feature-flag-probe"].cause
 
-    started = time.monotonic()
     out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
-    explain_s = time.monotonic() - started
     assert out.exit_code == 0 and not out.errors, out.errors
     record = json.loads((run.run_dir.path / "explain.json").read_text())
     entries = {t["task"]: t for t in record["tasks"]}
@@ -104,8 +99,6 @@ def test_explain_names_the_locale_counterfactual_and_leaves_nothing(
     # no residue of explain's own runs on either host
     for run_id in record["runs"]:
         assert _left_of_run(inventory, run_id) == {"local": "", "box-c": ""}
-    # its cost: within 3 x the replay of these tasks plus 2 s
-    assert explain_s <= 3 * replay_s + 2, (explain_s, replay_s)
 
 
 def test_a_host_without_strace_gets_counterfactuals_and_a_plain_line(
