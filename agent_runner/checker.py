@@ -2,7 +2,10 @@
 
 ``check_turns`` is the one implementation; the runner scores each attempt with it and the controller
 imports it. Leak invariants are checked against every fingerprint given (hostname, home, cwd), so a
-trace replayed on box-b that still carries the reference host's hostname is caught too.
+trace replayed on box-b that still carries the reference host's hostname is caught too. Each leak
+says which rule fired and on what. A match of a generic host name (``vm``, ``api``) is only a
+``weak`` candidate here: whether it is a leak takes the other hosts' arguments, which only the
+controller sees (orchestrator/analysis/leaks.py).
 """
 
 from __future__ import annotations
@@ -10,36 +13,66 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, TextIO, Tuple, Type
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Set,
+    TextIO,
+    Tuple,
+    Type,
+)
 
 from .errors import ContractError, InputError
 from .jsonfile import read_json
 from .trace import read_trace
+from .words import is_generic_name
 
 INVARIANTS = ("no_absolute_local_paths", "no_home_directory_strings", "no_hostname_in_tool_args")
 SHAPE_KINDS = ("unknown_tool", "missing_args", "forbidden_args")
 LEAK_KINDS = ("absolute_local_path", "home_directory", "hostname")
-_INVARIANT_KIND = {
+#: the leak kind each invariant turns on (the controller's cross-host rule reads it too)
+INVARIANT_KIND = {
     "no_absolute_local_paths": "absolute_local_path",
     "no_home_directory_strings": "home_directory",
     "no_hostname_in_tool_args": "hostname",
 }
 
-# An absolute path under a root that only exists on a machine (POSIX), or a drive path (Windows).
-# The look-behind keeps URL paths ("https://h/home/x") and relative paths ("a/tmp/b") out. /etc, /usr,
-# /proc and /dev are the system's: the same path on every host tells nothing about this one.
-_ABSOLUTE_LOCAL = re.compile(
-    r"(?<![\w.~/:\-])/(?:Users|home|root|tmp|var|private|opt|mnt|srv|Volumes|run|media|"
-    r"workspace|workspaces|data|nix|snap)(?=/|$|[\s\"'`,;)\]}])[^\s\"'`,;)\]}]*"
-    r"|(?<![A-Za-z0-9])[A-Za-z]:\\[^\s\"'`,;]*"
-    r"|(?<![A-Za-z0-9])[A-Za-z]:/(?!/)[^\s\"'`,;]*"
+# Every absolute path in an argument: POSIX (the look-arounds keep URL paths such as
+# "https://h/home/x" and relative paths such as "a/tmp/b" out; "box-b:/root/x" is a path) or a Windows
+# drive path. Whether it is a leak is decided by where it points (``TurnChecker._path_rule``).
+_ABSOLUTE_PATH = re.compile(
+    r"(?<![\w.~/\-])/(?!/)[^\s\"'`,;)\]}]+"
+    r"|(?<![\w.\-])[A-Za-z]:\\[^\s\"'`,;]*"
+    r"|(?<![\w.\-])[A-Za-z]:/(?!/)[^\s\"'`,;]*"
 )
+# A home directory of some user (whoever's it is, it exists on one machine only).
+_USER_HOME = re.compile(r"/(?:home|Users)/[^/]+|/root(?=/|$)|[A-Za-z]:[\\/]Users[\\/][^\\/]+", re.IGNORECASE)
+# The user's and the system's temp directories: what is in them was made on this machine, by this run.
+TEMP_ROOTS = ("/tmp", "/var/tmp", "/private/tmp", "/private/var/folders", "/var/folders", "/dev/shm", "/run/user")
+_WINDOWS_TEMP = re.compile(r"[A-Za-z]:[\\/](?:Windows[\\/])?Te?mp(?=[\\/]|$)", re.IGNORECASE)
 _HOME_STRING = re.compile(
     r"(?<![\w.~/\-])~(?:[A-Za-z_][\w\-]*)?(?=/|\\|$|\s)"
     r"|\$HOME\b|\$\{HOME\}|%USERPROFILE%|%HOMEPATH%"
     r"|(?<![\w.~/:\-])/(?:Users|home)/[^/\s\"'`]+"
     r"|(?<![A-Za-z0-9])[A-Za-z]:\\Users\\[^\\\s\"'`]+"
 )
+_EVIDENCE_CHARS = 120  # of an argument string quoted as a finding's evidence
+
+
+class Hit(NamedTuple):
+    """One finding of one turn, without its step: what ``TurnChecker.turn_findings`` returns."""
+
+    kind: str
+    message: str
+    rule: str = ""  # which rule fired (docs/verdicts.md); empty for contract findings
+    evidence: str = ""  # what it fired on: the argument and why it counts
+    weak: bool = False  # a leak candidate that needs cross-host evidence: reported, not a leak
 
 
 @dataclass
@@ -48,18 +81,27 @@ class Finding:
     message: str
     step: Optional[int] = None
     tool: Optional[str] = None
+    rule: str = ""
+    evidence: str = ""
+    weak: bool = False
 
     @property
     def is_leak(self) -> bool:
-        return self.kind in LEAK_KINDS
+        return self.kind in LEAK_KINDS and not self.weak
 
     def line(self) -> str:
         where = f"step {self.step}" if self.step is not None else "trace"
         tool = f" {self.tool}" if self.tool else ""
-        return f"{where}{tool}: {self.kind}: {self.message}"
+        said = f"{where}{tool}: {self.kind}: {self.message}"
+        if self.rule:
+            said += f" [{'weak, ' if self.weak else ''}{self.rule}: {self.evidence}]"
+        return said
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "message": self.message, "step": self.step, "tool": self.tool}
+        record: Dict[str, Any] = {"kind": self.kind, "message": self.message, "step": self.step, "tool": self.tool}
+        if self.rule:
+            record.update(rule=self.rule, evidence=self.evidence, weak=self.weak)
+        return record
 
 
 def _string_list(value: Any, where: str, error: Type[InputError]) -> List[str]:
@@ -96,10 +138,10 @@ def validate_contract(contract: Any, source: str, error: Type[InputError] = Cont
     for invariant in invariants:
         if invariant not in INVARIANTS:
             raise error(f"{source}: unknown invariant {invariant!r} (known: {', '.join(INVARIANTS)})")
-    allowed = _string_list(contract.get("allowed_paths", []), f"{source}: 'allowed_paths'", error)
-    for prefix in allowed:
-        if not prefix.startswith("/") or prefix.rstrip("/") == "":
-            raise error(f"{source}: 'allowed_paths' entry {prefix!r} must be an absolute path prefix below /")
+    for key in ("allowed_paths", "host_paths"):
+        for prefix in _string_list(contract.get(key, []), f"{source}: {key!r}", error):
+            if not prefix.startswith("/") or prefix.rstrip("/") == "":
+                raise error(f"{source}: {key!r} entry {prefix!r} must be an absolute path prefix below /")
     return contract
 
 
@@ -109,15 +151,17 @@ def load_contract(path: "str | os.PathLike[str]") -> Dict[str, Any]:
     return validate_contract(read_json(name, "contract", ContractError), name)
 
 
-def _strings(value: Any) -> Iterator[str]:
+def arg_strings(value: Any, key: str = "", sort_keys: bool = False) -> Iterator[Tuple[str, str]]:
+    """(where, text) of every string in an argument value: ``title``, ``note.deep[0]``; with
+    ``sort_keys`` an object's keys in sorted order (two equal objects may hold them in another)."""
     if isinstance(value, str):
-        yield value
+        yield key, value
     elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
+        for name, item in sorted(value.items()) if sort_keys else value.items():
+            yield from arg_strings(item, f"{key}.{name}" if key else str(name), sort_keys)
     elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _strings(item)
+        for index, item in enumerate(value):
+            yield from arg_strings(item, f"{key}[{index}]", sort_keys)
 
 
 def _path_re(path: str) -> "re.Pattern[str]":
@@ -131,26 +175,70 @@ def _word_re(word: str) -> "re.Pattern[str]":
     return re.compile(r"(?<![A-Za-z0-9])" + re.escape(word) + r"(?![A-Za-z0-9])", re.IGNORECASE)
 
 
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def generic_reason(name: str) -> Optional[str]:
+    """Why a host name is too generic for its match alone to be a leak, or None when it is not."""
+    if len(name) <= 3:
+        return "3 characters or fewer"
+    if is_generic_name(name):
+        return "a dictionary word"
+    return None
+
+
+def host_names(hostname: Any) -> List[str]:
+    """The names a host's hostname is matched by: itself and its first label; ``localhost`` and
+    one-letter names are never matched (every sentence has an "a")."""
+    names: List[str] = []
+    if isinstance(hostname, str) and hostname and hostname.lower() != "localhost":
+        for name in (hostname, hostname.split(".")[0]):
+            if len(name) >= 2 and name not in names:
+                names.append(name)
+    return names
+
+
+def host_dir(value: Any) -> Optional[str]:
+    """A home or working directory worth matching (not ``/`` and not empty), without its trailing /."""
+    if isinstance(value, str) and len(value.rstrip("/")) > 1:
+        return value.rstrip("/")
+    return None
+
+
 def _host_facts(fingerprints: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[str], List[str]]:
     hostnames: List[str] = []
     homes: List[str] = []
     cwds: List[str] = []
     for fingerprint in fingerprints:
-        hostname = fingerprint.get("hostname")
-        if isinstance(hostname, str) and hostname and hostname.lower() != "localhost":
-            for name in (hostname, hostname.split(".")[0]):
-                if len(name) >= 2 and name not in hostnames:
-                    hostnames.append(name)
-        home = fingerprint.get("home")
-        if isinstance(home, str) and len(home.rstrip("/")) > 1 and home not in homes:
-            homes.append(home)
-        cwd = fingerprint.get("cwd")
-        if isinstance(cwd, str) and len(cwd.rstrip("/")) > 1 and cwd not in cwds:
-            cwds.append(cwd)
+        hostnames += [n for n in host_names(fingerprint.get("hostname")) if n not in hostnames]
+        for value, into in ((fingerprint.get("home"), homes), (fingerprint.get("cwd"), cwds)):
+            path = host_dir(value)
+            if path is not None and path not in into:
+                into.append(path)
     return hostnames, homes, cwds
 
 
-LeakMatch = Tuple[str, str, str]  # (kind, matched value, message)
+def quote_evidence(where: str, text: str, start: int = 0, end: int = 0) -> str:
+    """``where='text'``, cut to a window around [start, end) when the string is long."""
+    if len(text) > _EVIDENCE_CHARS:
+        lo = max(0, min(start - _EVIDENCE_CHARS // 3, len(text) - _EVIDENCE_CHARS))
+        text = ("…" if lo else "") + text[lo:lo + _EVIDENCE_CHARS] + ("…" if lo + _EVIDENCE_CHARS < len(text) else "")
+    return f"{where}={text!r}" if where else repr(text)
+
+
+class LeakMatch(NamedTuple):
+    """One leak (or weak candidate) in one argument string."""
+
+    kind: str
+    what: str  # the matched value: the same one twice in a turn is one finding
+    message: str
+    rule: str
+    why: str  # the evidence after the argument's quote
+    start: int
+    weak: bool = False
+
+
 _MEMO_LIMIT = 4096  # argument strings (and turn shapes) remembered at once; the memo is cleared when full
 
 
@@ -173,17 +261,25 @@ class TurnChecker:
         check_homes = "no_home_directory_strings" in self.invariants
         check_hosts = "no_hostname_in_tool_args" in self.invariants
         # (needle for the substring fast path, whole-path pattern, original) per host path
-        self._cwds = [(c.rstrip("/"), _path_re(c), c) for c in cwds] if check_paths else []
-        self._homes = [(h.rstrip("/"), _path_re(h), h) for h in homes] if check_homes else []
-        self._hostnames = [(h.lower(), _word_re(h), h) for h in hostnames] if check_hosts else []
+        self._cwds = [(c, _path_re(c), c) for c in cwds] if check_paths else []
+        self._homes = [(h, _path_re(h), h) for h in homes] if check_homes else []
+        self._home_dirs = homes  # where an absolute path points into a home, whichever invariant is on
+        # (needle, pattern, name, why it is generic or None)
+        self._hostnames = [(h.lower(), _word_re(h), h, generic_reason(h)) for h in hostnames] if check_hosts else []
         self._check_paths, self._check_homes = check_paths, check_homes
-        # paths the contract says are the same on every host (a shared mount, a tool's install dir)
-        self._allowed = tuple(p.rstrip("/") for p in contract.get("allowed_paths", []) if isinstance(p, str))
+
+        def prefixes(key: str) -> Tuple[str, ...]:
+            return tuple(p.rstrip("/") for p in contract.get(key, []) if isinstance(p, str) and p.rstrip("/"))
+
+        # paths the contract says are the same on every host (a shared mount, a tool's install dir),
+        # and paths it says are this host's own (they are leaks like a home directory)
+        self._allowed = prefixes("allowed_paths")
+        self._host_paths = prefixes("host_paths")
         self._leak_memo: Dict[str, Tuple[LeakMatch, ...]] = {}
-        self._turn_memo: Dict[Any, Tuple[Tuple[str, str], ...]] = {}
+        self._turn_memo: Dict[Any, Tuple[Hit, ...]] = {}
 
     def leaks(self, text: str) -> Tuple[LeakMatch, ...]:
-        """Every leak in one argument string, in the order of the invariants."""
+        """Every leak (and weak candidate) in one argument string, in the order of the invariants."""
         found = self._leak_memo.get(text)
         if found is None:
             found = tuple(self._scan(text))
@@ -192,30 +288,78 @@ class TurnChecker:
             self._leak_memo[text] = found
         return found
 
+    def _allowed_path(self, path: str) -> bool:
+        return any(_under(path, p) for p in self._allowed)
+
+    def _path_rule(self, path: str) -> Optional[Tuple[str, str]]:
+        """(rule, why) when ``path`` is host-specific; None for a path that is the same on every host."""
+        for home in self._home_dirs:
+            if _under(path, home):
+                return "user_home", f"under {home}, a host's home directory"
+        someone = _USER_HOME.match(path)
+        if someone is not None:
+            return "user_home", f"under {someone.group(0)}, a home directory"
+        for root in TEMP_ROOTS:
+            if _under(path, root):
+                return "temp_dir", f"under {root}, a temp directory"
+        temp = _WINDOWS_TEMP.match(path)
+        if temp is not None:
+            return "temp_dir", f"under {temp.group(0)}, a temp directory"
+        for prefix in self._host_paths:
+            if _under(path, prefix):
+                return "contract_host_path", f"under {prefix}, one of the contract's host_paths"
+        return None
+
     def _scan(self, text: str) -> Iterator[LeakMatch]:
         if self._check_paths:
+            workspaces: List[str] = []
             for needle, pattern, cwd in self._cwds:
-                if needle in text and pattern.search(text):
-                    yield "absolute_local_path", cwd, f"a host's working directory {cwd!r} in an argument"
-            for match in _ABSOLUTE_LOCAL.finditer(text):
-                path = match.group(0)
-                if any(path == p or path.startswith(p + "/") for p in self._allowed):
+                if needle in text and not self._allowed_path(cwd):
+                    match = pattern.search(text)
+                    if match is not None:
+                        workspaces.append(cwd)
+                        yield LeakMatch("absolute_local_path", cwd, f"a host's working directory {cwd!r} in an argument",
+                                        "workspace", f"holds {cwd}, a host's working directory", match.start())
+            for match in _ABSOLUTE_PATH.finditer(text):
+                path = match.group(0).rstrip(".")
+                if self._allowed_path(path) or any(_under(path, w) for w in workspaces):
                     continue
-                yield "absolute_local_path", path, f"absolute local path {path!r}"
+                specific = self._path_rule(path)
+                if specific is not None:
+                    yield LeakMatch("absolute_local_path", path, f"absolute local path {path!r}", specific[0],
+                                    specific[1], match.start())
         if self._check_homes:
             for needle, pattern, home in self._homes:
-                if needle in text and pattern.search(text):
-                    yield "home_directory", home, f"a host's home directory {home!r} in an argument"
+                if needle in text:
+                    match = pattern.search(text)
+                    if match is not None:
+                        yield LeakMatch("home_directory", home, f"a host's home directory {home!r} in an argument",
+                                        "host_home", f"holds {home}, a host's home directory", match.start())
             for match in _HOME_STRING.finditer(text):
-                yield "home_directory", match.group(0), f"home directory string {match.group(0)!r}"
+                said = match.group(0)
+                shorthand = said[:1] in "~$%"
+                why = "stands for the home directory" if shorthand else "is a home directory"
+                yield LeakMatch("home_directory", said, f"home directory string {said!r}",
+                                "home_shorthand" if shorthand else "user_home", f"{said} {why}", match.start())
         if self._hostnames:
             lowered = text.lower()  # once per string, not once per host
-            for needle, pattern, hostname in self._hostnames:
-                if needle in lowered and pattern.search(text):
-                    yield "hostname", hostname.lower(), f"hostname {hostname!r} in an argument"
+            for needle, pattern, hostname, generic in self._hostnames:
+                if needle in lowered:
+                    match = pattern.search(text)
+                    if match is None:
+                        continue
+                    if generic is None:
+                        yield LeakMatch("hostname", hostname.lower(), f"hostname {hostname!r} in an argument",
+                                        "distinct_hostname", f"holds {hostname!r}, a host's hostname", match.start())
+                    else:
+                        yield LeakMatch("hostname", hostname.lower(), f"hostname {hostname!r} in an argument",
+                                        "generic_hostname",
+                                        f"holds {hostname!r}, a host's hostname, but a generic one ({generic}): a leak only "
+                                        "where another host's arguments differ by their own hostname", match.start(),
+                                        True)
 
-    def turn_findings(self, name: str, args: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
-        """(kind, message) of every finding in one turn, without its step; see ``check``."""
+    def turn_findings(self, name: str, args: Dict[str, Any]) -> Tuple[Hit, ...]:
+        """Every finding of one turn, without its step; see ``check``."""
         try:
             key: Any = (name, tuple(args.items()))
             found = self._turn_memo.get(key)
@@ -231,24 +375,25 @@ class TurnChecker:
                 self._turn_memo[key] = found
         return found
 
-    def _turn_findings(self, name: str, args: Dict[str, Any]) -> Tuple[Tuple[str, str], ...]:
-        found: List[Tuple[str, str]] = []
+    def _turn_findings(self, name: str, args: Dict[str, Any]) -> Tuple[Hit, ...]:
+        found: List[Hit] = []
         spec = self.tools.get(name)
         if spec is None:
-            found.append(("unknown_tool", f"{name!r} is not in contract {self.contract_id}"))
+            found.append(Hit("unknown_tool", f"{name!r} is not in contract {self.contract_id}"))
         else:
             for arg in spec.get("required_args", []):
                 if arg not in args:
-                    found.append(("missing_args", f"required argument {arg!r} is missing"))
+                    found.append(Hit("missing_args", f"required argument {arg!r} is missing"))
             for arg in spec.get("forbidden_args", []):
                 if arg in args:
-                    found.append(("forbidden_args", f"forbidden argument {arg!r} is present"))
+                    found.append(Hit("forbidden_args", f"forbidden argument {arg!r} is present"))
         seen: Set[Tuple[str, str]] = set()
-        for text in _strings(args):
-            for kind, what, message in self.leaks(text):
-                if (kind, what) not in seen:
-                    seen.add((kind, what))
-                    found.append((kind, message))
+        for where, text in arg_strings(args):
+            for leak in self.leaks(text):
+                if (leak.kind, leak.what) not in seen:
+                    seen.add((leak.kind, leak.what))
+                    evidence = f"{quote_evidence(where, text, leak.start)}: {leak.why}"
+                    found.append(Hit(leak.kind, leak.message, leak.rule, evidence, leak.weak))
         return tuple(found)
 
     def check(self, turns: Iterable[Dict[str, Any]]) -> List[Finding]:
@@ -258,14 +403,16 @@ class TurnChecker:
             name = str(turn.get("tool"))
             raw_args = turn.get("args")
             args: Dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
-            for kind, message in self.turn_findings(name, args):
-                findings.append(Finding(kind, message, step, name))
+            for hit in self.turn_findings(name, args):
+                findings.append(Finding(hit.kind, hit.message, step, name, hit.rule, hit.evidence, hit.weak))
         return findings
 
 
 def check_turns(contract: Dict[str, Any], turns: Iterable[Dict[str, Any]],
                 fingerprints: Sequence[Dict[str, Any]]) -> List[Finding]:
-    """Every contract violation and host leak in ``turns`` (dicts with "step", "tool", "args")."""
+    """Every contract violation, host leak and weak leak candidate in ``turns`` (dicts with "step",
+    "tool", "args"). Only ``is_leak`` findings and contract findings fail an attempt; a weak one is
+    reported and left to the controller, which alone sees the other hosts' arguments."""
     return TurnChecker(contract, fingerprints).check(turns)
 
 
@@ -280,13 +427,14 @@ def load_fingerprints(path: "str | os.PathLike[str]") -> List[Dict[str, Any]]:
 
 
 def check_files(contract_path: str, trace_path: str, fingerprint_path: str, out: TextIO) -> int:
-    """The ``check`` command: PASS or FAIL and one reason a line; 0 pass, 1 fail (2 is raised)."""
+    """The ``check`` command: PASS or FAIL and one reason a line, then one ``weak:`` line per weak
+    finding (they do not fail it); 0 pass, 1 fail (2 is raised)."""
     contract = load_contract(contract_path)
     fingerprints = load_fingerprints(fingerprint_path)
     trace = read_trace(trace_path)
     findings = check_turns(contract, trace.turns, fingerprints)
-    reasons = [f.line() for f in findings] + [f"trace: {p}" for p in trace.problems]
+    reasons = [f.line() for f in findings if not f.weak] + [f"trace: {p}" for p in trace.problems]
     out.write(("FAIL" if reasons else "PASS") + "\n")
-    for reason in reasons:
+    for reason in reasons + [f"weak: {f.line()}" for f in findings if f.weak]:
         out.write(reason + "\n")
     return 1 if reasons else 0

@@ -193,7 +193,9 @@ class Runner:
             writer = TraceWriter(trace_path, obs_path, announce_under=self.out)
             writer.header(run_id=self.run_id, host=self.host, task=task.id, attempt=attempt,
                           fingerprint=digest, pins=pins, env_sha=this_env_sha,
-                          agent=task.agent.kind)
+                          agent=task.agent.kind,
+                          # the controller's cross-host leak rule recognises these in any form
+                          dirs={"attempt": str(attempt_dir), "cwd": str(work), "home": str(home), "tmp": str(tmp)})
             strace = filetrace.strace_path() if self.options.trace_files else None
             tracer = filetrace.Tracer(strace, scratch) if strace else None
             outcome = self._run_agent(task, work, env, scratch, writer, started,
@@ -209,7 +211,7 @@ class Runner:
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
             findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []
             reasons = golden.score(task, outcome.turns, outcome.reason)
-            reasons += [f"contract: {f.line()}" for f in findings]
+            reasons += [f"contract: {f.line()}" for f in findings if not f.weak]  # weak: the controller decides
             if outcome.infra_error is not None or predicate_error is not None:
                 verdict, why = "error", outcome.infra_error or predicate_error or ""
             else:

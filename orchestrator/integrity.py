@@ -91,7 +91,10 @@ def _disagreement(row: ResultRow, finish: dict[str, object]) -> list[str]:
     if row.verdict == "pass":
         if finish.get("predicate_exit") not in (None, 0):
             why.append(f"pass although the predicate exited {finish.get('predicate_exit')}")
-        if finish.get("findings"):
+        found = finish.get("findings")
+        # a weak finding is reported and does not fail an attempt (docs/verdicts.md)
+        if found and (not isinstance(found, list) or any(not (isinstance(f, dict) and f.get("weak") is True)
+                                                          for f in found)):
             why.append("pass although its trace has contract findings")
     return why
 

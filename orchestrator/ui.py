@@ -34,6 +34,7 @@ from orchestrator.report import (
     rate_text,
     rates_legend,
     validity_line,
+    weak_line,
 )
 
 if TYPE_CHECKING:
@@ -258,6 +259,9 @@ def report_table(report: RunReport) -> RenderableType:
     parts: list[RenderableType] = [table, validity, gate]
     parts += [plain(line, style="yellow") for line in burn_lines(report)]
     parts += [plain(line, style="yellow") for line in outside_workspace_lines(report)]
+    weak = weak_line(report)
+    if weak:
+        parts.append(plain(weak, style="dim"))
     parts += [plain(f"note: {note}", style="dim") for note in report.notes]
     if report.error_attempts:
         parts.append(plain(errors_line(report), style="yellow"))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_runner.checker import LEAK_KINDS, TurnChecker
+from agent_runner.checker import LEAK_KINDS, Hit, TurnChecker
 from agent_runner.errors import TraceError
 from agent_runner.records import TraceHeader
 from agent_runner.trace import fp, iter_records
@@ -32,6 +32,9 @@ class CheckFinding:
     tool: str | None
     message: str
     is_leak: bool
+    rule: str = ""  # which rule fired, and on what (docs/verdicts.md); empty for contract findings
+    evidence: str = ""
+    weak: bool = False
 
 
 @dataclass
@@ -49,9 +52,13 @@ class AttemptSummary:
     shape_hash: str = ""
     values_hash: str = ""
     answers_hash: str = ""  # the tools' answers (obs_fp), step by step
-    findings: list[CheckFinding] = field(default_factory=list)
+    findings: list[CheckFinding] = field(default_factory=list)  # contract findings and leaks
     n_findings: int = 0
     n_leaks: int = 0
+    weak: list[CheckFinding] = field(default_factory=list)  # leak candidates without cross-host evidence
+    n_weak: int = 0
+    #: the attempt's own directories on its host (the trace header's ``dirs``): attempt, cwd, home, tmp
+    dirs: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     n_problems: int = 0
     #: files the attempt's uid left outside its workspace (the runner's finish record, capped)
@@ -82,7 +89,7 @@ class TraceSummariser:
         self.contract = contract
         self.fingerprints = fingerprints
         self._checker: TurnChecker | None = None
-        self._memo: dict[Any, tuple[bytes, tuple[tuple[str, str], ...]]] = {}
+        self._memo: dict[Any, tuple[bytes, tuple[Hit, ...]]] = {}
 
     def _turn_checker(self) -> TurnChecker | None:
         if self.contract is None:
@@ -91,7 +98,7 @@ class TraceSummariser:
             self._checker = TurnChecker(dict(self.contract), [dict(f) for f in self.fingerprints])
         return self._checker
 
-    def _work_out(self, tool: str, args: dict[str, Any]) -> tuple[bytes, tuple[tuple[str, str], ...]]:
+    def _work_out(self, tool: str, args: dict[str, Any]) -> tuple[bytes, tuple[Hit, ...]]:
         checker = self._turn_checker()
         return shape_line(tool, args), checker.turn_findings(tool, args) if checker is not None else ()
 
@@ -141,6 +148,9 @@ class TraceSummariser:
                     header = TraceHeader.from_json(record)  # an older schema's pins migrated
                     summary.fingerprint = header.fingerprint or None
                     summary.pins = header.pins if isinstance(record.get("pins"), dict) else None
+                    dirs = record.get("dirs")
+                    if isinstance(dirs, dict):
+                        summary.dirs = {k: v for k, v in dirs.items() if isinstance(k, str) and isinstance(v, str)}
                 elif kind == "finish":
                     finish = record
                 else:
@@ -155,13 +165,25 @@ class TraceSummariser:
         return summary
 
 
-def _record_findings(summary: AttemptSummary, found: tuple[tuple[str, str], ...], step: Any, tool: str) -> None:
-    for kind, message in found:
-        is_leak = kind in LEAK_KINDS
-        summary.n_findings += 1
-        summary.n_leaks += is_leak
-        if len(summary.findings) < KEEP_FINDINGS:
-            summary.findings.append(CheckFinding(kind=kind, step=step, tool=tool, message=message, is_leak=is_leak))
+def _record_findings(summary: AttemptSummary, found: tuple[Hit, ...], step: Any, tool: str) -> None:
+    for hit in found:
+        record_finding(summary, CheckFinding(
+            kind=hit.kind, step=step, tool=tool, message=hit.message, is_leak=hit.kind in LEAK_KINDS and not hit.weak,
+            rule=hit.rule, evidence=hit.evidence, weak=hit.weak,
+        ))  # fmt: skip
+
+
+def record_finding(summary: AttemptSummary, finding: CheckFinding) -> None:
+    """Count one finding of the attempt and keep it while the list has room (weak ones apart)."""
+    if finding.weak:
+        summary.n_weak += 1
+        if len(summary.weak) < KEEP_FINDINGS:
+            summary.weak.append(finding)
+        return
+    summary.n_findings += 1
+    summary.n_leaks += finding.is_leak
+    if len(summary.findings) < KEEP_FINDINGS:
+        summary.findings.append(finding)
 
 
 def _settle_verdict(summary: AttemptSummary, path: Path, finish: dict[str, Any] | None) -> None:

@@ -53,6 +53,9 @@ class Leak(BaseModel):
     attempt: int = 0
     tool: str | None = None
     message: str = ""
+    #: which rule fired (docs/verdicts.md, e.g. ``distinct_hostname``, ``cross_host``) and on what
+    rule: str = ""
+    evidence: str = ""
 
 
 class ShapeDiff(BaseModel):
@@ -189,6 +192,8 @@ class TaskReport(BaseModel):
     predicate_output: dict[str, list[str | None]] = Field(default_factory=dict)
     args_diff: list[ArgsDiff] = Field(default_factory=list)
     findings: list[Leak] = Field(default_factory=list)  # contract findings that are not leaks
+    #: leak candidates without the cross-host evidence a generic host name needs: reported, not leaks
+    weak: list[Leak] = Field(default_factory=list)
     attribution: list[Attribution] = Field(default_factory=list)
     #: a flipped task's cause in one line (the terminal table shows it); the evidence is in attribution
     cause: str = ""

@@ -30,6 +30,7 @@ from orchestrator.analysis.flips import (
     pass_hat_k,
     task_flip,
 )
+from orchestrator.analysis.leaks import cross_host_leaks
 from orchestrator.analysis.models import (
     ACTIONS,
     PREDICATE_OUTPUT_CAP,
@@ -90,6 +91,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     fp_ids = {host: _fingerprint_id(run, host, summaries) for host in run.hosts}
     machines = {host: fp.same_machine_key for host, fp in run.fingerprints.items()}
     reference = run.reference or (run.hosts[0] if run.hosts else "")
+    cross_host_leaks(summaries, run.fingerprints, contract, run.hosts, reference)
 
     attempts_of: dict[str, int] = {}
     for _, task, attempt in (*summaries, *rows):
@@ -322,11 +324,12 @@ def _task_report(
     for seq in attempts.values():
         for s in seq:
             report.problems.extend(s.problems)
-            for f in s.findings:
+            for f in [*s.findings, *s.weak]:
                 entry = Leak(
-                    host=s.host, step=f.step, kind=f.kind, attempt=s.attempt, tool=f.tool, message=f.message
-                )
-                (report.leaks if f.is_leak else report.findings).append(entry)
+                    host=s.host, step=f.step, kind=f.kind, attempt=s.attempt, tool=f.tool, message=f.message,
+                    rule=f.rule, evidence=f.evidence,
+                )  # fmt: skip
+                (report.weak if f.weak else report.leaks if f.is_leak else report.findings).append(entry)
 
     shapes_differ: dict[str, bool] = {}
     for host, seq in attempts.items():
@@ -545,7 +548,7 @@ def _invalid_reasons(
             for f in s.findings:
                 if f.is_leak and len(examples) < MAX_LEAK_EXAMPLES:
                     message = f.message if len(f.message) <= 100 else f.message[:97] + "..."
-                    examples.append(f"{task}.{attempt} step {f.step}: {f.kind}: {message}")
+                    examples.append(f"{task}.{attempt} step {f.step}: {f.kind} [{f.rule}]: {message}")
         reasons.append(f"host leakage: {total} finding(s) in traces from {host} (first: {'; '.join(examples)})")
     return reasons
 

@@ -8,6 +8,7 @@ Every renderer reads the ``RunReport`` (the HTML page also reads the run's trace
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -16,7 +17,7 @@ from orchestrator.analysis import analyse_run
 from orchestrator.analysis.attribution import again_line, path_line, shown, trial_line
 from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.flips import attempt_pairs
-from orchestrator.analysis.models import HostRate, RunReport, TaskReport
+from orchestrator.analysis.models import HostRate, Leak, RunReport, TaskReport
 from orchestrator.rundir import write_bytes_atomic
 from orchestrator.selection import TaskSelection
 
@@ -75,6 +76,18 @@ def outside_workspace_lines(report: RunReport) -> list[str]:
             f"the host (not a verdict): {', '.join(f.paths)}{more}"
         )
     return lines
+
+
+def weak_line(report: RunReport) -> str | None:
+    """How many weak findings the run has and the first: they are no leaks, but a user should see them."""
+    weak = [(t.task, w) for t in report.tasks for w in t.weak]
+    if not weak:
+        return None
+    task, first = weak[0]
+    return (
+        f"weak: {len(weak)} finding(s) of a generic host name without cross-host evidence, not leaks (first: "
+        f"{task}.{first.attempt} on {first.host} step {first.step}: {first.message})"
+    )
 
 
 def validity_line(report: RunReport) -> str:
@@ -157,6 +170,9 @@ def render_markdown(report: RunReport) -> str:
     out += [f"  - {_md(reason)}" for reason in report.invalid_reasons]
     out += [f"- {_md(line)}" for line in burn_lines(report)]
     out += [f"- {_md(line)}" for line in outside_workspace_lines(report)]
+    weak_summary = weak_line(report)
+    if weak_summary:
+        out.append(f"- {_md(weak_summary)}")
     out += [f"- note: {_md(note)}" for note in report.notes]
     if report.explain:
         out.append(f"- {_md(report.explain)}")
@@ -195,7 +211,7 @@ def render_markdown(report: RunReport) -> str:
         out += ["", f"## Held model ({report.hold_model})", ""]
         out += [f"- {_md(t.task)}: {_md(line)}" for t in held for line in t.model_hold]
     details = [
-        t for t in report.tasks if t.classification != "agree" or t.leaks or t.shape_diff or t.args_diff
+        t for t in report.tasks if t.classification != "agree" or t.leaks or t.weak or t.shape_diff or t.args_diff
     ]
     if details:
         out += ["", "## Details"]
@@ -223,7 +239,12 @@ def render_markdown(report: RunReport) -> str:
             out += [f"  - `{_md(v.key)}`: {_md(_quoted(v.reference))} → {_md(_quoted(v.other))}" for v in a.values]
         for leak in task.leaks:
             out.append(
-                f"- leak on {_md(leak.host)} attempt {leak.attempt} step {leak.step}: {leak.kind}: {_md(leak.message)}"
+                f"- leak on {_md(leak.host)} attempt {leak.attempt} step {leak.step}: {leak_line(leak, _md)}"
+            )
+        for weak in task.weak:
+            out.append(
+                f"- weak finding (not a leak) on {_md(weak.host)} attempt {weak.attempt} step {weak.step}: "
+                f"{leak_line(weak, _md)}"
             )
         for f in task.findings:
             out.append(
@@ -257,6 +278,13 @@ def _markdown_explain(task: TaskReport, reference: str) -> list[str]:
     out += [f"- explain, file evidence: {_md(path_line(p))}" for p in entry.paths]
     out += [f"- explain: {_md(line)}" for line in entry.not_collected]
     return out
+
+
+def leak_line(leak: Leak, text: Callable[[str], str] = str) -> str:
+    """``kind [rule]: message (evidence)``: which rule fired and on what; ``text`` escapes host text."""
+    rule = f" [{leak.rule}]" if leak.rule else ""
+    evidence = f" ({text(leak.evidence)})" if leak.evidence else ""
+    return f"{leak.kind}{rule}: {text(leak.message)}{evidence}"
 
 
 def _quoted(value: str | None) -> str:
@@ -301,7 +329,7 @@ def _failure_text(task: TaskReport, report: RunReport) -> str:
     for host, verdicts in task.verdicts.items():
         lines.append(f"{host}{' (ref)' if host == report.reference else ''}: {' '.join(verdicts)}")
         lines += [f"  attempt {i}: {why}" for i, why in enumerate(task.why.get(host, [])) if why]
-    lines += [f"leak: {leak.host} step {leak.step}: {leak.kind}: {leak.message}" for leak in task.leaks]
+    lines += [f"leak: {leak.host} step {leak.step}: {leak_line(leak)}" for leak in task.leaks]
     return "\n".join(lines)
 
 

@@ -45,6 +45,7 @@ _TASK_FIELDS = (
     "action",
     "why",
     "leaks",
+    "weak",
     "findings",
     "shape_diff",
     "args_diff",
@@ -281,7 +282,7 @@ def _task_order(report: RunReport) -> list[TaskReport]:
     def weight(t: TaskReport) -> int:
         if t.flip:
             return 0
-        if t.classification != "agree" or t.leaks or t.shape_diff or t.args_diff:
+        if t.classification != "agree" or t.leaks or t.weak or t.shape_diff or t.args_diff:
             return 1
         return 2
 

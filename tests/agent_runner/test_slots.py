@@ -13,7 +13,8 @@ from typing import Any
 from tests.support.runner import REPO, clean_env, records, run_runner, write_suite
 
 #: fields that say when or how long, not what happened
-_TIMING = {"wall_ms", "ts", "t_ms", "elapsed_ms", "started", "finished", "duration_ms"}
+# timing, and the attempt's own directories (each attempt gets new ones, in any slot)
+_TIMING = {"wall_ms", "ts", "t_ms", "elapsed_ms", "started", "finished", "duration_ms", "dirs"}
 
 
 def _suite(tmp_path: Path, log: Path, n: int = 8, sleep_s: float = 1.0) -> Path:

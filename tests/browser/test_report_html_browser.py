@@ -274,3 +274,28 @@ def test_explain_evidence_and_the_cause_are_on_the_page(browser, tmp_path):
     assert shown["cause"] == "cause: " + cause and shown["markup"] == 0  # a path's markup is text
     # the evidence is not shown a second time as a raw JSON blob
     assert page.evaluate("[...document.querySelectorAll('#task h3')].map(h => h.textContent)").count("explain") == 0
+
+
+def test_a_tasks_leaks_and_weak_findings_show_their_rule_and_evidence(browser, tmp_path):
+    from tests.support.rundirs import Attempt, RunSpec, build_run, fingerprint
+
+    hosts = {"vm": fingerprint("vm", "a" * 16), "box-b": fingerprint("box-b", "b" * 16, python="CPython 3.11.9")}
+    calls = {"vm": "record-for-vm", "box-b": "record-for-box-b"}
+    attempts = {(h, "t1", 0): Attempt("pass", calls=[("restart_unit", {"unit": "x", "reason": calls[h]}),
+                                                      ("restart_unit", {"unit": "x", "reason": "vm.swappiness"})])
+                for h in hosts}  # fmt: skip
+    run = build_run(tmp_path / "runs", RunSpec(hosts=hosts, attempts=attempts))
+    write_reports(run, analyse_run(run))
+    page = _open(browser, (run / "report.html").as_uri() + "#task=t1")
+    page.wait_for("!document.getElementById('task').hidden")
+    lists = page.evaluate(
+        """Object.fromEntries([...document.querySelectorAll('#task h3')].filter(h => h.nextElementSibling &&
+            h.nextElementSibling.tagName === 'UL').map(h => [h.textContent,
+            [...h.nextElementSibling.querySelectorAll('li')].map(li => li.textContent)]))"""
+    )
+    leaks = lists["Leaks"]
+    assert any(line.startswith("vm attempt 0 step 1: hostname [cross_host]: ") and "'record-for-box-b'" in line
+               for line in leaks), leaks  # fmt: skip
+    weak = lists["Weak findings (not leaks: no cross-host evidence)"]
+    assert any(line.startswith("vm attempt 0 step 2: hostname [generic_hostname]: ") for line in weak), weak
+    assert page.console_errors() == []

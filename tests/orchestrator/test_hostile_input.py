@@ -527,7 +527,7 @@ def test_a_contract_can_allow_path_prefixes_that_are_the_same_on_every_host() ->
     from agent_runner.errors import ContractError
 
     contract = {"contract_id": "c", "tools": [{"name": "note", "required_args": ["text"]}],
-                "invariants": ["no_absolute_local_paths"], "allowed_paths": ["/opt/shared"]}  # fmt: skip
+                "invariants": ["no_absolute_local_paths"], "host_paths": ["/opt"], "allowed_paths": ["/opt/shared"]}  # fmt: skip
     turns = [{"step": i, "tool": "note", "args": {"text": t}}
              for i, t in enumerate(["/opt/shared/tool", "/opt/shared", "/opt/sharedx/a", "/opt/other"], 1)]  # fmt: skip
     found = [f.step for f in check_turns(validate_contract(contract, "c.json"), turns, [])]

@@ -70,6 +70,7 @@ class Attempt:
     why: str = ""
     predicate_output: str | None = None
     answers: Sequence[str] | None = None  # what the tool answered per call (default "ok")
+    dirs: dict[str, str] | None = None  # the header's ``dirs``: the attempt's own directories on its host
 
 
 @dataclass
@@ -86,6 +87,7 @@ def trace_lines(run_id: str, host: str, task: str, attempt: int, fid: str, a: At
     header = TraceHeader(
         run_id=run_id, host=host, task=task, attempt=attempt, fingerprint=fid,
         pins=a.pins if a.pins is not None else PINS, env_sha=fid, agent="scripted",
+        extra={"dirs": a.dirs} if a.dirs is not None else {},
     )  # fmt: skip
     lines = [json.dumps(header.to_json())]
     for step, (tool, args) in enumerate(a.calls, 1):

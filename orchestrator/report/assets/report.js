@@ -300,7 +300,11 @@
          r.p_value === null ? "—" : r.p_value.toPrecision(3), r.differs ? "yes" : ""].forEach(function (c) { add(tr, el("td", null, c)); });
       });
     }
-    list(section, "Leaks", t.leaks, function (l) { return l.host + " attempt " + l.attempt + " step " + l.step + ": " + l.kind + ": " + l.message; });
+    function leakLine(l) {
+      return l.host + " attempt " + l.attempt + " step " + l.step + ": " + l.kind + (l.rule ? " [" + l.rule + "]" : "") + ": " + l.message + (l.evidence ? " (" + l.evidence + ")" : "");
+    }
+    list(section, "Leaks", t.leaks, leakLine);
+    list(section, "Weak findings (not leaks: no cross-host evidence)", t.weak || [], leakLine);
     list(section, "Contract findings", t.findings, function (l) { return l.host + " attempt " + l.attempt + " step " + l.step + ": " + l.kind + ": " + l.message; });
     list(section, "Problems", t.problems, function (p) { return p; });
     list(section, "Model held", t.model_hold, function (p) { return p; });
