@@ -161,6 +161,8 @@ class TraceSummariser:
         summary.shape_hash = hasher.shape_hash
         summary.values_hash = hasher.values_hash
         summary.answers_hash = hasher.answers_hash
+        if finish is not None and not summary.n_problems and not summary.n_leaks:
+            _runner_leaks(summary, finish)
         _settle_verdict(summary, path, finish)
         return summary
 
@@ -184,6 +186,20 @@ def record_finding(summary: AttemptSummary, finding: CheckFinding) -> None:
     summary.n_leaks += finding.is_leak
     if len(summary.findings) < KEEP_FINDINGS:
         summary.findings.append(finding)
+
+
+def _runner_leaks(summary: AttemptSummary, finish: dict[str, Any]) -> None:
+    """The runner's own leaks from the finish record, for a trace the controller found none in: the
+    runner also knew the attempt's own directories, which no fingerprint holds."""
+    found = finish.get("findings")
+    for f in found if isinstance(found, list) else []:
+        if isinstance(f, dict) and f.get("kind") in LEAK_KINDS and f.get("weak") is not True:
+            step, tool = f.get("step"), f.get("tool")
+            record_finding(summary, CheckFinding(
+                kind=str(f["kind"]), step=step if isinstance(step, int) else None,
+                tool=tool if isinstance(tool, str) else None, message=str(f.get("message") or ""), is_leak=True,
+                rule=str(f.get("rule") or ""), evidence=str(f.get("evidence") or ""),
+            ))  # fmt: skip
 
 
 def _settle_verdict(summary: AttemptSummary, path: Path, finish: dict[str, Any] | None) -> None:

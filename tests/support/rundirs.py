@@ -71,6 +71,7 @@ class Attempt:
     predicate_output: str | None = None
     answers: Sequence[str] | None = None  # what the tool answered per call (default "ok")
     dirs: dict[str, str] | None = None  # the header's ``dirs``: the attempt's own directories on its host
+    findings: list[dict[str, Any]] | None = None  # the runner's findings in the finish record
 
 
 @dataclass
@@ -96,7 +97,7 @@ def trace_lines(run_id: str, host: str, task: str, attempt: int, fid: str, a: At
         lines.append(json.dumps(turn.to_json()))
     finish = TraceFinish(
         reason="stop", final=f"done on {host}", predicate_exit=0 if a.verdict == "pass" else 1,
-        verdict=a.verdict, why=a.why or a.verdict, wall_ms=5, steps=len(a.calls), findings=[],
+        verdict=a.verdict, why=a.why or a.verdict, wall_ms=5, steps=len(a.calls), findings=a.findings or [],
         predicate_output=a.predicate_output,
     )  # fmt: skip
     lines.append(json.dumps(finish.to_json()))

@@ -129,3 +129,22 @@ def test_the_terminal_shows_the_rule_of_a_leak_and_the_weak_findings(tmp_path: P
     text = " ".join(out.output.split())
     assert "host leakage: 1 finding(s) in traces from vm (first: t1.0 step 1: hostname [cross_host]: " in text
     assert "weak: 2 finding(s) of a generic host name without cross-host evidence, not leaks (first: t1.0 on vm step 2" in text
+
+
+def test_a_leak_only_the_runner_could_see_is_the_runs_leak_too(tmp_path: Path) -> None:
+    # the attempt's own directory is in no fingerprint: the runner's finding is the evidence
+    path = "/srv/elsewhere/t1.0.k3j9/work/status.txt"
+    seen = {"step": 1, "kind": "absolute_local_path", "tool": "restart_unit", "rule": "workspace", "weak": False,
+            "message": "a host's working directory '/srv/elsewhere/t1.0.k3j9' in an argument",
+            "evidence": f"reason={path!r}: holds /srv/elsewhere/t1.0.k3j9, a host's working directory"}  # fmt: skip
+    weak = {**seen, "kind": "hostname", "rule": "generic_hostname", "weak": True}
+    spec = RunSpec(hosts=_hosts(), attempts={
+        ("vm", "t1", 0): Attempt("fail", calls=[_restart(path)], findings=[seen, weak]),
+        ("box-b", "t1", 0): Attempt("pass", calls=[_restart("fine")]),
+    })  # fmt: skip
+    report = analyse_run(build_run(tmp_path, spec))
+    [task] = report.tasks
+    assert [(leak.host, leak.kind, leak.rule, leak.evidence) for leak in task.leaks] == [
+        ("vm", "absolute_local_path", "workspace", seen["evidence"])]  # fmt: skip
+    assert task.weak == []  # the analysis judges generic names itself
+    assert not report.valid and report.invalid_reasons[-1].startswith("host leakage: 1 finding(s) in traces from vm")
