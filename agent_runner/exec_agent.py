@@ -37,7 +37,15 @@ from .sandbox import NONE, Sandbox, reachable_by_others
 from .suite import AgentSpec, Task
 from .tools import kill_group
 from .trace import TraceWriter
-from .wire import API_BASE_PATH, EXEC_PREFIX, MODEL_PASS_ENV, MODEL_URL_ENV, TURNS_PATH, proxy_root
+from .wire import (
+    API_BASE_PATH,
+    ATTEMPT_PATH,
+    EXEC_PREFIX,
+    MODEL_PASS_ENV,
+    MODEL_URL_ENV,
+    TURNS_PATH,
+    proxy_root,
+)
 
 MCP_CONFIG = ".mcp.json"
 #: the MCP server's name in ``.mcp.json``; agent CLIs show its tools to the model as
@@ -152,11 +160,15 @@ def model_record(spec: AgentSpec, seen: Dict[str, Any]) -> Dict[str, Any]:
             "completion_tokens": int(seen.get("completion_tokens") or 0), "calls": calls}
 
 
-def fetch_turns(root: str, token: str, key: str, timeout_s: float = 30.0) -> Dict[str, Any]:
-    request = urllib.request.Request(root + TURNS_PATH, data=json.dumps({"attempt": key}).encode(), method="POST",
+def _ask_proxy(root: str, path: str, token: str, body: Dict[str, Any], timeout_s: float) -> Any:
+    request = urllib.request.Request(root + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - the proxy on loopback
-        answer = json.loads(resp.read())
+        return json.loads(resp.read())
+
+
+def fetch_turns(root: str, token: str, key: str, timeout_s: float = 30.0) -> Dict[str, Any]:
+    answer = _ask_proxy(root, TURNS_PATH, token, {"attempt": key}, timeout_s)
     if not isinstance(answer, dict) or not isinstance(answer.get("turns"), list):
         raise ValueError("the model proxy's turns answer has no 'turns' list")
     return answer
@@ -184,6 +196,11 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
     mcp_turns = own / "crosshost-mcp-turns.jsonl"  # written by the MCP server, as the attempt's uid
     if any("{mcp_config}" in a for a in task.agent.command or []):
         write_mcp_config(work / MCP_CONFIG, task, suite_dir, work, env, mcp_turns)
+    try:  # the attempt's directory (workspace, HOME, TMPDIR): a path of this host's own
+        _ask_proxy(root, ATTEMPT_PATH, token, {"attempt": key, "root": str(work.parent)}, 30.0)
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        why = f"could not reach the model proxy for the exec agent: {exc}"
+        return LoopOutcome(reason="agent_error", final=why, infra_error=why)
     stdout_path, stderr_path = scratch / "agent.stdout", scratch / "agent.stderr"
     reason, final = "stop", ""
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:

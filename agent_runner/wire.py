@@ -37,6 +37,9 @@ EXEC_PREFIX = "/attempt/"
 MESSAGES_PATH = "/messages"  # Anthropic messages, below API_BASE_PATH
 #: POST {"attempt": "<task>.<attempt>"} (with the placeholder): the trace turns the proxy built
 TURNS_PATH = "/crosshost/turns"
+#: POST {"attempt": "<task>.<attempt>", "root": "<the attempt's directory>"} (with the placeholder),
+#: before the agent starts: a held model compares requests with this host's paths set aside
+ATTEMPT_PATH = "/crosshost/attempt"
 
 FINISH_BUDGET_MODEL = "budget_model"
 FINISH_MODEL_DIVERGED = "model_diverged"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,48 @@ def hold_mode(agent: dict[str, Any] | None, override: bool | None) -> str | None
 
 def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# An exec attempt's directory (its workspace, HOME and TMPDIR) is a path of each host's own; an agent
+# that tells its model where it works (Claude Code: its working directory, and a directory named after
+# it with every character but letters and digits as "-") would diverge at its first request. Requests
+# are compared with that path set aside, in both spellings; a held answer gets the host's own.
+ROOT_MARKS = ("{crosshost_attempt_dir}", "{crosshost_attempt_dir_slug}")
+
+
+def _spellings(root: str | None) -> tuple[str, ...]:
+    return (root, re.sub(r"[^A-Za-z0-9]", "-", root)) if root else ()
+
+
+def attempt_root(value: Any) -> str | None:
+    """An attempt directory a runner named, or None: an absolute path three directories deep or more,
+    of characters JSON writes as they are (a replacement must keep a body JSON)."""
+    if not isinstance(value, str) or not value.startswith("/") or len([p for p in value.split("/") if p]) < 3:
+        return None
+    return value if all(c.isprintable() and c not in '"\\' for c in value) else None
+
+
+def _rewrite(obj: Any, old: tuple[str, ...], new: tuple[str, ...]) -> Any:
+    if not old or old == new:
+        return obj
+    text = _canonical(obj)
+    for before, after in zip(old, new, strict=True):
+        text = text.replace(before, after)
+    return json.loads(text)
+
+
+def set_aside(body: Any, root: str | None) -> Any:
+    """``body`` with the attempt's directory ``root`` replaced by a mark, in both spellings."""
+    return _rewrite(body, _spellings(root), ROOT_MARKS if root else ())
+
+
+def moved(answer: dict[str, Any], reference_root: str | None, root: str | None) -> dict[str, Any]:
+    """The reference's answer with its attempt directory replaced by this host's (a streamed answer's
+    path split across two events keeps the reference's: the next request then differs)."""
+    if not reference_root or not root:
+        return answer
+    result: dict[str, Any] = _rewrite(answer, _spellings(reference_root), _spellings(root))
+    return result
 
 
 def _text(message: Any) -> str:
@@ -119,6 +162,7 @@ class ModelHold:
         self.reference_done = threading.Event()
         self._lock = threading.Lock()
         self._record: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+        self._roots: dict[str, str] = {}  # key -> the reference's attempt directory (exec agents)
         self._next: dict[tuple[str, str], int] = {}  # (host, key) -> index of its next request
         self._diverged: set[tuple[str, str]] = set()
         self.held: dict[str, dict[str, int]] = {}  # host -> key -> requests answered from the record
@@ -127,16 +171,22 @@ class ModelHold:
 
     # -- the reference ------------------------------------------------------------------------
 
-    def record(self, key: str, request: dict[str, Any], answer: dict[str, Any]) -> None:
+    def record(self, key: str, request: dict[str, Any], answer: dict[str, Any], root: str | None = None) -> None:
+        """``root``: the attempt's directory on the reference (an exec agent's), set aside when compared."""
         with self._lock:
             self._record.setdefault(key, []).append((request, answer))
+            if root:
+                self._roots[key] = root
 
     # -- every other host ---------------------------------------------------------------------
 
-    def follow(self, host: str, key: str, request: dict[str, Any]) -> dict[str, Any] | None:
+    def follow(self, host: str, key: str, request: dict[str, Any], root: str | None = None) -> dict[str, Any] | None:
         """The recorded answer to ``host``'s next request of attempt ``key``, or None: answer it live
-        (mode true) or end the attempt (``diverged(host, key)`` then says so, mode strict)."""
+        (mode true) or end the attempt (``diverged(host, key)`` then says so, mode strict). ``root``:
+        the attempt's directory on ``host`` (an exec agent's)."""
         with self._lock:
+            reference_root = self._roots.get(key)
+            request = set_aside(request, root)
             index = self._next.get((host, key), 0)
             self._next[(host, key)] = index + 1
             if (host, key) in self._diverged:
@@ -146,11 +196,12 @@ class ModelHold:
             if not recorded:  # the reference never asked the model in this attempt: nothing to hold
                 self._count(self.live, host, key)
                 return None
+            recorded = [(set_aside(req, reference_root), answer) for req, answer in recorded]
             if index < len(recorded) and _canonical(_comparable(recorded[index][0])) == _canonical(
                 _comparable(request)
             ):
                 self._count(self.held, host, key)
-                return recorded[index][1]
+                return moved(recorded[index][1], reference_root, root)
             self._diverged.add((host, key))
             self._count(self.live, host, key)
             self.divergences.append(self._divergence(host, key, index, request, recorded))

@@ -55,6 +55,7 @@ from agent_runner.suite import MODEL_KINDS
 from agent_runner.wire import (
     API_BASE_PATH,
     ATTEMPT_HEADER,
+    ATTEMPT_PATH,
     CALL_HEADER,
     CHAT_PATH,
     ERR_BAD_JSON,
@@ -74,7 +75,7 @@ from agent_runner.wire import (
 )
 from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
 from orchestrator.exchanges import ExchangeBook, StreamReader, is_answer, parse_answer
-from orchestrator.hold import ModelHold
+from orchestrator.hold import ModelHold, attempt_root
 from orchestrator.transport.base import Host
 
 if TYPE_CHECKING:
@@ -238,6 +239,8 @@ class ModelProxy:
         #: what an exec agent is given as its API key; the proxy requires it and swaps in the real one
         self.token = "crosshost-" + secrets.token_hex(16)
         self.book = ExchangeBook()
+        #: exec attempt -> its directory on the host (``ATTEMPT_PATH``), set aside by a held model
+        self.roots: dict[str, str] = {}
         self.calls: list[ModelCall] = []
         self.refused_paths: list[str] = []
         self._lock = threading.Lock()
@@ -491,7 +494,7 @@ class ModelProxy:
             return
         self.book.request(attempt, self.api, body)
         if self.hold is not None and self.host != self.hold.reference:
-            held = self.hold.follow(self.host, attempt, body)
+            held = self.hold.follow(self.host, attempt, body, self.roots.get(attempt))
             if held is not None:
                 self._answer_held(attempt, held, call, started, reply)
                 return
@@ -572,7 +575,8 @@ class ModelProxy:
         self.book.answer(attempt, answer, record)
         if self.hold is not None and self.host == self.hold.reference:
             # a streamed answer is held as its events, relayed as they were to the reference
-            self.hold.record(attempt, body, answer_body if answer_body is not None else {HELD_EVENTS: events})
+            self.hold.record(attempt, body, answer_body if answer_body is not None else {HELD_EVENTS: events},
+                             self.roots.get(attempt))
         if answer_body is not None:
             reply.json(200, answer_body, call)
 
@@ -760,6 +764,19 @@ def _handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
                     return
                 self._send(200, proxy.book.snapshot(attempt), None)
                 return
+            if path == ATTEMPT_PATH:
+                try:
+                    given = json.loads(raw)
+                    attempt, root = str(given["attempt"]), attempt_root(given["root"])
+                except (ValueError, KeyError, TypeError):
+                    root = None
+                if root is None:
+                    self._refuse(400, 'expected {"attempt": "<task>.<attempt>", "root": "<an absolute directory>"}')
+                    return
+                with proxy._lock:
+                    proxy.roots[attempt] = root
+                self._send(200, {}, None)
+                return
             key, _, rest = path[len(EXEC_PREFIX):].partition("/")
             wanted = (API_BASE_PATH + MESSAGES_PATH) if proxy.api == "anthropic" else FORWARDED_PATH
             if "/" + rest != wanted or not key:
@@ -770,7 +787,7 @@ def _handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
             path = self.path.split("?", 1)[0]
-            if path == TURNS_PATH or path.startswith(EXEC_PREFIX):
+            if path in (TURNS_PATH, ATTEMPT_PATH) or path.startswith(EXEC_PREFIX):
                 self._exec(path)
                 return
             if self.path.split("?", 1)[0] != FORWARDED_PATH:

@@ -53,12 +53,13 @@ SCRIPT: list[dict[str, Any]] = [
 
 def claude_command(claude: str, model: str) -> list[str]:
     """The suite's ``command`` for Claude Code (the README's snippet): one prompt, no terminal, only
-    the contract's tools over MCP, no calls but the model's (no internet on a test host)."""
+    the contract's tools over MCP, no calls but the model's (no internet on a test host); the prompt
+    after ``--``, so a prompt that starts with a dash is not read as an option."""
     return [
         "/usr/bin/env", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "DISABLE_AUTOUPDATER=1",
-        claude, "-p", "{prompt}", "--model", model,
+        claude, "-p", "--model", model,
         "--mcp-config", "{mcp_config}", "--strict-mcp-config", "--tools=", "--allowedTools", "mcp__crosshost",
-        "--no-session-persistence", "--output-format", "text",
+        "--no-session-persistence", "--output-format", "text", "--", "{prompt}",
     ]  # fmt: skip
 
 
@@ -106,6 +107,40 @@ class AgentEnvWatch(ProcessWatch):
                 self.agent_keys.add(env.get(b"ANTHROPIC_API_KEY", b"").decode())
 
 
+def claude_suite(root: Path, claude: str, base_url: str, *, hold: bool) -> Path:
+    suite = root / "claude-code"
+    task = suite / "tasks" / "answer"
+    (task / "repo").mkdir(parents=True)
+    (suite / "suite.toml").write_text(
+        'name = "claude-code"\nrepeat = 1\n[agent]\nkind = "exec"\n'
+        f"command = {json.dumps(claude_command(claude, 'm1'))}\n"
+        f'api = "anthropic"\nmodel = "m1"\nbase_url = "{base_url.removesuffix("/v1")}"\n'
+        f'api_key_env = "{KEY_ENV}"\nmax_requests = 20\nhold_model = {json.dumps(hold)}\n'
+        "[budget]\nmax_steps = 6\ntimeout_s = 120\n"
+    )
+    (suite / "contract.json").write_text(json.dumps(CONTRACT))
+    (suite / "tools.json").write_text(json.dumps({"allow": [], "deny": []}))
+    (task / "task.toml").write_text('[fixtures]\nlookup = "the answer is 42"\n')
+    (task / "prompt.md").write_text("--help: look up the answer and write it to answer.txt.\n")
+    (task / "repo" / "run_tests.sh").write_text('test "$(cat answer.txt)" = 42\n')
+    return suite
+
+
+def own_roots(fleet: Any, path: Path, hosts: tuple[str, ...]) -> tuple[Path, str]:
+    """An inventory of local and ``hosts``, each with a workspace root of its own (a host's cleanup
+    stops whatever names its path), short: Claude Code puts its socket under TMPDIR only while the
+    socket's path fits in 103 bytes, else in /tmp/cc-socks-<uid> (residue the runner reports)."""
+    workspace_root = f"/tmp/cx-{secrets.token_hex(4)}"
+    inventory = fleet.write_inventory(
+        path, list(hosts), connect_timeout_s=5, extra_defaults={"workspace_root": workspace_root}
+    )
+    text = inventory.read_text()
+    for name in hosts:
+        text = text.replace(f'name = "{name}"\n', f'name = "{name}"\nworkspace_root = "{workspace_root}{name[-1]}"\n')
+    inventory.write_text(text)
+    return inventory, workspace_root
+
+
 def test_claude_code_from_npm_passes_a_task_through_the_proxy_on_three_hosts(
     claude_code: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,33 +148,12 @@ def test_claude_code_from_npm_passes_a_task_through_the_proxy_on_three_hosts(
     monkeypatch.setenv(KEY_ENV, key)
     fleet = sshd_hosts.fleet
     hosts = ("box-a", "box-b")
-    # short roots: Claude Code puts its socket under TMPDIR only while the socket's path fits in 103
-    # bytes, else in /tmp/cc-socks-<uid> (residue the runner reports as outside_workspace)
-    workspace_root = f"/tmp/cx-{secrets.token_hex(4)}"
-    inventory = fleet.write_inventory(
-        tmp_path / "hosts.toml", list(hosts), connect_timeout_s=5, extra_defaults={"workspace_root": workspace_root}
-    )
-    text = inventory.read_text()
-    for name in hosts:  # a root of its own per host (a host's cleanup stops whatever names its path)
-        text = text.replace(f'name = "{name}"\n', f'name = "{name}"\nworkspace_root = "{workspace_root}{name[-1]}"\n')
-    inventory.write_text(text)
+    inventory, workspace_root = own_roots(fleet, tmp_path / "hosts.toml", hosts)
     watch = AgentEnvWatch(claude_code, key, {n: _uts(fleet.hosts[n].ns_pid()) or "" for n in hosts}, workspace_root)
     try:
+        # not held: every host's Claude Code asks the provider (and the watch sees each one running)
         with FakeProvider(script=SCRIPT, key=key, on_request=watch) as provider:
-            suite = tmp_path / "claude-code"
-            task = suite / "tasks" / "answer"
-            (task / "repo").mkdir(parents=True)
-            (suite / "suite.toml").write_text(
-                'name = "claude-code"\nrepeat = 1\n[agent]\nkind = "exec"\n'
-                f"command = {json.dumps(claude_command(claude_code, 'm1'))}\n"
-                f'api = "anthropic"\nmodel = "m1"\nbase_url = "{provider.base_url.removesuffix("/v1")}"\n'
-                f'api_key_env = "{KEY_ENV}"\nmax_requests = 20\n[budget]\nmax_steps = 6\ntimeout_s = 120\n'
-            )
-            (suite / "contract.json").write_text(json.dumps(CONTRACT))
-            (suite / "tools.json").write_text(json.dumps({"allow": [], "deny": []}))
-            (task / "task.toml").write_text('[fixtures]\nlookup = "the answer is 42"\n')
-            (task / "prompt.md").write_text("Look up the answer and write it to answer.txt.\n")
-            (task / "repo" / "run_tests.sh").write_text('test "$(cat answer.txt)" = 42\n')
+            suite = claude_suite(tmp_path, claude_code, provider.base_url, hold=False)
             out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
         run_dir = out.run_dir.path
         rows = read_jsonl(run_dir / "results.jsonl")
@@ -152,19 +166,12 @@ def test_claude_code_from_npm_passes_a_task_through_the_proxy_on_three_hosts(
         assert {r.path for r in provider.requests} == {"/v1/messages"}
         assert {r.headers["x-api-key"] for r in provider.requests} == {key}
         assert {r.body["stream"] for r in provider.requests} == {True}
+        asked = [r.body["messages"][0]["content"] for r in provider.requests]
+        assert all("--help: look up the answer" in json.dumps(a) for a in asked)  # the prompt, not an option
         # What the model was offered: the contract's tools from the MCP server, none of Claude Code's own.
         offered = {t["name"] for r in provider.requests for t in r.body["tools"]}
         assert {"mcp__crosshost__lookup", "mcp__crosshost__write_file"} <= offered
         assert not offered & {"Bash", "Edit", "Write", "Read"}, offered
-        # The model is held by default, but Claude Code tells its model its working directory (the
-        # attempt's workspace, a path of each host's own): every other host diverges at its first request
-        # and is answered live.
-        hold = json.loads((run_dir / "model_hold.json").read_text())
-        assert hold["held"] == {} and hold["recorded"] == {"answer.0": 3}
-        assert sorted((d["host"], d["request"]) for d in hold["divergences"]) == [("box-a", 0), ("box-b", 0)]
-        assert all("Primary working directory: " in d["reference"] for d in hold["divergences"])
-        [task_report] = json.loads((run_dir / "report.json").read_text())["tasks"]
-        assert task_report["evidence"] == "statistical"  # nothing held: the attempts are not paired
         # Claude Code itself held only a placeholder (one per host's proxy); no host process held the key.
         assert len(watch.agent_keys) == 3, watch.agent_keys
         assert all(re.fullmatch(r"crosshost-[0-9a-f]{32}", k) for k in watch.agent_keys), watch.agent_keys
@@ -219,5 +226,40 @@ def test_claude_code_from_npm_passes_a_task_through_the_proxy_on_three_hosts(
             for sub in ("root", "tmp", "opt"):
                 assert _files_holding(fleet.hosts[host].dir / sub, key.encode()) == [], (host, sub)
         assert _files_holding(run_dir, key.encode()) == []
+    finally:
+        shutil.rmtree(workspace_root, ignore_errors=True)
+
+
+def test_claude_code_is_held_its_working_directory_set_aside(
+    claude_code: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code tells its model its working directory (the attempt's, a path of each host's own)
+    and a directory named after it: with that path set aside, every other host gets the reference's
+    answers, and the attempts are paired again."""
+    key = "sk-it-" + secrets.token_hex(16)
+    monkeypatch.setenv(KEY_ENV, key)
+    inventory, workspace_root = own_roots(sshd_hosts.fleet, tmp_path / "hosts.toml", ("box-a", "box-b"))
+    try:
+        with FakeProvider(script=SCRIPT, key=key) as provider:
+            suite = claude_suite(tmp_path, claude_code, provider.base_url, hold=True)
+            out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+        run_dir = out.run_dir.path
+        rows = read_jsonl(run_dir / "results.jsonl")
+        assert sorted((r["env"], r["verdict"]) for r in rows) == [
+            ("box-a", "pass"), ("box-b", "pass"), ("local", "pass")
+        ], [r.get("why") for r in rows]
+        assert len(provider.requests) == 3  # the reference's; the others were answered from its record
+        first = json.dumps(provider.requests[0].body)
+        assert f"Primary working directory: {workspace_root}/runs/" in first  # local's own path, as sent
+        hold = json.loads((run_dir / "model_hold.json").read_text())
+        assert hold["held"] == {"box-a": {"answer.0": 3}, "box-b": {"answer.0": 3}}, hold["divergences"]
+        [task] = json.loads((run_dir / "report.json").read_text())["tasks"]
+        assert task["evidence"] == "held" and task["classification"] == "agree"
+        for host in ("box-a", "box-b"):
+            trace = read_jsonl(run_dir / "hosts" / host / "traces" / "answer.0.jsonl")
+            turns = [t for t in trace if t.get("type") == "turn"]
+            assert [(t["tool"], t["args"], t["model"]["held"]) for t in turns] == [
+                ("lookup", {"q": "answer"}, True), ("write_file", {"path": "answer.txt", "content": "42"}, True),
+            ], host  # fmt: skip
     finally:
         shutil.rmtree(workspace_root, ignore_errors=True)

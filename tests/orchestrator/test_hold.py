@@ -78,3 +78,29 @@ def test_hold_mode_defaults_to_held_for_a_live_model_and_the_flag_wins() -> None
     assert hold_mode({"kind": "openai", "hold_model": False}, None) is None
     assert hold_mode({"kind": "openai", "hold_model": False}, True) == "true"
     assert hold_mode({"kind": "openai"}, False) is None
+
+
+def test_an_exec_attempts_own_directory_is_set_aside_in_both_spellings_and_the_answer_gets_the_hosts() -> None:
+    hold = ModelHold("local", "strict")
+    ref_root, root = "/tmp/crosshost/runs/r1/work/t.0.abcd1234", "/srv/ws/runs/r1/work/t.0.wxyz9876"
+
+    def asked(where: str) -> dict[str, Any]:
+        slug = where.replace("/", "-").replace(".", "-")
+        return {"model": "m", "system": f"memory in /home/x/.claude/projects/{slug}-work/memory",
+                "messages": [{"role": "user", "content": f"Primary working directory: {where}/work"}]}
+
+    answer = {"content": [{"type": "tool_use", "id": "t", "name": "read", "input": {"path": f"{ref_root}/work/a"}}]}
+    hold.record("t.0", asked(ref_root), answer, ref_root)
+    held = hold.follow("box-b", "t.0", asked(root), root)
+    assert held is not None and held["content"][0]["input"] == {"path": f"{root}/work/a"}
+    assert hold.follow("box-c", "t.0", asked("/elsewhere/t.0.zzzz0000"), root) is None  # not this host's path
+    [d] = hold.divergences
+    assert d.host == "box-c" and "{crosshost_attempt_dir}" in d.reference and "/elsewhere/" in d.other
+
+
+def test_only_a_deep_absolute_directory_is_taken_as_an_attempts_root() -> None:
+    from orchestrator.hold import attempt_root
+
+    assert attempt_root("/tmp/crosshost/runs/r/work/t.0.abcd1234") == "/tmp/crosshost/runs/r/work/t.0.abcd1234"
+    for bad in ("/", "/tmp", "/tmp/x", "relative/a/b/c", '/a/b/c"d', "/a/b/c\\d", "/a/b/c\nd", 7, None):
+        assert attempt_root(bad) is None, bad
