@@ -6,7 +6,8 @@ for this attempt (``<proxy>/attempt/<task>.<attempt>``) with the run's placehold
 
 - ``api = "openai"``: ``OPENAI_BASE_URL`` (``.../v1``) and ``OPENAI_API_KEY``;
 - ``api = "anthropic"``: ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY``;
-- both: ``CROSSHOST_MODEL`` (the suite's model) and ``CROSSHOST_PROMPT_FILE``.
+- both: ``CROSSHOST_MODEL`` (the suite's model), ``CROSSHOST_PROMPT_FILE`` and a short
+  ``XDG_RUNTIME_DIR`` of its own for its sockets.
 
 The program runs its own tools; the runner keeps the budget (``timeout_s``; ``max_bytes`` of its
 stdout and stderr) and, once it has exited, asks the proxy for the trace turns it built from the
@@ -21,8 +22,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -142,6 +145,19 @@ def merge_mcp_turns(turns: List[Dict[str, Any]], path: Path) -> List[Dict[str, A
     return merged
 
 
+def _runtime_dir(box: Sandbox) -> Optional[str]:
+    """A short ``XDG_RUNTIME_DIR`` of the attempt's own, removed when the agent has exited: a Unix
+    socket's path must fit in 108 bytes, and under the attempt's deep TMPDIR it may not, so an agent
+    would put its sockets into /tmp itself and leave them (Claude Code: /tmp/cc-socks-<uid>)."""
+    try:
+        path = tempfile.mkdtemp(prefix="crosshost-rt-", dir="/tmp")
+    except OSError:
+        return None
+    os.chmod(path, 0o700)
+    box.give(path)
+    return path
+
+
 def _tail(path: Path) -> str:
     try:
         data = path.read_bytes()[-_TAIL:].decode("utf-8", "replace").strip()
@@ -203,27 +219,36 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
         return LoopOutcome(reason="agent_error", final=why, infra_error=why)
     stdout_path, stderr_path = scratch / "agent.stdout", scratch / "agent.stderr"
     reason, final = "stop", ""
-    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        missing = box.cannot_start(argv[0], str(work), agent_env)
-        if missing:
-            return LoopOutcome(reason="agent_error", final=f"cannot start the agent {argv[0]!r}: {missing}")
-        try:
-            proc = box.popen(argv, cwd=str(work), env=agent_env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-        except OSError as exc:
-            return LoopOutcome(reason="agent_error", final=f"cannot start the agent {argv[0]!r}: {exc.strerror or exc}")
-        try:
-            while proc.poll() is None:
-                if time.monotonic() >= deadline:
-                    reason, final = "timeout", "the agent did not finish in time"
-                    break
-                if out.tell() + err.tell() > task.budget.max_bytes:
-                    reason, final = "budget_bytes", f"the agent wrote more than max_bytes = {task.budget.max_bytes}"
-                    break
-                time.sleep(0.05)
-        finally:
-            if proc.returncode is None:  # still running (a reaped pid's group may be another's now)
-                kill_group(proc.pid)  # the agent's children die with it
-            proc.wait()
+    runtime = _runtime_dir(box)
+    if runtime is not None:
+        agent_env["XDG_RUNTIME_DIR"] = runtime
+    try:
+        with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+            missing = box.cannot_start(argv[0], str(work), agent_env)
+            if missing:
+                return LoopOutcome(reason="agent_error", final=f"cannot start the agent {argv[0]!r}: {missing}")
+            try:
+                proc = box.popen(argv, cwd=str(work), env=agent_env, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=err)
+            except OSError as exc:
+                return LoopOutcome(reason="agent_error",
+                                   final=f"cannot start the agent {argv[0]!r}: {exc.strerror or exc}")
+            try:
+                while proc.poll() is None:
+                    if time.monotonic() >= deadline:
+                        reason, final = "timeout", "the agent did not finish in time"
+                        break
+                    if out.tell() + err.tell() > task.budget.max_bytes:
+                        reason, final = "budget_bytes", f"the agent wrote more than max_bytes = {task.budget.max_bytes}"
+                        break
+                    time.sleep(0.05)
+            finally:
+                if proc.returncode is None:  # still running (a reaped pid's group may be another's now)
+                    kill_group(proc.pid)  # the agent's children die with it
+                proc.wait()
+    finally:
+        if runtime is not None:
+            shutil.rmtree(runtime, ignore_errors=True)
     try:
         seen = fetch_turns(root, token, key)
     except (OSError, ValueError, urllib.error.URLError) as exc:

@@ -128,15 +128,15 @@ def claude_suite(root: Path, claude: str, base_url: str, *, hold: bool) -> Path:
 
 def own_roots(fleet: Any, path: Path, hosts: tuple[str, ...]) -> tuple[Path, str]:
     """An inventory of local and ``hosts``, each with a workspace root of its own (a host's cleanup
-    stops whatever names its path), short: Claude Code puts its socket under TMPDIR only while the
-    socket's path fits in 103 bytes, else in /tmp/cc-socks-<uid> (residue the runner reports)."""
-    workspace_root = f"/tmp/cx-{secrets.token_hex(4)}"
+    stops whatever names its path). Long enough that a socket under the attempt's TMPDIR would not fit
+    in a socket path: Claude Code then uses XDG_RUNTIME_DIR, which the runner gives it and removes."""
+    workspace_root = f"/tmp/crosshost-cli-{secrets.token_hex(4)}"
     inventory = fleet.write_inventory(
         path, list(hosts), connect_timeout_s=5, extra_defaults={"workspace_root": workspace_root}
     )
     text = inventory.read_text()
     for name in hosts:
-        text = text.replace(f'name = "{name}"\n', f'name = "{name}"\nworkspace_root = "{workspace_root}{name[-1]}"\n')
+        text = text.replace(f'name = "{name}"\n', f'name = "{name}"\nworkspace_root = "{workspace_root}-{name}"\n')
     inventory.write_text(text)
     return inventory, workspace_root
 
