@@ -523,6 +523,7 @@ class ModelProxy:
         else:
             upstream["Authorization"] = f"Bearer {self._key}"
             url = self.base_url + CHAT_PATH
+        recording = self.hold is not None and self.host == self.hold.reference
         events: list[str] = []  # a streamed answer's lines, for a held model's record
         try:
             resp = self._open(url, raw, upstream, call)
@@ -539,7 +540,8 @@ class ModelProxy:
                             break
                         reader.line(line)
                         reply.chunk(line)
-                        events.append(line.decode("utf-8", "replace"))
+                        if recording:
+                            events.append(line.decode("utf-8", "replace"))
                     answer = reader.finish()
                     answer_body: dict[str, Any] | None = None
                 else:
@@ -573,7 +575,7 @@ class ModelProxy:
         record = call_record(call, answer.finish_reason)
         self.book.call(attempt, record)
         self.book.answer(attempt, answer, record)
-        if self.hold is not None and self.host == self.hold.reference:
+        if recording and self.hold is not None:
             # a streamed answer is held as its events, relayed as they were to the reference
             self.hold.record(attempt, body, answer_body if answer_body is not None else {HELD_EVENTS: events},
                              self.roots.get(attempt))
