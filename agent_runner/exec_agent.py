@@ -52,7 +52,7 @@ from .wire import (
 
 MCP_CONFIG = ".mcp.json"
 #: the MCP server's name in ``.mcp.json``; agent CLIs show its tools to the model as
-#: ``mcp__crosshost__<tool>`` (Claude Code, Codex) or ``crosshost__<tool>``
+#: ``mcp__crosshost__<tool>`` (Claude Code) or ``crosshost__<tool>``
 MCP_SERVER = "crosshost"
 _MCP_PREFIXES = (f"mcp__{MCP_SERVER}__", f"{MCP_SERVER}__")
 _PLACEHOLDER = re.compile(r"\{(prompt|prompt_file|workspace|suite|mcp_config)\}")
