@@ -311,6 +311,9 @@ class TurnChecker:
         return None
 
     def _scan(self, text: str) -> Iterator[LeakMatch]:
+        # where a host's own directory was found: a hostname inside it (crosshost names workspaces after
+        # the inventory name) is that directory's leak, not one of its own
+        spans: List[Tuple[int, int]] = []
         if self._check_paths:
             workspaces: List[str] = []
             for needle, pattern, cwd in self._cwds:
@@ -318,6 +321,7 @@ class TurnChecker:
                     match = pattern.search(text)
                     if match is not None:
                         workspaces.append(cwd)
+                        spans += [m.span() for m in pattern.finditer(text)]
                         yield LeakMatch("absolute_local_path", cwd, f"a host's working directory {cwd!r} in an argument",
                                         "workspace", f"holds {cwd}, a host's working directory", match.start())
             for match in _ABSOLUTE_PATH.finditer(text):
@@ -333,6 +337,7 @@ class TurnChecker:
                 if needle in text:
                     match = pattern.search(text)
                     if match is not None:
+                        spans += [m.span() for m in pattern.finditer(text)]
                         yield LeakMatch("home_directory", home, f"a host's home directory {home!r} in an argument",
                                         "host_home", f"holds {home}, a host's home directory", match.start())
             for match in _HOME_STRING.finditer(text):
@@ -345,7 +350,8 @@ class TurnChecker:
             lowered = text.lower()  # once per string, not once per host
             for needle, pattern, hostname, generic in self._hostnames:
                 if needle in lowered:
-                    match = pattern.search(text)
+                    match = next((m for m in pattern.finditer(text)
+                                  if not any(a <= m.start() and m.end() <= b for a, b in spans)), None)
                     if match is None:
                         continue
                     if generic is None:

@@ -98,3 +98,12 @@ def test_check_passes_with_a_weak_finding_and_says_it(tmp_path: Path) -> None:
     fingerprint.write_text(json.dumps({"hostname": "vm-host"}))
     done = run_runner("check", str(contract), str(trace), str(fingerprint))
     assert done.returncode == 1 and "[distinct_hostname: text='record-for-vm-host'" in done.stdout
+
+
+def test_a_hostname_inside_a_hosts_own_directory_is_that_directorys_leak_only() -> None:
+    # crosshost names a workspace after the inventory name: the path is the leak, not a hostname in it
+    host = {"hostname": "box-b", "home": "/home/dev", "cwd": "/tmp/crosshost/runs/r1-box-b"}
+    found = [(f.kind, f.rule) for f in _findings("/tmp/crosshost/runs/r1-box-b/work/status.txt", host=host)]
+    assert found == [("absolute_local_path", "workspace")]
+    found = [(f.kind, f.rule) for f in _findings("/tmp/crosshost/runs/r1-box-b/work/x for box-b", host=host)]
+    assert found == [("absolute_local_path", "workspace"), ("hostname", "distinct_hostname")]
