@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 	  echo "installing strace (crosshost explain's file evidence)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null) \
 	  || { echo "error: could not install strace; install it (apt-get install strace) and rerun" >&2; exit 1; }; }
+	@command -v systemd-analyze >/dev/null || { \
+	  echo "installing systemd (systemd-analyze verifies the units crosshost schedule writes)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null) \
+	  || { echo "error: could not install systemd; install it (apt-get install systemd) and rerun" >&2; exit 1; }; }
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

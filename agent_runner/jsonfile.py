@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any, Type
+from typing import IO, Any, Iterator, Optional, Type
 
 from .errors import InputError
 
@@ -19,6 +19,8 @@ from .errors import InputError
 MAX_FILE_BYTES = 64 * 1024 * 1024
 #: deeper than any record crosshost writes or a suite needs; far below the interpreter's recursion limit
 MAX_DEPTH = 100
+#: the longest line of a JSONL file (a trace record, a results row): 16 MiB; a longer one is damage
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
 def _too_deep(value: Any) -> bool:
@@ -34,6 +36,12 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
+def too_deep(doc: str, value: Any) -> bool:
+    """Whether ``value`` (parsed from ``doc``) nests deeper than ``MAX_DEPTH``; counting brackets
+    first keeps the walk off every ordinary document."""
+    return doc.count("[") + doc.count("{") > MAX_DEPTH and _too_deep(value)
+
+
 def loads(text: "str | bytes") -> Any:
     """``json.loads``, and a JSONDecodeError (a ValueError) for a document nested deeper than ``MAX_DEPTH``."""
     doc = text if isinstance(text, str) else text.decode("utf-8")
@@ -41,17 +49,17 @@ def loads(text: "str | bytes") -> Any:
         value = json.loads(doc)
     except RecursionError:
         raise json.JSONDecodeError(f"nested more than {MAX_DEPTH} levels deep", doc, 0) from None
-    if (doc.count("[") + doc.count("{") > MAX_DEPTH) and _too_deep(value):
+    if too_deep(doc, value):
         raise json.JSONDecodeError(f"nested more than {MAX_DEPTH} levels deep", doc, 0)
     return value
 
 
-def read_regular(
-    path: "str | os.PathLike[str]", *, follow_links: bool = True, limit: int = MAX_FILE_BYTES
-) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes. A FIFO, a device or a directory is
-    refused before a byte is read (a FIFO would hang, /dev/zero would fill memory), and so is a
-    symbolic link unless ``follow_links``; each as an OSError whose strerror says why."""
+def open_regular(
+    path: "str | os.PathLike[str]", *, follow_links: bool = True, limit: Optional[int] = None
+) -> IO[bytes]:
+    """``path`` open for reading when it is a regular file (of at most ``limit`` bytes). A FIFO, a
+    device or a directory is refused before a byte is read (a FIFO would hang, /dev/zero would fill
+    memory), and so is a symbolic link unless ``follow_links``; each as an OSError whose strerror says why."""
     name = os.fspath(path)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | (0 if follow_links else getattr(os, "O_NOFOLLOW", 0))
     if not follow_links and os.path.islink(name):
@@ -61,22 +69,40 @@ def read_regular(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(0, "not a regular file (refused: not read)", name)
-        if info.st_size > limit:
+        if limit is not None and info.st_size > limit:
             raise OSError(0, f"larger than {limit} bytes (refused: not read)", name)
-        chunks = []
-        left = limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        data = b"".join(chunks)
-        if len(data) > limit:
-            raise OSError(0, f"larger than {limit} bytes (refused)", name)
-        return data
-    finally:
+        return os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def read_regular(
+    path: "str | os.PathLike[str]", *, follow_links: bool = True, limit: int = MAX_FILE_BYTES
+) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (``open_regular``'s refusals first)."""
+    with open_regular(path, follow_links=follow_links, limit=limit) as handle:
+        data = handle.read(limit + 1)  # the file may have grown since it was looked at
+    if len(data) > limit:
+        raise OSError(0, f"larger than {limit} bytes (refused)", os.fspath(path))
+    return data
+
+
+def bounded_lines(handle: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[Optional[bytes]]:
+    """The lines of ``handle`` as bytes; a line longer than ``limit`` is yielded as None (its bytes
+    skipped, never held), so one endless line costs no more memory than the limit."""
+    while True:
+        line = handle.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):  # a whole line, or the last one
+            yield line
+            continue
+        while not line.endswith(b"\n"):  # the rest of the long line
+            line = handle.readline(1 << 20)
+            if not line:
+                break
+        yield None
 
 
 def decode_text(data: bytes) -> str:

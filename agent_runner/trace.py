@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Uni
 
 from .digests import HashingWriter
 from .errors import TraceError
-from .jsonfile import loads
+from .jsonfile import MAX_LINE_BYTES, bounded_lines, loads, open_regular, too_deep
 from .records import (
     FINISH_REASONS,
     TRACE_SCHEMA,
@@ -62,12 +62,15 @@ _scan_once: Callable[[str, int], Tuple[Any, int]] = json.JSONDecoder().scan_once
 
 def iter_records(path: PathArg) -> Iterator[Tuple[int, Dict[str, Any]]]:
     """Stream ``(line_number, record)``; a damaged line becomes a record of type ``"corrupt"``."""
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 -- closed by the with below; each line decoded alone
+    try:  # a FIFO or a device is refused before it is read: it would hang or never end
+        handle = open_regular(path)
     except OSError as exc:
         raise TraceError(f"{path}: cannot read trace: {exc.strerror or exc}") from exc
     with handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, raw in enumerate(bounded_lines(handle), start=1):
+            if raw is None:
+                yield number, {"type": "corrupt", "error": f"a line longer than {MAX_LINE_BYTES} bytes", "text": ""}
+                continue
             try:  # a line that is not UTF-8 is damage, never text with replacement characters
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -80,6 +83,8 @@ def iter_records(path: PathArg) -> Iterator[Tuple[int, Dict[str, Any]]]:
                 record, end = _scan_once(line, 0)
                 if end != len(line) and not line[end:].isspace():
                     raise ValueError("trailing data")
+                if too_deep(line, record):  # loads below names it
+                    raise ValueError("nested too deep")
             except (StopIteration, ValueError, RecursionError):
                 text = line.strip()
                 if not text:

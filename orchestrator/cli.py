@@ -310,13 +310,13 @@ def report_cmd(
     exclude: ExcludeOpt = None,
     tags: TagsOpt = None,
 ) -> int:
-    """Re-analyse a run, rewrite report.json/report.md/junit.xml, print one; exit 0 valid and within gate.
+    """Re-analyse a run, rewrite report.json/report.md/junit.xml, print one; exit as its replay did (0 valid and within the gate, 1 a finding, 3 a host failed).
 
     With --tasks/--exclude/--tags only those tasks are analysed and printed; the run's report files
     are left as they are."""
     from orchestrator import ui
     from orchestrator.errors import InputError
-    from orchestrator.exit_policy import report_exit
+    from orchestrator.exit_policy import judged_exit
     from orchestrator.report import FORMATS, analyse_and_write
     from orchestrator.selection import TaskSelection
 
@@ -324,7 +324,10 @@ def report_cmd(
         raise InputError(f"--format {fmt!r}: choose table, md, json or junit")
     result = analyse_and_write(run, gate, TaskSelection.of(tasks, exclude, tags))
     ui.print_report(result, fmt)
-    return report_exit(result)
+    code, why = judged_exit(result)
+    if code:
+        ui.say(ui.err_console(), f"exit {code}: {why}")
+    return code
 
 
 @app.command("compare")

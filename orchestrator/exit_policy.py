@@ -14,6 +14,7 @@ Precedence when several apply: 130 > 2 > 3 > 1 > 0. Errors raised on purpose car
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import zip_longest
 from typing import Any, Protocol
 
 from agent_runner.records import ResultRow
@@ -43,24 +44,32 @@ class _RunState(Protocol):
 def replay_exit(
     manifest: _RunState, report: Any, gate: float | None, rows: list[ResultRow]
 ) -> tuple[int, str]:
-    """A replay's exit code and why. 3: a host failed or ANY row is an ``error`` verdict — the
-    harness or the host failed (unreachable, runner crashed, predicate could not start, model
-    provider unreachable), so the run cannot pass as valid; 1: invalid or over the gate; 0: valid
-    and within it. Without the analysis, a run is judged on its fingerprints only."""
+    """A replay's exit code and why. 130: interrupted; 3: a host failed or ANY row is an ``error``
+    verdict — the harness or the host failed (unreachable, runner crashed, predicate could not
+    start, model provider unreachable), so the run cannot pass as valid; then the analysis's judgement
+    (``judged_exit``, the code ``crosshost report`` gives the same run). Without the analysis, a run is
+    judged on its fingerprints only."""
     if manifest.interrupted:
         return INTERRUPTED, "interrupted"
     infra = infra_reason(manifest, rows)
     if infra:
         return HOST_FAILURE, infra
-    problems = list(getattr(report, "problems", None) or [])
-    if problems:  # damaged or unexpected evidence from a host: never a verdict
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        return HOST_FAILURE, f"damaged run directory: {problems[0]}{more}"
     if report is None:
         fps = {rec.fingerprint for rec in manifest.hosts.values() if rec.fingerprint}
         if len(fps) >= 2:
             return OK, f"{len(fps)} different fingerprints, no error (analysis not available)"
         return FINDING, "fewer than two different fingerprints (analysis not available)"
+    return judged_exit(report, gate)
+
+
+def judged_exit(report: Any, gate: float | None = None) -> tuple[int, str]:
+    """A finished run's exit code and why from its analysis (``RunReport``) alone: 3 when a host
+    failed, an attempt is an ``error`` or the run directory holds damaged or unexpected evidence from
+    a host; 1 invalid, over the gate or nothing comparable; 0 valid and within it. ``crosshost
+    report`` gives exactly this code; a replay gives it after its own checks (``replay_exit``)."""
+    failed = analysis_failure(report)
+    if failed:
+        return HOST_FAILURE, failed
     if not getattr(report, "valid", False):
         reasons = list(getattr(report, "invalid_reasons", None) or [])
         more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
@@ -70,8 +79,33 @@ def replay_exit(
     limit = gate if limit is None else limit
     if rate is not None and limit is not None and rate > limit:
         return FINDING, f"flip rate {rate:g} over the gate {limit:g}"
+    if not getattr(report, "within_gate", True):
+        return FINDING, "no comparable task: nothing was measured, the gate is not passed"
     within = f", flip rate {rate:g} within the gate {limit:g}" if rate is not None and limit is not None else ""
     return OK, f"valid{within}"
+
+
+def analysis_failure(report: Any) -> str:
+    """Why an analysed run is a host failure (exit 3), or "" when it is not: per host, its error or
+    its ``error`` attempts (and the first reason); then damaged or unexpected evidence."""
+    parts: list[str] = []
+    for host in getattr(report, "hosts", None) or []:
+        whys = [
+            why
+            for task in getattr(report, "tasks", None) or []
+            for verdict, why in zip_longest(task.verdicts.get(host.name, []), task.why.get(host.name, []))
+            if verdict == "error"
+        ]
+        if whys:
+            first = (whys[0] or host.error or "error").removeprefix(f"{host.name}: ")
+            parts.append(f"{len(whys)} error verdict(s) on {host.name}: {first}")
+        elif host.error:
+            parts.append(host.error)
+    problems = list(getattr(report, "problems", None) or [])
+    if problems:  # damaged or unexpected evidence from a host: never a verdict
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        parts.append(f"damaged run directory: {problems[0]}{more}")
+    return "; ".join(parts)
 
 
 def infra_reason(manifest: _RunState, rows: list[ResultRow]) -> str:
@@ -99,14 +133,11 @@ def compare_last_exit(code: int, newly_flipping: list[str]) -> int:
 COMPARE_LAST_REASON = "a task newly flips against the previous run (--compare-last)"
 
 
-class _Judged(Protocol):
-    valid: bool
-    within_gate: bool
-
-
-def report_exit(report: _Judged) -> int:
-    """``crosshost report``: 0 valid and within the gate, 1 otherwise (a replay adds 3 and 130)."""
-    return OK if report.valid and report.within_gate else FINDING
+def report_exit(report: Any) -> int:
+    """``crosshost report``: the code a replay of the run ends with, from the analysis
+    (``judged_exit``): 3 a host failed or an attempt is an ``error``, 1 invalid or over the gate, 0
+    valid and within it. Never 130: the run's own interruption makes it invalid (1)."""
+    return judged_exit(report)[0]
 
 
 def flips_exit(within_gate: bool) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_runner.jsonfile import decode_text, read_regular
+from agent_runner.jsonfile import MAX_LINE_BYTES, bounded_lines, decode_text, open_regular, read_regular
 from agent_runner.jsonfile import loads as json_loads
 from agent_runner.records import Fingerprint, ResultRow, TraceHeader, migrate_pins
 from agent_runner.suite import MAX_REPEAT
@@ -240,8 +240,8 @@ def iter_jsonl(
     ``on_bad_line(where, why)`` takes it and reading goes on (tolerant readers collect problems).
     A missing file holds nothing with ``missing_ok``; otherwise it is unreadable, like any OSError.
     """
-    try:
-        fh = Path(path).open("rb")  # noqa: SIM115 -- closed by the `with fh` below; opening errors differ
+    try:  # a FIFO or a device is refused before it is read: it would hang or never end
+        fh = open_regular(path)
     except OSError as exc:
         if missing_ok and isinstance(exc, FileNotFoundError):
             return
@@ -251,27 +251,32 @@ def iter_jsonl(
         on_bad_line(str(path), why)
         return
     with fh:
-        for lineno, raw in enumerate(fh, 1):
+        for lineno, raw in enumerate(bounded_lines(fh), 1):
             where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                why = "not UTF-8 text"
-            else:
-                if not line.strip():
-                    continue
-                try:
-                    row = json_loads(line)
-                except json.JSONDecodeError as exc:
-                    why = f"not JSON ({exc.msg})"
-                else:
-                    if isinstance(row, dict):
-                        yield where, row
-                        continue
-                    why = "expected a JSON object"
-            if on_bad_line is None:
-                raise TraceError(f"{where}: {why}")
-            on_bad_line(where, why)
+            row, why = _jsonl_row(raw)
+            if row is not None:
+                yield where, row
+            elif why:
+                if on_bad_line is None:
+                    raise TraceError(f"{where}: {why}")
+                on_bad_line(where, why)
+
+
+def _jsonl_row(raw: bytes | None) -> tuple[dict[str, Any] | None, str]:
+    """One JSONL line as (object, "") or (None, why it is not one); (None, "") for a blank line."""
+    if raw is None:
+        return None, f"a line longer than {MAX_LINE_BYTES} bytes"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    if not line.strip():
+        return None, ""
+    try:
+        row = json_loads(line)
+    except json.JSONDecodeError as exc:
+        return None, f"not JSON ({exc.msg})"
+    return (row, "") if isinstance(row, dict) else (None, "expected a JSON object")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

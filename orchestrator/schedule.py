@@ -107,6 +107,19 @@ def systemd_quote(arg: str) -> str:
     return f'"{escaped}"'
 
 
+def systemd_path(path: Path) -> str:
+    """A path as the value of a unit setting that takes one (WorkingDirectory=): systemd expands
+    specifiers there but neither unquotes nor expands ``$``, so only ``%`` is escaped; a path it would
+    read otherwise (surrounding whitespace is stripped, a trailing backslash continues the line) is refused."""
+    text = str(path)
+    if control_char(text) or text != text.strip() or text.endswith("\\"):
+        raise InputError(
+            f"{text!r}: a unit file cannot hold this path (a control character, surrounding whitespace "
+            "or a trailing backslash); schedule from a directory without one, or use --cron"
+        )
+    return text.replace("%", "%%")
+
+
 def _unit_text(text: str) -> str:
     """Free text in a unit file: one line (control characters shown, not obeyed), specifiers escaped."""
     return printable(text).replace("\n", " ").replace("%", "%%")
@@ -160,7 +173,7 @@ def _systemd_units(
             "Type=oneshot",
             f"TimeoutStartSec={every.seconds}s",
             "KillSignal=SIGINT",
-            f"WorkingDirectory={systemd_quote(str(workdir))}",
+            f"WorkingDirectory={systemd_path(workdir)}",
             "ExecStart=" + " ".join(systemd_quote(a) for a in command),
             "",
         ]

