@@ -316,7 +316,7 @@ def report_cmd(
     are left as they are."""
     from orchestrator import ui
     from orchestrator.errors import InputError
-    from orchestrator.exit_policy import judged_exit
+    from orchestrator.exit_policy import HOST_FAILURE, judged_exit
     from orchestrator.report import FORMATS, analyse_and_write
     from orchestrator.selection import TaskSelection
 
@@ -325,7 +325,7 @@ def report_cmd(
     result = analyse_and_write(run, gate, TaskSelection.of(tasks, exclude, tags))
     ui.print_report(result, fmt)
     code, why = judged_exit(result)
-    if code:
+    if code == HOST_FAILURE:  # a flip or an invalid run the report itself says; which host failed, not so plainly
         ui.say(ui.err_console(), f"exit {code}: {why}")
     return code
 
