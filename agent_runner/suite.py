@@ -39,6 +39,8 @@ SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "bu
 TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent", "tags"}
 BUDGET_KEYS = set(DEFAULT_BUDGET)
 MAX_TIMEOUT_S = 86400
+#: the most steps and observation bytes an attempt may be given: far above any real task, and finite
+MAX_BUDGET = {"max_steps": 100_000, "max_bytes": 1 << 30}
 GATE_KEYS = {"flip_rate", "alpha", "burn_invalidates"}
 
 Where = Callable[[Optional[str], str], str]  # (task id or None, part) -> "file: location"
@@ -331,9 +333,9 @@ def _budget(raw: Any, base: Dict[str, Any], where: str) -> Dict[str, Any]:
         if key == "timeout_s":  # finite and at most a day: inf or NaN would break every attempt
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_TIMEOUT_S
         else:
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_BUDGET[key]
         if not ok:
-            what = f"number of seconds up to {MAX_TIMEOUT_S}" if key == "timeout_s" else "integer"
+            what = f"number of seconds up to {MAX_TIMEOUT_S}" if key == "timeout_s" else f"integer up to {MAX_BUDGET[key]}"
             raise SuiteError(f"{where}.{key} must be a positive {what}, got {value!r}")
         merged[key] = value
     return merged
@@ -393,7 +395,8 @@ _OPENAI_KEYS: Dict[str, Any] = {
     "max_tokens": (False, lambda v: _positive_int(v), "a positive integer"),
     "max_requests": (False, lambda v: _positive_int(v), "a positive integer (model requests per run per host)"),
     "max_total_tokens": (False, lambda v: _positive_int(v), "a positive integer (tokens per run per host)"),
-    "request_timeout_s": (False, lambda v: _number(v) and v > 0, "a positive number of seconds"),
+    "request_timeout_s": (False, lambda v: _number(v) and 0 < v <= MAX_TIMEOUT_S,
+                          f"a positive number of seconds up to {MAX_TIMEOUT_S}"),
     "sampled": (False, lambda v: isinstance(v, bool), "true or false (whether answers are draws)"),
     "hold_model": (False, lambda v: isinstance(v, bool) or v == "strict",
                    'true, false or "strict" (answer other hosts from the reference\'s model record)'),

@@ -192,7 +192,7 @@ def lint_cmd(
 
     report = lint_suite(suite)
     for line in lint_lines(report):
-        typer.echo(line)
+        typer.echo(printable(line))  # a suite's names: control characters shown, never obeyed
     return lint_exit(len(report.errors))
 
 
@@ -281,7 +281,7 @@ def flips_cmd(
     from orchestrator.exit_policy import flips_exit
 
     table = flips_table(results, env_a, env_b, attempt, gate)
-    typer.echo(format_flips(table))
+    typer.echo(printable(format_flips(table)))  # task and env names from the file: shown, never obeyed
     return flips_exit(table.within_gate)
 
 
@@ -349,7 +349,7 @@ def compare_cmd(
     if fmt not in renderers:
         raise InputError(f"--format {fmt!r}: choose md or json")
     result = compare_runs(run_a, run_b, alpha)
-    typer.echo(renderers[fmt](result), nl=False)
+    typer.echo(printable(renderers[fmt](result)), nl=False)
     return result.exit_code
 
 
@@ -375,7 +375,7 @@ def diff_cmd(
     selection = TaskSelection.of(tasks or task, exclude, tags)
     result = run_diff(run, split_list(hosts, "--hosts"), selection)
     for line in result.lines:
-        typer.echo(line)
+        typer.echo(printable(line))  # tool names and argument keys from hosts' traces
     return diff_exit(result.differs)
 
 

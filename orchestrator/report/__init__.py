@@ -8,6 +8,7 @@ Every renderer reads the ``RunReport`` (the HTML page also reads the run's trace
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -154,8 +155,27 @@ def render_json(report: RunReport) -> str:
 # --- report.md ------------------------------------------------------------------------------------
 
 
+# What Markdown reads as markup anywhere in a line (emphasis, code, links, HTML, entities, tables,
+# strikethrough); an underscore only where it can open or close emphasis (not inside a word)
+_MD_MARKUP = re.compile(r"[\\`*\[\]<>&|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+# What it reads as markup at the start of a list item's text: a heading, a quote, a nested list
+_MD_LEADING = re.compile(r"^(\s*)([#>+=-])|^(\s*\d+)([.)])")
+
+
 def _md(text: object) -> str:
-    return printable(text).replace("|", "\\|").replace("\n", " ")
+    """Untrusted text (a name, a host's output) in report.md: control characters shown, and every
+    Markdown construct escaped, so a reader sees the text as it is, never rendered."""
+    escaped = _MD_MARKUP.sub(lambda m: "\\" + m.group(), printable(text).replace("\n", " "))
+    return _MD_LEADING.sub(lambda m: m.expand(r"\1\\\2" if m.group(2) else r"\3\\\4"), escaped)
+
+
+def _code(text: object) -> str:
+    """Untrusted text as an inline code span: fenced by more backticks than it holds in a row, so
+    it cannot end the span early; nothing inside a code span is read as markup."""
+    shown = printable(text).replace("\n", " ")
+    fence = "`" * (max((len(run) for run in re.findall("`+", shown)), default=0) + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
 
 
 def render_markdown(report: RunReport) -> str:
@@ -229,14 +249,14 @@ def render_markdown(report: RunReport) -> str:
         for d in task.shape_diff:
             out.append(
                 f"- shape {d.op} on {_md(d.host)} attempt {d.attempt}: "
-                f"`{d.reference or '∅'}` (ref step {d.reference_step}) → `{d.other or '∅'}` (step {d.step})"
+                f"{_code(d.reference or '∅')} (ref step {d.reference_step}) → {_code(d.other or '∅')} (step {d.step})"
             )
         for a in task.args_diff:
             out.append(
-                f"- argument values differ on {_md(a.host)} attempt {a.attempt} step {a.step} `{a.tool}`: "
+                f"- argument values differ on {_md(a.host)} attempt {a.attempt} step {a.step} {_code(a.tool)}: "
                 f"args_fp `{a.reference_args_fp}` → `{a.args_fp}`"
             )
-            out += [f"  - `{_md(v.key)}`: {_md(_quoted(v.reference))} → {_md(_quoted(v.other))}" for v in a.values]
+            out += [f"  - {_code(v.key)}: {_md(_quoted(v.reference))} → {_md(_quoted(v.other))}" for v in a.values]
         for leak in task.leaks:
             out.append(
                 f"- leak on {_md(leak.host)} attempt {leak.attempt} step {leak.step}: {leak_line(leak, _md)}"
@@ -261,7 +281,7 @@ def render_markdown(report: RunReport) -> str:
                 + ("" if attr.fields else " no differing field")
             )
             out += [
-                f"  - `{f.field}`: {_md(shown(f.reference))} → {_md(shown(f.other))}"
+                f"  - {_code(f.field)}: {_md(shown(f.reference))} → {_md(shown(f.other))}"
                 + (f" ({_md(f.tied)})" if f.tied else "")
                 for f in attr.fields
             ]

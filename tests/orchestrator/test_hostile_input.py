@@ -213,9 +213,30 @@ def test_control_characters_in_junit_are_text_an_xml_parser_reads(tmp_path: Path
 
 
 def test_control_characters_in_report_md_are_shown_not_obeyed(tmp_path: Path) -> None:
+    from markdown_it import MarkdownIt
+
     md = render_markdown(_hostile_report(tmp_path))
-    assert "[/oops]" in md and "YOUR CROSSHOST RUN PASSED" in md
     assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", md)
+    html = MarkdownIt("commonmark").enable("table").render(md)  # what a reader of report.md sees
+    assert "<td>t1 YOUR CROSSHOST RUN PASSED\\x07\\x00\\x0b [/oops]</td>" in html
+
+
+def test_flips_and_diff_show_a_hosts_control_characters_never_obey_them(tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps({"task": "t\x07\x1b[2Jx", "env": e, "attempt": 0, "verdict": v}) + "\n"
+                               for e, v in (("a", "pass"), ("b", "fail"))))  # fmt: skip
+    done = CliRunner().invoke(app, ["flips", str(results), "a", "b"], color=True)
+    assert done.output.splitlines()[0] == "t\\x07x pass fail <- flip"
+    run = _two_passing(tmp_path)
+    trace = RunDir(run).trace_path("box-b", "t1", 0)
+    lines = trace.read_text().splitlines()
+    turn = json.loads(lines[1])
+    turn["tool"] += "\x07\x1b[2J"
+    lines[1] = json.dumps(turn)
+    trace.write_text("\n".join(lines) + "\n")
+    done = CliRunner().invoke(app, ["diff", str(run)], color=True)
+    assert done.exit_code == 1 and "+read_unit_status\\x07(unit: str)" in done.output.splitlines()
+    assert not re.search("[\x00-\x08\x0b-\x1f\x7f]", done.output)
 
 
 # --- bounded values ------------------------------------------------------------------------------
@@ -228,6 +249,21 @@ def test_timeout_s_must_be_finite_and_bounded(tmp_path: Path, value: str) -> Non
     toml.write_text(toml.read_text().replace("timeout_s = 20", f"timeout_s = {value}"))
     assert float(value) > 86400
     with pytest.raises(SuiteError, match=r"suite.toml: \[budget\].timeout_s must be a positive number"):
+        read_suite(suite)
+
+
+@pytest.mark.parametrize(("old", "new", "said"), [
+    ("max_steps = 8", "max_steps = 10000000000000", r"\[budget\].max_steps must be a positive integer up to 100000"),
+    ("max_bytes = 32768", "max_bytes = 10000000000000", r"\[budget\].max_bytes must be a positive integer up to"),
+    ('kind = "scripted"', 'kind = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9"\napi_key_env = "K"\n'
+                          "request_timeout_s = inf", r"request_timeout_s.*a positive number of seconds up to 86400"),
+])  # fmt: skip
+def test_every_budget_is_finite_and_bounded(tmp_path: Path, old: str, new: str, said: str) -> None:
+    suite = _suite(tmp_path, "triage")
+    toml = suite / "suite.toml"
+    assert old in toml.read_text()
+    toml.write_text(toml.read_text().replace(old, new))
+    with pytest.raises(SuiteError, match=said):
         read_suite(suite)
 
 
