@@ -376,7 +376,7 @@ def diff_cmd(
     result = run_diff(run, split_list(hosts, "--hosts"), selection)
     for line in result.lines:
         typer.echo(printable(line))  # tool names and argument keys from hosts' traces
-    return diff_exit(result.differs)
+    return diff_exit(result.differs, result.problems)
 
 
 @app.command("view")

@@ -151,8 +151,10 @@ def lint_exit(errors: int) -> int:
     return BAD_INPUT if errors else OK
 
 
-def diff_exit(differs: bool) -> int:
-    """``crosshost diff``: 1 when the tool-call shapes differ."""
+def diff_exit(differs: bool, problems: Iterable[str] = ()) -> int:
+    """``crosshost diff``: 3 when a host's trace cannot be read, 1 when the tool-call shapes differ."""
+    if list(problems):
+        return HOST_FAILURE
     return FINDING if differs else OK
 
 

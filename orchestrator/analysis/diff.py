@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
+from agent_runner.errors import TraceError
 from orchestrator.analysis.attempts import iter_steps, iter_turns_by_value
 from orchestrator.analysis.shapes import arg_values_differing, args_differences, turn_args, unified_shape_diff
 from orchestrator.rundir import load_run
@@ -23,6 +24,8 @@ MAX_STEPS = 20_000
 class DiffOutput:
     lines: list[str] = field(default_factory=list)
     differs: bool = False
+    #: traces a host sent that cannot be read (a FIFO, a device): that host's failure, not bad input
+    problems: list[str] = field(default_factory=list)
 
 
 def run_diff(
@@ -84,8 +87,13 @@ def _diff_pair(
             missing = left_host if attempt not in left else right_host
             out.lines.append(f"# {task} attempt {attempt}: no trace on {missing}")
             continue
-        a = list(islice(iter_steps(left[attempt]), MAX_STEPS))
-        b = list(islice(iter_steps(right[attempt]), MAX_STEPS))
+        try:
+            a = list(islice(iter_steps(left[attempt]), MAX_STEPS))
+            b = list(islice(iter_steps(right[attempt]), MAX_STEPS))
+        except TraceError as exc:
+            out.problems.append(str(exc))
+            out.lines.append(f"# {task} attempt {attempt}: {exc}")
+            continue
         diff = unified_shape_diff(
             a,
             b,

@@ -292,6 +292,18 @@ def test_deeply_nested_json_in_a_suite_is_one_line_naming_the_file(tmp_path: Pat
         read_suite(suite)
 
 
+@pytest.mark.parametrize("where", ["suite.toml", "tasks/healthy-no-writes/task.toml", "hosts.toml"])
+def test_deeply_nested_toml_is_one_line_naming_the_file(project: Path, where: str) -> None:
+    suite = _suite(project, "triage")
+    path = project / where if where == "hosts.toml" else suite / where
+    with path.open("a") as fh:
+        fh.write("\ndeep = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    done = CliRunner().invoke(app, ["replay", str(suite), "-i", "hosts.toml", "--out", "runs"])
+    assert done.exit_code == 2, done.output
+    assert done.output.strip().endswith("nested too deeply") and path.name in done.output
+    assert not (project / "runs").exists()
+
+
 def test_deeply_nested_results_or_fingerprint_is_a_named_problem_not_a_crash(tmp_path: Path) -> None:
     from orchestrator.rundir import TraceError, iter_jsonl
 
@@ -366,6 +378,8 @@ def test_a_fifo_or_dev_zero_in_a_run_directory_is_refused_not_read(tmp_path: Pat
             path.symlink_to(special)
     code, out = _cli("report", str(run))
     assert code == 3 and "not a regular file" in out and "Traceback" not in out, out
+    code, out = _cli("diff", str(run))  # the host's trace, not the user's input: that host failed
+    assert code == 3 and f"# t1 attempt 0: {RunDir(run).trace_path('box-b', 't1', 0)}: cannot read trace: not a regular" in out
     code, out = _cli("flips", str(run / "results.jsonl"), "local", "box-b")
     assert code == 2 and out.strip() == f"TraceError: {run / 'results.jsonl'}: cannot read: not a regular file (refused: not read)"
 
@@ -446,7 +460,7 @@ def test_a_record_after_the_finish_is_an_error_attempt(tmp_path: Path) -> None:
 
 
 def test_unexpected_trace_files_from_a_host_are_problems_and_exit_3(tmp_path: Path) -> None:
-    from orchestrator.exit_policy import HOST_FAILURE, replay_exit
+    from orchestrator.exit_policy import HOST_FAILURE, replay_exit, report_exit
     from orchestrator.rundir import load_run
 
     run = _two_passing(tmp_path)
@@ -459,6 +473,7 @@ def test_unexpected_trace_files_from_a_host_are_problems_and_exit_3(tmp_path: Pa
     manifest = load_run(run).manifest
     code, why = replay_exit(manifest, report, None, [])
     assert code == HOST_FAILURE and "injected" in why
+    assert report_exit(report) == HOST_FAILURE  # re-reported, the same run gives the same code
 
 
 def test_a_run_where_nothing_was_comparable_does_not_pass_the_gate(tmp_path: Path) -> None:
