@@ -285,7 +285,7 @@ def report_table(report: RunReport) -> RenderableType:
 def print_report(report: RunReport, fmt: str = "table", console: Console | None = None) -> None:
     """``crosshost report``: the table, or the text of one of the report files (``report.FORMATS``)."""
     if fmt == "table":
-        (console or Console()).print(report_table(report))
+        (console or out_console()).print(report_table(report))
         return
     import sys
 
@@ -465,7 +465,7 @@ def render_probe(
 
 def render_repro(outcome: ReproOutcome, console: Console | None = None) -> None:
     """What a person reads: where the hosts parted, both observations side by side, fingerprint diff."""
-    console = console or Console()
+    console = console or out_console()
 
     def line(text: str) -> None:
         console.print(printable(text), markup=False, highlight=False)
@@ -550,7 +550,7 @@ def render_export(summary: ExportSummary) -> None:
 
 def render_explain(outcome: ExplainOutcome, console: Console | None = None) -> None:
     """Per flipped task its cause (explain's evidence first), then what explain spent."""
-    console = console or Console()
+    console = console or out_console()
 
     def line(text: str) -> None:
         say(console, text)

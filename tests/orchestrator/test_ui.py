@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from orchestrator import ui
@@ -64,6 +65,16 @@ def test_report_table_shows_task_ids_as_text(tmp_path: Path) -> None:
     ui.print_report(report, console=console)
     row = next(line for line in console.export_text().splitlines() if "t1 " in line)
     assert HOSTILE in row and "fail*" in row and "<- flip" in row
+
+
+def test_report_table_piped_keeps_task_names_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `crosshost report RUN | less` or `> file`: not a terminal, so not the 80 columns Rich guesses
+    name = "feature-flag-probe-on-a-long-name"
+    attempts = {("local", name, 0): Attempt("pass"), ("box-b", name, 0): Attempt("fail", why="predicate exit 1")}
+    report = analyse_run(build_run(tmp_path, RunSpec(hosts=two_hosts(), attempts=attempts)))
+    ui.print_report(report)
+    row = next(line for line in capsys.readouterr().out.splitlines() if "<- flip" in line)
+    assert name in row and "host_coupling" in row and "quarantine the agent" in row
 
 
 def test_probe_table_shows_errors_as_text(tmp_path: Path) -> None:
