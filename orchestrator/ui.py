@@ -24,6 +24,7 @@ from rich.text import Text
 
 from agent_runner.textguard import printable
 from orchestrator.analysis.attribution import cut_words, path_line, trial_line
+from orchestrator.host_fingerprint import run_workspace
 from orchestrator.report import (
     burn_lines,
     errors_line,
@@ -182,9 +183,11 @@ def interrupted_line(manifest: Manifest) -> str:
     if removed:
         said.append(f"workspace removed on {', '.join(removed)}")
     if left:
-        said.append(
-            f"workspace NOT removed on {', '.join(left)} (remove <workspace_root>/runs/{manifest.run_id} there by hand)"
+        roots = {h.get("name"): h.get("workspace_root") for h in manifest.inventory.get("hosts", [])}
+        where = "; ".join(
+            f"{h}: {run_workspace(roots.get(h) or '<workspace_root>', manifest.run_id, h)}" for h in left
         )
+        said.append(f"workspace NOT removed on {', '.join(left)} (remove by hand, {where})")
     if not removed and not left:
         said.append("no remote workspace was created")
     elif never:

@@ -83,3 +83,20 @@ def test_probe_table_shows_errors_as_text(tmp_path: Path) -> None:
     ui.render_probe(results, tmp_path / "hosts.toml", out=out, err=err)
     assert f"HostUnreachable: {HOSTILE}" in out.export_text()
     assert err.export_text().strip() == f"box-b: HostUnreachable: {HOSTILE}"
+
+
+def test_interrupted_line_names_the_workspace_left_on_each_host() -> None:
+    # after Ctrl-C the user removes these by hand: each host's own directory, not the run id alone
+    manifest = Manifest(
+        run_id="r1", started="t", suite=SuiteRef(name="s", sha="x", path="p"), reference="local",
+        crosshost_version="0", tasks=["t1"],
+        inventory={"hosts": [{"name": "local", "workspace_root": "/tmp/crosshost"},
+                             {"name": "box-b", "workspace_root": "/srv/ch"},
+                             {"name": "box-c", "workspace_root": "/tmp/crosshost"}]},
+        hosts={"local": HostRecord(reachable=True, workspace_removed=True),
+               "box-b": HostRecord(reachable=True, workspace_removed=False),
+               "box-c": HostRecord(reachable=True, workspace_removed=False)},
+    )  # fmt: skip
+    line = ui.interrupted_line(manifest)
+    assert "workspace NOT removed on box-b, box-c (" in line, line
+    assert "box-b: /srv/ch/runs/r1-box-b" in line and "box-c: /tmp/crosshost/runs/r1-box-c" in line, line
