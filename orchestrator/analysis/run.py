@@ -17,6 +17,7 @@ from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter
 from orchestrator.analysis.attribution import (
     attribution,
     cause_line,
+    cut_words,
     explain_cause,
     explain_spent,
     leaf_text,
@@ -63,6 +64,8 @@ MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
 MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json
 MAX_ARGS_DIFFS = 20
 MAX_LEAK_EXAMPLES = 1  # the rest are in each task's leaks
+#: a leak's message in the validity reason: room for a long workspace path, whose end is the evidence
+MAX_LEAK_MESSAGE = 400
 
 
 def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelection | None = None) -> RunReport:
@@ -547,7 +550,7 @@ def _invalid_reasons(
         for (_, task, attempt), s in leaks:
             for f in s.findings:
                 if f.is_leak and len(examples) < MAX_LEAK_EXAMPLES:
-                    message = f.message if len(f.message) <= 100 else f.message[:97] + "..."
+                    message = cut_words(f.message, MAX_LEAK_MESSAGE)
                     examples.append(f"{task}.{attempt} step {f.step}: {f.kind} [{f.rule}]: {message}")
         reasons.append(f"host leakage: {total} finding(s) in traces from {host} (first: {'; '.join(examples)})")
     return reasons

@@ -242,3 +242,14 @@ def test_the_suite_asks_for_it_with_gate_burn_invalidates(tmp_path):
     toml.write_text(toml.read_text().replace("burn_invalidates = true", 'burn_invalidates = "yes"'))
     with pytest.raises(SuiteError, match=r"suite.toml: \[gate\].burn_invalidates must be true or false"):
         load_suite(suite)
+
+
+def test_a_leak_reason_keeps_a_long_path_whole(tmp_path):
+    # a long workspace_root makes a long path: cut at 100 characters, the reason lost the path's end
+    path = "/root/crosshost-hosts/local-root/runs/20261130T153456Z-1b7753-local/work/t1.0/notes-of-the-run.txt"
+    leaky = [("read_unit_status", {"unit": "nginx", "note": path})]
+    report = analyse_run(
+        build_run(tmp_path, _spec(attempts={("box-b", "t1", 0): Attempt("pass", calls=leaky)}))
+    )
+    [reason] = report.invalid_reasons
+    assert path in reason, reason
