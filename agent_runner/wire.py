@@ -1,6 +1,6 @@
 """What the controller's model proxy and the runner's openai agent say to each other.
 
-Both ends import these names (``orchestrator.proxy`` and ``agent_runner.openai_agent``), so the two
+Both ends import these names (``orchestrator.model.proxy`` and ``agent_runner.openai_agent``), so the two
 cannot drift. Standard library only, Python 3.9: this travels in the runner zipapp.
 
 - The runner learns where the model is from one environment variable, ``CROSSHOST_MODEL_URL``, an

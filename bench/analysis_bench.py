@@ -1,7 +1,7 @@
 """Analysis benchmark: ``analyse_run`` on a run of N trace lines against json-parsing the same lines.
 
 ``make_run_dir`` writes a run directory through the product's own records (manifest via
-``orchestrator.rundir``; traces, results rows and fingerprints via ``agent_runner.records``) with several hosts, tasks and attempts; a few
+``orchestrator.store.rundir``; traces, results rows and fingerprints via ``agent_runner.records``) with several hosts, tasks and attempts; a few
 tasks differ between hosts in shape or argument values so the diff paths run too, and one task flips.
 Each measurement runs in a fresh child process so its peak RSS (``ru_maxrss``) is its own.
 
@@ -45,7 +45,7 @@ def _turn_line(step: int, tool: str, args: dict[str, object]) -> str:
 
 def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
     """Write ``root/<run_id>/`` holding exactly ``lines`` trace lines; return the run directory."""
-    from orchestrator.rundir import HostRecord, Manifest, RunDir, SuiteRef, utc_now
+    from orchestrator.store.rundir import HostRecord, Manifest, RunDir, SuiteRef, utc_now
 
     per_trace = lines // shape.traces
     if per_trace < 3:

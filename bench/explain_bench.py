@@ -42,8 +42,8 @@ def _inventory(fleet: Fleet, path: Path) -> Path:
 
 
 def measure(reps: int = 3, port: int | None = None) -> dict[str, Any]:
-    from orchestrator.explain import ExplainRequest, explain
-    from orchestrator.replay import ReplayRequest, replay
+    from orchestrator.commands.explain import ExplainRequest, explain
+    from orchestrator.commands.replay import ReplayRequest, replay
 
     fleet = Fleet(STATE)
     fleet.down()

@@ -105,14 +105,14 @@ def _cpu_model() -> str | None:
 _REPLAY_API = """
 import sys
 from pathlib import Path
-from orchestrator.replay import ReplayRequest, replay
+from orchestrator.commands.replay import ReplayRequest, replay
 out = replay(ReplayRequest(suite_dir=Path(sys.argv[1]), inventory_path=Path(sys.argv[2]), out=Path(sys.argv[3])))
 sys.exit(out.exit_code)
 """
 
 
 def crosshost_entry() -> str:
-    """"cli" when `crosshost replay` exists, else "api" (orchestrator.replay.replay in a child)."""
+    """"cli" when `crosshost replay` exists, else "api" (orchestrator.commands.replay.replay in a child)."""
     exe = Path(sys.executable).with_name("crosshost")
     proc = subprocess.run([str(exe), "replay", "--help"], capture_output=True, text=True)
     return "cli" if proc.returncode == 0 else "api"

@@ -153,7 +153,7 @@ def replay_cmd(
     130: interrupted.
     """
     from orchestrator import ui
-    from orchestrator.replay import ReplayRequest, planned_hosts, replay_command
+    from orchestrator.commands.replay import ReplayRequest, planned_hosts, replay_command
     from orchestrator.selection import split_list
 
     def split(v: str | None, flag: str) -> list[str] | None:
@@ -170,9 +170,9 @@ def replay_cmd(
     code = ui.render_replay(outcome)
     if not explain or outcome.report is None or not outcome.report.flipped:
         return code
+    from orchestrator.commands.explain import ExplainRequest
+    from orchestrator.commands.explain import explain as explain_run
     from orchestrator.exit_policy import explain_exit
-    from orchestrator.explain import ExplainRequest
-    from orchestrator.explain import explain as explain_run
 
     explained = explain_run(
         ExplainRequest(run_dir=outcome.run_dir.path, inventory_path=inventory, accept_new=accept_new)
@@ -187,8 +187,8 @@ def lint_cmd(
     suite: Annotated[Path, typer.Argument(help="The suite directory (suite.toml, tasks/).")],
 ) -> int:
     """Check a suite: tools the contract lacks (error), unused fixtures, tasks that cannot fail (warning)."""
+    from orchestrator.commands.lint import lint_lines, lint_suite
     from orchestrator.exit_policy import lint_exit
-    from orchestrator.lint import lint_lines, lint_suite
 
     report = lint_suite(suite)
     for line in lint_lines(report):
@@ -210,8 +210,8 @@ def hosts_cmd(
 ) -> int:
     """Per host: reachable, python version, fingerprint digest (as a replay records it), isolation findings."""
     from orchestrator import ui
+    from orchestrator.commands.probe import probe
     from orchestrator.exit_policy import probe_exit
-    from orchestrator.probe import probe
 
     results = probe(inventory, accept_new=accept_new, suite=suite)
     ui.render_probe(results, inventory)
@@ -235,7 +235,7 @@ def history_cmd(
     """One row per run (run, suite, flip rate, valid, pass rate per host; fits 80 columns), then what
     changed, starting with what makes two runs different measurements (hosts, tasks, repeat, fingerprints)."""
     from orchestrator import ui
-    from orchestrator.history import history_listing
+    from orchestrator.store.history import history_listing
 
     listing = history_listing(out, suite, last, rebuild_index=rebuild)
     return ui.render_history(listing, as_json=as_json, wide=wide)
@@ -257,7 +257,7 @@ def schedule_cmd(
     systemd: Annotated[bool, typer.Option("--systemd", help="systemd units even where systemd is absent.")] = False,
 ) -> int:
     """Print (or --install) a systemd user timer+service, or a crontab line, running replay --compare-last."""
-    from orchestrator.schedule import schedule
+    from orchestrator.commands.schedule import schedule
 
     return schedule(suite, every, inventory, out, install_units=install, cron=cron, systemd=systemd)
 
@@ -389,7 +389,7 @@ def view_cmd(
 ) -> int:
     """Print the path of the run's report.html (written now if the run predates it), or --serve it."""
     from orchestrator import ui
-    from orchestrator.report import view
+    from orchestrator.commands import view
 
     if serve:
         return view.serve(run, lambda url: ui.say_serving(run, url))
@@ -415,7 +415,7 @@ def export_otel_cmd(
 ) -> int:
     """The run as OpenTelemetry GenAI traces: invoke_agent per attempt, chat and execute_tool children."""
     from orchestrator import ui
-    from orchestrator.otel import export_run
+    from orchestrator.commands.otel import export_run
 
     ui.render_export(export_run(run, endpoint=endpoint, file=file, with_content=content))
     return OK
@@ -433,7 +433,7 @@ def explain_cmd(
 ) -> int:
     """Why each flipped task flipped: replay it once more and with one environment fact changed."""
     from orchestrator import ui
-    from orchestrator.explain import ExplainRequest, explain
+    from orchestrator.commands.explain import ExplainRequest, explain
 
     outcome = explain(ExplainRequest(run_dir=run, inventory_path=inventory, tasks=task, accept_new=accept_new))
     ui.render_explain(outcome)
@@ -468,8 +468,8 @@ def repro_cmd(
     """Replay a recorded trace on HOST and a good host; show the first step where they part."""
     import json as _json
 
-    from orchestrator import repro as _repro
     from orchestrator import ui
+    from orchestrator.commands import repro as _repro
 
     outcome = _repro.repro(
         _repro.ReproRequest(
@@ -492,10 +492,6 @@ def repro_cmd(
     return outcome.exit_code
 
 
-if __name__ == "__main__":
-    main()
-
-
 cache_app = typer.Typer(no_args_is_help=True, help="The local bundle cache ($XDG_CACHE_HOME/crosshost/bundles).")
 app.add_typer(cache_app, name="cache")
 
@@ -504,9 +500,13 @@ app.add_typer(cache_app, name="cache")
 @guarded
 def cache_prune_cmd() -> int:
     """Empty the local bundle cache (a replay rebuilds what it needs)."""
-    from orchestrator.bundle import empty_local_cache, user_bundle_cache
+    from orchestrator.hosts.bundle import empty_local_cache, user_bundle_cache
 
     cache = user_bundle_cache()
     count, size = empty_local_cache(cache)
     typer.echo(f"removed {count} file(s), {size / 1e6:.1f} MB, from {cache}")
     return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,7 @@ from rich.text import Text
 
 from agent_runner.textguard import printable
 from orchestrator.analysis.attribution import cut_words, path_line, trial_line
-from orchestrator.host_fingerprint import run_workspace
+from orchestrator.hosts.fingerprint import run_workspace
 from orchestrator.report import (
     burn_lines,
     errors_line,
@@ -40,13 +40,13 @@ from orchestrator.report import (
 
 if TYPE_CHECKING:
     from orchestrator.analysis.models import RunReport
-    from orchestrator.explain import ExplainOutcome
-    from orchestrator.history import Changes, HistoryEntry, HistoryListing
-    from orchestrator.otel import ExportSummary
-    from orchestrator.probe import ProbeResult
-    from orchestrator.replay import ReplayOutcome
-    from orchestrator.repro import ReproOutcome
-    from orchestrator.rundir import Manifest
+    from orchestrator.commands.explain import ExplainOutcome
+    from orchestrator.commands.otel import ExportSummary
+    from orchestrator.commands.probe import ProbeResult
+    from orchestrator.commands.replay import ReplayOutcome
+    from orchestrator.commands.repro import ReproOutcome
+    from orchestrator.store.history import Changes, HistoryEntry, HistoryListing
+    from orchestrator.store.rundir import Manifest
 
 
 def plain(text: object, style: str = "") -> Text:
@@ -81,7 +81,7 @@ class ProgressView:
     """Per-host progress: a live table on a terminal, one line per event otherwise (CI, pipes)."""
 
     def __init__(self, hosts: list[str], console: Console | None = None) -> None:
-        from orchestrator.workspace import STAGES  # here: the transport is not every command's import
+        from orchestrator.hosts.workspace import STAGES  # here: the transport is not every command's import
 
         self.stages = STAGES
         self.hosts = hosts

@@ -21,7 +21,7 @@ from orchestrator.analysis.run import analyse_run
 from orchestrator.analysis.stats import pass_counts, wilson_interval
 from orchestrator.dotted import flatten
 from orchestrator.errors import InputError
-from orchestrator.rundir import RunDir, load_run
+from orchestrator.store.rundir import RunDir, load_run
 
 #: the pins that may differ between the two runs: who the agent is (settings, model, its files)
 AGENT_PINS = ("agent_sha",)

@@ -14,8 +14,8 @@ from pathlib import Path
 from agent_runner.errors import TraceError
 from orchestrator.analysis.attempts import iter_steps, iter_turns_by_value
 from orchestrator.analysis.shapes import arg_values_differing, args_differences, turn_args, unified_shape_diff
-from orchestrator.rundir import load_run
 from orchestrator.selection import TaskSelection, select_hosts
+from orchestrator.store.rundir import load_run
 
 MAX_STEPS = 20_000
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from agent_runner.suite import Gate
 from orchestrator.analysis.stats import DEFAULT_ALPHA, Counts, fisher_exact, pass_counts
 from orchestrator.errors import TraceError
-from orchestrator.rundir import iter_results
+from orchestrator.store.rundir import iter_results
 
 #: the highest flip rate that passes when neither ``--gate`` nor the suite's ``[gate]`` says
 DEFAULT_GATE = Gate.flip_rate

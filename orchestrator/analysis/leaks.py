@@ -21,7 +21,7 @@ from urllib.parse import quote
 from agent_runner.checker import INVARIANT_KIND, arg_strings, host_dir, host_names, quote_evidence
 from agent_runner.records import Fingerprint
 from orchestrator.analysis.attempts import AttemptSummary, CheckFinding, iter_turns_by_value, record_finding
-from orchestrator.rundir import AttemptKey
+from orchestrator.store.rundir import AttemptKey
 
 #: steps of a pair of traces searched for evidence, beyond which only a weak finding's step is sought
 MAX_EVIDENCE_STEPS = 20_000

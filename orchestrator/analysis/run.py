@@ -57,8 +57,8 @@ from orchestrator.analysis.verdict import (
     who_acts,
 )
 from orchestrator.dotted import flatten
-from orchestrator.rundir import AttemptKey, ResultRow, Run, RunDir, load_run
 from orchestrator.selection import TaskSelection
+from orchestrator.store.rundir import AttemptKey, ResultRow, Run, RunDir, load_run
 
 MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
 MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json

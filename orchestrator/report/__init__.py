@@ -19,8 +19,8 @@ from orchestrator.analysis.attribution import again_line, path_line, shown, tria
 from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.flips import attempt_pairs
 from orchestrator.analysis.models import HostRate, Leak, RunReport, TaskReport
-from orchestrator.rundir import write_bytes_atomic
 from orchestrator.selection import TaskSelection
+from orchestrator.store.rundir import write_bytes_atomic
 
 __all__ = [
     "burn_lines",

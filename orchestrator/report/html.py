@@ -28,7 +28,7 @@ from orchestrator.analysis.models import RunReport, TaskReport
 from orchestrator.analysis.shapes import Step, align_steps, step_of
 from orchestrator.errors import InputError, TraceError
 from orchestrator.report import flipped_attempts, host_names
-from orchestrator.rundir import RunDir
+from orchestrator.store.rundir import RunDir
 
 MAX_STEPS_PER_TRACE = 300  # steps of one trace embedded (and aligned); the raw file has them all
 MAX_EMBEDDED_STEPS = 25_000  # steps embedded in one page; tasks that agree lose their traces first
@@ -415,7 +415,7 @@ def trend_points(report: RunReport, run_dir: Path, started: str | None) -> list[
     The index is only read: a run directory copied elsewhere gets no trend rather than a new index.
     """
     from orchestrator.errors import CrosshostError
-    from orchestrator.history import history, index_path
+    from orchestrator.store.history import history, index_path
 
     runs_dir = run_dir.parent
     if not index_path(runs_dir).is_file():

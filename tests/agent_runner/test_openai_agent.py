@@ -16,7 +16,7 @@ from agent_runner.openai_agent import (
     contract_tools,
     parse_completion,
 )
-from orchestrator.proxy import ModelProxy
+from orchestrator.model.proxy import ModelProxy
 from tests.support.fake_provider import FakeProvider, unused_port
 from tests.support.runner import clean_env, records, run_runner, write_suite
 

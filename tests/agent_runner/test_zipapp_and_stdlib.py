@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.runner_zipapp import build_runner_zipapp
+from orchestrator.hosts.runner_zipapp import build_runner_zipapp
 from tests.support.runner import REPO, TRIAGE, records
 
 PACKAGE = REPO / "agent_runner"

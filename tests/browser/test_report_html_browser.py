@@ -195,7 +195,7 @@ def test_view_serve_serves_the_report_on_loopback_until_ctrl_c(browser, run):
 
 
 def test_the_trend_is_drawn_from_the_history_index(browser, tmp_path):
-    from orchestrator.history import record_run
+    from orchestrator.store.history import record_run
 
     runs = tmp_path / "runs"
     for run_id, started in (
@@ -225,7 +225,7 @@ def test_explain_evidence_and_the_cause_are_on_the_page(browser, tmp_path):
     the whole evidence: replayed once more, each counterfactual (the reproducing one marked), the
     differing paths as sentences, what was not collected; the overview says what explain spent."""
     from orchestrator.analysis.models import Counterfactual, ExplainRecord, ExplainTask, PathEvidence
-    from orchestrator.rundir import RunDir
+    from orchestrator.store.rundir import RunDir
 
     run = build_known_run(tmp_path / "runs")
     hostile = "/opt/<b>flag</b>"

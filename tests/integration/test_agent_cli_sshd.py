@@ -26,11 +26,11 @@ from typer.testing import CliRunner
 
 from agent_runner.sandbox import reachable_by_others
 from orchestrator.cli import app
-from orchestrator.inventory import load_inventory
-from orchestrator.otel import read_otlp_json_lines
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import read_jsonl
-from orchestrator.transport import open_host
+from orchestrator.commands.otel import read_otlp_json_lines
+from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.transport import open_host
+from orchestrator.store.rundir import read_jsonl
 from tests.integration.test_exec_sshd import KEY_ENV
 from tests.integration.test_openai_sshd import CONTRACT, ProcessWatch, _files_holding, _read, _uts
 from tests.orchestrator.test_otel import flatten

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import RunDir, read_jsonl
+from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.store.rundir import RunDir, read_jsonl
 from tests.support.runner import REPO, write_suite
 
 pytestmark = pytest.mark.sshd
@@ -82,9 +82,9 @@ def test_a_gigabyte_of_predicate_output_keeps_the_runner_under_100_mb(sshd_hosts
 BOMBED_REPLAY = r"""
 import json, shlex, sys
 from pathlib import Path
-from orchestrator.inventory import load_inventory
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.transport import open_host
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.hosts.transport import open_host
 suite, inventory, out = (Path(a) for a in sys.argv[1:4])
 cfg = load_inventory(inventory).get("box-a")
 BOMB = (

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import read_jsonl
+from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.store.rundir import read_jsonl
 from tests.integration.test_openai_sshd import CONTRACT, SCRIPT, ProcessWatch, _files_holding, _uts
 from tests.support.fake_provider import FakeProvider
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.explain import ExplainRequest, explain
-from orchestrator.replay import ReplayRequest, replay
+from orchestrator.commands.explain import ExplainRequest, explain
+from orchestrator.commands.replay import ReplayRequest, replay
 from tests.integration.test_replay_sshd import TRIAGE, _left_of_run
 
 pytestmark = pytest.mark.sshd

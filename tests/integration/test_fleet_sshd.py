@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import HostKeyRejected, HostUnreachable
-from orchestrator.inventory import load_inventory
-from orchestrator.transport import jump, open_host
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.transport import jump, open_host
 from tools.testhosts import Fleet, TestHost, TestHostError, free_port
 
 pytestmark = pytest.mark.sshd
@@ -237,8 +237,8 @@ def test_a_passphrase_key_through_passphrase_env(bastioned: Bastioned, tmp_path:
 def test_slots_on_an_sshd_host_give_the_verdicts_of_one_slot_with_attempts_overlapping(
     sshd_hosts: Any, tmp_path: Path
 ) -> None:
-    from orchestrator.replay import ReplayRequest, replay
-    from orchestrator.rundir import read_jsonl
+    from orchestrator.commands.replay import ReplayRequest, replay
+    from orchestrator.store.rundir import read_jsonl
 
     suite = tmp_path / "slow"
     for i in range(8):
@@ -278,7 +278,7 @@ def test_slots_on_an_sshd_host_give_the_verdicts_of_one_slot_with_attempts_overl
 def test_bastion_connections_bounds_the_connections_being_opened_through_it(
     bastioned: Bastioned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.transport import ssh
+    from orchestrator.hosts.transport import ssh
 
     f = bastioned.fleet
     inv = load_inventory(bastioned.inventory(tmp_path / "hosts.toml", f'identity_file = "{f.identity}"',
@@ -319,8 +319,8 @@ def test_a_live_model_suite_runs_with_slots_through_the_proxy(
     """Attempts at once on one host share its one reverse forward to the controller's model proxy."""
     import secrets
 
-    from orchestrator.replay import ReplayRequest, replay
-    from orchestrator.rundir import read_jsonl
+    from orchestrator.commands.replay import ReplayRequest, replay
+    from orchestrator.store.rundir import read_jsonl
     from tests.integration.test_openai_sshd import KEY_ENV, SCRIPT, openai_suite
     from tests.support.fake_provider import FakeProvider
 
@@ -341,7 +341,7 @@ def test_a_held_model_works_with_slots(sshd_hosts: Any, tmp_path: Path, monkeypa
     import json
     import secrets
 
-    from orchestrator.replay import ReplayRequest, replay
+    from orchestrator.commands.replay import ReplayRequest, replay
     from tests.integration.test_hold_sshd import KEY_ENV, LOOKUPS, _suite
     from tests.support.fake_provider import FakeProvider
 

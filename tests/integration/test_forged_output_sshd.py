@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import RunDir, read_jsonl
+from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.store.rundir import RunDir, read_jsonl
 from tests.support.runner import write_suite
 
 pytestmark = pytest.mark.sshd
@@ -71,7 +71,7 @@ def test_the_forging_agent_cannot_touch_the_victims_verdict(sshd_hosts: Any, tmp
 
 def test_output_changed_after_the_runner_wrote_it_is_the_hosts_error(sshd_hosts: Any, tmp_path: Path) -> None:
     """What the sandbox keeps the agent from doing, done by the host itself before the pull."""
-    from orchestrator.transport import open_host
+    from orchestrator.hosts.transport import open_host
 
     def hook(name: str, stage: str, detail: str) -> None:
         if stage != "pull":

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.replay import ReplayRequest, replay
+from orchestrator.commands.replay import ReplayRequest, replay
 from tests.support.fake_provider import FakeProvider
 
 pytestmark = pytest.mark.sshd

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import workspace as workspace_mod
-from orchestrator.archive import ArchiveLimits, max_archive_bytes
 from orchestrator.errors import TransferError
-from orchestrator.fanout import Interrupted
-from orchestrator.transport import open_host
-from orchestrator.transport.base import Host
-from orchestrator.workspace import Workspace
+from orchestrator.hosts import workspace as workspace_mod
+from orchestrator.hosts.archive import ArchiveLimits, max_archive_bytes
+from orchestrator.hosts.fanout import Interrupted
+from orchestrator.hosts.transport import open_host
+from orchestrator.hosts.transport.base import Host
+from orchestrator.hosts.workspace import Workspace
 
 pytestmark = pytest.mark.sshd
 

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import read_jsonl
-from orchestrator.transport import open_host
+from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.hosts.transport import open_host
+from orchestrator.store.rundir import read_jsonl
 from orchestrator.ui import render_replay
 from tests.support.runner import write_suite
 
@@ -304,8 +304,8 @@ def test_a_leftover_process_means_the_workspace_is_not_cleaned(tmp_path: Path) -
     """The cleanup check looks for processes as well as files: one still running in the workspace
     (here started beside the runner, as an escaped process would be) is killed, and when it cannot be
     the workspace is not reported removed."""
-    from orchestrator.transport.local import LocalHost
-    from orchestrator.workspace import Workspace
+    from orchestrator.hosts.transport.local import LocalHost
+    from orchestrator.hosts.workspace import Workspace
 
     ws = Workspace(LocalHost("box"), "box", str(tmp_path / "root"), "r1")
     ws.create()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.replay import ReplayRequest, replay
+from orchestrator.commands.replay import ReplayRequest, replay
 from tests.support.runner import TRIAGE, write_suite
 
 pytestmark = pytest.mark.sshd

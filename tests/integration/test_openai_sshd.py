@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.errors import ApiKeyMissing
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import RunDir, read_jsonl
+from orchestrator.store.rundir import RunDir, read_jsonl
 from tests.support.fake_provider import FakeProvider, unused_port
 
 pytestmark = pytest.mark.sshd

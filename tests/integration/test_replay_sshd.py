@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import RunDir, read_jsonl
-from orchestrator.transport import open_host
+from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.hosts.transport import open_host
+from orchestrator.store.rundir import RunDir, read_jsonl
 from tests.support.runner import predicate_suite
 
 pytestmark = pytest.mark.sshd
@@ -35,7 +35,7 @@ def _slow_suite(root: Path, *, tasks: int, sleep_s: float) -> Path:
 
 def _left_of_run(inventory_path: Path, run_id: str, skip: set[str] = frozenset()) -> dict[str, str]:
     """Per reachable host: what is left of this run under its workspace_root ('' when nothing)."""
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     left: dict[str, str] = {}
     for cfg in load_inventory(inventory_path).hosts:
@@ -57,7 +57,7 @@ def _left_of_run(inventory_path: Path, run_id: str, skip: set[str] = frozenset()
 
 def _runs_on(inventory_path: Path, name: str) -> list[str]:
     """The names under a host's <workspace_root>/runs right now (where a run's workspace lives)."""
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     cfg = load_inventory(inventory_path).get(name)
     host = open_host(cfg)
@@ -208,7 +208,7 @@ def test_ctrl_c_and_failure_leave_nothing_behind(sshd_hosts: Any, tmp_path: Path
 
 
 def test_hosts_probe_reports_each_host_and_cleans_up(sshd_hosts: Any) -> None:
-    from orchestrator.probe import probe
+    from orchestrator.commands.probe import probe
 
     results = {r.name: r for r in probe(sshd_hosts.inventory_path)}
     assert list(results) == ["local", "box-a", "box-b"]
@@ -223,7 +223,7 @@ def test_hosts_probe_reports_each_host_and_cleans_up(sshd_hosts: Any) -> None:
 
 
 def test_hosts_probe_digest_is_stable_and_is_the_one_a_replay_records(sshd_hosts: Any, tmp_path: Path) -> None:
-    from orchestrator.probe import probe
+    from orchestrator.commands.probe import probe
 
     first = {r.name: r.fingerprint for r in probe(sshd_hosts.inventory_path)}
     second = {r.name: r.fingerprint for r in probe(sshd_hosts.inventory_path)}

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from agent_runner.redact import redact_text
 from orchestrator.cli import app
-from orchestrator.replay import ReplayRequest, replay
+from orchestrator.commands.replay import ReplayRequest, replay
 from tests.orchestrator.test_otel import Receiver, _all_strings
 from tools.headless import Browser, find_chromium
 

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agent_runner.trace import TraceWriter
-from orchestrator import history
 from orchestrator.cli import app
+from orchestrator.store import history
 
 pytestmark = pytest.mark.sshd
 

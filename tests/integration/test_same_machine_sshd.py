@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.errors import RunnerCrashed
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.transport import open_host
-from orchestrator.workspace import Workspace
+from orchestrator.hosts.transport import open_host
+from orchestrator.hosts.workspace import Workspace
 from tests.support.runner import predicate_suite
 
 pytestmark = pytest.mark.sshd

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import RunDir
+from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.store.rundir import RunDir
 from tests.integration.test_replay_sshd import _slow_suite
 
 pytestmark = pytest.mark.sshd

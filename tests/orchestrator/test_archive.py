@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.archive import ArchiveLimits, read_archive
 from orchestrator.errors import ArchiveRejected
+from orchestrator.hosts.archive import ArchiveLimits, read_archive
 
 
 def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:

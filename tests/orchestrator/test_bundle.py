@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from agent_runner.suite import suite_from_dict
-from orchestrator.bundle import build_bundle, build_suite_tar, ensure_bundle, sha256_file
 from orchestrator.errors import SuiteError
-from orchestrator.testing import FakeHost
-from orchestrator.transport.local import LocalHost
+from orchestrator.hosts.bundle import build_bundle, build_suite_tar, ensure_bundle, sha256_file
+from orchestrator.hosts.testing import FakeHost
+from orchestrator.hosts.transport.local import LocalHost
 
 NORMALISED = {
     "name": "mini",
@@ -151,7 +151,7 @@ def test_a_damaged_cached_bundle_is_rebuilt_not_used(tmp_path: Path) -> None:
 def test_replay_keeps_bundles_in_the_users_cache_shared_by_every_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.bundle import bundle_cache_dir
+    from orchestrator.hosts.bundle import bundle_cache_dir
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     a = bundle_cache_dir(tmp_path / "runs-a")
@@ -168,7 +168,7 @@ def test_the_local_cache_is_bounded_by_age_and_size_and_keeps_the_bundle_in_use(
     import os
     import time
 
-    from orchestrator.bundle import prune_local_cache
+    from orchestrator.hosts.bundle import prune_local_cache
 
     cache = tmp_path / "cache"
     cache.mkdir()

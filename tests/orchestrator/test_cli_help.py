@@ -38,3 +38,15 @@ def test_replay_help_states_its_exit_codes() -> None:
     text = " ".join(_help("replay").split())
     for code in ("Exit 0:", "1: invalid", "2: bad input", "3: a host failed", "130: interrupted"):
         assert code in text
+
+
+def test_module_entry_point_knows_every_command() -> None:
+    """``python -m orchestrator.cli`` (what a schedule runs) registers every command before it parses."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "cache", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "prune" in result.stdout

@@ -38,7 +38,7 @@ def test_run_dir_under_a_file_is_an_input_error(tmp_path: Path) -> None:
     import pytest
 
     from orchestrator.errors import InputError
-    from orchestrator.rundir import RunDir
+    from orchestrator.store.rundir import RunDir
 
     (tmp_path / "f").write_text("")
     with pytest.raises(InputError, match="check --out"):
@@ -49,7 +49,7 @@ def test_results_jsonl_that_is_not_utf8_is_a_trace_error(tmp_path: Path) -> None
     import pytest
 
     from orchestrator.errors import TraceError
-    from orchestrator.rundir import read_jsonl
+    from orchestrator.store.rundir import read_jsonl
 
     path = tmp_path / "results.jsonl"
     path.write_bytes(b'{"task": "t"}\n\xff\xfe\n')

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import HostUnreachable
-from orchestrator.inventory import load_inventory
-from orchestrator.transport import open_host
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.transport import open_host
 
 
 def _closed_port() -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.inventory import load_inventory
+from orchestrator.hosts.inventory import load_inventory
 from tools.testhosts import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

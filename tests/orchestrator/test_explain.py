@@ -7,11 +7,11 @@ from pathlib import Path
 
 from orchestrator.analysis import analyse_run
 from orchestrator.analysis.models import Counterfactual, ExplainRecord, ExplainTask
+from orchestrator.commands.explain import EnvFact, env_facts, with_fact
 from orchestrator.exit_policy import explain_exit
-from orchestrator.explain import EnvFact, env_facts, with_fact
-from orchestrator.inventory import HostConfig
+from orchestrator.hosts.inventory import HostConfig
 from orchestrator.report import render_markdown
-from orchestrator.rundir import RunDir
+from orchestrator.store.rundir import RunDir
 from tests.support.rundirs import Attempt, RunSpec, build_run, fingerprint
 
 ALLOW = ["PATH", "LANG", "LC_ALL", "TZ", "HTTP_PROXY"]
@@ -145,8 +145,8 @@ def test_a_differing_path_reads_as_a_sentence_and_leads_the_cause():
 
 
 def test_path_states_give_digests_of_world_readable_files_only(tmp_path: Path):
-    from orchestrator.explain import path_states
-    from orchestrator.transport import open_host
+    from orchestrator.commands.explain import path_states
+    from orchestrator.hosts.transport import open_host
 
     public, private = tmp_path / "flag", tmp_path / "token"
     public.write_text("on\n")
@@ -162,7 +162,7 @@ def test_path_states_give_digests_of_world_readable_files_only(tmp_path: Path):
 
 
 def test_the_other_hosts_path_is_a_fact_only_when_both_are_known_and_differ():
-    from orchestrator.explain import path_fact
+    from orchestrator.commands.explain import path_fact
 
     paths = {"local": "/usr/bin:/bin", "box-b": "/opt/bin:/usr/bin:/bin", "box-c": "/usr/bin:/bin"}
     assert path_fact(paths, "local", "box-b") == [EnvFact("box-b", "PATH", "/opt/bin:/usr/bin:/bin")]
@@ -174,7 +174,7 @@ def test_the_other_hosts_path_is_a_fact_only_when_both_are_known_and_differ():
 
 def test_a_path_both_hosts_looked_up_outranks_one_only_one_host_touched():
     from orchestrator.analysis.models import PathEvidence
-    from orchestrator.explain import _ranked
+    from orchestrator.commands.explain import _ranked
 
     hosts = ["local", "box-b"]
     interpreter = PathEvidence(path="/a/python3", calls=["execve"], touched_on=["local"], by=["agent"],
@@ -193,7 +193,7 @@ def test_a_path_both_hosts_looked_up_outranks_one_only_one_host_touched():
 def test_an_entry_of_a_directory_one_host_lacks_leads_its_directory():
     """The demo's stale wheel: both hosts list the cache directory, only local finds the wheel in it."""
     from orchestrator.analysis.models import PathEvidence
-    from orchestrator.explain import _ranked
+    from orchestrator.commands.explain import _ranked
 
     hosts = ["local", "box-b"]
     cache = PathEvidence(path="/tmp/w", calls=["openat"], touched_on=hosts,

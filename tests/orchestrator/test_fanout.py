@@ -6,7 +6,7 @@ import threading
 import time
 
 from orchestrator.errors import HostUnreachable
-from orchestrator.fanout import Interrupted, default_jobs, fan_out
+from orchestrator.hosts.fanout import Interrupted, default_jobs, fan_out
 
 
 def test_one_host_raising_does_not_cancel_the_others() -> None:

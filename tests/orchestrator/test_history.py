@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import history, ui
+from orchestrator import ui
 from orchestrator.errors import InputError
-from orchestrator.rundir import HostRecord, Manifest, SuiteRef
+from orchestrator.store import history
+from orchestrator.store.rundir import HostRecord, Manifest, SuiteRef
 from tests.support.runner import own_machine_python
 
 HOSTS = ("local", "box-b")
@@ -314,7 +315,7 @@ def test_history_table_fits_80_columns_one_line_a_run_and_wide_shows_every_colum
 
 
 def _replay_and_record(request: Any, bundle: Any, barrier: Any) -> None:
-    from orchestrator.replay import replay
+    from orchestrator.commands.replay import replay
 
     barrier.wait()
     outcome = replay(request, bundle=bundle)
@@ -326,9 +327,9 @@ def test_two_concurrent_replays(tmp_path: Path) -> None:
     import sys
 
     from agent_runner.trace import TraceWriter
-    from orchestrator import repro
-    from orchestrator.bundle import build_bundle
-    from orchestrator.replay import ReplayRequest
+    from orchestrator.commands import repro
+    from orchestrator.commands.replay import ReplayRequest
+    from orchestrator.hosts.bundle import build_bundle
 
     trace = tmp_path / "t.0.jsonl"
     with TraceWriter(trace) as w:

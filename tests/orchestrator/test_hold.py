@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from agent_runner.wire import ERR_DIVERGED, FINISH_MODEL_DIVERGED
-from orchestrator.hold import ModelHold, first_difference, hold_mode
-from orchestrator.proxy import ModelProxy
+from orchestrator.model.hold import ModelHold, first_difference, hold_mode
+from orchestrator.model.proxy import ModelProxy
 from tests.support.fake_provider import FakeProvider
 
 KEY = "sk-test-key-0123456789abcdef"
@@ -99,7 +99,7 @@ def test_an_exec_attempts_own_directory_is_set_aside_in_both_spellings_and_the_a
 
 
 def test_only_a_deep_absolute_directory_is_taken_as_an_attempts_root() -> None:
-    from orchestrator.hold import attempt_root
+    from orchestrator.model.hold import attempt_root
 
     assert attempt_root("/tmp/crosshost/runs/r/work/t.0.abcd1234") == "/tmp/crosshost/runs/r/work/t.0.abcd1234"
     for bad in ("/", "/tmp", "/tmp/x", "relative/a/b/c", '/a/b/c"d', "/a/b/c\\d", "/a/b/c\nd", 7, None):

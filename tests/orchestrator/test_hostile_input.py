@@ -20,13 +20,14 @@ from typer.testing import CliRunner
 
 from agent_runner.errors import SuiteError
 from agent_runner.suite import read_suite
-from orchestrator import schedule, ui
+from orchestrator import ui
 from orchestrator.analysis import analyse_run
 from orchestrator.cli import app
+from orchestrator.commands import schedule
 from orchestrator.errors import InputError
 from orchestrator.exit_policy import INTERNAL_ERROR
 from orchestrator.report import render_junit, render_markdown
-from orchestrator.rundir import RunDir
+from orchestrator.store.rundir import RunDir
 from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
 
 TRIAGE = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
@@ -268,7 +269,7 @@ def test_every_budget_is_finite_and_bounded(tmp_path: Path, old: str, new: str, 
 
 
 def test_an_internal_error_has_its_own_exit_code(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import orchestrator.schedule as sched
+    import orchestrator.commands.schedule as sched
 
     def boom(*_a: object, **_k: object) -> int:
         raise ZeroDivisionError("a bug")
@@ -305,7 +306,7 @@ def test_deeply_nested_toml_is_one_line_naming_the_file(project: Path, where: st
 
 
 def test_deeply_nested_results_or_fingerprint_is_a_named_problem_not_a_crash(tmp_path: Path) -> None:
-    from orchestrator.rundir import TraceError, iter_jsonl
+    from orchestrator.store.rundir import TraceError, iter_jsonl
 
     results = tmp_path / "results.jsonl"
     results.write_text('{"ok": 1}\n' + '{"a": ' * 5000 + "1" + "}" * 5000 + "\n")
@@ -386,7 +387,7 @@ def test_a_fifo_or_dev_zero_in_a_run_directory_is_refused_not_read(tmp_path: Pat
 
 def test_a_line_over_the_bound_is_a_damaged_line_and_reading_goes_on(tmp_path: Path) -> None:
     from agent_runner.jsonfile import MAX_LINE_BYTES
-    from orchestrator.rundir import TraceError, iter_jsonl
+    from orchestrator.store.rundir import TraceError, iter_jsonl
 
     results = tmp_path / "results.jsonl"
     results.write_text('{"ok": 1}\n{"a": "' + "x" * MAX_LINE_BYTES + '"}\n{"ok": 2}\n')
@@ -411,7 +412,7 @@ def test_a_byte_order_mark_is_not_a_syntax_error(tmp_path: Path) -> None:
 )  # fmt: skip
 def test_inventory_types_are_strict(tmp_path: Path, line: str, key: str) -> None:
     from orchestrator.errors import InventoryError
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     inv = tmp_path / "hosts.toml"
     inv.write_text(f'[defaults]\nssh_config = false\n[[hosts]]\nname = "b"\naddress = "127.0.0.1"\n{line}\n')
@@ -461,7 +462,7 @@ def test_a_record_after_the_finish_is_an_error_attempt(tmp_path: Path) -> None:
 
 def test_unexpected_trace_files_from_a_host_are_problems_and_exit_3(tmp_path: Path) -> None:
     from orchestrator.exit_policy import HOST_FAILURE, replay_exit, report_exit
-    from orchestrator.rundir import load_run
+    from orchestrator.store.rundir import load_run
 
     run = _two_passing(tmp_path)
     traces = RunDir(run).trace_path("box-b", "t1", 0).parent
@@ -523,7 +524,7 @@ def _inventory(tmp_path: Path, extra: str) -> Path:
 @pytest.mark.parametrize("name", ["DB_PASS", "PGPASS", "GH_PAT", "NPM_AUTH", "SECRET_KEY_BASE"])
 def test_secret_names_are_refused_in_the_allowlist_and_as_pinned_values(tmp_path: Path, name: str) -> None:
     from orchestrator.errors import InventoryError
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     with pytest.raises(InventoryError, match=rf"host 'b': key 'env_allowlist': '{name}' is secret-shaped"):
         load_inventory(_inventory(tmp_path, f'env_allowlist = ["PATH", "{name}"]'))
@@ -534,7 +535,7 @@ def test_secret_names_are_refused_in_the_allowlist_and_as_pinned_values(tmp_path
 
 def test_a_pinned_connection_string_with_a_password_is_refused_without_echoing_it(tmp_path: Path) -> None:
     from orchestrator.errors import InventoryError
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     with pytest.raises(
         InventoryError, match=r"key 'env': 'DATABASE_URL': the value holds a credential"
@@ -557,7 +558,7 @@ def test_a_pinned_connection_string_with_a_password_is_refused_without_echoing_i
 @pytest.mark.parametrize("name", ["LD_PRELOAD", "PYTHONPATH", "BASH_ENV", "IFS"])
 def test_loader_hijacking_variables_are_refused_unless_allowed(tmp_path: Path, name: str) -> None:
     from orchestrator.errors import InventoryError
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     with pytest.raises(
         InventoryError, match=rf"host 'b': env_allowlist: {name} can make the host run other code"
@@ -572,7 +573,7 @@ def test_loader_hijacking_variables_are_refused_unless_allowed(tmp_path: Path, n
 def test_a_hard_link_in_a_suite_is_refused_like_a_symlink(tmp_path: Path) -> None:
     import os
 
-    from orchestrator.bundle import build_bundle
+    from orchestrator.hosts.bundle import build_bundle
 
     suite = _suite(tmp_path, "triage")
     key = tmp_path / "id_ed25519"
@@ -586,8 +587,8 @@ def test_a_hard_link_in_a_suite_is_refused_like_a_symlink(tmp_path: Path) -> Non
 
 
 def _indexed_runs(tmp_path: Path) -> Path:
-    from orchestrator.history import record_run
     from orchestrator.report import write_reports
+    from orchestrator.store.history import record_run
 
     runs = tmp_path / "runs"
     run = build_run(runs, RunSpec(hosts=two_hosts(), attempts={("local", "t1", 0): Attempt("pass"),
@@ -598,7 +599,7 @@ def _indexed_runs(tmp_path: Path) -> Path:
 
 
 def test_history_rebuild_recreates_a_corrupt_index(tmp_path: Path) -> None:
-    from orchestrator.history import history_listing, index_path
+    from orchestrator.store.history import history_listing, index_path
 
     run = _indexed_runs(tmp_path)
     runs = run.parent
@@ -613,7 +614,7 @@ def test_history_rebuild_recreates_a_corrupt_index(tmp_path: Path) -> None:
 
 
 def test_compare_last_that_cannot_compare_is_not_a_pass(tmp_path: Path) -> None:
-    from orchestrator.history import after_replay, index_path
+    from orchestrator.store.history import after_replay, index_path
 
     run = _indexed_runs(tmp_path)
     for part in run.parent.glob("index.sqlite*"):
@@ -628,9 +629,9 @@ def test_compare_last_that_cannot_compare_is_not_a_pass(tmp_path: Path) -> None:
 def test_ctrl_c_during_the_analysis_is_recorded_as_an_interruption(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orchestrator.replay as replay_mod
-    from orchestrator.replay import ReplayRequest, replay
-    from orchestrator.rundir import load_run
+    import orchestrator.commands.replay as replay_mod
+    from orchestrator.commands.replay import ReplayRequest, replay
+    from orchestrator.store.rundir import load_run
 
     def interrupted(*_a: object, **_k: object) -> None:
         raise KeyboardInterrupt
@@ -668,8 +669,8 @@ def test_a_name_that_does_not_resolve_is_not_retried_as_transient(tmp_path: Path
     import subprocess as sp
 
     from orchestrator.errors import HostUnreachable
-    from orchestrator.inventory import load_inventory
-    from orchestrator.transport import open_host
+    from orchestrator.hosts.inventory import load_inventory
+    from orchestrator.hosts.transport import open_host
 
     sp.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "id_ed25519")], check=True)
     inv = tmp_path / "hosts.toml"
@@ -701,7 +702,7 @@ def test_an_inventory_with_a_bom_reads_and_a_fifo_is_refused(tmp_path: Path) -> 
     import os
 
     from orchestrator.errors import InventoryError
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     inv = tmp_path / "hosts.toml"
     inv.write_bytes(b'\xef\xbb\xbf[[hosts]]\nname = "a"\ntransport = "local"\n')

@@ -10,7 +10,7 @@ import pytest
 
 from agent_runner.digests import MARKER
 from orchestrator.errors import OutputTampered
-from orchestrator.integrity import verify_host_output
+from orchestrator.hosts.integrity import verify_host_output
 
 ROW = {"task": "t", "env": "h", "attempt": 0, "verdict": "fail", "reason": "stop", "run_id": "r",
        "env_sha": "e", "exit_code": 1, "wall_ms": 1, "fingerprint": "f", "why": "predicate exited 1"}  # fmt: skip

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import InventoryError
-from orchestrator.inventory import load_inventory
+from orchestrator.hosts.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 TRIAGE = REPO / "examples" / "suites" / "triage"

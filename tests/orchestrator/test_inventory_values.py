@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import InventoryError
-from orchestrator.inventory import load_inventory
+from orchestrator.hosts.inventory import load_inventory
 
 LOCAL = '[[hosts]]\nname = "a"\ntransport = "local"\n'
 

@@ -23,7 +23,7 @@ from agent_runner.records import TraceFinish, TraceHeader, TraceTurn
 from agent_runner.redact import redact_text
 from agent_runner.trace import fp
 from orchestrator.cli import app
-from orchestrator.otel import SCHEMA_URL, read_otlp_json_lines
+from orchestrator.commands.otel import SCHEMA_URL, read_otlp_json_lines
 from tests.support.html_run import build_known_run
 from tests.support.rundirs import PINS, Attempt
 
@@ -268,7 +268,7 @@ def test_the_file_holds_otlp_json_lines_that_read_back(tmp_path, receiver):
 
 
 def test_a_receiver_that_is_not_there_is_exit_3_in_one_line(tmp_path, receiver, monkeypatch):
-    monkeypatch.setattr("orchestrator.otel.EXPORT_TIMEOUT_S", 1.0)  # the exporter retries until then
+    monkeypatch.setattr("orchestrator.commands.otel.EXPORT_TIMEOUT_S", 1.0)  # the exporter retries until then
     run = _run(tmp_path)
     receiver.server.shutdown()
     receiver.server.server_close()

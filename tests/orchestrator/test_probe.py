@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from orchestrator.probe import probe
-from orchestrator.replay import ReplayRequest, replay
+from orchestrator.commands.probe import probe
+from orchestrator.commands.replay import ReplayRequest, replay
 
 TRIAGE = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
 

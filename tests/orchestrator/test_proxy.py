@@ -13,8 +13,8 @@ import pytest
 from agent_runner.suite import Suite, suite_from_dict
 from agent_runner.wire import CALL_HEADER
 from orchestrator.errors import ApiKeyMissing, SuiteError
-from orchestrator.proxy import ModelProxy, model_route, openai_agent_config
-from orchestrator.transport.local import LocalHost
+from orchestrator.hosts.transport.local import LocalHost
+from orchestrator.model.proxy import ModelProxy, model_route, openai_agent_config
 from tests.support.fake_provider import FakeProvider, unused_port
 
 KEY = "sk-test-key-0123456789abcdef"

@@ -15,9 +15,9 @@ import pytest
 from agent_runner.errors import SuiteError
 from agent_runner.suite import read_suite
 from agent_runner.wire import CALL_HEADER, EXEC_PREFIX, MODEL_PASS_ENV
-from orchestrator.hold import ModelHold
-from orchestrator.proxy import ModelProxy, model_route
-from orchestrator.testing import FakeHost
+from orchestrator.hosts.testing import FakeHost
+from orchestrator.model.hold import ModelHold
+from orchestrator.model.proxy import ModelProxy, model_route
 from tests.support.fake_provider import FakeProvider
 
 KEY = "sk-unit-" + "k" * 24

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import remote
+from orchestrator.hosts import remote
 
 
 def _start_run(ws: Path) -> subprocess.Popen[bytes]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from orchestrator import remote
+from orchestrator.hosts import remote
 
 # coreutils env, not Python: Python itself may add LC_CTYPE (PEP 538 locale coercion)
 DUMP_ENV = ["env", "-0"]

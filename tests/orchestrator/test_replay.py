@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from agent_runner.suite import suite_from_dict
-from orchestrator.bundle import Bundle, build_bundle
+from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.errors import HostUnreachable
-from orchestrator.replay import ReplayRequest, replay
-from orchestrator.rundir import RunDir, read_jsonl
-from orchestrator.transport.base import Host
-from orchestrator.transport.local import LocalHost
+from orchestrator.hosts.bundle import Bundle, build_bundle
+from orchestrator.hosts.transport.base import Host
+from orchestrator.hosts.transport.local import LocalHost
+from orchestrator.store.rundir import RunDir, read_jsonl
 
 FAKE_RUNNER = Path(__file__).resolve().parents[1] / "support" / "fake_runner.py"
 NORMALISED = {
@@ -230,8 +230,8 @@ def test_a_bad_results_file_is_that_hosts_crash_and_the_run_is_still_written(tmp
 def test_an_archive_over_the_cap_is_refused_before_it_is_transferred(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import workspace
-    from orchestrator.archive import ArchiveLimits, max_archive_bytes
+    from orchestrator.hosts import workspace
+    from orchestrator.hosts.archive import ArchiveLimits, max_archive_bytes
 
     limits = ArchiveLimits(max_members=10, max_total_bytes=100_000)
     monkeypatch.setattr(workspace, "PULL_LIMITS", limits)
@@ -261,7 +261,7 @@ def test_a_token_on_a_runners_stderr_is_redacted_in_the_manifest_and_on_the_term
     from rich.console import Console
 
     from orchestrator import ui
-    from orchestrator.replay import replay_command
+    from orchestrator.commands.replay import replay_command
 
     token = "ghp_" + "A1b2" * 9
     inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "leak"})
@@ -290,7 +290,7 @@ def test_error_verdicts_from_a_runner_that_exited_0_are_exit_3_and_the_summary_s
     from rich.console import Console
 
     from orchestrator import ui
-    from orchestrator.replay import replay_command
+    from orchestrator.commands.replay import replay_command
 
     inv, bundle = _setup(tmp_path, ["local", "box-b"], {"local": "provider_down", "box-b": "provider_down"})
     out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
@@ -311,7 +311,7 @@ def test_exit_code_precedence() -> None:
     from types import SimpleNamespace
 
     from orchestrator.exit_policy import replay_exit as exit_code
-    from orchestrator.rundir import HostRecord, Manifest, ResultRow, SuiteRef
+    from orchestrator.store.rundir import HostRecord, Manifest, ResultRow, SuiteRef
 
     def manifest(**hosts: HostRecord) -> Manifest:
         return Manifest(run_id="r", started="t", suite=SuiteRef(name="s", sha="x", path="p"), reference="a",
@@ -406,7 +406,7 @@ def test_a_runner_refusing_before_its_fingerprint_still_gets_one_taken(tmp_path:
 def test_a_runner_killed_by_the_timeout_still_sends_what_it_wrote(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import host_job
+    from orchestrator.hosts import host_job
 
     monkeypatch.setattr(host_job, "RUN_MARGIN_S", -18)  # timeout_s 5 x 4 attempts - 18: killed after 2 s
     inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "sleep"})

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator.replay import replay
-from orchestrator.transport.base import ExecResult, Host
-from orchestrator.transport.local import LocalHost
+from orchestrator.commands.replay import replay
+from orchestrator.hosts.transport.base import ExecResult, Host
+from orchestrator.hosts.transport.local import LocalHost
 from tests.orchestrator.test_replay import _left, _req, _setup
 
 

@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from orchestrator.analysis import analyse_run
 from orchestrator.cli import app
-from orchestrator.history import index_path, record_run
+from orchestrator.commands.view import ensure_report, serving
 from orchestrator.report import html as report_html
 from orchestrator.report import write_reports
-from orchestrator.report.view import ensure_report, serving
+from orchestrator.store.history import index_path, record_run
 from tests.support.html_run import HOSTILE_TASK, HOSTILE_VALUE, OBSERVATION, build_known_run
 
 

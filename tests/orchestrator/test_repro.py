@@ -11,7 +11,7 @@ import pytest
 from agent_runner.records import Fingerprint
 from agent_runner.suite import load_suite
 from agent_runner.trace import TraceWriter
-from orchestrator import repro
+from orchestrator.commands import repro
 from orchestrator.errors import InputError
 
 Turn = tuple[str, dict[str, Any], str]  # tool, args, observation

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from agent_runner.trace import TraceWriter
-from orchestrator import history
 from orchestrator.cli import app
+from orchestrator.store import history
 
 
 def inventory(tmp_path: Path, tz_bad: str) -> Path:

@@ -12,7 +12,7 @@ import pytest
 
 from agent_runner.records import Fingerprint, ResultRow
 from orchestrator.errors import CrosshostError, InputError, TraceError
-from orchestrator.rundir import (
+from orchestrator.store.rundir import (
     HostRecord,
     Manifest,
     RunDir,
@@ -135,8 +135,8 @@ def test_one_jsonl_reader_strict_and_tolerant(tmp_path: Path) -> None:
 
 
 def test_history_names_a_damaged_results_file(tmp_path: Path) -> None:
-    from orchestrator import history
     from orchestrator.errors import InputError
+    from orchestrator.store import history
 
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)

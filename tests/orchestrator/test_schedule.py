@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator import schedule
 from orchestrator.cli import app
+from orchestrator.commands import schedule
 from orchestrator.errors import InputError
 
 TRIAGE = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"

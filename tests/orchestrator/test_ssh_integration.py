@@ -14,9 +14,9 @@ import paramiko
 import pytest
 
 from orchestrator.errors import AuthenticationFailed, HostKeyRejected, HostUnreachable
-from orchestrator.inventory import HostConfig
-from orchestrator.transport import CONNECT_ATTEMPTS, open_host
-from orchestrator.transport.ssh import SshHost
+from orchestrator.hosts.inventory import HostConfig
+from orchestrator.hosts.transport import CONNECT_ATTEMPTS, open_host
+from orchestrator.hosts.transport.ssh import SshHost
 from tests.support.fleet import SshdHosts
 from tools.testhosts import free_port
 

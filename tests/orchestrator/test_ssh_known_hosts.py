@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import known_hosts
 from orchestrator.errors import HostKeyRejected
+from orchestrator.hosts import known_hosts
 
 KEY_A = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519" + os.urandom(36)).decode()
 KEY_B = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519" + os.urandom(36)).decode()

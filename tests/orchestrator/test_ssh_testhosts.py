@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.inventory import load_inventory
-from orchestrator.transport import open_host
+from orchestrator.hosts.inventory import load_inventory
+from orchestrator.hosts.transport import open_host
 from tools.testhosts import free_port
 
 pytestmark = pytest.mark.sshd

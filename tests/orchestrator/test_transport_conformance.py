@@ -1,4 +1,4 @@
-"""Every Host backend against ``orchestrator.transport.conformance``: one test per backend and check.
+"""Every Host backend against ``orchestrator.hosts.transport.conformance``: one test per backend and check.
 
 LocalHost and a real SshHost on an sshd test host run every check. FakeHost keeps files in a dict
 and answers commands with a test's own function, so only the checks of what FakeHost itself does
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import HostError
-from orchestrator.proxy import model_route
-from orchestrator.testing import FakeHost
-from orchestrator.transport import Host, LocalHost, conformance, open_host
-from orchestrator.transport.base import ExecResult
+from orchestrator.hosts.testing import FakeHost
+from orchestrator.hosts.transport import Host, LocalHost, conformance, open_host
+from orchestrator.hosts.transport.base import ExecResult
+from orchestrator.model.proxy import model_route
 
 SSH = pytest.param("ssh", marks=pytest.mark.sshd)
 

@@ -10,9 +10,9 @@ from rich.console import Console
 
 from orchestrator import ui
 from orchestrator.analysis import analyse_run
-from orchestrator.probe import ProbeResult
-from orchestrator.replay import ReplayOutcome
-from orchestrator.rundir import HostRecord, Manifest, ResultRow, RunDir, SuiteRef
+from orchestrator.commands.probe import ProbeResult
+from orchestrator.commands.replay import ReplayOutcome
+from orchestrator.store.rundir import HostRecord, Manifest, ResultRow, RunDir, SuiteRef
 from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
 
 # An unmatched closing tag makes Rich raise MarkupError; "[bold]" would style the text instead.

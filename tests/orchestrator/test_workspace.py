@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import workspace
-from orchestrator.archive import ArchiveLimits
 from orchestrator.errors import ArchiveRejected, RunnerCrashed, TransferError, WorkspaceLeft
-from orchestrator.fanout import Interrupted
-from orchestrator.transport.local import LocalHost
-from orchestrator.workspace import Running, Workspace
+from orchestrator.hosts import workspace
+from orchestrator.hosts.archive import ArchiveLimits
+from orchestrator.hosts.fanout import Interrupted
+from orchestrator.hosts.transport.local import LocalHost
+from orchestrator.hosts.workspace import Running, Workspace
 
 
 def _ws(tmp_path: Path, run_id: str = "r1") -> Workspace:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.inventory import HostConfig, Inventory, load_inventory
+from orchestrator.hosts.inventory import HostConfig, Inventory, load_inventory
 from tools.testhosts import Fleet, TestHostError, free_port
 
 #: the test hosts' state must live outside /tmp, /root and /opt: those are bound over inside them

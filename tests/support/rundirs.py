@@ -12,7 +12,7 @@ from typing import Any
 
 from agent_runner.records import Fingerprint, ResultRow, TraceFinish, TraceHeader, TraceTurn
 from agent_runner.trace import fp
-from orchestrator.rundir import HostRecord, Manifest, RunDir, SuiteRef
+from orchestrator.store.rundir import HostRecord, Manifest, RunDir, SuiteRef
 
 CONTRACT: dict[str, Any] = {
     "contract_id": "test.v1",

@@ -15,9 +15,9 @@ from typing import Any
 import tenacity
 
 from orchestrator.errors import HostUnreachable
-from orchestrator.inventory import HostConfig
-from orchestrator.transport.base import ExecResult, Host
-from orchestrator.transport.local import LocalHost
+from orchestrator.hosts.inventory import HostConfig
+from orchestrator.hosts.transport.base import ExecResult, Host
+from orchestrator.hosts.transport.local import LocalHost
 
 if "paramiko" not in sys.modules and "invoke" not in sys.modules:
     # paramiko.config imports invoke (and with it unittest.mock: ~60 ms of every start) only to run
@@ -30,7 +30,7 @@ if "paramiko" not in sys.modules and "invoke" not in sys.modules:
     finally:
         del sys.modules["invoke"]
 
-from orchestrator.transport.ssh import SshHost  # noqa: E402
+from orchestrator.hosts.transport.ssh import SshHost  # noqa: E402
 
 __all__ = ["ExecResult", "Host", "LocalHost", "Opener", "SshHost", "default_opener", "open_host", "CONNECT_ATTEMPTS"]
 

@@ -25,7 +25,7 @@ An exec agent (``kind = "exec"``, its own program and SDK) reaches the proxy at
 ``/attempt/<task>.<attempt>/v1/chat/completions`` (``api = "openai"``) or ``.../v1/messages``
 (``api = "anthropic"``), streamed or not, with the run's placeholder ``CROSSHOST_MODEL_STANDIN`` as its API
 key; the proxy requires it, forwards with the real key, passes server-sent events through as they
-arrive, and builds the attempt's trace turns from the exchanges (``orchestrator/exchanges.py``), which
+arrive, and builds the attempt's trace turns from the exchanges (``orchestrator/model/exchanges.py``), which
 the runner fetches from ``/crosshost/turns`` when the agent has exited.
 """
 
@@ -74,9 +74,9 @@ from agent_runner.wire import (
     model_url,
 )
 from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
-from orchestrator.exchanges import ExchangeBook, StreamReader, is_answer, parse_answer
-from orchestrator.hold import ModelHold, attempt_root
-from orchestrator.transport.base import Host
+from orchestrator.hosts.transport.base import Host
+from orchestrator.model.exchanges import ExchangeBook, StreamReader, is_answer, parse_answer
+from orchestrator.model.hold import ModelHold, attempt_root
 
 if TYPE_CHECKING:
     from agent_runner.suite import Suite

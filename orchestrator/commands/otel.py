@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 from agent_runner.redact import redact, redact_text
 from agent_runner.trace import iter_records
 from orchestrator.errors import ExportFailed, InputError, TraceError
-from orchestrator.rundir import RunDir, parse_utc
+from orchestrator.store.rundir import RunDir, parse_utc
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider

@@ -27,7 +27,7 @@ from agent_runner.trace import Trace, fp, iter_records, read_trace
 from orchestrator.analysis.attribution import fingerprint_differences
 from orchestrator.errors import InputError, TraceError
 from orchestrator.exit_policy import repro_exit
-from orchestrator.rundir import RunDir, write_json_atomic
+from orchestrator.store.rundir import RunDir, write_json_atomic
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
@@ -388,7 +388,7 @@ def check_consent(request: ReproRequest, host: str, against: str) -> None:
     host (the controller itself) only with ``--on-local`` as well."""
     if request.fixtures_from_trace:
         return  # every tool, shell included, is answered from the recording: nothing runs
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     trace, _ = load_recorded(request.trace)
     commands = shell_commands(trace)
@@ -466,7 +466,7 @@ class ReproOutcome:
 
 
 def _pick_hosts(request: ReproRequest) -> tuple[str, str]:
-    from orchestrator.inventory import load_inventory
+    from orchestrator.hosts.inventory import load_inventory
 
     inventory = load_inventory(request.inventory_path)
     inventory.get(request.host)  # an unknown name is an InventoryError naming the file
@@ -493,8 +493,8 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
     """Replay the trace on ``host`` and the reference (or ``against``) and compare step by step."""
     import tempfile
 
-    from orchestrator import history
-    from orchestrator.replay import ReplayRequest, replay
+    from orchestrator.commands.replay import ReplayRequest, replay
+    from orchestrator.store import history
 
     host, against = _pick_hosts(request)
     check_consent(request, host, against)

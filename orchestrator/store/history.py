@@ -27,7 +27,7 @@ from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
 from orchestrator.exit_policy import BAD_INPUT, compare_last_exit
 from orchestrator.hints import command, out_words
-from orchestrator.rundir import Manifest, RunDir, parse_utc
+from orchestrator.store.rundir import Manifest, RunDir, parse_utc
 
 INDEX_NAME = "index.sqlite"
 BUSY_TIMEOUT_MS = 30_000

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.errors import HostError, TransferError
-from orchestrator.transport.base import ExecResult, Host
+from orchestrator.hosts.transport.base import ExecResult, Host
 
 Handler = Callable[[list[str]], "ExecResult | tuple[int, str, str]"]
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from orchestrator.errors import TransferError
-from orchestrator.transport.base import ExecResult, Host, copy_capped, refuse_irregular
+from orchestrator.hosts.transport.base import ExecResult, Host, copy_capped, refuse_irregular
 
 #: what a local runner's first process inherits of the controller's environment: what a login would
 #: set (an SSH host's runner starts from sshd's). Keys, tokens and CROSSHOST_* never reach it.

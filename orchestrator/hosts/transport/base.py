@@ -1,7 +1,7 @@
 """The one transport abstraction (as pyinfra's connectors): four operations, one file per backend.
 
 A non-zero exit is data in ``ExecResult``; only transport failures raise (``HostError`` subclasses).
-What a backend must do is checked by ``orchestrator/transport/conformance.py`` (``self_check``),
+What a backend must do is checked by ``orchestrator/hosts/transport/conformance.py`` (``self_check``),
 which the tests run against every backend: LocalHost, a real SshHost, and FakeHost (its file part).
 
 Optional capabilities are declared here with a refusal default; a backend that has one overrides it.
@@ -137,7 +137,7 @@ def copy_capped(
 ) -> int:
     """Copy what ``read`` yields into ``local`` until EOF, counting: one byte past ``max_bytes`` or
     ``cancel`` set ends it, the partial file removed. The bytes copied."""
-    from orchestrator.fanout import Interrupted
+    from orchestrator.hosts.fanout import Interrupted
 
     copied = 0
     try:

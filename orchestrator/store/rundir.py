@@ -126,7 +126,7 @@ class Manifest(BaseModel):
     burn_invalidates: bool = False  # the suite's [gate] burn_invalidates: a host's burn finding invalidates
     sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
     task_tags: dict[str, list[str]] = Field(default_factory=dict)  # task.toml tags (report/diff --tags)
-    hold_model: str | None = None  # "true" or "strict" when the model was held (orchestrator/hold.py)
+    hold_model: str | None = None  # "true" or "strict" when the model was held (orchestrator/model/hold.py)
     tasks: list[str] = Field(default_factory=list)
     repeat: int | None = None
     pins: dict[str, dict[str, Any]] = Field(default_factory=dict)  # task -> the pins of its trace header
@@ -343,7 +343,7 @@ class RunDir:
 
     @property
     def model_hold_path(self) -> Path:
-        """A held model's summary: what was held, what diverged (orchestrator/hold.py)."""
+        """A held model's summary: what was held, what diverged (orchestrator/model/hold.py)."""
         return self.path / "model_hold.json"
 
     @property
@@ -353,7 +353,7 @@ class RunDir:
 
     @property
     def explain_path(self) -> Path:
-        """``crosshost explain``'s evidence per flipped task (orchestrator/explain.py)."""
+        """``crosshost explain``'s evidence per flipped task (orchestrator/commands/explain.py)."""
         return self.path / "explain.json"
 
     @property

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_runner.pins import is_cache_name
 from orchestrator.errors import InputError, RunnerCrashed, SuiteError, TransferError
-from orchestrator.transport.base import Host
+from orchestrator.hosts.transport.base import Host
 
 if TYPE_CHECKING:
     from agent_runner.suite import Suite
@@ -233,7 +233,7 @@ def build_bundle(suite_dir: Path, out_dir: Path, *, runner: Path | None = None, 
         raise InputError(f"{out_dir}: cannot create the bundle cache ({exc.strerror or exc}); check --out") from exc
     runner_bytes: bytes | None = None
     if runner is None:
-        from orchestrator.runner_zipapp import runner_zipapp_bytes
+        from orchestrator.hosts.runner_zipapp import runner_zipapp_bytes
 
         runner_bytes = runner_zipapp_bytes()
         zipapp_sha = hashlib.sha256(runner_bytes).hexdigest()
@@ -248,7 +248,7 @@ def build_bundle(suite_dir: Path, out_dir: Path, *, runner: Path | None = None, 
             os.utime(path)  # used now: the local cache keeps the most recently used
         return Bundle(path, sha, zipapp_sha, suite_sha, suite_dir, suite)
     if runner is None:
-        from orchestrator.runner_zipapp import build_runner_zipapp
+        from orchestrator.hosts.runner_zipapp import build_runner_zipapp
 
         runner = build_runner_zipapp(out_dir)
     suite_tar, suite_sha = _store_tar(out_dir, "suite", _suite_tar_bytes(entries, normalised))

@@ -23,7 +23,7 @@ def ensure_report(run_dir: Path) -> Path:
     """The run's ``report.html``; a run written before the page existed gets it now (nothing else rewritten)."""
     from orchestrator.analysis import analyse_run
     from orchestrator.report.html import render_html
-    from orchestrator.rundir import RunDir, write_bytes_atomic
+    from orchestrator.store.rundir import RunDir, write_bytes_atomic
 
     if not run_dir.is_dir():
         raise InputError(f"{run_dir}: no such directory; give a run directory (runs/<run_id>/)")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.rundir import RunDir
+from orchestrator.store.rundir import RunDir
 
 MAX_TEXT = 300
 MAX_DIFF_LINES = 12

@@ -24,7 +24,6 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.analysis.models import RunReport
-from orchestrator.bundle import Bundle, build_bundle, bundle_cache_dir, prune_local_cache
 from orchestrator.errors import (
     InventoryError,
     RunnerCrashed,
@@ -32,14 +31,17 @@ from orchestrator.errors import (
     TraceError,
 )
 from orchestrator.exit_policy import COMPARE_LAST_REASON, replay_exit
-from orchestrator.fanout import FanoutResult, Interrupted, default_jobs, fan_out
-from orchestrator.history import after_replay
-from orchestrator.hold import ModelHold, hold_mode
-from orchestrator.host_job import UNREACHABLE, EventSink, HostJob, HostPlan
-from orchestrator.inventory import HostConfig, load_inventory
-from orchestrator.proxy import openai_agent_config, require_api_key
+from orchestrator.hosts.bundle import Bundle, build_bundle, bundle_cache_dir, prune_local_cache
+from orchestrator.hosts.fanout import FanoutResult, Interrupted, default_jobs, fan_out
+from orchestrator.hosts.host_job import UNREACHABLE, EventSink, HostJob, HostPlan
+from orchestrator.hosts.inventory import HostConfig, load_inventory
+from orchestrator.hosts.transport import Opener, default_opener
+from orchestrator.model.hold import ModelHold, hold_mode
+from orchestrator.model.proxy import openai_agent_config, require_api_key
 from orchestrator.report import analyse_and_write
-from orchestrator.rundir import (
+from orchestrator.selection import TaskSelection
+from orchestrator.store.history import after_replay
+from orchestrator.store.rundir import (
     HostRecord,
     Manifest,
     ResultRow,
@@ -49,8 +51,6 @@ from orchestrator.rundir import (
     utc_now,
     write_bytes_atomic,
 )
-from orchestrator.selection import TaskSelection
-from orchestrator.transport import Opener, default_opener
 
 
 @dataclass
@@ -229,7 +229,7 @@ def replay(
     with_analysis: bool = True,
 ) -> ReplayOutcome:
     """Run the replay and write ``runs/<run_id>/``; the exit code is ``exit_policy.replay_exit``'s."""
-    from orchestrator.inventory import override_notes
+    from orchestrator.hosts.inventory import override_notes
 
     if request.repeat is not None and request.repeat < 1:
         raise SuiteError("--repeat must be at least 1")
@@ -362,7 +362,7 @@ def replay_command(request: ReplayRequest, *, lint: bool = True, **kwargs: Any) 
     """What ``crosshost replay`` does: the suite linted, the replay, then (unless interrupted) the run
     recorded in the history index; with ``--compare-last``, a task that newly flips makes a passing
     run exit 1."""
-    from orchestrator.lint import lint_suite
+    from orchestrator.commands.lint import lint_suite
 
     atexit.unregister(_quick_exit_gc)  # once per process, however often this is called
     atexit.register(_quick_exit_gc)

@@ -18,7 +18,7 @@ from agent_runner.digests import MARKER
 from agent_runner.records import ResultRow
 from agent_runner.trace import read_trace
 from orchestrator.errors import OutputTampered
-from orchestrator.rundir import iter_results
+from orchestrator.store.rundir import iter_results
 
 _LINE = re.compile(rf"^{MARKER} ([0-9a-f]{{64}}) (\S+)$")
 

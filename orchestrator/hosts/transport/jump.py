@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import paramiko
 
 from orchestrator.errors import HostUnreachable
-from orchestrator.inventory import HostConfig
+from orchestrator.hosts.inventory import HostConfig
 
 _Key = tuple[tuple[str, int, str], ...]
 
@@ -58,7 +58,7 @@ def _key(chain: list[HostConfig]) -> _Key:
 def acquire(chain: list[HostConfig], owner: str, *, accept_new: bool) -> Bastion:
     """The live connection to ``chain[-1]`` (reached through ``chain[:-1]``), connecting it when no
     host in this process holds one; pair with ``release``."""
-    from orchestrator.transport.ssh import start_transport
+    from orchestrator.hosts.transport.ssh import start_transport
 
     key = _key(chain)
     with _lock:

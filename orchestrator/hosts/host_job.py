@@ -1,6 +1,6 @@
 """One host's part of a replay: connect, push, run, pull, judge, clean; each stage timed and reported.
 
-``HostJob`` drives the host's ``Workspace`` (``orchestrator/workspace.py``) through its lifecycle and
+``HostJob`` drives the host's ``Workspace`` (``orchestrator/hosts/workspace.py``) through its lifecycle and
 fills the host's record for the manifest: the fingerprint its runner sent, the runner's exit, whether
 the workspace is gone. It never leaves the run's workspace behind; the first error is the host's
 error, a cleanup failure is said beside it.
@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import remote
-from orchestrator.bundle import Bundle
 from orchestrator.errors import (
     AuthenticationFailed,
     HostError,
@@ -28,16 +26,18 @@ from orchestrator.errors import (
     RunnerCrashed,
     WorkspaceLeft,
 )
-from orchestrator.fanout import Interrupted
-from orchestrator.hold import ModelHold
-from orchestrator.host_fingerprint import fingerprint_script, tail
-from orchestrator.integrity import verify_host_output
-from orchestrator.inventory import HostConfig
-from orchestrator.proxy import model_route
-from orchestrator.rundir import HostRecord, RunDir, utc_now
-from orchestrator.transport import Opener
-from orchestrator.transport.base import ExecResult, Host
-from orchestrator.workspace import ABANDON_AFTER_S, Running, Workspace
+from orchestrator.hosts import remote
+from orchestrator.hosts.bundle import Bundle
+from orchestrator.hosts.fanout import Interrupted
+from orchestrator.hosts.fingerprint import fingerprint_script, tail
+from orchestrator.hosts.integrity import verify_host_output
+from orchestrator.hosts.inventory import HostConfig
+from orchestrator.hosts.transport import Opener
+from orchestrator.hosts.transport.base import ExecResult, Host
+from orchestrator.hosts.workspace import ABANDON_AFTER_S, Running, Workspace
+from orchestrator.model.hold import ModelHold
+from orchestrator.model.proxy import model_route
+from orchestrator.store.rundir import HostRecord, RunDir, utc_now
 
 #: on top of timeout_s x attempts: start-up, fingerprint, writing out/ and packing it
 RUN_MARGIN_S = 60
@@ -59,9 +59,9 @@ class HostPlan:
     opener: Opener
     accept_new: bool
     emit: EventSink
-    #: the model proxy's settings when a task uses agent.kind = "openai" (orchestrator/proxy.py)
+    #: the model proxy's settings when a task uses agent.kind = "openai" (orchestrator/model/proxy.py)
     model: dict[str, Any] | None = None
-    #: the held model (orchestrator/hold.py): the reference runs first, the others answered from it
+    #: the held model (orchestrator/model/hold.py): the reference runs first, the others answered from it
     hold: ModelHold | None = None
     running: Running = field(default_factory=Running)  # the runs in flight (Ctrl-C kills them)
     retries: list[dict[str, Any]] = field(default_factory=list)  # every connect retry, for the manifest

@@ -17,9 +17,9 @@ from typing import Any
 from agent_runner.jsonfile import loads as json_loads
 from agent_runner.records import Fingerprint
 from agent_runner.redact import redact_text
-from orchestrator import remote
 from orchestrator.errors import RunnerCrashed
-from orchestrator.transport.base import Host
+from orchestrator.hosts import remote
+from orchestrator.hosts.transport.base import Host
 
 #: the runner is killed after this long (the fingerprint runs each allowed command's --version)
 FINGERPRINT_KILL_AFTER_S = 60

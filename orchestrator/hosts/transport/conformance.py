@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from orchestrator.errors import TransferError
-from orchestrator.transport.base import Host
+from orchestrator.hosts.transport.base import Host
 
 #: one check: the host, a scratch directory on it (removed afterwards), a local scratch directory
 Check = Callable[[Host, str, Path], None]

@@ -306,7 +306,7 @@ class _SshConfigSource:
 
     def file(self) -> Any:
         if not self._read and self.path is not None:
-            from orchestrator.transport import sshconfig
+            from orchestrator.hosts.transport import sshconfig
 
             self._file = sshconfig.read(self.path, explicit=self.setting is not True)
             self._read = True
@@ -423,7 +423,7 @@ def _check_host(where: str, host: HostConfig) -> None:
         if host.use_agent and host.identities_only is False:
             return  # the agent's keys are enough; OpenSSH too skips a missing IdentityFile
         raise InventoryError(f"{where}: key 'identity_file': {host.identity_file} does not exist")
-    from orchestrator.transport import keys
+    from orchestrator.hosts.transport import keys
 
     if host.passphrase_env is not None:
         keys.load_identity(host.identity_file, host.passphrase_env, where=where)  # a wrong passphrase: here

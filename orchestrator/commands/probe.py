@@ -26,11 +26,11 @@ from orchestrator.errors import (
     TransferError,
     WorkspaceLeft,
 )
-from orchestrator.fanout import default_jobs, fan_out
-from orchestrator.host_fingerprint import take_fingerprint
-from orchestrator.transport import Opener, default_opener
-from orchestrator.transport.base import Host
-from orchestrator.workspace import Workspace
+from orchestrator.hosts.fanout import default_jobs, fan_out
+from orchestrator.hosts.fingerprint import take_fingerprint
+from orchestrator.hosts.transport import Opener, default_opener
+from orchestrator.hosts.transport.base import Host
+from orchestrator.hosts.workspace import Workspace
 
 #: failures that mean the host was never connected
 _UNREACHABLE = (HostUnreachable, HostKeyRejected, AuthenticationFailed)
@@ -88,10 +88,10 @@ def probe_host(
 def probe(
     inventory_path: Path, *, accept_new: bool = False, opener: Opener | None = None, suite: Path | None = None
 ) -> list[ProbeResult]:
-    from orchestrator.bundle import read_suite
     from orchestrator.hints import host_error_line, inventory_words
-    from orchestrator.inventory import load_inventory
-    from orchestrator.runner_zipapp import build_runner_zipapp
+    from orchestrator.hosts.bundle import read_suite
+    from orchestrator.hosts.inventory import load_inventory
+    from orchestrator.hosts.runner_zipapp import build_runner_zipapp
 
     inventory = load_inventory(inventory_path)
     configs = {h.name: h for h in inventory.hosts}

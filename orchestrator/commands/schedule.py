@@ -244,7 +244,7 @@ def plan_schedule(
     suite_dir = _one_line_path(suite_dir.expanduser().absolute(), "suite")
     if not suite_dir.is_dir():
         raise SuiteError(f"{suite_dir}: no such suite directory")
-    from orchestrator.bundle import read_suite
+    from orchestrator.hosts.bundle import read_suite
 
     suite_name = read_suite(suite_dir).name  # a broken suite is refused now, not at every replay
     inventory = _one_line_path(inventory.expanduser().absolute(), "-i")

@@ -35,14 +35,14 @@ from orchestrator.analysis.models import (
     RunReport,
     TaskReport,
 )
-from orchestrator.bundle import build_bundle, bundle_cache_dir
 from orchestrator.errors import InputError
 from orchestrator.exit_policy import explain_exit
-from orchestrator.host_job import EventSink
-from orchestrator.inventory import HostConfig, load_inventory
+from orchestrator.hosts.bundle import build_bundle, bundle_cache_dir
+from orchestrator.hosts.host_job import EventSink
+from orchestrator.hosts.inventory import HostConfig, load_inventory
+from orchestrator.hosts.transport import Opener, default_opener
 from orchestrator.report import analyse_and_write
-from orchestrator.rundir import RunDir, load_run, write_json_atomic
-from orchestrator.transport import Opener, default_opener
+from orchestrator.store.rundir import RunDir, load_run, write_json_atomic
 
 #: counterfactual replays per explain (each is one replay of the flipped tasks on the reference)
 MAX_COUNTERFACTUALS = 8
@@ -145,7 +145,7 @@ def explain(
     request: ExplainRequest, *, opener: Opener | None = None, on_event: EventSink | None = None
 ) -> ExplainOutcome:
     """Replay the flipped tasks once more and the counterfactuals; write explain.json and the reports."""
-    from orchestrator.replay import ReplayRequest, replay
+    from orchestrator.commands.replay import ReplayRequest, replay
 
     started = time.monotonic()
     run = load_run(request.run_dir)

@@ -24,9 +24,10 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
-from orchestrator import remote
-from orchestrator.archive import ArchiveLimits, max_archive_bytes, read_archive
-from orchestrator.bundle import (
+from orchestrator.errors import ArchiveRejected, HostError, RunnerCrashed, WorkspaceLeft
+from orchestrator.hosts import remote
+from orchestrator.hosts.archive import ArchiveLimits, max_archive_bytes, read_archive
+from orchestrator.hosts.bundle import (
     Bundle,
     bundle_present_test,
     bundle_remove_script,
@@ -34,10 +35,9 @@ from orchestrator.bundle import (
     in_use_marker,
     prune_host_bundles_script,
 )
-from orchestrator.errors import ArchiveRejected, HostError, RunnerCrashed, WorkspaceLeft
-from orchestrator.fanout import Interrupted
-from orchestrator.host_fingerprint import run_workspace, tail, work_dir
-from orchestrator.transport.base import ExecResult, Host
+from orchestrator.hosts.fanout import Interrupted
+from orchestrator.hosts.fingerprint import run_workspace, tail, work_dir
+from orchestrator.hosts.transport.base import ExecResult, Host
 
 #: the stages of one host in a replay, in order (the progress view and the manifest's timings)
 STAGES = ("connect", "push", "run", "pull", "clean")

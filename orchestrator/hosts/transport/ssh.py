@@ -2,12 +2,12 @@
 
 crosshost's SSH rules, each learned from a fabric/paramiko bug report:
 
-- host keys only from the tool-owned known_hosts (orchestrator.known_hosts); unknown -> refused
+- host keys only from the tool-owned known_hosts (orchestrator.hosts.known_hosts); unknown -> refused
   unless ``accept_new``; changed -> refused always; ``~/.ssh/known_hosts`` is never read or written;
 - no default keys and never agent forwarding: the inventory's identity_file (plain, or unlocked by
   passphrase_env), and the running ssh-agent's keys only with use_agent = true;
 - behind jump hosts (``cfg.jump``), the connection runs in a direct-tcpip channel of one shared
-  bastion connection (orchestrator.transport.jump); host keys of every hop are checked the same way;
+  bastion connection (orchestrator.hosts.transport.jump); host keys of every hop are checked the same way;
 - every remote command runs under ``timeout -s KILL N`` so nothing outlives its budget, and the
   controller gives up on the channel a little after N: a vanished host cannot hang us;
 - connect/banner/auth/channel timeouts and a keepalive;
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import paramiko
 
-from orchestrator import known_hosts
 from orchestrator.errors import AuthenticationFailed, HostError, HostUnreachable, TransferError
-from orchestrator.inventory import HostConfig
-from orchestrator.transport import jump, keys
-from orchestrator.transport.base import ExecResult, Host, copy_capped, refuse_irregular
+from orchestrator.hosts import known_hosts
+from orchestrator.hosts.inventory import HostConfig
+from orchestrator.hosts.transport import jump, keys
+from orchestrator.hosts.transport.base import ExecResult, Host, copy_capped, refuse_irregular
 
 #: seconds between keepalive packets (keeps NAT/firewall state alive on long, quiet runs)
 KEEPALIVE_S = 15

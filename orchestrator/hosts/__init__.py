@@ -1,0 +1,2 @@
+"""Per-host machinery: the inventory, the transports, the bundle, one host's workspace and job, the fan-out.
+"""
