@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from . import agents, filetrace, golden
 from .capped import capture
@@ -141,7 +141,7 @@ class Runner:
         self._lock = threading.Lock()
         # Read once, when the run starts: the bundle as the controller verified it just before.
         self.predicates = {t.id: t.predicate.read_bytes() for t in suite.tasks if t.predicate is not None}
-        self.suite_digest = tree_digest(suite.root)
+        self.suite_digests = part_digests(suite.root)
 
     def new_strays(self, paths: List[str]) -> List[str]:
         """``paths`` not reported by an earlier attempt of this run (each is said once)."""
@@ -150,11 +150,15 @@ class Runner:
             self._reported.update(new)
         return new
 
-    def bundle_check(self) -> None:
-        """The suite is as it was when the run started (an attempt may not change the next one's)."""
-        if tree_digest(self.suite.root) != self.suite_digest:
-            raise BundleChanged(f"{self.suite.root}: the bundle changed during the run; attempts after "
-                                f"the change are not run from it")
+    def bundle_check(self, task_id: str) -> None:
+        """What an attempt of ``task_id`` is run from is as it was when the run started (an attempt may
+        not change the next one's): the suite's shared files and the task's own directory. Only these
+        are digested again, so the check costs as much in a suite of 10 tasks as in one of 10,000."""
+        for part in (SHARED_PART, task_part(task_id)):
+            if part_digest(self.suite.root, part) != self.suite_digests.get(part, EMPTY_DIGEST):
+                what = "its shared files" if part == SHARED_PART else part + "/"
+                raise BundleChanged(f"{self.suite.root}: the bundle changed during the run ({what}); attempts "
+                                    f"run from the changed files are not run")
 
     def attempt_env(self, work: Path, home: Path, tmp: Path) -> Dict[str, str]:
         env = {k: os.environ[k] for k in self.env_allow if k in os.environ}
@@ -178,7 +182,7 @@ class Runner:
                                   str(self.suite.root / "suite.json"))
         try:
             work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))
-            self.bundle_check()
+            self.bundle_check(task.id)
             if task.repo_dir is not None:
                 shutil.copytree(str(task.repo_dir), str(work), symlinks=True)
                 _owner_writable(work)  # the bundle's copy is read-only; the attempt's own is not
@@ -325,21 +329,68 @@ class BundleChanged(RunnerError):
     """The suite's files changed after the run started."""
 
 
-def tree_digest(root: Path) -> str:
-    """sha256 over every path, mode and file content under ``root`` (in sorted order)."""
-    h = hashlib.sha256()
-    for base, dirs, files in os.walk(str(root)):
+#: The parts a suite's integrity is checked in: ``tasks/<name>`` (a task's own directory) for every
+#: entry of ``tasks/``, and ``SHARED_PART`` for everything else (suite.json, agent/, ...).
+SHARED_PART = ""
+_TASKS = "tasks"
+EMPTY_DIGEST = hashlib.sha256().hexdigest()
+
+
+def task_part(task_id: str) -> str:
+    return f"{_TASKS}/{task_id}"
+
+
+def _feed(h: Any, rel: str, path: str, st: os.stat_result) -> None:
+    """One path of a suite into a digest: its name, mode and content (a link: its target)."""
+    h.update(f"{rel}\0{st.st_mode}\0".encode())
+    if stat.S_ISREG(st.st_mode):
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    elif stat.S_ISLNK(st.st_mode):
+        h.update(os.readlink(path).encode())
+
+
+def _walk(root: str, top: str, shared_only: bool) -> Iterator[Tuple[str, str, os.stat_result]]:
+    """(relative path, path, lstat) of everything under ``top``, top-down in sorted order; with
+    ``shared_only``, nothing inside ``root/tasks/``."""
+    tasks = os.path.join(root, _TASKS)
+    for base, dirs, files in os.walk(top):
         dirs.sort()
+        if shared_only and base == tasks:
+            dirs[:] = []
+            continue
         for name in sorted(dirs + files):
             path = os.path.join(base, name)
-            st = os.lstat(path)
-            h.update(f"{os.path.relpath(path, str(root))}\0{st.st_mode}\0".encode())
-            if stat.S_ISREG(st.st_mode):
-                with open(path, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        h.update(chunk)
-            elif stat.S_ISLNK(st.st_mode):
-                h.update(os.readlink(path).encode())
+            yield os.path.relpath(path, root), path, os.lstat(path)
+
+
+def part_digests(root: Path) -> Dict[str, str]:
+    """The digest of every part of the suite at ``root`` (see ``SHARED_PART``), in one walk."""
+    hashes: Dict[str, Any] = {SHARED_PART: hashlib.sha256()}
+    for rel, path, st in _walk(str(root), str(root), shared_only=False):
+        first, _, rest = rel.partition("/")
+        part = task_part(rest.split("/", 1)[0]) if first == _TASKS and rest else SHARED_PART
+        _feed(hashes.setdefault(part, hashlib.sha256()), rel, path, st)
+    return {part: h.hexdigest() for part, h in hashes.items()}
+
+
+def part_digest(root: Path, part: str) -> str:
+    """The digest of one part as ``part_digests`` makes it, reading only that part."""
+    h = hashlib.sha256()
+    if part == SHARED_PART:
+        for rel, path, st in _walk(str(root), str(root), shared_only=True):
+            _feed(h, rel, path, st)
+        return h.hexdigest()
+    top = os.path.join(str(root), part)
+    try:
+        st = os.lstat(top)
+    except OSError:
+        return EMPTY_DIGEST  # the part is gone (or never was): the same as a part with nothing in it
+    _feed(h, part, top, st)
+    if stat.S_ISDIR(st.st_mode):  # never through a link: the walk of the whole suite does not follow one
+        for rel, path, entry in _walk(str(root), top, shared_only=False):
+            _feed(h, rel, path, entry)
     return h.hexdigest()
 
 
