@@ -41,7 +41,9 @@ BUDGET_KEYS = set(DEFAULT_BUDGET)
 MAX_TIMEOUT_S = 86400
 #: the most steps and observation bytes an attempt may be given: far above any real task, and finite
 MAX_BUDGET = {"max_steps": 100_000, "max_bytes": 1 << 30}
-GATE_KEYS = {"flip_rate", "alpha", "burn_invalidates"}
+GATE_KEYS = {"flip_rate", "alpha", "burn_invalidates", "correction", "undecided"}
+#: how host differences are declared across a suite: Benjamini–Hochberg (false discovery rate) or Holm
+CORRECTIONS = ("bh", "holm")
 
 Where = Callable[[Optional[str], str], str]  # (task id or None, part) -> "file: location"
 
@@ -64,9 +66,14 @@ class Gate:
     flip_rate: float = 0.1
     alpha: float = 0.05
     burn_invalidates: bool = False  # a host's burn isolation finding makes the run invalid
+    correction: str = "bh"  # one of CORRECTIONS: the error rate alpha bounds across the suite's tasks
+    undecided: int = 0  # comparable tasks a run may leave undecided and still pass
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"flip_rate": self.flip_rate, "alpha": self.alpha, "burn_invalidates": self.burn_invalidates}
+        return {
+            "flip_rate": self.flip_rate, "alpha": self.alpha, "burn_invalidates": self.burn_invalidates,
+            "correction": self.correction, "undecided": self.undecided,
+        }
 
 
 @dataclass
@@ -522,6 +529,12 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
     burn = gate.get("burn_invalidates", Gate.burn_invalidates)
     if not isinstance(burn, bool):
         raise SuiteError(where(None, f"[gate].burn_invalidates must be true or false, got {burn!r}"))
+    correction = gate.get("correction", Gate.correction)
+    if correction not in CORRECTIONS:
+        raise SuiteError(where(None, f"[gate].correction must be \"bh\" (false discovery rate) or \"holm\" (family-wise), got {correction!r}"))
+    undecided = gate.get("undecided", Gate.undecided)
+    if not isinstance(undecided, int) or isinstance(undecided, bool) or undecided < 0:
+        raise SuiteError(where(None, f"[gate].undecided must be a whole number of tasks, 0 or more, got {undecided!r}"))
     contract = validate_contract(data.get("contract"), where(None, "contract"), SuiteError)
     tools = parse_tools_policy(data.get("tools", {}), where(None, "tools"))
     raw_tasks = data.get("tasks")
@@ -578,7 +591,7 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
     normalised = dict(data)
     normalised["tools"] = tools
     return Suite(name=name, root=root, repeat=repeat, agent=suite_agent, budget=Budget(**budget),
-                 gate=Gate(flip_rate=rate, alpha=alpha, burn_invalidates=burn), contract=contract, tools=tools, tasks=tasks, data=normalised)
+                 gate=Gate(flip_rate=rate, alpha=alpha, burn_invalidates=burn, correction=correction, undecided=undecided), contract=contract, tools=tools, tasks=tasks, data=normalised)
 
 
 def _check_predicate(repo: Path, where: str) -> None:

@@ -21,7 +21,15 @@ from math import comb
 from pathlib import Path
 
 from agent_runner.suite import Gate
-from orchestrator.analysis.stats import DEFAULT_ALPHA, Counts, fisher_exact, pass_counts
+from orchestrator.analysis.stats import (
+    DEFAULT_ALPHA,
+    DEFAULT_CORRECTION,
+    Counts,
+    adjust_p_values,
+    fisher_exact,
+    margin_min_p,
+    pass_counts,
+)
 from orchestrator.errors import TraceError
 from orchestrator.store.rundir import iter_results
 
@@ -45,6 +53,8 @@ class TaskFlip:
     evidence: str = DETERMINISTIC
     counts: dict[str, Counts] = field(default_factory=dict)
     p_values: dict[str, float] = field(default_factory=dict)  # every host but the reference
+    #: the p-values after the suite-wide correction (``correct_flips``); raw where none was made
+    p_adjusted: dict[str, float] = field(default_factory=dict)
 
 
 def task_flip(
@@ -81,6 +91,44 @@ def task_flip(
         if any(flip for _, flip in pairs):
             flipped.append(host)
     return TaskFlip(bool(flipped), flipped, comparable, HELD if held else DETERMINISTIC, counts, p_values)
+
+
+def correct_flips(
+    flips: Mapping[str, TaskFlip],
+    compared: Mapping[str, Sequence[str]],
+    reference: str,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    correction: str = DEFAULT_CORRECTION,
+) -> int:
+    """Declare host differences on statistical evidence at one error rate for the whole suite.
+
+    The family is every statistical comparison of a task's ``compared`` hosts with the reference whose
+    margins could give p < alpha at all (an all-pass or all-fail comparison never can; leaving it out
+    costs no error rate and keeps a suite of mostly decided tasks from diluting alpha: Tarone's rule).
+    Holm's or Benjamini–Hochberg's adjusted p-value below alpha declares the host different; the
+    deterministic and held rules are untouched. Updates ``flips`` in place; returns the family's size.
+    """
+    family: list[tuple[str, str]] = []
+    raw: list[float] = []
+    for task, flip in flips.items():
+        flip.p_adjusted = dict(flip.p_values)
+        if flip.evidence != STATISTICAL:
+            continue
+        ref = flip.counts.get(reference, Counts(0, 0))
+        for host in compared.get(task, ()):
+            c = flip.counts.get(host, Counts(0, 0))
+            if margin_min_p(ref.n, c.n, ref.passes + c.passes) < alpha:
+                family.append((task, host))
+                raw.append(flip.p_values[host])
+    for (task, host), p in zip(family, adjust_p_values(raw, correction), strict=True):
+        flips[task].p_adjusted[host] = p
+    members = set(family)
+    for task, flip in flips.items():
+        if flip.evidence == STATISTICAL:
+            flip.flipped_hosts = [h for h, p in flip.p_adjusted.items() if (task, h) in members and p < alpha]
+            flip.flip = bool(flip.flipped_hosts)
+    return len(family)
 
 
 def attempt_pairs(reference: Sequence[str], other: Sequence[str]) -> list[tuple[int, bool]]:

@@ -14,6 +14,8 @@ ACTIONS: dict[str, str] = {
     "unstable_contract": "pin tools, rerun",
     "honest_bug": "fix the tool",
     "flaky": "fix the test first",
+    # a sampled agent whose attempts vary alike on every host: the test is fine, the model draws
+    "sampled_noise": "report its pass rate; no host effect found",
     "underpowered": "rerun with --repeat N",  # N: the attempts per host that could settle it
     "same_host": "use a real second machine",
     "infra_error": "fix the host, rerun",
@@ -26,6 +28,7 @@ PRECEDENCE: tuple[str, ...] = (
     "same_host",
     "flaky",
     "underpowered",
+    "sampled_noise",
     "host_coupling",
     "laptop_contamination",
     "unstable_contract",
@@ -168,6 +171,9 @@ class HostRate(BaseModel):
     ci_high: float
     p_value: float | None = None
     differs: bool = False
+    #: ``p_value`` after the suite-wide correction (Holm or Benjamini–Hochberg); the host differs when
+    #: it is below the level. Equal to ``p_value`` where the comparison is not in the family.
+    p_adjusted: float | None = None
 
 
 #: how much of a predicate's output report.json keeps per attempt (the trace keeps the runner's cap)
@@ -272,3 +278,16 @@ class RunReport(BaseModel):
     hold_model: str | None = None  # "true" or "strict" when the run held the model
     #: what ``crosshost explain`` spent (replays, seconds), when it ran on this run
     explain: str | None = None
+    #: how host differences on statistical evidence are declared across the suite: "bh" or "holm"
+    correction: str = "bh"
+    #: the statistical comparisons the correction counted (those whose margins could reach the level)
+    family: int = 0
+    #: how many times --until-decided looked at the evidence; each look is tested at alpha / looks
+    looks: int = 1
+    #: comparable tasks these attempts could not settle (``underpowered``), and how many [gate] allows
+    undecided: int = 0
+    allow_undecided: int = 0
+    #: the attempts per host that would settle every undecided task (the largest they need)
+    settle_repeat: int | None = None
+    #: more tasks undecided than [gate] allows: the run measured too little to pass or fail
+    inconclusive: bool = False

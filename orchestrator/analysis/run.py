@@ -25,6 +25,7 @@ from orchestrator.analysis.attribution import (
 )
 from orchestrator.analysis.flips import (
     TaskFlip,
+    correct_flips,
     effective_gate,
     flaky_hosts,
     flip_rate,
@@ -48,7 +49,13 @@ from orchestrator.analysis.models import (
     TaskReport,
 )
 from orchestrator.analysis.shapes import Step, arg_values_differing, shape_edits, step_of, turn_args
-from orchestrator.analysis.stats import DEFAULT_ALPHA, pass_rate, wilson_interval
+from orchestrator.analysis.stats import (
+    CORRECTIONS,
+    DEFAULT_ALPHA,
+    DEFAULT_CORRECTION,
+    pass_rate,
+    wilson_interval,
+)
 from orchestrator.analysis.verdict import (
     AGENT_CALL_KINDS,
     classify_task,
@@ -73,6 +80,9 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     ``selection`` (``--tasks/--exclude/--tags``) analyses those tasks only (flip rate, validity)."""
     run = load_run(run_dir)
     alpha = run.alpha if run.alpha is not None else DEFAULT_ALPHA
+    correction = _correction(run)
+    # --until-decided looked at the evidence several times: each look is tested at alpha / looks
+    level = alpha / _looks(run)
     contract = run.contract
     fingerprints = [f.to_json() for f in run.fingerprints.values()]
 
@@ -100,17 +110,25 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     for _, task, attempt in (*summaries, *rows):
         attempts_of[task] = max(attempts_of.get(task, 0), attempt + 1)
 
-    task_reports: list[TaskReport] = []
+    flips: dict[str, TaskFlip] = {}
+    compared: dict[str, list[str]] = {}
+    n_attempts_of: dict[str, int] = {}
     for task in tasks:
-        n_attempts = max(run.manifest.repeat or 0, attempts_of.get(task, 0))
+        n_attempts = n_attempts_of[task] = max(run.manifest.repeat or 0, attempts_of.get(task, 0))
         for host in run.hosts:
             for attempt in range(n_attempts):
                 key = (host, task, attempt)
                 if key not in summaries:
                     summaries[key] = _missing_attempt(run, key, rows)
-        task_reports.append(
-            _task_report(run, task, n_attempts, summaries, reference, fp_ids, alpha, hold, machines)
-        )
+        flips[task] = _task_flip(run, task, n_attempts, summaries, reference, level, hold)
+        compared[task] = [
+            h for h in run.hosts if h != reference and not same_host(h, reference, fp_ids, machines)
+        ]
+    family = correct_flips(flips, compared, reference, alpha=level, correction=correction)
+    task_reports = [
+        _task_report(run, task, n_attempts_of[task], summaries, reference, fp_ids, level, flips[task], hold, machines)
+        for task in tasks
+    ]
 
     explained = read_explain(run.dir.explain_path, run.problems)
     if explained is not None:
@@ -124,6 +142,8 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
 
     flipped = sum(t.flip for t in task_reports)
     comparable = sum(t.comparable for t in task_reports)
+    undecided = [t for t in task_reports if t.comparable and t.classification == "underpowered"]
+    allow_undecided = _manifest_int(run, "allow_undecided", 0)
     rate = flip_rate(flipped, comparable)
     gate_value = effective_gate(gate, run.gate)
     reasons = _invalid_reasons(run, summaries, tasks, reference, fp_ids, machines)
@@ -167,7 +187,28 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
         notes=[*run.manifest.notes, *_same_machine_notes(run.hosts, machines)],
         hold_model=run.manifest.hold_model,
         explain=None if explained is None else explain_spent(explained),
+        correction=correction,
+        family=family,
+        looks=_looks(run),
+        undecided=len(undecided),
+        allow_undecided=allow_undecided,
+        settle_repeat=max((t.needed_repeat for t in undecided if t.needed_repeat is not None), default=None),
+        inconclusive=len(undecided) > allow_undecided,
     )
+
+
+def _manifest_int(run: Run, key: str, default: int) -> int:
+    value = getattr(run.manifest, key, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _looks(run: Run) -> int:
+    return max(1, _manifest_int(run, "looks", 1))
+
+
+def _correction(run: Run) -> str:
+    value = getattr(run.manifest, "correction", None)
+    return value if value in CORRECTIONS else DEFAULT_CORRECTION
 
 
 # --- per attempt / per host helpers ---------------------------------------------------------------
@@ -287,6 +328,26 @@ def _tail(output: str | None) -> str | None:
     return "…" + output[-PREDICATE_OUTPUT_CAP:]
 
 
+def _task_flip(
+    run: Run,
+    task: str,
+    n_attempts: int,
+    summaries: Mapping[AttemptKey, AttemptSummary],
+    reference: str,
+    alpha: float,
+    hold: Mapping[str, Any] | None,
+) -> TaskFlip:
+    """The task's own evidence, before the suite-wide correction decides its statistical flips."""
+    verdicts = {h: [summaries[(h, task, a)].verdict for a in range(n_attempts)] for h in run.hosts}
+    keys = [f"{task}.{a}" for a in range(n_attempts)]
+    others = [h for h in run.hosts if h != reference]
+    recorded = hold is not None and any(hold.get("recorded", {}).get(k) for k in keys)
+    # attempts are paired again only where every other host got some of the reference's answers (an
+    # agent whose first request names a host-specific path diverges before anything is held)
+    held = recorded and hold is not None and all(held_requests(hold, h, keys) for h in others)
+    return task_flip(verdicts, reference, alpha=alpha, sampled=task in run.sampled, held=held)
+
+
 def _task_report(
     run: Run,
     task: str,
@@ -295,6 +356,7 @@ def _task_report(
     reference: str,
     fp_ids: Mapping[str, str | None],
     alpha: float,
+    flip: TaskFlip,
     hold: Mapping[str, Any] | None = None,
     machines: Mapping[str, str | None] | None = None,
 ) -> TaskReport:
@@ -304,10 +366,6 @@ def _task_report(
     keys = [f"{task}.{a}" for a in range(n_attempts)]
     others = [h for h in run.hosts if h != reference]
     recorded = hold is not None and any(hold.get("recorded", {}).get(k) for k in keys)
-    # attempts are paired again only where every other host got some of the reference's answers (an
-    # agent whose first request names a host-specific path diverges before anything is held)
-    held = recorded and hold is not None and all(held_requests(hold, h, keys) for h in others)
-    flip = task_flip(verdicts, reference, alpha=alpha, sampled=sampled, held=held)
     report = TaskReport(
         task=task,
         verdicts=verdicts,
@@ -375,6 +433,7 @@ def _host_rate(host: str, flip: TaskFlip, reference: str) -> HostRate:
     counts = flip.counts[host]
     low, high = wilson_interval(counts.passes, counts.n)
     p_value = flip.p_values.get(host)
+    adjusted = flip.p_adjusted.get(host, p_value)
     return HostRate(
         host=host,
         n=counts.n,
@@ -383,6 +442,7 @@ def _host_rate(host: str, flip: TaskFlip, reference: str) -> HostRate:
         ci_low=round(low, 4),
         ci_high=round(high, 4),
         p_value=None if host == reference or p_value is None else round(p_value, 6),
+        p_adjusted=None if host == reference or adjusted is None else round(adjusted, 6),
         differs=host in flip.flipped_hosts,
     )
 

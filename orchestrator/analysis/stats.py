@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from math import comb, sqrt
 
-from agent_runner.suite import Gate
+from agent_runner.suite import CORRECTIONS, Gate
 
 DEFAULT_ALPHA = Gate.alpha  # the suite's [gate] default
 #: the largest --repeat a suite accepts; a difference needing more attempts than this is noise
@@ -125,3 +125,48 @@ def needed_repeat(
         else:
             lo = mid
     return hi
+
+
+# --- many tasks, one alpha --------------------------------------------------------------------------
+
+#: Benjamini–Hochberg ("bh": the expected share of false host differences among those declared is at
+#: most alpha) and Holm ("holm": the probability of any false host difference in the run is at most alpha)
+BH, HOLM = CORRECTIONS
+DEFAULT_CORRECTION = Gate.correction
+
+
+def margin_min_p(a_n: int, b_n: int, total_passes: int) -> float:
+    """The smallest p-value Fisher's test can give with these margins: the observed number of passes
+    over both hosts spread every way the attempt counts allow. 1.0 when every attempt passed, or none
+    did (nothing can differ), so such a comparison can never be declared at any level."""
+    low, high = max(0, total_passes - b_n), min(a_n, total_passes)
+    if a_n == 0 or b_n == 0 or low > high:
+        return 1.0
+    return min(fisher_exact(x, a_n, total_passes - x, b_n) for x in range(low, high + 1))
+
+
+def adjust_p_values(p_values: list[float], method: str) -> list[float]:
+    """Holm's step-down or Benjamini–Hochberg's step-up adjusted p-values, in the order given: a
+    comparison is declared at level alpha when its adjusted p-value is below alpha."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    if method == HOLM:
+        running = 0.0
+        for rank, i in enumerate(order):
+            running = max(running, min(1.0, (m - rank) * p_values[i]))
+            adjusted[i] = running
+    elif method == BH:
+        running = 1.0
+        for rank in range(m - 1, -1, -1):
+            i = order[rank]
+            running = min(running, m * p_values[i] / (rank + 1))
+            adjusted[i] = min(1.0, running)
+    else:
+        raise ValueError(f"unknown correction {method!r}: one of {', '.join(CORRECTIONS)}")
+    return adjusted
+
+
+def first_decisive_repeat(alpha: float = DEFAULT_ALPHA, limit: int = MAX_REPEAT) -> int | None:
+    """The fewest attempts per host at which two hosts could differ at ``alpha`` at all (4 at 0.05)."""
+    return next((n for n in range(1, limit + 1) if min_p_value(n, n) < alpha), None)

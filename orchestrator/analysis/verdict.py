@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from orchestrator.analysis.flips import DETERMINISTIC, HELD, TaskFlip, flaky_hosts
 from orchestrator.analysis.models import ACTIONS, PRECEDENCE
-from orchestrator.analysis.stats import DEFAULT_ALPHA, min_p_value, needed_repeat
+from orchestrator.analysis.stats import DEFAULT_ALPHA, first_decisive_repeat, min_p_value, needed_repeat
 
 
 @dataclass
@@ -106,17 +106,47 @@ def classify_task(
         coupled = any(flip.counts[h].passes / flip.counts[h].n < ref_rate for h in differing)
         return Decision("host_coupling" if coupled else "laptop_contamination")
     if sampled:
-        needed = [
-            n
-            for h in others
-            if min_p_value(ref.n, flip.counts[h].n) >= alpha
-            and (n := _needed(ref.rate, flip.counts[h].rate, alpha, max(ref.n, flip.counts[h].n))) is not None
-        ]
-        if needed:  # the largest observed difference needs the fewest attempts: settle that one first
-            return Decision("underpowered", min(needed))
+        needed = undecided_repeat(flip, reference, others, alpha)
+        if needed is not None:
+            return Decision("underpowered", needed)
+        if flaky_hosts(verdicts):  # the agent draws, the same on every host as far as alpha can tell
+            return Decision("sampled_noise")
     if flaky_hosts(verdicts):
         return Decision("flaky")
     return Decision(_worst_pair(verdicts, reference, others, shapes_differ))
+
+
+#: attempts per host after which one verdict everywhere (all pass or all fail on every host) settles a
+#: sampled task: a 90%/10% host difference looks like that at 2 attempts in under 2% of runs
+QUIET_AFTER = 2
+
+
+def undecided_repeat(flip: TaskFlip, reference: str, others: Sequence[str], alpha: float) -> int | None:
+    """The attempts per host that could settle a sampled task these attempts do not, or None when it
+    is settled: it differs, shows one verdict everywhere on ``QUIET_AFTER`` attempts a host, or every
+    compared host's attempt count could have reached ``alpha`` (what they showed is the answer)."""
+    if flip.flip:
+        return None
+    ref = flip.counts[reference]
+    compared = [flip.counts[h] for h in others]
+    counted = [ref, *compared]
+    constant = all(c.n for c in counted) and (
+        all(c.passes == c.n for c in counted) or all(c.passes == 0 for c in counted)
+    )
+    if constant and min(c.n for c in counted) >= QUIET_AFTER:
+        return None
+    needed = [
+        n
+        for c in compared
+        if min_p_value(ref.n, c.n) >= alpha
+        and (n := _needed(ref.rate, c.rate, alpha, max(ref.n, c.n))) is not None
+    ]
+    if needed:  # the largest observed difference needs the fewest attempts: settle that one first
+        return min(needed)
+    if ref.n and all(c.n for c in compared) and any(min_p_value(ref.n, c.n) >= alpha for c in compared):
+        # nothing differs yet, and nothing could have: one verdict everywhere settles at QUIET_AFTER
+        return QUIET_AFTER if constant else first_decisive_repeat(alpha)
+    return None
 
 
 def _needed(ref_rate: float | None, rate: float | None, alpha: float, start: int) -> int | None:

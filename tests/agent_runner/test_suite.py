@@ -4,6 +4,7 @@ before any task, with a message naming the file and what is wrong."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,24 @@ def test_sampled_agents_and_alpha_are_read_from_the_suite(tmp_path: Path) -> Non
     assert loaded.gate == Gate(flip_rate=0.1, alpha=0.01)
     assert [t.id for t in loaded.tasks if is_sampled(t.agent)] == ["coin"]
     assert loaded.sampled_task_ids() == ["coin"]
+
+
+@pytest.mark.parametrize(
+    ("gate", "said"),
+    [
+        ('correction = "bonferroni"', "[gate].correction must be"),
+        ("undecided = -1", "[gate].undecided must be a whole number"),
+        ("undecided = 1.5", "[gate].undecided must be a whole number"),
+    ],
+)
+def test_gate_correction_and_undecided_are_checked(tmp_path: Path, gate: str, said: str) -> None:
+    from agent_runner.suite import Gate
+
+    good = write_suite(tmp_path / "ok", {"a": GOOD}, suite_toml='name = "t"\n[gate]\ncorrection = "holm"\nundecided = 2\n')
+    assert load_suite(good).gate == Gate(correction="holm", undecided=2)
+    bad = write_suite(tmp_path / "bad", {"a": GOOD}, suite_toml=f'name = "t"\n[gate]\n{gate}\n')
+    with pytest.raises(SuiteError, match=re.escape(said)):
+        load_suite(bad)
 
 
 def test_hold_model_is_true_false_or_strict(tmp_path: Path) -> None:

@@ -186,8 +186,8 @@ def test_alpha_comes_from_the_manifest(tmp_path):
     assert task.classification == "host_coupling"
     report, task = _sampled_run(tmp_path / "b", ["pass"] * 7 + ["fail"], ["fail"] * 7 + ["pass"], alpha=0.01)
     assert report.alpha == 0.01 and not task.flip
-    # eight attempts a host can reach p < 0.01; these did not: no host difference, the attempts vary
-    assert task.classification == "flaky" and task.needed_repeat is None
+    # eight attempts a host can reach p < 0.01; these did not: no host difference, the sampled agent draws
+    assert task.classification == "sampled_noise" and task.needed_repeat is None
 
 
 def test_report_markdown_shows_rates_intervals_and_p_values(tmp_path):

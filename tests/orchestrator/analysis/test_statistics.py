@@ -159,4 +159,4 @@ def test_sampled_agent_underpowered_only_where_the_counts_cannot_reach_alpha() -
     verdicts = {"local": ["pass"] * 5 + ["fail"] * 3, "box-a": ["pass"] * 4 + ["fail"] * 4}
     flip = task_flip(verdicts, "local", sampled=True)
     decision = classify_task(verdicts, "local", FINGERPRINTS, {}, flip, sampled=True)
-    assert (decision.classification, decision.needed_repeat, flip.flip) == ("flaky", None, False)
+    assert (decision.classification, decision.needed_repeat, flip.flip) == ("sampled_noise", None, False)
