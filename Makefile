@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint hosts-up hosts-down bench clean browser agent-clis
+.PHONY: setup demo test lint hosts-up hosts-down bench clean browser agent-clis docker docker-up docker-down
 
 $(STAMP): pyproject.toml
 	@command -v /usr/sbin/sshd >/dev/null || { \
@@ -50,9 +50,27 @@ $(AGENT_CLIS_STAMP): tools/agent-clis/package.json tools/agent-clis/package-lock
 
 agent-clis: $(AGENT_CLIS_STAMP)
 
-setup: $(STAMP) browser agent-clis
+# Debian's Docker (daemon, containerd, runc): the container hosts' tests and make demo-containers start
+# it themselves (tools/testdocker.py: no systemd, a socket and data root of its own), and the packages
+# its test images are assembled from (this machine's files, no registry); installed when missing.
+docker:
+	@missing=$$(for p in docker.io tzdata procps strace; do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	test -z "$$missing" || { \
+	  echo "installing $$missing (Docker and what the container test images are assembled from)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq $$missing >/dev/null) \
+	  || { echo "error: could not install $$missing; install it (apt-get install $$missing) and rerun" >&2; exit 1; }; }
 
-test: $(STAMP) browser agent-clis
+# A Docker daemon for people (the tests start and stop their own): tools/testdocker.py up builds the
+# test images offline when they are missing; docker-down stops it.
+docker-up: $(STAMP) docker
+	@$(PY) tools/testdocker.py up
+
+docker-down:
+	@python3 tools/testdocker.py down
+
+setup: $(STAMP) browser agent-clis docker
+
+test: $(STAMP) browser agent-clis docker
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q -ra
