@@ -29,13 +29,17 @@ SECRET_ENV_PATTERNS = (
     "OPENAI_*",
     "ANTHROPIC_*",
 )
-# The families of environment names that hold secrets under another name: DB_PASS, PGPASS, PASSWD,
-# PRIVATE_KEY, NPM_AUTH, GH_PAT, SECRET_KEY_BASE, ENCRYPTION_KEY, SIGNING_KEY. Wide on purpose (an
-# allowlisted name is refused, never shipped); only for environment names, not for record keys.
-SECRET_ENV_FAMILIES = ("*PASS*", "*PRIVATE*", "*AUTH*", "*_PAT", "PAT", "*KEY_BASE", "*ENCRYPTION_KEY",
+# The families of environment names that hold secrets under another name: PRIVATE_KEY, NPM_AUTH,
+# GH_PAT, SECRET_KEY_BASE, ENCRYPTION_KEY, SIGNING_KEY. Wide on purpose (an allowlisted name is refused,
+# never shipped); only for environment names, not for record keys.
+SECRET_ENV_FAMILIES = ("*PRIVATE*", "*AUTH*", "*_PAT", "PAT", "*KEY_BASE", "*ENCRYPTION_KEY",
                        "*SIGNING_KEY", "*_CREDENTIAL")
 # words inside a name that the families would catch but that hold no secret (a commit's author)
-_HARMLESS_WORDS = re.compile(r"AUTHOR|PASSTHRU|PASSTHROUGH")
+_HARMLESS_WORDS = re.compile(r"AUTHOR")
+# The password family by `_`-separated word: a word that is or ends in PASS, PASSWD, PASSWORD or
+# PASSPHRASE (DB_PASS, PGPASS, PASSWD, DB_PASSPHRASE); a word that only contains PASS holds no secret
+# (TOX_TESTENV_PASSENV, PIP_PASSTHRU).
+_PASSWORD_WORD = re.compile(r"(?:^|_)[A-Z0-9]*PASS(?:WD|WORD|PHRASE)?(?=_|$)")
 
 
 # Keys inside records (tool args, messages) whose values are secrets. "prompt_tokens" must not match,
@@ -73,6 +77,8 @@ _AFTER_MARKER = re.compile(
 def is_secret_env_key(name: str) -> bool:
     upper = name.upper()
     if any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_PATTERNS):
+        return True
+    if _PASSWORD_WORD.search(upper):
         return True
     upper = _HARMLESS_WORDS.sub("", upper)
     return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_FAMILIES)

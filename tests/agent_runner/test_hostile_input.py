@@ -8,7 +8,8 @@ from agent_runner.envkeys import is_dangerous_env_key
 from agent_runner.redact import REDACTED, is_secret_env_key, redact
 
 SECRET_NAMES = ["DB_PASS", "PGPASS", "PRIVATE_KEY", "PASSWD", "SECRET_KEY_BASE", "ENCRYPTION_KEY", "SIGNING_KEY",
-                "GH_PAT", "NPM_AUTH", "MYAPP_DB_PASSPHRASE", "VAULT_AUTH_METHOD"]  # fmt: skip
+                "GH_PAT", "NPM_AUTH", "MYAPP_DB_PASSPHRASE", "VAULT_AUTH_METHOD", "PASS", "REDIS_PASS_FILE",
+                "SMTP_PASSWD", "db_pass", "MYPASSWORD"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", SECRET_NAMES)
@@ -16,7 +17,9 @@ def test_secret_names_by_another_name_are_secret_shaped(name: str) -> None:
     assert is_secret_env_key(name)
 
 
-@pytest.mark.parametrize("name", ["PATH", "LANG", "LC_ALL", "TZ", "GIT_AUTHOR_NAME", "PWD", "DATABASE_URL"])
+@pytest.mark.parametrize("name", ["PATH", "LANG", "LC_ALL", "TZ", "GIT_AUTHOR_NAME", "PWD", "DATABASE_URL",
+                                  # PASS inside a word, not the word: tox's, pip's and a test run's names
+                                  "TOX_TESTENV_PASSENV", "PIP_PASSTHRU", "PASSTHROUGH_MODE", "CI_TESTS_PASSED"])
 def test_ordinary_names_are_not(name: str) -> None:
     assert not is_secret_env_key(name)
 

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from agent_runner.sandbox import reachable_by_others
 from orchestrator.cli import app
 from orchestrator.commands.otel import read_otlp_json_lines
 from orchestrator.commands.replay import ReplayRequest, replay
@@ -35,6 +34,7 @@ from tests.integration.test_exec_sshd import KEY_ENV
 from tests.integration.test_openai_sshd import CONTRACT, ProcessWatch, _files_holding, _read, _uts
 from tests.orchestrator.test_otel import flatten
 from tests.support.fake_provider import FakeProvider
+from tests.support.shared import stage
 
 pytestmark = pytest.mark.sshd
 
@@ -74,18 +74,8 @@ def claude_code() -> str:
     said = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60).stdout
     if not said.startswith(version + " "):
         pytest.fail(f"{INSTALLED} says {said.strip()!r}, not the pinned {version}: rerun `make setup`")
-    if reachable_by_others(str(binary)) and binary.stat().st_mode & 0o001:
-        return str(binary)
-    # a checkout under /root: a copy on /var/tmp, which the test hosts share and any uid can pass
-    shared = Path(f"/var/tmp/crosshost-agent-clis/claude-code-{version}/claude")
-    if not shared.exists():
-        shared.parent.mkdir(parents=True, exist_ok=True)
-        shared.parent.parent.chmod(0o755)
-        building = shared.with_name(f"claude.{os.getpid()}")
-        shutil.copy2(binary, building)
-        building.chmod(0o755)
-        building.rename(shared)
-    return str(shared)
+    # a copy on /var/tmp: a test host sees neither this machine's /tmp nor /root, where a clone may be
+    return str(stage(f"claude-code-{version}", [binary]) / binary.name)
 
 
 class AgentEnvWatch(ProcessWatch):

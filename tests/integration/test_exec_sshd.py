@@ -2,21 +2,18 @@
 ``openai`` and ``anthropic`` SDKs, streaming, behind the controller's model proxy.
 
 The agents (tests/integration/exec_agents/) run in a venv of their own with both SDKs, made once from
-the package registry under /var/tmp (the test hosts have private /tmp, /root and /opt, so the dev
-venv's pyenv interpreter is invisible to them; /usr and /var/tmp are shared); the runner itself stays
-stdlib-only. The provider is tests/support/fake_provider.py on the controller's loopback.
+the package registry; the agents and the venv are staged under /var/tmp (tests/support/shared.py), where
+every test host and the attempts' own uid can read them; the runner itself stays stdlib-only. The provider is tests/support/fake_provider.py on the controller's loopback.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import secrets
 import shutil
-import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,39 +23,39 @@ from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.store.rundir import read_jsonl
 from tests.integration.test_openai_sshd import CONTRACT, SCRIPT, ProcessWatch, _files_holding, _uts
 from tests.support.fake_provider import FakeProvider
+from tests.support.shared import sdk_venv, stage
 
 pytestmark = pytest.mark.sshd
 
 KEY_ENV = "CROSSHOST_IT_EXEC_KEY"
-AGENTS = Path(__file__).resolve().parent / "exec_agents"
 SDKS = ("openai", "anthropic", "mcp")
-SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@dataclass(frozen=True)
+class SdkAgents:
+    """The exec agents of tests/integration/exec_agents/ and a venv holding the official SDKs, both
+    where every test host and the attempts' own uid can read them."""
+
+    python: str
+    dir: Path
+
+    def command(self, agent: str, *args: str) -> list[str]:
+        return [self.python, str(self.dir / agent), *args]
 
 
 @pytest.fixture(scope="module")
-def sdk_python() -> str:
-    """The interpreter of a venv holding the official SDKs, where every test host can run it."""
-    tag = hashlib.sha256(" ".join((SYSTEM_PYTHON, *SDKS)).encode()).hexdigest()[:12]
-    venv = Path(f"/var/tmp/crosshost-sdk-agents-{tag}")
-    python = venv / "bin" / "python"
-    if not (venv / ".ready").exists():
-        building = venv.with_name(venv.name + f".{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
-        subprocess.run([SYSTEM_PYTHON, "-m", "venv", str(building)], check=True)
-        subprocess.run([str(building / "bin" / "pip"), "install", "-q", *SDKS], check=True)
-        (building / ".ready").touch()
-        shutil.rmtree(venv, ignore_errors=True)
-        building.rename(venv)  # a moved venv keeps a working bin/python (only that is used)
-    return str(python)
+def sdk() -> SdkAgents:
+    agents = sorted((Path(__file__).resolve().parent / "exec_agents").glob("*_agent.py"))
+    return SdkAgents(str(sdk_venv(SDKS)), stage("exec-agents", agents))
 
 
-def exec_suite(root: Path, api: str, base_url: str, mark: str, python: str, *, max_requests: int = 50,
+def exec_suite(root: Path, api: str, base_url: str, mark: str, sdk: SdkAgents, *, max_requests: int = 50,
                hold: bool = False) -> Path:
     """A one-task exec suite; its model is held only with ``hold`` (every host then gets the reference's
     answers, and the provider sees the reference's requests alone)."""
     suite = root / f"exec-{api}"
     (suite / "tasks" / "answer" / "repo").mkdir(parents=True)
-    command = [python, str(AGENTS / f"{api}_sdk_agent.py"), "{prompt_file}", mark]
+    command = sdk.command(f"{api}_sdk_agent.py", "{prompt_file}", mark)
     (suite / "suite.toml").write_text(
         f'name = "exec-{api}"\nrepeat = 1\n'
         f'[agent]\nkind = "exec"\ncommand = {json.dumps(command)}\napi = "{api}"\nmodel = "m1"\n'
@@ -103,7 +100,7 @@ class StreamGate:
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
 def test_sdk_exec_agent_streams_through_the_proxy_on_three_hosts_and_the_key_stays_home(
-    api: str, sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    api: str, sdk: SdkAgents, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = "sk-it-" + secrets.token_hex(16)
     monkeypatch.setenv(KEY_ENV, key)
@@ -127,7 +124,7 @@ def test_sdk_exec_agent_streams_through_the_proxy_on_three_hosts_and_the_key_sta
     gate = StreamGate(mark)
     try:
         with FakeProvider(script=SCRIPT, key=key, on_request=watch, after_first_event=gate) as provider:
-            suite = exec_suite(tmp_path, api, provider_base(provider, api), str(mark), sdk_python)
+            suite = exec_suite(tmp_path, api, provider_base(provider, api), str(mark), sdk)
             out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
         run_dir = out.run_dir.path
         rows = read_jsonl(run_dir / "results.jsonl")
@@ -176,13 +173,13 @@ def test_sdk_exec_agent_streams_through_the_proxy_on_three_hosts_and_the_key_sta
 
 
 def test_the_caps_stop_a_runaway_exec_agent_with_budget_model(
-    sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkAgents, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = "sk-it-" + secrets.token_hex(16)
     monkeypatch.setenv(KEY_ENV, key)
     inventory = sshd_hosts.fleet.write_inventory(tmp_path / "hosts.toml", ["box-a"], connect_timeout_s=5)
     with FakeProvider(mode="forever", key=key) as provider:
-        suite = exec_suite(tmp_path, "openai", provider.base_url, "-", sdk_python, max_requests=4)
+        suite = exec_suite(tmp_path, "openai", provider.base_url, "-", sdk, max_requests=4)
         out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
     rows = read_jsonl(out.run_dir.path / "results.jsonl")
     assert sorted((r["env"], r["reason"]) for r in rows) == [("box-a", "budget_model"), ("local", "budget_model")]
@@ -191,13 +188,13 @@ def test_the_caps_stop_a_runaway_exec_agent_with_budget_model(
 
 
 def test_a_provider_failure_is_an_error_verdict_for_an_exec_agent(
-    sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkAgents, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = "sk-it-" + secrets.token_hex(16)
     monkeypatch.setenv(KEY_ENV, key)
     inventory = sshd_hosts.fleet.write_inventory(tmp_path / "hosts.toml", ["box-a"], connect_timeout_s=5)
     with FakeProvider(mode="bad_json", key=key) as provider:
-        suite = exec_suite(tmp_path, "anthropic", provider_base(provider, "anthropic"), "-", sdk_python)
+        suite = exec_suite(tmp_path, "anthropic", provider_base(provider, "anthropic"), "-", sdk)
         out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
     rows = read_jsonl(out.run_dir.path / "results.jsonl")
     assert sorted((r["env"], r["verdict"], r["reason"]) for r in rows) == [
@@ -209,12 +206,12 @@ def test_a_provider_failure_is_an_error_verdict_for_an_exec_agent(
 
 
 def test_an_mcp_client_agent_calls_the_contract_tools_and_each_call_is_a_trace_turn(
-    sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkAgents, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(KEY_ENV, "sk-it-" + secrets.token_hex(16))
     inventory = sshd_hosts.fleet.write_inventory(tmp_path / "hosts.toml", ["box-a"], connect_timeout_s=5)
     with FakeProvider(key="unused") as provider:
-        suite = exec_suite(tmp_path, "openai", provider.base_url, "-", sdk_python)
+        suite = exec_suite(tmp_path, "openai", provider.base_url, "-", sdk)
         contract = {**CONTRACT, "tools": [{"name": "lookup", "required_args": ["q"], "forbidden_args": ["token"]},
                                           {"name": "write_file", "required_args": ["path", "content"]}]}
         (suite / "contract.json").write_text(json.dumps(contract))
@@ -222,7 +219,7 @@ def test_an_mcp_client_agent_calls_the_contract_tools_and_each_call_is_a_trace_t
         toml = (suite / "suite.toml").read_text()
         start = toml.index("command = ")
         end = toml.index("\n", start)
-        command = [sdk_python, str(AGENTS / "mcp_agent.py"), "{mcp_config}"]
+        command = sdk.command("mcp_agent.py", "{mcp_config}")
         (suite / "suite.toml").write_text(toml[:start] + f"command = {json.dumps(command)}" + toml[end:])
         out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
     assert provider.requests == []  # this agent asks no model: its tools come over MCP
@@ -251,7 +248,7 @@ def test_an_mcp_client_agent_calls_the_contract_tools_and_each_call_is_a_trace_t
 
 
 def test_an_exec_agents_model_is_held_streamed_answers_and_all(
-    sdk_python: str, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sdk: SdkAgents, sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sampled model (each call's arguments drawn at random) behind a streaming SDK agent: held, box-a
     gets the reference's answers, event for event, and its trace is the reference's."""
@@ -259,7 +256,7 @@ def test_an_exec_agents_model_is_held_streamed_answers_and_all(
     monkeypatch.setenv(KEY_ENV, key)
     inventory = sshd_hosts.fleet.write_inventory(tmp_path / "hosts.toml", ["box-a"], connect_timeout_s=5)
     with FakeProvider(script=SCRIPT, key=key, mode="random") as provider:
-        suite = exec_suite(tmp_path, "openai", provider.base_url, "-", sdk_python, hold=True)
+        suite = exec_suite(tmp_path, "openai", provider.base_url, "-", sdk, hold=True)
         (suite / "suite.toml").write_text((suite / "suite.toml").read_text().replace("repeat = 1", "repeat = 3"))
         out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
     run_dir = out.run_dir.path
