@@ -31,11 +31,16 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || { echo "error: could not install chromium; install it (apt-get install chromium) and rerun" >&2; exit 1; }; }
 
-# Agent CLIs from the package registry that the integration tests drive end to end through the model
-# proxy (tests/integration/test_agent_cli_sshd.py): pinned in tools/agent-clis (package.json and its
-# lockfile), installed into .agent-clis/ next to the venv, never globally.
+# Agent CLIs from the package registries that the integration tests drive end to end through the model
+# proxy (tests/integration/test_agent_cli_sshd.py): Claude Code, Codex, Gemini CLI and opencode pinned
+# in tools/agent-clis (package.json and its lockfile), mini-swe-agent in tools/agent-clis/mini-swe-agent.txt
+# (every PyPI package pinned), installed into .agent-clis/ next to the venv, never globally. The
+# mini-swe-agent venv is made with Debian's /usr/bin/python3, an interpreter every test host and uid can run.
 AGENT_CLIS := .agent-clis
 AGENT_CLIS_STAMP := $(AGENT_CLIS)/.installed
+# each CLI's binary under node_modules : its package in tools/agent-clis/package.json
+NPM_CLIS := .bin/claude:@anthropic-ai/claude-code .bin/codex:@openai/codex .bin/gemini:@google/gemini-cli \
+  opencode-linux-x64/bin/opencode:opencode-linux-x64
 $(AGENT_CLIS_STAMP): tools/agent-clis/package.json tools/agent-clis/package-lock.json
 	@command -v npm >/dev/null || { \
 	  echo "installing nodejs and npm (they install the agent CLIs of tools/agent-clis)"; \
@@ -44,11 +49,27 @@ $(AGENT_CLIS_STAMP): tools/agent-clis/package.json tools/agent-clis/package-lock
 	rm -rf $(AGENT_CLIS) && mkdir -p $(AGENT_CLIS)
 	cp tools/agent-clis/package.json tools/agent-clis/package-lock.json $(AGENT_CLIS)/
 	npm ci --prefix $(AGENT_CLIS) --no-fund --no-audit --loglevel=error
-	@$(AGENT_CLIS)/node_modules/.bin/claude --version | grep -q "^$$(node -p 'require("./tools/agent-clis/package.json").dependencies["@anthropic-ai/claude-code"]') " || { \
-	  echo "error: $(AGENT_CLIS)/node_modules/.bin/claude does not run the pinned Claude Code (its postinstall did not place the native binary?); rm -rf $(AGENT_CLIS) and rerun make setup" >&2; exit 1; }
+	@for pair in $(NPM_CLIS); do \
+	  bin=$${pair%%:*}; pkg=$${pair#*:}; \
+	  want=$$(node -p "require('./tools/agent-clis/package.json').dependencies['$$pkg']"); \
+	  $(AGENT_CLIS)/node_modules/$$bin --version 2>/dev/null | grep -qwF -- "$$want" || { \
+	    echo "error: $(AGENT_CLIS)/node_modules/$$bin does not run the pinned $$pkg $$want (its postinstall did not place the native binary?); rm -rf $(AGENT_CLIS) and rerun make setup" >&2; exit 1; }; \
+	done
 	touch $@
 
-agent-clis: $(AGENT_CLIS_STAMP)
+MSWEA := $(AGENT_CLIS)/mini-swe-agent
+$(MSWEA)/.installed: tools/agent-clis/mini-swe-agent.txt $(AGENT_CLIS_STAMP)
+	@/usr/bin/python3 -c 'import ensurepip' 2>/dev/null || { \
+	  echo "installing python3-venv (the mini-swe-agent venv is made with /usr/bin/python3)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null) \
+	  || { echo "error: could not install python3-venv; install it (apt-get install python3-venv) and rerun" >&2; exit 1; }; }
+	rm -rf $(MSWEA) && /usr/bin/python3 -m venv $(MSWEA)
+	$(MSWEA)/bin/python -m pip install -q --no-deps -r tools/agent-clis/mini-swe-agent.txt
+	@$(MSWEA)/bin/python -c 'import importlib.metadata as m; import sys; want = [l.strip().split("==")[1] for l in open("tools/agent-clis/mini-swe-agent.txt") if l.startswith("mini-swe-agent==")][0]; sys.exit(m.version("mini-swe-agent") != want)' || { \
+	  echo "error: $(MSWEA) does not hold the pinned mini-swe-agent; rm -rf $(MSWEA) and rerun make setup" >&2; exit 1; }
+	touch $@
+
+agent-clis: $(AGENT_CLIS_STAMP) $(MSWEA)/.installed
 
 # Debian's Docker (daemon, containerd, runc): the container hosts' tests and make demo-containers start
 # it themselves (tools/testdocker.py: no systemd, a socket and data root of its own), and the packages

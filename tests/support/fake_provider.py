@@ -1,10 +1,14 @@
-"""A real chat-completions provider on the controller's loopback, for tests.
+"""A real model provider on the controller's loopback, for tests.
 
-It speaks the OpenAI ``POST /v1/chat/completions`` and the Anthropic ``POST /v1/messages`` protocols
-over a real socket, each streamed (server-sent events, written one at a time) when the request asks. Its answers follow
+It speaks four wire APIs over a real socket: OpenAI ``POST /v1/chat/completions``, OpenAI Responses
+``POST /v1/responses``, Anthropic ``POST /v1/messages`` and Gemini ``POST /v1beta/models/<model>:
+generateContent`` / ``:streamGenerateContent?alt=sse``, each streamed (server-sent events, written one
+at a time) when the request asks. Its answers follow
 a script in the format of a task's ``script.json`` (``{"tool_calls": [{"name", "args"}]}`` or
-``{"content", "finish": "stop"}``); the turn is chosen by the number of assistant messages already in
-the request, so concurrent conversations (several hosts at once) each follow the script.
+``{"content", "finish": "stop"}``; a call with ``"custom": true`` is a Responses custom tool call whose
+``args["input"]`` is its free-form input, as Codex's ``apply_patch``); the turn is chosen by the number
+of model answers already in the request, so concurrent conversations (several hosts at once) each follow
+the script.
 
 Modes:
     "script"   the script, then ``stop`` once it runs out
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import socket
 import threading
 from collections.abc import Callable
@@ -82,13 +87,14 @@ class FakeProvider:
             if self.fail_first:
                 status = self.fail_first.pop(0)
                 return status, json.dumps({"error": {"message": f"scripted {status}", "type": "x"}}).encode()
-        given = headers.get("x-api-key") if path == "/v1/messages" else headers.get("authorization")
-        if given != (self.key if path == "/v1/messages" else f"Bearer {self.key}"):
+        api = api_of(path)
+        if headers.get(KEY_HEADER.get(api, "authorization")) != (
+            f"Bearer {self.key}" if api in ("openai", "responses") else self.key
+        ):
             return 401, json.dumps({"error": {"message": "Incorrect API key provided: sk-wr***ng"}}).encode()
         if self.mode == "bad_json":
             return 200, b"<html>upstream gateway says hello</html>"
-        messages = body.get("messages", []) if isinstance(body, dict) else []
-        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        turn = answers_so_far(api, body)
         if self.mode == "forever":
             step: dict[str, Any] = {"tool_calls": [{"name": self.forever_tool, "args": {}}]}
         elif turn < len(self.script):
@@ -104,9 +110,44 @@ class FakeProvider:
                 }
         else:
             step = {"content": "done", "finish": "stop"}
-        if path == "/v1/messages":
+        if api == "anthropic":
             return 200, json.dumps(self._message(turn, step)).encode()
+        if api == "responses":
+            return 200, json.dumps(self._response(turn, step)).encode()
+        if api == "gemini":
+            return 200, json.dumps(self._gemini(turn, step)).encode()
         return 200, json.dumps(self._completion(turn, step)).encode()
+
+    def _response(self, turn: int, step: dict[str, Any]) -> dict[str, Any]:
+        output: list[dict[str, Any]] = [
+            # a reasoning item, as a reasoning model sends it: the agent passes it back next request
+            {"type": "reasoning", "id": f"rs_{turn}", "summary": [], "encrypted_content": f"opaque-{turn}"}
+        ]
+        for i, c in enumerate(step.get("tool_calls") or []):
+            if c.get("custom"):
+                output.append({"type": "custom_tool_call", "id": f"ctc_{turn}_{i}", "call_id": f"call_{turn}_{i}",
+                               "name": c["name"], "input": str(c.get("args", {}).get("input", "")),
+                               "status": "completed"})
+            else:
+                output.append({"type": "function_call", "id": f"fc_{turn}_{i}", "call_id": f"call_{turn}_{i}",
+                               "name": c["name"], "arguments": json.dumps(c.get("args", {})),
+                               "status": "completed", **({"namespace": c["namespace"]} if c.get("namespace") else {})})
+        if step.get("content"):
+            output.append({"type": "message", "id": f"msg_{turn}", "role": "assistant", "status": "completed",
+                           "content": [{"type": "output_text", "text": step["content"], "annotations": []}]})
+        return {"id": f"resp_{turn}", "object": "response", "created_at": 1700000000, "status": "completed",
+                "model": self.model, "output": output,
+                "usage": {"input_tokens": 11, "output_tokens": 7, "total_tokens": 18}}
+
+    def _gemini(self, turn: int, step: dict[str, Any]) -> dict[str, Any]:
+        parts: list[dict[str, Any]] = []
+        if step.get("content"):
+            parts.append({"text": step["content"]})
+        for c in step.get("tool_calls") or []:
+            parts.append({"functionCall": {"name": c["name"], "args": c.get("args", {})}})
+        return {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"promptTokenCount": 11, "candidatesTokenCount": 7, "totalTokenCount": 18},
+                "modelVersion": self.model, "responseId": f"gem_{turn}"}
 
     def _message(self, turn: int, step: dict[str, Any]) -> dict[str, Any]:
         content: list[dict[str, Any]] = []
@@ -126,7 +167,12 @@ class FakeProvider:
             head = f"event: {event}\n" if event else ""
             return (head + "data: " + (data if isinstance(data, str) else json.dumps(data)) + "\n\n").encode()
 
-        if path == "/v1/messages":
+        api = api_of(path)
+        if api == "responses":
+            return responses_events(answer, sse)
+        if api == "gemini":
+            return gemini_events(answer, sse)
+        if api == "anthropic":
             out = [sse({"type": "message_start", "message": {**answer, "content": [], "stop_reason": None,
                                                             "usage": {"input_tokens": 11, "output_tokens": 1}}},
                        "message_start")]
@@ -203,7 +249,10 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:  # noqa: N802
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             headers = {k.lower(): v for k, v in self.headers.items()}
-            if self.path not in ("/v1/chat/completions", "/v1/messages"):
+            path, _, query = self.path.partition("?")
+            if api_of(path) == "gemini" and "key=" in query and "x-goog-api-key" not in headers:
+                headers["x-goog-api-key"] = query.split("key=", 1)[1].split("&", 1)[0]
+            if api_of(path) is None:
                 status, data = 404, b'{"error": {"message": "no such path"}}'
                 with provider._lock:
                     provider.requests.append(Received(self.path, headers, None))
@@ -212,9 +261,10 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                     body = json.loads(raw)
                 except ValueError:
                     body = None
-                status, data = provider.answer(headers, body, self.path)
-                if status == 200 and isinstance(body, dict) and body.get("stream") is True and data.startswith(b"{"):
-                    self._stream(provider.events(self.path, json.loads(data)))
+                status, data = provider.answer(headers, body, path)
+                streamed = path.endswith(":streamGenerateContent") or (isinstance(body, dict) and body.get("stream") is True)
+                if status == 200 and streamed and data.startswith(b"{"):
+                    self._stream(provider.events(path, json.loads(data)))
                     return
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -235,6 +285,96 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                         provider.stream_gates.append(seen)
 
     return Handler
+
+
+#: the header each API's key travels in
+KEY_HEADER = {"openai": "authorization", "responses": "authorization", "anthropic": "x-api-key",
+              "gemini": "x-goog-api-key"}
+_GEMINI = re.compile(r"^/v1beta/models/[^/:]+:(generateContent|streamGenerateContent)$")
+
+
+def api_of(path: str) -> str | None:
+    """The wire API of a provider path, or None for a path no API has."""
+    if path == "/v1/chat/completions":
+        return "openai"
+    if path == "/v1/responses":
+        return "responses"
+    if path == "/v1/messages":
+        return "anthropic"
+    return "gemini" if _GEMINI.match(path) else None
+
+
+def answers_so_far(api: str | None, body: Any) -> int:
+    """How many model answers a request's conversation already holds (the script's next turn)."""
+    if not isinstance(body, dict):
+        return 0
+    if api == "responses":
+        items = body.get("input") if isinstance(body.get("input"), list) else []
+        answers, inside = 0, False
+        for item in items:
+            produced = isinstance(item, dict) and (
+                item.get("type") in ("function_call", "custom_tool_call", "reasoning")
+                or (item.get("type", "message") == "message" and item.get("role") == "assistant"))
+            answers += produced and not inside
+            inside = bool(produced)
+        return answers
+    if api == "gemini":
+        return sum(1 for c in body.get("contents") or [] if isinstance(c, dict) and c.get("role") == "model")
+    return sum(1 for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def responses_events(answer: dict[str, Any], sse: Callable[..., bytes]) -> list[bytes]:
+    """A Responses answer as its stream: created, each output item added / its deltas / done, completed."""
+    shell = {**answer, "status": "in_progress", "output": [], "usage": None}
+    seq = iter(range(10_000))
+    out = [sse({"type": "response.created", "sequence_number": next(seq), "response": shell}, "response.created"),
+           sse({"type": "response.in_progress", "sequence_number": next(seq), "response": shell},
+               "response.in_progress")]
+
+    def event(kind: str, **fields: Any) -> None:
+        out.append(sse({"type": kind, "sequence_number": next(seq), **fields}, kind))
+
+    for i, item in enumerate(answer["output"]):
+        if item["type"] == "function_call":
+            event("response.output_item.added", output_index=i, item={**item, "arguments": "", "status": "in_progress"})
+            args = item["arguments"]
+            for piece in (args[: len(args) // 2], args[len(args) // 2:]):
+                event("response.function_call_arguments.delta", item_id=item["id"], output_index=i, delta=piece)
+            event("response.function_call_arguments.done", item_id=item["id"], output_index=i, arguments=args)
+        elif item["type"] == "custom_tool_call":
+            event("response.output_item.added", output_index=i, item={**item, "input": "", "status": "in_progress"})
+            event("response.custom_tool_call_input.delta", item_id=item["id"], output_index=i, delta=item["input"])
+            event("response.custom_tool_call_input.done", item_id=item["id"], output_index=i, input=item["input"])
+        elif item["type"] == "message":
+            event("response.output_item.added", output_index=i, item={**item, "content": [], "status": "in_progress"})
+            text = item["content"][0]["text"]
+            event("response.content_part.added", item_id=item["id"], output_index=i, content_index=0,
+                  part={"type": "output_text", "text": "", "annotations": []})
+            event("response.output_text.delta", item_id=item["id"], output_index=i, content_index=0, delta=text)
+            event("response.output_text.done", item_id=item["id"], output_index=i, content_index=0, text=text)
+            event("response.content_part.done", item_id=item["id"], output_index=i, content_index=0,
+                  part=item["content"][0])
+        else:
+            event("response.output_item.added", output_index=i, item=item)
+        event("response.output_item.done", output_index=i, item=item)
+    event("response.completed", response=answer)
+    return out
+
+
+def gemini_events(answer: dict[str, Any], sse: Callable[..., bytes]) -> list[bytes]:
+    """A Gemini answer as ``alt=sse`` chunks: each part a chunk of its own, the last with the finish
+    reason and the usage."""
+    candidate = answer["candidates"][0]
+    parts = candidate["content"]["parts"] or [{"text": ""}]
+    out = []
+    for i, part in enumerate(parts):
+        chunk: dict[str, Any] = {"candidates": [{"content": {"role": "model", "parts": [part]}, "index": 0}],
+                                 "modelVersion": answer["modelVersion"], "responseId": answer["responseId"]}
+        if i == len(parts) - 1:
+            chunk["candidates"][0]["finishReason"] = candidate["finishReason"]
+            chunk["usageMetadata"] = answer["usageMetadata"]
+        out.append(sse(chunk))
+    return out
 
 
 def unused_port() -> int:
