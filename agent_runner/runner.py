@@ -44,7 +44,8 @@ from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
 from .records import Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
-from .sandbox import NONE, Sandbox, run_uid
+from .sandbox import NONE, PIDNS_UID, Sandbox, run_uid
+from .strays import StrayWatch
 from .suite import Suite, Task, load_suite
 from .tools import ToolBox, kill_group
 from .trace import TraceWriter
@@ -142,6 +143,8 @@ class Runner:
         # Read once, when the run starts: the bundle as the controller verified it just before.
         self.predicates = {t.id: t.predicate.read_bytes() for t in suite.tasks if t.predicate is not None}
         self.suite_digests = part_digests(suite.root)
+        # Only a uid of its own makes what an attempt left outside its workspace attributable to it.
+        self.stray_watch = StrayWatch(self.home) if self.isolation == PIDNS_UID else None
 
     def new_strays(self, paths: List[str]) -> List[str]:
         """``paths`` not reported by an earlier attempt of this run (each is said once)."""
@@ -180,6 +183,7 @@ class Runner:
         attempt_dir.chmod(0o711)
         box = Sandbox.for_attempt(self.isolation, self.uid, str(attempt_dir / "work"),
                                   str(self.suite.root / "suite.json"))
+        mark = self.stray_watch.mark() if self.stray_watch is not None and box.uid is not None else None
         try:
             work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))
             self.bundle_check(task.id)
@@ -210,7 +214,9 @@ class Runner:
                 own = [str(attempt_dir), str(work), str(home), str(tmp), str(self.suite.root), _runner_home()]
                 self._write_file_evidence(self.out / "files" / f"{task.id}.{attempt}.json", tracer, own,
                                           env.get("PATH", ""))
-            strays = self.new_strays(box.strays(str(attempt_dir), home=self.home))
+            strays: List[str] = []
+            if mark is not None and box.uid is not None:  # reported once, by whichever attempt sees it first
+                strays = self.new_strays(mark.watch.since(mark, box.uid, str(attempt_dir)))
             checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
             findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []

@@ -35,7 +35,7 @@ import stat
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 PIDNS_UID = "pidns+uid"
 PIDNS = "pidns"
@@ -47,10 +47,6 @@ UID_BASE = 1_990_000_000
 UID_SPAN = 1_000_000
 _PR_SET_PDEATHSIG = 1
 _PROBE_TIMEOUT_S = 10
-#: where an attempt's stray files are looked for (besides the runner's HOME), and how deep
-STRAY_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
-_STRAY_DEPTH = 4
-_STRAY_MAX_ENTRIES = 20000
 
 
 def _pdeathsig() -> None:
@@ -232,36 +228,6 @@ class Sandbox:
                 for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
                     with contextlib.suppress(OSError):
                         os.lchown(name, self.uid, self.uid)
-
-    def strays(self, own: str, home: Optional[str] = None) -> List[str]:
-        """Files the run's attempts wrote outside ``own`` (this attempt's directory): owned by the run's
-        uid under /tmp, /var/tmp, /dev/shm and the runner's HOME. Reported, not removed (a test suite
-        may leave a log there on purpose); only a uid of its own makes them attributable, other levels
-        report nothing. The caller reports each path once (attempts in slots share the uid)."""
-        if self.uid is None:
-            return []
-        found: List[str] = []
-        inodes: Set[Tuple[int, int]] = set()
-        seen = 0
-        roots = [*STRAY_ROOTS, *([home] if home else [])]
-        for top in roots:
-            base_depth = top.rstrip("/").count("/")
-            for root, dirs, files in os.walk(top):
-                if root.count("/") - base_depth >= _STRAY_DEPTH:
-                    dirs[:] = []
-                for name in dirs + files:
-                    seen += 1
-                    path = os.path.join(root, name)
-                    with contextlib.suppress(OSError):
-                        st = os.lstat(path)
-                        if st.st_uid == self.uid and (st.st_dev, st.st_ino) not in inodes:
-                            inodes.add((st.st_dev, st.st_ino))  # one file seen twice (a bind mount) once
-                            found.append(path)
-                if seen > _STRAY_MAX_ENTRIES:
-                    break
-        found = [p for p in found if p != own and not p.startswith(own.rstrip("/") + "/")]
-        found = [p for p in found if not any(p.startswith(f + "/") for f in found)]  # top-most only
-        return sorted(found)
 
 
 class Started(subprocess.Popen[bytes]):

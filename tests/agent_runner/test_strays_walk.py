@@ -1,0 +1,151 @@
+"""What an attempt left outside its workspace, found by looking again only in the world-writable
+directories that changed during the attempt, is what the plain walk of every entry under the stray roots
+found (run as root: the trees hold files of another uid)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agent_runner.sandbox import UID_BASE
+from agent_runner.strays import StrayWatch
+
+UID = UID_BASE + 4242
+OTHER = UID_BASE + 4343
+
+
+def plain_strays(uid: int, roots: list[str], own: str) -> list[str]:
+    """The walk this replaces: lstat every entry to depth 4 under each root, keep the uid's own."""
+    found: list[str] = []
+    inodes: set[tuple[int, int]] = set()
+    for top in roots:
+        base_depth = top.rstrip("/").count("/")
+        for root, dirs, files in os.walk(top):
+            if root.count("/") - base_depth >= 4:
+                dirs[:] = []
+            for name in dirs + files:
+                path = os.path.join(root, name)
+                with contextlib.suppress(OSError):
+                    st = os.lstat(path)
+                    if st.st_uid == uid and (st.st_dev, st.st_ino) not in inodes:
+                        inodes.add((st.st_dev, st.st_ino))
+                        found.append(path)
+    found = [p for p in found if p != own and not p.startswith(own.rstrip("/") + "/")]
+    found = [p for p in found if not any(p.startswith(f + "/") for f in found)]
+    return sorted(found)
+
+
+MODES = [0o755, 0o700, 0o711, 0o1777, 0o777, 0o555, 0o733]
+
+
+def _host_tree(top: Path, rng: random.Random, depth: int = 0) -> None:
+    """A host's directories of every kind of permission, of root and of another user."""
+    for i in range(rng.randrange(1, 5)):
+        path = top / f"e{depth}{i}"
+        kind = rng.random()
+        if kind < 0.45 and depth < 6:
+            path.mkdir()
+            _host_tree(path, rng, depth + 1)
+            os.lchown(path, rng.choice([0, OTHER]), 0)
+            path.chmod(rng.choice(MODES))
+        elif kind < 0.55:
+            path.symlink_to(rng.choice(["/etc", str(top), "nowhere"]))
+        else:
+            path.write_text("x")
+            os.lchown(path, rng.choice([0, OTHER]), 0)
+
+
+def _writable_by_the_uid(roots: list[Path]) -> list[Path]:
+    """Every directory the uid can reach and write (other's x on the way, other's w there)."""
+    out = []
+    for top in roots:
+        stack = [top]
+        while stack:
+            d = stack.pop()
+            st = d.lstat()
+            if not st.st_mode & 0o001 and st.st_uid != UID:
+                continue
+            if st.st_mode & 0o002 or st.st_uid == UID:
+                out.append(d)
+            stack += [c for c in d.iterdir() if c.is_dir() and not c.is_symlink()]
+    return sorted(out)
+
+
+def _attempt_writes(roots: list[Path], rng: random.Random, n: int) -> None:
+    """What an attempt running as the uid does: files, directories with files in them, links, each
+    where the uid may create it."""
+    for _ in range(n):
+        where = rng.choice(_writable_by_the_uid(roots))
+        path = where / f"u{rng.randrange(10**9)}"
+        kind = rng.random()
+        if kind < 0.3:
+            path.mkdir()
+            (path / "inner").write_text("x")
+            os.lchown(path / "inner", UID, UID)
+            path.chmod(rng.choice([0o755, 0o777, 0o700]))
+        elif kind < 0.4:
+            path.symlink_to("/etc/passwd")
+        else:
+            path.write_text("x")
+        os.lchown(path, UID, UID)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_watch_finds_what_the_plain_walk_finds_attempt_after_attempt(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    roots = []
+    for name in ("tmp", "vartmp", "shm", "home"):
+        top = tmp_path / name
+        top.mkdir()
+        _host_tree(top, rng)
+        top.chmod(0o755 if name == "home" else 0o1777)
+        roots.append(top)
+    own = tmp_path / "tmp" / "attempt"
+    own.mkdir()
+    watch = StrayWatch(str(roots[3]), roots=[str(r) for r in roots[:3]])
+    reported: set[str] = set()
+    for _attempt in range(3):
+        mark = watch.mark()
+        (own / "work").mkdir()
+        os.lchown(own / "work", UID, UID)
+        _attempt_writes(roots, rng, rng.randrange(0, 6))
+        want = [p for p in plain_strays(UID, [str(r) for r in roots], str(own)) if p not in reported]
+        got = [p for p in watch.since(mark, UID, str(own)) if p not in reported]
+        assert got == want
+        reported.update(got)
+        shutil.rmtree(own / "work")
+    assert reported or seed  # the attempts do leave files
+
+
+def test_a_file_made_within_the_clock_tick_of_the_mark_is_found(tmp_path: Path) -> None:
+    top = tmp_path / "tmp"
+    top.mkdir()
+    top.chmod(0o1777)
+    watch = StrayWatch(roots=[str(top)])
+    for i in range(50):
+        mark = watch.mark()
+        (top / f"f{i}").write_text("x")
+        os.lchown(top / f"f{i}", UID, UID)
+        assert watch.since(mark, UID, str(tmp_path / "own")) == [str(top / f"f{j}") for j in sorted(range(i + 1), key=str)]
+
+
+def test_a_world_writable_directory_made_during_the_run_is_watched_from_then_on(tmp_path: Path) -> None:
+    top = tmp_path / "tmp"
+    top.mkdir()
+    top.chmod(0o1777)
+    watch = StrayWatch(roots=[str(top)])
+    shared = top / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # another user's, made after the run started
+    (shared / "left").write_text("x")
+    os.lchown(shared / "left", UID, UID)
+    assert watch.since(watch.mark(), UID, str(tmp_path / "own")) == [str(shared / "left")]
+    mark = watch.mark()
+    (shared / "later").write_text("x")
+    os.lchown(shared / "later", UID, UID)
+    assert watch.since(mark, UID, str(tmp_path / "own")) == [str(shared / "later"), str(shared / "left")]
