@@ -42,3 +42,7 @@ def vm_sshd_hosts() -> Iterator[SshdHosts]:
         yield hosts
     finally:
         stop_fleet(hosts)
+
+
+# The Docker daemon and test images (tests/support/docker.py), shared by the whole session.
+from tests.support.docker import docker_box, docker_daemon  # noqa: E402,F401

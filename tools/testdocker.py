@@ -66,10 +66,11 @@ DOCKERD_ARGS = [
 ]  # fmt: skip
 
 #: what an image needs: a shell and coreutils (``timeout``, ``mktemp``), tar, python3 for the runner,
-#: strace for explain's file evidence, tzdata so TZ means something
+#: strace for explain's file evidence, tzdata so TZ means something, util-linux (unshare, setpriv) so
+#: the runner tries its isolation as on any Debian host
 SEED_PACKAGES = (
     "base-files", "dash", "coreutils", "tar", "findutils", "grep", "sed", "gzip", "python3", "tzdata",
-    "libc-bin", "strace", "procps",
+    "libc-bin", "strace", "procps", "util-linux",
 )  # fmt: skip
 REPOSITORY = "crosshost-test"
 

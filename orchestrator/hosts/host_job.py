@@ -91,6 +91,7 @@ class HostJob:
             watched.enter_context(self.plan.running.connected(host))  # Ctrl-C abandons it when it goes silent
             ws = Workspace(host, self.cfg.name, self.cfg.workspace_root, self.plan.run_dir.run_id, self.cfg.python)
             self.record.reachable = True
+            self.record.container = host.facts() or None  # the image a container host runs, beside its fingerprint
             self.plan.running.check_cancel()
             self.record.bundle_pushed = self._stage("push", lambda: ws.create_with_bundle(self.plan.bundle))
             self.record.bundle_replaced = ws.bundle_replaced

@@ -35,7 +35,7 @@ class HostConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    transport: Literal["local", "ssh"] = "ssh"
+    transport: Literal["local", "ssh", "docker", "command"] = "ssh"
     # strict: `port = true` is not port 1, `port = "2601"` not a number; names are never empty
     address: str | None = Field(default=None, min_length=1, strict=True)
     port: int = Field(default=22, ge=1, le=65535, strict=True)
@@ -65,6 +65,18 @@ class HostConfig(BaseModel):
     bastion_connections: int = Field(default=8, ge=1, le=64, strict=True)
     #: attempts at once on this host, each in its own workspace, HOME, TMPDIR and budget
     slots: int = Field(default=1, ge=1, le=64, strict=True)
+    #: docker: a container started from this image for the run, removed after it
+    image: str | None = Field(default=None, min_length=1, strict=True)
+    #: docker: an existing, running container (left running)
+    container: str | None = Field(default=None, min_length=1, strict=True)
+    #: docker: the daemon (docker -H): unix://..., tcp://..., ssh://user@host
+    docker_host: str | None = Field(default=None, min_length=1, strict=True)
+    #: docker, image hosts: the container's network (the model proxy needs none: it comes through docker exec)
+    network: str = Field(default="none", min_length=1, strict=True)
+    #: docker, image hosts: how long pulling a missing image may take
+    pull_timeout_s: float = Field(default=300, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, strict=True)
+    #: command: the exec-style prefix a command is appended to (["docker", "exec", "-i", "box"], ...)
+    argv: list[str] | None = None
     # Filled by load_inventory, never read from the file:
     #: the resolved jump hosts, outermost first
     jump: list[HostConfig] = Field(default_factory=list)
@@ -150,7 +162,10 @@ def replaced_env(host: HostConfig) -> list[str]:
     return [k for k in ATTEMPT_ENV_KEYS if k in host.env_allowlist or k in host.env]
 
 
-#: keys only an ssh host uses (a local host's own table naming one is said to be ignored)
+#: keys only a docker host uses, and only a command host
+_DOCKER_ONLY = ("image", "container", "docker_host", "network", "pull_timeout_s")
+_COMMAND_ONLY = ("argv",)
+#: keys only an ssh host uses (another host's own table naming one is said to be ignored)
 _SSH_ONLY = (
     "address", "port", "user", "identity_file", "ssh", "use_agent", "passphrase_env", "identities_only",
     "proxy_jump", "bastion_connections",
@@ -267,7 +282,9 @@ def load_inventory(path: Path) -> Inventory:
             ignored = [k for k in entry if k in _SSH_ONLY]
             if ignored:
                 keys = ", ".join(repr(k) for k in ignored)
-                merged["notes"] = [f"{label}: key(s) {keys} ignored: a local host is reached without SSH"]
+                merged["notes"] = [
+                    f"{label}: key(s) {keys} ignored: a {merged.get('transport')} host is reached without SSH"
+                ]
         try:
             host = HostConfig.model_validate(merged)
         except ValidationError as exc:
@@ -279,8 +296,8 @@ def load_inventory(path: Path) -> Inventory:
         hosts.append(host)
     by_name = {h.name: h for h in hosts}
     hosts = [_with_jumps(wheres[h.name], h, by_name, ssh_config) for h in hosts]
-    for host in hosts:
-        _check_host(wheres[host.name], host)
+    for index, host in enumerate(hosts):
+        _check_host(wheres[host.name], host, entries[index])
         for hop in host.jump:
             if hop.name not in by_name:  # an inventory host is checked as itself
                 _check_host(f"{wheres[host.name]} (jump host {hop.name})", hop)
@@ -399,10 +416,11 @@ def _hop(target: HostConfig, spec: str, fields: dict[str, Any], user: str | None
 _HOP = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d{1,5}))?$")
 
 
-def _check_host(where: str, host: HostConfig) -> None:
+def _check_host(where: str, host: HostConfig, entry: dict[str, Any] | None = None) -> None:
     for key in host.env:
         if key not in host.env_allowlist:
             raise InventoryError(f"{where}: key 'env': {key!r} is not in env_allowlist; add it there or drop it")
+    _check_container_keys(where, host, entry or {})
     if host.transport != "ssh":
         return
     if not host.address:
@@ -431,6 +449,35 @@ def _check_host(where: str, host: HostConfig) -> None:
         raise InventoryError(
             f"{where}: key file {host.identity_file} is passphrase-protected: {keys.unlock_hint(host.identity_file)}"
         )
+
+
+def _check_container_keys(where: str, host: HostConfig, entry: dict[str, Any]) -> None:
+    """A docker host names an image or a container (one of them); a command host an argv prefix; a
+    key of one of them in another host's own table is a mistake, said here."""
+    own = {"docker": _DOCKER_ONLY, "command": _COMMAND_ONLY}.get(host.transport, ())
+    for key in (*_DOCKER_ONLY, *_COMMAND_ONLY):
+        if key in entry and key not in own:
+            kind = "docker" if key in _DOCKER_ONLY else "command"
+            raise InventoryError(f"{where}: key {key!r}: only a transport = \"{kind}\" host has it (this one is {host.transport})")
+    if host.transport == "docker":
+        if (host.image is None) == (host.container is None):
+            raise InventoryError(
+                f"{where}: key 'image': a docker host names exactly one of image = \"...\" (a container started "
+                "for the run) or container = \"...\" (an existing one)"
+            )
+        if host.container is not None and ("network" in entry or "pull_timeout_s" in entry):
+            raise InventoryError(f"{where}: keys 'network' and 'pull_timeout_s' are for image hosts; container {host.container!r} exists already")
+        for key, value in (("image", host.image), ("container", host.container), ("docker_host", host.docker_host), ("network", host.network)):
+            if value is not None and (value.startswith("-") or any(c.isspace() or c == "\x00" for c in value)):
+                raise InventoryError(f"{where}: key {key!r}: {value!r} is not valid (no leading '-', no spaces): it becomes a docker argument")
+    if host.transport == "command":
+        if not host.argv:
+            raise InventoryError(
+                f"{where}: key 'argv': missing (a command host needs the exec prefix a command is appended to, "
+                'e.g. argv = ["docker", "exec", "-i", "box"])'
+            )
+        if any(not a or "\x00" in a for a in host.argv):
+            raise InventoryError(f"{where}: key 'argv': an empty word or a NUL byte in {host.argv!r}")
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -106,6 +106,8 @@ class HostRecord(BaseModel):
     runner_exit: int | None = None
     workspace_removed: bool | None = None
     stages: dict[str, float] = Field(default_factory=dict)  # stage -> seconds
+    #: what the transport says of a container host (image id and digests, daemon, runtime); None elsewhere
+    container: dict[str, Any] | None = None
 
 
 class Manifest(BaseModel):

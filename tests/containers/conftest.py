@@ -1,5 +1,1 @@
-"""Fixtures of the container tests: the shared Docker daemon and images (tests/support/docker.py)."""
-
-from tests.support.docker import docker_daemon
-
-__all__ = ["docker_daemon"]
+"""The container tests use the session's Docker daemon, images and box (tests/conftest.py)."""

@@ -14,12 +14,19 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import HostError
+from orchestrator.hosts.inventory import HostConfig
 from orchestrator.hosts.testing import FakeHost
 from orchestrator.hosts.transport import Host, LocalHost, conformance, open_host
 from orchestrator.hosts.transport.base import ExecResult
 from orchestrator.model.proxy import model_route
 
 SSH = pytest.param("ssh", marks=pytest.mark.sshd)
+#: a container from a test image (started and removed by the host), the session's box reached as an
+#: existing container, with `docker exec -i` as a command host, and through nsenter into its namespaces
+CONTAINERS = [
+    pytest.param(kind, marks=pytest.mark.docker)
+    for kind in ("docker-image", "docker-container", "command-docker-exec", "command-nsenter")
+]
 
 
 def _scratch_only(argv: list[str]) -> tuple[int, str, str]:
@@ -32,7 +39,19 @@ def _open(kind: str, request: pytest.FixtureRequest) -> Host:
         return LocalHost()
     if kind == "fake":
         return FakeHost("fake", _scratch_only)
-    return open_host(request.getfixturevalue("sshd_hosts").config("box-a"))
+    if kind == "ssh":
+        return open_host(request.getfixturevalue("sshd_hosts").config("box-a"))
+    box = request.getfixturevalue("docker_box")
+    fields: dict[str, object] = {"name": "box-d", "transport": "docker", "docker_host": box.daemon.docker_host}
+    if kind == "docker-image":
+        fields["image"] = box.daemon.images["py-utf8"]
+    elif kind == "docker-container":
+        fields["container"] = box.name
+    elif kind == "command-docker-exec":
+        fields = {"name": "box-d", "transport": "command", "argv": ["docker", "-H", box.daemon.docker_host, "exec", "-i", box.name]}
+    else:
+        fields = {"name": "box-d", "transport": "command", "argv": ["nsenter", "-t", str(box.pid), "-a"]}
+    return open_host(HostConfig.model_validate(fields))
 
 
 @contextlib.contextmanager
@@ -44,7 +63,7 @@ def _opened(kind: str, request: pytest.FixtureRequest) -> Iterator[Host]:
         host.close()
 
 
-@pytest.mark.parametrize("kind", ["local", SSH])
+@pytest.mark.parametrize("kind", ["local", SSH, *CONTAINERS])
 @pytest.mark.parametrize("check", conformance.CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
 def test_real_backend(kind: str, check: conformance.Check, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     with _opened(kind, request) as host:

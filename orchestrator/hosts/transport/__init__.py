@@ -1,7 +1,9 @@
 """One transport abstraction: ``Host`` with exec/put/get/close; one module per backend.
 
 ``open_host(cfg)`` is the one way the controller gets a Host for an inventory entry: LocalHost for
-``transport = "local"``, SshHost for ``"ssh"`` with retries on transient connect errors only.
+``transport = "local"``, SshHost for ``"ssh"`` with retries on transient connect errors only,
+DockerHost for ``"docker"`` (a container: started from an image, or an existing one) and CommandHost
+for ``"command"`` (an exec-style argv prefix: ``kubectl exec -i pod --``, ``nsenter -t PID -a``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tenacity
 from orchestrator.errors import HostUnreachable
 from orchestrator.hosts.inventory import HostConfig
 from orchestrator.hosts.transport.base import ExecResult, Host
+from orchestrator.hosts.transport.command import CommandHost
 from orchestrator.hosts.transport.local import LocalHost
 
 if "paramiko" not in sys.modules and "invoke" not in sys.modules:
@@ -32,7 +35,7 @@ if "paramiko" not in sys.modules and "invoke" not in sys.modules:
 
 from orchestrator.hosts.transport.ssh import SshHost  # noqa: E402
 
-__all__ = ["ExecResult", "Host", "LocalHost", "Opener", "SshHost", "default_opener", "open_host", "CONNECT_ATTEMPTS"]
+__all__ = ["CommandHost", "ExecResult", "Host", "LocalHost", "Opener", "SshHost", "default_opener", "open_host", "CONNECT_ATTEMPTS"]
 
 #: connect attempts per host before it is reported unreachable
 CONNECT_ATTEMPTS = 5
@@ -61,6 +64,13 @@ def open_host(
     """
     if cfg.transport == "local":
         return LocalHost(cfg.name)
+    if cfg.transport == "docker":
+        from orchestrator.hosts.transport.docker import DockerHost
+
+        return DockerHost(cfg)  # a daemon's answer is final: nothing transient to retry
+    if cfg.transport == "command":
+        assert cfg.argv is not None
+        return CommandHost(cfg.name, cfg.argv, python=cfg.python, connect_timeout_s=cfg.connect_timeout_s)
 
     budget_s = cfg.connect_timeout_s * _BUDGET_CONNECT_TIMEOUTS
     started = time.monotonic()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from orchestrator.errors import HostError, TransferError
 
@@ -45,7 +46,7 @@ class Host(abc.ABC):
 
     #: the inventory name; every error and record carries it
     name: str
-    #: "local", "ssh" or "fake"
+    #: "local", "ssh", "docker", "command" or "fake"
     kind: str
     #: a process on the host reaches the controller's 127.0.0.1 as it is (the host is the controller)
     reaches_controller_loopback: bool = False
@@ -90,6 +91,11 @@ class Host(abc.ABC):
     def abandon(self) -> None:
         """Give up on the host at once (Ctrl-C, a silent host): every call waiting on it ends."""
         self.close()
+
+    def facts(self) -> dict[str, Any]:
+        """What the transport knows of the host that its runner cannot see (a container's image id and
+        digests, the daemon's runtime): recorded beside the fingerprint. Nothing by default."""
+        return {}
 
     # Optional capabilities: refused unless a backend has them ------------------------------------
 
