@@ -6,6 +6,7 @@ for this attempt (``<proxy>/attempt/<task>.<attempt>``) with the run's placehold
 
 - ``api = "openai"``: ``OPENAI_BASE_URL`` (``.../v1``) and ``OPENAI_API_KEY``;
 - ``api = "anthropic"``: ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY``;
+- ``api = "gemini"``: ``GOOGLE_GEMINI_BASE_URL``, ``GEMINI_API_KEY`` and ``GOOGLE_API_KEY``;
 - both: ``CROSSHOST_MODEL`` (the suite's model), ``CROSSHOST_PROMPT_FILE`` and a short
   ``XDG_RUNTIME_DIR`` of its own for its sockets.
 
@@ -52,9 +53,10 @@ from .wire import (
 
 MCP_CONFIG = ".mcp.json"
 #: the MCP server's name in ``.mcp.json``; agent CLIs show its tools to the model as
-#: ``mcp__crosshost__<tool>`` (Claude Code) or ``crosshost__<tool>``
+#: ``mcp__crosshost__<tool>`` (Claude Code; Codex, as the namespace ``mcp__crosshost``),
+#: ``mcp_crosshost_<tool>`` (Gemini CLI), ``crosshost_<tool>`` (opencode) or ``crosshost__<tool>``
 MCP_SERVER = "crosshost"
-_MCP_PREFIXES = (f"mcp__{MCP_SERVER}__", f"{MCP_SERVER}__")
+_MCP_PREFIXES = (f"mcp__{MCP_SERVER}__", f"{MCP_SERVER}__", f"mcp_{MCP_SERVER}_", f"{MCP_SERVER}_")
 _PLACEHOLDER = re.compile(r"\{(prompt|prompt_file|workspace|suite|mcp_config)\}")
 _TAIL = 400
 
@@ -78,6 +80,9 @@ def sdk_env(spec: AgentSpec, base: str, token: str) -> Dict[str, str]:
     model = str(spec.options.get("model", ""))
     if spec.options.get("api") == "anthropic":
         return {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": token, "CROSSHOST_MODEL": model}
+    if spec.options.get("api") == "gemini":  # the Google GenAI SDKs append /v1beta themselves
+        return {"GOOGLE_GEMINI_BASE_URL": base, "GEMINI_API_KEY": token, "GOOGLE_API_KEY": token,
+                "CROSSHOST_MODEL": model}
     return {"OPENAI_BASE_URL": base + API_BASE_PATH, "OPENAI_API_KEY": token, "CROSSHOST_MODEL": model}
 
 

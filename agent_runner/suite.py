@@ -31,6 +31,8 @@ SCHEMA = "crosshost.suite/1"
 AGENT_KINDS = ("scripted", "command", "openai", "exec", "none")
 #: kinds that talk to a live model through the controller's proxy
 MODEL_KINDS = ("openai", "exec")
+#: the wire API families an exec agent may speak through the model proxy
+EXEC_APIS = ("openai", "anthropic", "gemini")
 TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 DEFAULT_BUDGET = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
 #: the most attempts of one task a suite may ask for (and so the most a run directory may hold)
@@ -421,7 +423,8 @@ def _positive_int(v: Any) -> bool:
 # kind = "exec": the program picks its own sampling settings; the suite names the wire format, the
 # model it may ask for, the proxy's caps and whether the model is held.
 _EXEC_KEYS: Dict[str, Any] = {
-    "api": (True, lambda v: v in ("openai", "anthropic"), '"openai" (chat completions) or "anthropic" (messages)'),
+    "api": (True, lambda v: v in EXEC_APIS,
+            '"openai" (chat completions or Responses), "anthropic" (messages) or "gemini" (generateContent)'),
     **{k: v for k, v in _OPENAI_KEYS.items()
        if k in ("model", "base_url", "api_key_env", "max_requests", "max_total_tokens", "request_timeout_s",
                 "sampled", "hold_model")},

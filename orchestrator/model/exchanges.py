@@ -1,10 +1,11 @@
-"""Trace turns from the model exchanges of an exec agent, in OpenAI chat-completions or Anthropic
-messages format, streamed or not.
+"""Trace turns from the model exchanges of an exec agent, in any wire API the proxy speaks
+(``orchestrator/model/apis/``), streamed or not.
 
 An exec agent runs its own tools; the proxy sees only what it asks the model and what the model
 answers. That is enough for a trace: every tool call the model asked for (tool name, arguments) is a
-turn, and the tool's result is the one the agent sends back in its next request (OpenAI: a ``tool``
-message with the call's ``tool_call_id``; Anthropic: a ``tool_result`` block with its ``tool_use_id``).
+turn, and the tool's result is the one the agent sends back in its next request (each API's module
+says where: OpenAI chat, a ``tool`` message with the call's ``tool_call_id``; Anthropic, a
+``tool_result`` block with its ``tool_use_id``).
 A call whose result never came back (the agent stopped) keeps an empty observation.
 """
 
@@ -13,7 +14,10 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.model.apis.base import WireApi
 
 
 @dataclass
@@ -25,6 +29,7 @@ class Answer:
     completion_tokens: int = 0
     model: str | None = None
     finish_reason: str | None = None  # OpenAI's finish_reason, Anthropic's stop_reason
+    text: str | None = None  # what the model said besides its tool calls
 
 
 @dataclass
@@ -58,9 +63,9 @@ class ExchangeBook:
         with self._lock:
             return self._attempts.setdefault(attempt, AttemptLog())
 
-    def request(self, attempt: str, api: str, body: dict[str, Any]) -> None:
+    def request(self, attempt: str, api: WireApi, body: dict[str, Any]) -> None:
         """A request: its tool results complete the turns that asked for them."""
-        results = tool_results(api, body)
+        results = api.tool_results(body)
         with self._lock:
             log = self._attempts.setdefault(attempt, AttemptLog())
             log.requests += 1
@@ -99,7 +104,7 @@ class ExchangeBook:
             return json.loads(json.dumps(log.to_json()))
 
 
-def _args(raw: Any) -> dict[str, Any]:
+def json_args(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, str) and raw.strip():
@@ -111,7 +116,7 @@ def _args(raw: Any) -> dict[str, Any]:
     return {}
 
 
-def _text(content: Any) -> str:
+def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -119,63 +124,24 @@ def _text(content: Any) -> str:
     return "" if content is None else json.dumps(content)
 
 
-def tool_results(api: str, body: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
-    """call id -> (observation, error) for every tool result in a request's messages."""
-    out: dict[str, tuple[str, str | None]] = {}
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else []:
-        if not isinstance(message, dict):
-            continue
-        if api == "openai" and message.get("role") == "tool":
-            out[str(message.get("tool_call_id", ""))] = (_text(message.get("content")), None)
-        elif api == "anthropic" and isinstance(message.get("content"), list):
-            for block in message["content"]:
-                if isinstance(block, dict) and block.get("type") == "tool_result":
-                    text = _text(block.get("content"))
-                    out[str(block.get("tool_use_id", ""))] = (text, text if block.get("is_error") else None)
-    return out
+def mapping(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else an empty one (a provider's answer is not trusted)."""
+    return value if isinstance(value, dict) else {}
 
 
-def _count(value: Any) -> int:
+def listing(value: Any) -> list[Any]:
+    """``value`` when it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def parse_answer(api: str, answer: dict[str, Any]) -> Answer:
-    """A complete (not streamed) answer."""
-    out = Answer(model=answer.get("model") if isinstance(answer.get("model"), str) else None)
-    raw_usage = answer.get("usage")
-    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
-    if api == "openai":
-        out.prompt_tokens, out.completion_tokens = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-        choices = answer.get("choices") or [{}]
-        message = choices[0].get("message") if isinstance(choices[0], dict) else None
-        reason = choices[0].get("finish_reason") if isinstance(choices[0], dict) else None
-        out.finish_reason = reason if isinstance(reason, str) else None
-        for call in (message or {}).get("tool_calls") or []:
-            function = call.get("function") or {}
-            out.calls.append((str(call.get("id", "")), str(function.get("name", "")), _args(function.get("arguments"))))
-    else:
-        out.prompt_tokens, out.completion_tokens = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
-        out.finish_reason = answer["stop_reason"] if isinstance(answer.get("stop_reason"), str) else None
-        for block in answer.get("content") or []:
-            if isinstance(block, dict) and block.get("type") == "tool_use":
-                out.calls.append((str(block.get("id", "")), str(block.get("name", "")), _args(block.get("input"))))
-    return out
-
-
-def is_answer(api: str, answer: Any) -> bool:
-    """Whether a provider's JSON is an answer of ``api`` (else: a bad answer, an error verdict)."""
-    if not isinstance(answer, dict):
-        return False
-    if api == "openai":
-        return isinstance(answer.get("choices"), list) and bool(answer["choices"])
-    return isinstance(answer.get("content"), list)
 
 
 class StreamReader:
     """Accumulates the server-sent events of a streamed answer into an ``Answer``, line by line."""
 
-    def __init__(self, api: str) -> None:
+    def __init__(self, api: WireApi) -> None:
         self.api = api
         self.answer = Answer()
         self._calls: dict[int, dict[str, Any]] = {}
@@ -194,54 +160,10 @@ class StreamReader:
             return
         if isinstance(event, dict):
             self.events += 1
-            (self._openai if self.api == "openai" else self._anthropic)(event)
-
-    def _openai(self, event: dict[str, Any]) -> None:
-        if isinstance(event.get("model"), str):
-            self.answer.model = event["model"]
-        usage = event.get("usage")
-        if isinstance(usage, dict):
-            self.answer.prompt_tokens = _count(usage.get("prompt_tokens"))
-            self.answer.completion_tokens = _count(usage.get("completion_tokens"))
-        for choice in event.get("choices") or []:
-            if isinstance(choice, dict) and isinstance(choice.get("finish_reason"), str):
-                self.answer.finish_reason = choice["finish_reason"]
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            for call in (delta or {}).get("tool_calls") or []:
-                slot = self._calls.setdefault(int(call.get("index", 0)), {"id": "", "name": "", "arguments": ""})
-                function = call.get("function") or {}
-                slot["id"] = call.get("id") or slot["id"]
-                slot["name"] += function.get("name") or ""
-                slot["arguments"] += function.get("arguments") or ""
-
-    def _anthropic(self, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if kind == "message_start":
-            message = event.get("message") or {}
-            self.answer.model = message.get("model") if isinstance(message.get("model"), str) else None
-            usage = message.get("usage") or {}
-            self.answer.prompt_tokens = _count(usage.get("input_tokens"))
-            self.answer.completion_tokens = _count(usage.get("output_tokens"))
-        elif kind == "content_block_start":
-            block = event.get("content_block") or {}
-            if block.get("type") == "tool_use":
-                self._calls[int(event.get("index", 0))] = {"id": block.get("id", ""), "name": block.get("name", ""),
-                                                           "arguments": ""}
-        elif kind == "content_block_delta":
-            delta = event.get("delta") or {}
-            slot = self._calls.get(int(event.get("index", 0)))
-            if slot is not None and delta.get("type") == "input_json_delta":
-                slot["arguments"] += delta.get("partial_json") or ""
-        elif kind == "message_delta":
-            delta = event.get("delta") or {}
-            if isinstance(delta.get("stop_reason"), str):
-                self.answer.finish_reason = delta["stop_reason"]
-            usage = event.get("usage") or {}
-            if "output_tokens" in usage:
-                self.answer.completion_tokens = _count(usage.get("output_tokens"))
+            self.api.stream_event(event, self.answer, self._calls)
 
     def finish(self) -> Answer:
         self.answer.calls = [
-            (str(c["id"]), str(c["name"]), _args(c["arguments"])) for _, c in sorted(self._calls.items())
+            (str(c["id"]), str(c["name"]), json_args(c["arguments"])) for _, c in sorted(self._calls.items())
         ]
         return self.answer

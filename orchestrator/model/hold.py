@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.model.apis.openai_chat import OpenAIChat
 from orchestrator.store.rundir import RunDir
 
 MAX_TEXT = 300
 MAX_DIFF_LINES = 12
-# "system": Anthropic's system prompt is not a message; "stream": a held stream is replayed as events
-SETTINGS = ("model", "temperature", "seed", "max_tokens", "tools", "system", "stream")
+#: what of a request a held model compares (an API module's ``comparable``): its conversation under
+#: ``messages`` and its settings
+Comparable = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def hold_mode(agent: dict[str, Any] | None, override: bool | None) -> str | None:
@@ -133,7 +135,8 @@ class Divergence:
 
 
 def first_difference(reference: dict[str, Any], other: dict[str, Any]) -> tuple[int | None, str | None, str, str]:
-    """(message index, role, reference text, other text) of the first difference of two requests."""
+    """(message index, role, reference text, other text) of the first difference of two requests'
+    comparable views (``messages``, then each setting)."""
     ref_msgs = reference.get("messages") or []
     oth_msgs = other.get("messages") or []
     for i in range(max(len(ref_msgs), len(oth_msgs))):
@@ -142,7 +145,7 @@ def first_difference(reference: dict[str, Any], other: dict[str, Any]) -> tuple[
         if _canonical(r) != _canonical(o):
             role = (o or r or {}).get("role") if isinstance(o or r, dict) else None
             return i, role, "" if r is None else _text(r), "" if o is None else _text(o)
-    for key in SETTINGS:
+    for key in (k for k in {**reference, **other} if k != "messages"):
         if _canonical(reference.get(key)) != _canonical(other.get(key)):
             return None, None, f"{key}: {_canonical(reference.get(key))}", f"{key}: {_canonical(other.get(key))}"
     return None, None, "", ""
@@ -180,10 +183,13 @@ class ModelHold:
 
     # -- every other host ---------------------------------------------------------------------
 
-    def follow(self, host: str, key: str, request: dict[str, Any], root: str | None = None) -> dict[str, Any] | None:
+    def follow(self, host: str, key: str, request: dict[str, Any], root: str | None = None,
+               comparable: Comparable | None = None) -> dict[str, Any] | None:
         """The recorded answer to ``host``'s next request of attempt ``key``, or None: answer it live
         (mode true) or end the attempt (``diverged(host, key)`` then says so, mode strict). ``root``:
-        the attempt's directory on ``host`` (an exec agent's)."""
+        the attempt's directory on ``host`` (an exec agent's); ``comparable``: what of a request its
+        API compares (default: OpenAI chat completions')."""
+        view = comparable or OpenAIChat().comparable
         with self._lock:
             reference_root = self._roots.get(key)
             request = set_aside(request, root)
@@ -196,10 +202,9 @@ class ModelHold:
             if not recorded:  # the reference never asked the model in this attempt: nothing to hold
                 self._count(self.live, host, key)
                 return None
-            recorded = [(set_aside(req, reference_root), answer) for req, answer in recorded]
-            if index < len(recorded) and _canonical(_comparable(recorded[index][0])) == _canonical(
-                _comparable(request)
-            ):
+            recorded = [(view(set_aside(req, reference_root)), answer) for req, answer in recorded]
+            request = view(request)
+            if index < len(recorded) and _canonical(recorded[index][0]) == _canonical(request):
                 self._count(self.held, host, key)
                 return moved(recorded[index][1], reference_root, root)
             self._diverged.add((host, key))
@@ -253,8 +258,3 @@ class ModelHold:
             ]
         write(run_dir.model_record_path, "".join(lines).encode())
         write(run_dir.model_hold_path, (json.dumps(self.summary(), indent=2, sort_keys=True) + "\n").encode())
-
-
-def _comparable(body: dict[str, Any]) -> dict[str, Any]:
-    """What must be equal for a recorded answer to stand in: the messages, the tools and the settings."""
-    return {"messages": body.get("messages"), **{k: body.get(k) for k in SETTINGS}}

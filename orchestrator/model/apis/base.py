@@ -1,0 +1,69 @@
+"""The interface every wire API module implements (``orchestrator/model/apis/``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.model.exchanges import Answer
+
+
+class WireApi:
+    """One wire API. Subclasses override what differs; the defaults are OpenAI chat completions'."""
+
+    #: the suite's ``api`` this module serves
+    family = ""
+    #: this module's own name, for records and messages ("openai chat completions", ...)
+    title = ""
+    #: the path an agent POSTs (below its attempt's prefix), as a refusal names it
+    example_path = ""
+    #: the header the key travels in upstream, and its prefix
+    key_header = "Authorization"
+    key_prefix = "Bearer "
+
+    def serves(self, path: str) -> bool:
+        """Whether ``path`` (below an attempt's prefix, no query) is a request of this API."""
+        raise NotImplementedError
+
+    def upstream_url(self, base_url: str, path: str, query: str) -> str:
+        """The provider's URL for ``path``: the suite's ``base_url`` plus this API's path."""
+        raise NotImplementedError
+
+    def upstream_headers(self, key: str, headers: dict[str, str], stream: bool) -> dict[str, str]:
+        """The headers sent upstream: the key, and what this API passes through of the agent's."""
+        return {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json",
+                self.key_header: self.key_prefix + key}
+
+    def model_of(self, path: str, body: dict[str, Any]) -> Any:
+        """The model a request asks for."""
+        return body.get("model")
+
+    def streamed(self, path: str, query: str, body: dict[str, Any]) -> bool:
+        return body.get("stream") is True
+
+    def prepare(self, body: dict[str, Any], stream: bool) -> dict[str, Any] | None:
+        """The body to send upstream when it differs from the agent's (None: send it as it came)."""
+        return None
+
+    def error_body(self, kind: str, message: str, code: str | None = None) -> dict[str, Any]:
+        """An error in this API's format, so the agent's SDK raises it as such."""
+        return {"error": {"type": kind, "code": code or kind, "message": message}}
+
+    def is_answer(self, answer: Any) -> bool:
+        raise NotImplementedError
+
+    def parse_answer(self, answer: dict[str, Any]) -> Answer:
+        raise NotImplementedError
+
+    def stream_event(self, event: dict[str, Any], answer: Answer, calls: dict[int, dict[str, Any]]) -> None:
+        """Fold one server-sent event into ``answer``; a tool call's pieces gather in ``calls`` by index."""
+        raise NotImplementedError
+
+    def tool_results(self, body: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
+        """call id -> (observation, error) for every tool result a request carries."""
+        raise NotImplementedError
+
+    def comparable(self, body: dict[str, Any]) -> dict[str, Any]:
+        """What of a request must be equal for a held answer to stand in: its conversation under
+        ``messages`` (a held model's divergence names the first differing one) and its settings."""
+        raise NotImplementedError

@@ -1,0 +1,108 @@
+"""OpenAI Responses: ``POST /v1/responses``, streamed or not (Codex, the OpenAI Agents SDK).
+
+The conversation is ``input``, a list of items: messages, the model's earlier ``function_call`` and
+``custom_tool_call`` items (a free-form tool such as Codex's ``apply_patch``: its ``input`` is text),
+``reasoning`` items passed back as they came, and the agent's ``function_call_output`` /
+``custom_tool_call_output`` items, matched to their call by ``call_id``. A call made through a tool
+namespace (Codex shows an MCP server's tools as the namespace ``mcp__<server>``) is recorded as
+``<namespace>__<name>``, the name other CLIs give it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agent_runner.wire import API_BASE_PATH
+from orchestrator.model.apis.base import WireApi
+from orchestrator.model.exchanges import Answer, count, json_args, listing, mapping, text_of
+
+RESPONSES_PATH = "/responses"
+#: besides ``input``, what a held model compares (not ``prompt_cache_key`` or ``client_metadata``:
+#: an agent's session ids, new every run)
+SETTINGS = ("model", "instructions", "tools", "tool_choice", "reasoning", "text", "temperature", "top_p",
+            "max_output_tokens", "stream", "parallel_tool_calls", "include")
+_CALLS = ("function_call", "custom_tool_call")
+
+
+def _call(item: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+    """(call id, tool name, arguments) of an output item that is a tool call."""
+    if item.get("type") == "function_call":
+        name = str(item.get("name", ""))
+        if isinstance(item.get("namespace"), str) and item["namespace"]:
+            name = f"{item['namespace']}__{name}"
+        return str(item.get("call_id", "")), name, json_args(item.get("arguments"))
+    if item.get("type") == "custom_tool_call":
+        return str(item.get("call_id", "")), str(item.get("name", "")), {"input": str(item.get("input", ""))}
+    return None
+
+
+def _message_text(item: dict[str, Any]) -> str:
+    return "".join(str(p.get("text", "")) for p in listing(item.get("content"))
+                   if isinstance(p, dict) and p.get("type") == "output_text")
+
+
+class OpenAIResponses(WireApi):
+    family = "openai"
+    title = "OpenAI Responses"
+    example_path = API_BASE_PATH + RESPONSES_PATH
+
+    def serves(self, path: str) -> bool:
+        return path == self.example_path
+
+    def upstream_url(self, base_url: str, path: str, query: str) -> str:
+        return base_url + RESPONSES_PATH  # the suite's base_url ends in /v1
+
+    def is_answer(self, answer: Any) -> bool:
+        return isinstance(answer, dict) and isinstance(answer.get("output"), list)
+
+    def parse_answer(self, answer: dict[str, Any]) -> Answer:
+        out = Answer(model=answer.get("model") if isinstance(answer.get("model"), str) else None)
+        self._finish(answer, out)
+        texts = []
+        for item in listing(answer.get("output")):
+            call = _call(mapping(item))
+            if call is not None:
+                out.calls.append(call)
+            elif mapping(item).get("type") == "message":
+                texts.append(_message_text(item))
+        out.text = "".join(texts) or None
+        return out
+
+    @staticmethod
+    def _finish(response: dict[str, Any], answer: Answer) -> None:
+        usage = mapping(response.get("usage"))
+        answer.prompt_tokens, answer.completion_tokens = count(usage.get("input_tokens")), count(usage.get("output_tokens"))
+        answer.finish_reason = response["status"] if isinstance(response.get("status"), str) else None
+        if isinstance(response.get("model"), str):
+            answer.model = response["model"]
+
+    def stream_event(self, event: dict[str, Any], answer: Answer, calls: dict[int, dict[str, Any]]) -> None:
+        kind = event.get("type")
+        if kind in ("response.created", "response.in_progress"):
+            model = mapping(event.get("response")).get("model")
+            answer.model = model if isinstance(model, str) else answer.model
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            self._finish(mapping(event.get("response")), answer)
+        elif kind == "response.output_item.done":
+            item = mapping(event.get("item"))
+            call = _call(item)
+            if call is not None:
+                index = event["output_index"] if isinstance(event.get("output_index"), int) else len(calls)
+                calls[index] = {"id": call[0], "name": call[1], "arguments": json.dumps(call[2])}
+            elif item.get("type") == "message":
+                answer.text = (answer.text or "") + _message_text(item)
+
+    def tool_results(self, body: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
+        out: dict[str, tuple[str, str | None]] = {}
+        for item in listing(body.get("input")):
+            if isinstance(item, dict) and item.get("type") in ("function_call_output", "custom_tool_call_output"):
+                output = item.get("output")
+                out[str(item.get("call_id", ""))] = (output if isinstance(output, str) else text_of(output), None)
+        return out
+
+    def comparable(self, body: dict[str, Any]) -> dict[str, Any]:
+        # an input item's "id" is the agent's own (Codex: a new uuid every run); its content is compared
+        items = [{k: v for k, v in item.items() if k != "id"} if isinstance(item, dict) else item
+                 for item in listing(body.get("input"))] if isinstance(body.get("input"), list) else body.get("input")
+        return {"messages": items, **{k: body.get(k) for k in SETTINGS}}

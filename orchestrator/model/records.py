@@ -1,0 +1,69 @@
+"""What the model proxy records of each request: its tries at the provider and the call as a whole.
+
+``model_calls.jsonl`` has one ``ModelCall`` a line; an exec attempt's trace keeps ``call_record`` of
+each (no prompt, no key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Attempt:
+    """One try at the provider; a retried request has several."""
+
+    attempt: int
+    status: int | None  # None: no HTTP answer (refused, timed out, DNS)
+    latency_ms: int
+    error: str | None = None
+    wait_s: float | None = None  # backoff slept after this attempt before the next one
+
+
+@dataclass
+class ModelCall:
+    """One request a runner made through the proxy, as the controller saw it."""
+
+    id: int
+    status: int  # what the proxy answered the runner
+    latency_ms: int
+    attempts: list[Attempt] = field(default_factory=list)
+    error: str | None = None  # one of the ERR_* types, or None
+    message: str | None = None
+    model: str | None = None  # the provider's "model" field of the answer
+    system_fingerprint: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    held: bool = False  # answered from the reference host's record (a held model), not the provider
+
+    @property
+    def retries(self) -> int:
+        return max(0, len(self.attempts) - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["retries"] = self.retries
+        return out
+
+
+def call_record(call: ModelCall, finish_reason: str | None = None) -> dict[str, Any]:
+    """What an exec attempt's trace keeps about one request, as the built-in agent's turns do (no
+    prompt, no key): the request id, status, each try, the provider's model, why the answer ended."""
+    record: dict[str, Any] = {
+        "request": call.id, "status": call.status, "retries": call.retries,
+        "attempts": [{"status": a.status, "latency_ms": a.latency_ms, "error": a.error, "wait_s": a.wait_s}
+                     for a in call.attempts],
+        "model": call.model, "system_fingerprint": call.system_fingerprint, "finish_reason": finish_reason,
+    }
+    if call.held:
+        record["held"] = True
+    if call.error is not None:
+        record.update(error=call.error, message=call.message)
+    return record
+
+
+def error_body(kind: str, message: str, *, code: str | None = None) -> dict[str, Any]:
+    """A refusal or failure as the built-in agent (and OpenAI's SDKs) read it."""
+    return {"error": {"type": kind, "code": code or kind, "message": message}}

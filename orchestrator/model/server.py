@@ -1,0 +1,159 @@
+"""The model proxy's HTTP side: a loopback server whose handler reads a request, asks the proxy
+(``orchestrator/model/proxy.py``) and writes its answer, one JSON body or a stream relayed as it arrives.
+
+Paths: ``POST /v1/chat/completions`` (the built-in agent), ``POST /attempt/<task>.<attempt>/<an API's
+path>`` (an exec agent, with the run's placeholder), ``POST /crosshost/turns`` and
+``/crosshost/attempt`` (the runner); every other method or path is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.parse
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING, Any
+
+from agent_runner.wire import (
+    API_BASE_PATH,
+    ATTEMPT_HEADER,
+    ATTEMPT_PATH,
+    CALL_HEADER,
+    CHAT_PATH,
+    ERR_REFUSED,
+    EXEC_PREFIX,
+    TURNS_PATH,
+)
+from orchestrator.model.apis import api_for
+from orchestrator.model.hold import attempt_root
+from orchestrator.model.records import ModelCall, error_body
+
+if TYPE_CHECKING:
+    from orchestrator.model.proxy import ModelProxy
+
+FORWARDED_PATH = API_BASE_PATH + CHAT_PATH  # the one path the built-in agent POSTs
+MAX_REQUEST_BYTES = 8 * 1024 * 1024
+
+
+def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "crosshost-proxy"
+        sys_version = ""
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            # Silence the default stderr log: the records are the log, and they hold no secrets.
+            pass
+
+        def _refuse(self, status: int, message: str) -> None:
+            proxy.refused(f"{self.command} {self.path}")
+            self._send(status, error_body(ERR_REFUSED, message), None)
+
+        def _send(self, status: int, body: dict[str, Any], call: ModelCall | None) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if call is not None:
+                self.send_header(CALL_HEADER, json.dumps(call.to_json(), sort_keys=True))
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                self.wfile.write(data)
+
+        def _body(self) -> bytes | None:
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                self._refuse(411, "a Content-Length is required")
+                return None
+            if length < 0 or length > MAX_REQUEST_BYTES:
+                self._refuse(413, f"request body over {MAX_REQUEST_BYTES} bytes")
+                return None
+            return self.rfile.read(length)
+
+        def _exec(self, path: str, query: str) -> None:
+            """An exec agent's request (``/attempt/<key>/...``) or the runner asking for its turns."""
+            if not proxy.authorised(dict(self.headers.items()), query):
+                proxy.refused(f"{self.command} {path} (no placeholder)")
+                self._send(401, proxy.api_error(ERR_REFUSED, "the proxy needs this run's placeholder as the API key"),
+                           None)
+                return
+            raw = self._body()
+            if raw is None:
+                return
+            if path == TURNS_PATH:
+                try:
+                    attempt = str(json.loads(raw)["attempt"])
+                except (ValueError, KeyError, TypeError):
+                    self._refuse(400, 'expected {"attempt": "<task>.<attempt>"}')
+                    return
+                self._send(200, proxy.book.snapshot(attempt), None)
+                return
+            if path == ATTEMPT_PATH:
+                try:
+                    given = json.loads(raw)
+                    attempt, root = str(given["attempt"]), attempt_root(given["root"])
+                except (ValueError, KeyError, TypeError):
+                    root = None
+                if root is None:
+                    self._refuse(400, 'expected {"attempt": "<task>.<attempt>", "root": "<an absolute directory>"}')
+                    return
+                proxy.attempt_directory(attempt, root)
+                self._send(200, {}, None)
+                return
+            key, _, rest = path[len(EXEC_PREFIX):].partition("/")
+            api = api_for("/" + rest)
+            if api is None or api.family != proxy.api or not key:
+                wanted = proxy.wanted_paths()
+                self._refuse(404, f"path {path!r} refused: an exec agent of api = {proxy.api!r} may POST only "
+                                  f"{EXEC_PREFIX}<attempt>{wanted}")
+                return
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            proxy.exchange(raw, urllib.parse.unquote(key), headers, Reply(self, self._send), api, "/" + rest, query)
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            path, _, query = self.path.partition("?")
+            if path in (TURNS_PATH, ATTEMPT_PATH) or path.startswith(EXEC_PREFIX):
+                self._exec(path, query)
+                return
+            if path != FORWARDED_PATH:
+                self._refuse(404, f"path {self.path!r} refused: the proxy forwards only POST {FORWARDED_PATH}")
+                return
+            raw = self._body()
+            if raw is None:
+                return
+            status, body, call = proxy.handle_chat(raw, self.headers.get(ATTEMPT_HEADER) or None)
+            self._send(status, body, call)
+
+        def _not_allowed(self) -> None:
+            self._refuse(405, f"{self.command} refused: the proxy forwards only POST {FORWARDED_PATH}")
+
+        do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
+
+    return Handler
+
+
+class Reply:
+    """How ``ModelProxy.exchange`` answers: one JSON body, or a stream relayed as it arrives."""
+
+    def __init__(self, handler: BaseHTTPRequestHandler,
+                 send: Callable[[int, dict[str, Any], ModelCall | None], None]) -> None:
+        self._handler = handler
+        self._send = send
+
+    def json(self, status: int, body: dict[str, Any], call: ModelCall | None) -> None:
+        self._send(status, body, call)
+
+    def start_stream(self, content_type: str, call: ModelCall) -> None:
+        # no Content-Length: the stream ends when the connection closes (HTTP/1.0 framing)
+        self._handler.send_response(200)
+        self._handler.send_header("Content-Type", content_type)
+        self._handler.send_header("Cache-Control", "no-cache")
+        # the record as of the first byte (tokens come with the last event; the runner's trace has them)
+        self._handler.send_header(CALL_HEADER, json.dumps(call.to_json(), sort_keys=True))
+        self._handler.end_headers()
+
+    def chunk(self, data: bytes) -> None:
+        with contextlib.suppress(OSError):
+            self._handler.wfile.write(data)
+            self._handler.wfile.flush()
