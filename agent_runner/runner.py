@@ -360,15 +360,13 @@ def _feed(h: Any, rel: str, path: str, st: os.stat_result) -> None:
 def _walk(root: str, top: str, shared_only: bool) -> Iterator[Tuple[str, str, os.stat_result]]:
     """(relative path, path, lstat) of everything under ``top``, top-down in sorted order; with
     ``shared_only``, nothing inside ``root/tasks/``."""
-    tasks = os.path.join(root, _TASKS)
     for base, dirs, files in os.walk(top):
         dirs.sort()
-        if shared_only and base == tasks:
-            dirs[:] = []
-            continue
         for name in sorted(dirs + files):
             path = os.path.join(base, name)
             yield os.path.relpath(path, root), path, os.lstat(path)
+        if shared_only and base == root and _TASKS in dirs:
+            dirs.remove(_TASKS)  # not even listed: its entries are the tasks' own parts
 
 
 def part_digests(root: Path) -> Dict[str, str]:

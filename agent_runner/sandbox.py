@@ -3,23 +3,25 @@
 Every process an attempt starts (the command agent, a shell tool, the predicate) is started through
 ``Sandbox.popen``. The level is decided once per runner, by trying it:
 
-- ``pidns+uid`` (the runner is root): a new PID and mount namespace (``unshare --pid --mount
-  --mount-proc --kill-child``) whose processes run as an unprivileged uid of their own
-  (``setpriv``, no new privileges, no capabilities). It sees only its own processes in ``/proc``,
-  cannot read any other user's environment, and cannot write the runner's files or the bundle cache.
+- ``pidns+uid`` (the runner is root): a new PID and mount namespace (what ``unshare --pid --fork
+  --mount --mount-proc --kill-child`` makes, made by the runner's own forks) whose processes run as an
+  unprivileged uid of their own (``setpriv``, no new privileges, no capabilities). It sees only its
+  own processes in ``/proc``, cannot read any other user's environment, and cannot write the runner's
+  files or the bundle cache.
 - ``pidns`` (not root, unprivileged user namespaces allowed; or root whose attempt paths another
   user cannot reach): the same namespaces through a user namespace. Ancestors are invisible, so their
-  environment cannot be read; files of the runner's uid are still writable (the runner re-checks the
-  bundle before each attempt and the controller before each run).
+  environment cannot be read; files of the runner's uid are still writable (the runner re-checks what
+  each attempt is run from, and the controller the bundle before each run).
 - ``none``: neither works; the fingerprint carries a ``burn`` finding.
 
-The namespace is also the process tracker: when its first process ends (or the ``unshare`` holding
-it is killed, or the runner dies: parent-death signal), the kernel kills every process in it, even
-those that started their own session. That first process is a small init of the runner's own
-Python (``INIT``): the attempt is its child, because a namespace's init ignores every signal it has no
-handler for (an attempt that was init could not be killed, not even by its own ``kill -KILL $$``), and
-it tells the runner how the attempt ended on a pipe of its own, because its exit code alone could
-not (a signal death is 128+N there, the same as ``exit 137``). Standard library only, Python 3.9.
+The namespace is also the process tracker: when its first process ends (or the holder outside it is
+killed, or the runner dies: parent-death signals), the kernel kills every process in it, even those
+that started their own session. No program is started for that: a fork of the runner enters the
+namespaces and a fork of that is the namespace's init (``_Enter``), so an attempt costs its own
+programs and three forks, not an interpreter's start. The attempt is the init's child, because a
+namespace's init ignores every signal it has no handler for, and the init tells the runner how the
+attempt ended on a pipe of its own, because its exit code alone could not (a signal death is 128+N
+there, the same as ``exit 137``). Standard library only, Python 3.9.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import copy
 import ctypes
 import os
 import secrets
+import select
 import shutil
 import signal
 import stat
@@ -49,61 +52,153 @@ _PR_SET_PDEATHSIG = 1
 _PROBE_TIMEOUT_S = 10
 
 
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_PR_SET_DUMPABLE = 4
+_libc_handle: Optional[ctypes.CDLL] = None
+
+
+def _libc() -> ctypes.CDLL:
+    """libc, loaded by the runner before it forks (a child must not be the first to load it)."""
+    global _libc_handle
+    if _libc_handle is None:
+        _libc_handle = ctypes.CDLL(None, use_errno=True)
+    return _libc_handle
+
+
 def _pdeathsig() -> None:
     """In the child before exec: die with the runner (a SIGKILLed runner cannot kill its children)."""
     with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
+        _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+class _Enter:
+    """The ``preexec_fn`` of a start in a namespace: what ``unshare --pid --fork --mount --mount-proc
+    --kill-child`` and a small init did as programs, done by forks of the runner, with no program or
+    interpreter started for them.
+
+    The child ``subprocess`` forked (the holder: outside the namespaces, the process the runner waits
+    for and kills) enters new PID and mount namespaces (through a user namespace at ``pidns``), forks
+    the namespace's first process (the init) and exits as it does, or dies of the same signal. The
+    init mounts a fresh /proc, forks the attempt, reaps every process of the namespace until the
+    attempt has ended, writes the attempt's raw wait status to the status pipe and exits as a shell
+    would (128+N for a signal): its exit code alone could not say a signal death from ``exit 137``.
+    The attempt is the init's child, because an init ignores every signal it has no handler for (an
+    attempt that was init could not be killed, not even by its own ``kill -KILL $$``). Only the attempt
+    returns from here; ``subprocess`` then execs it with the environment, directory and descriptors it
+    was given. The holder and the init stay the runner's uid (root under ``pidns+uid``: a change of
+    uid would clear the parent-death signals that end the namespace with the runner), close every
+    descriptor but the status pipe (the attempt's pipes, the runner's files, ``subprocess``'s error
+    pipe), are not dumpable (they are copies of the runner: nothing in the namespace may read their
+    memory or ``/proc`` entries) and drop the runner's signal handlers."""
+
+    def __init__(self, level: str, status_fd: int) -> None:
+        self.flags = _CLONE_NEWPID | _CLONE_NEWNS | (_CLONE_NEWUSER if level == PIDNS else 0)
+        self.status_fd = status_fd
+        self.libc = _libc()
+
+    def __call__(self) -> None:
+        libc = self.libc
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _check(libc.unshare(self.flags), "unshare")  # raised here: Popen raises, nothing was started
+        _default_handlers()
+        # listed now: once the init has mounted the namespace's /proc, the holder (not in it) has no
+        # /proc/self
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        init = os.fork()
+        if init != 0:
+            _hold(init, fds)
+        try:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the init dies with the holder
+            _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
+            _check(libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "mount /proc")
+            attempt = os.fork()
+        except BaseException as exc:
+            with contextlib.suppress(BaseException):
+                os.write(2, f"crosshost sandbox: {exc}\n".encode())
+            os._exit(126)
+        if attempt == 0:
+            os.close(self.status_fd)
+            return
+        _init(attempt, self.status_fd, fds)
 
 
-#: The namespace's first process (argv: the status pipe's fd, then the attempt's argv). It forks the
-#: attempt, waits for it, writes its raw wait status to the pipe and exits as a shell would (128+N
-#: for a signal). It undoes what Python's start changed before the attempt's exec: the environment
-#: is the one the init was given (/proc/self/environ; Python sets LC_CTYPE under a C locale), SIGPIPE
-#: and SIGXFSZ are no longer ignored; and it drops Python's SIGINT handler, as init ignores what it
-#: has no handler for.
-INIT = """\
-import os, signal, sys
-fd, argv = int(sys.argv[1]), sys.argv[2:]
-with open("/proc/self/environ", "rb") as f:
-    env = dict(v.split(b"=", 1) for v in f.read().split(b"\\0") if b"=" in v)
-signal.signal(signal.SIGINT, signal.SIG_DFL)
-pid = os.fork()
-if pid == 0:
-    os.close(fd)
-    for s in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(s, signal.SIG_DFL)
+def _default_handlers() -> None:
+    """Every signal the runner handles in Python back to its default (an init ignores it)."""
+    for sig in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+
+
+def _close_all_but(fds: List[int], keep: int) -> None:
+    for fd in fds:
+        if fd != keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _hold(init: int, fds: List[int]) -> None:
+    """The holder: close ``fds`` (every descriptor it had), wait for the init, end as it did. Never
+    returns."""
     try:
-        os.execvpe(argv[0], argv, env)
-    except OSError as e:
-        os.write(2, ("%s: %s\\n" % (argv[0], e.strerror)).encode())
-        os._exit(127)
-status = os.waitpid(pid, 0)[1]
-os.write(fd, str(status).encode())
-os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-"""
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        _close_all_but(fds, -1)
+        while True:
+            try:
+                status = os.waitpid(init, 0)[1]
+                break
+            except InterruptedError:
+                continue
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+            os.kill(os.getpid(), sig)
+            os._exit(128 + sig)
+        os._exit(os.WEXITSTATUS(status))
+    finally:
+        os._exit(1)
 
 
-def _wrapped(level: str, uid: Optional[int], status_fd: int, argv: Sequence[str],
+def _init(attempt: int, status_fd: int, fds: List[int]) -> None:
+    """The namespace's init: close ``fds`` but the status pipe, reap until the attempt has ended, then
+    say how. Never returns."""
+    try:
+        _close_all_but(fds, status_fd)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except InterruptedError:
+                continue
+            if pid == attempt:
+                break
+        os.write(status_fd, str(status).encode())
+        os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    finally:
+        os._exit(1)
+
+
+def _wrapped(level: str, uid: Optional[int], argv: Sequence[str],
              tracer: Optional[Callable[[List[str]], List[str]]] = None) -> List[str]:
-    """``argv`` as the sandbox at ``level`` starts it; ``tracer`` wraps what runs under the init (the
-    uid change and the attempt), so it traces the attempt and never the init's own start."""
+    """What the attempt's process execs at ``level``: ``argv`` under the change to the attempt's uid;
+    ``tracer`` wraps both (it runs as the runner's uid, its log out of the attempt's reach) and never
+    the namespace's own processes."""
     inner = list(argv)
     if level == PIDNS_UID and uid is not None:
         setpriv = shutil.which("setpriv") or "setpriv"
         inner = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
                  "--inh-caps=-all", "--bounding-set=-all", "--", *inner]
-    if tracer is not None:
-        inner = tracer(inner)
-    if level not in (PIDNS_UID, PIDNS):
-        return inner
-    unshare = shutil.which("unshare") or "unshare"
-    ns = ["--pid", "--fork", "--mount", "--mount-proc", "--kill-child"]
-    # The init stays the runner's uid (root under pidns+uid): a change of uid would clear the
-    # parent-death signal --kill-child gives it, and the namespace would outlive the runner. It
-    # holds nothing the attempt could use (the attempt's environment, no open file of the runner).
-    init = ["--", sys.executable or "python3", "-I", "-S", "-c", INIT, str(status_fd)]
-    return [unshare, *(["--user"] if level == PIDNS else []), *ns, *init, *inner]
+    return tracer(inner) if tracer is not None else inner
 
 
 def _works(level: str) -> bool:
@@ -146,7 +241,7 @@ def detect() -> str:
     global _detected
     if _detected is None:
         _detected = NONE
-        if os.name == "posix" and shutil.which("unshare"):
+        if sys.platform.startswith("linux"):
             if os.geteuid() == 0 and shutil.which("setpriv") and _works(PIDNS_UID):
                 _detected = PIDNS_UID
             elif _works(PIDNS):
@@ -230,6 +325,21 @@ class Sandbox:
                         os.lchown(name, self.uid, self.uid)
 
 
+def _until_exit(pid: int, timeout: float, args: Any) -> None:
+    """Block until ``pid`` (a child) has ended, or raise ``TimeoutExpired`` after ``timeout`` seconds:
+    one wait on a pidfd, where ``Popen.wait(timeout)`` sleeps and polls (up to 50 ms late). Where
+    pidfds are missing (Linux before 5.3) it returns and the caller's own wait decides."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return
+    try:
+        if not select.select([fd], [], [], max(timeout, 0.0))[0]:
+            raise subprocess.TimeoutExpired(args, timeout)
+    finally:
+        os.close(fd)
+
+
 class Started(subprocess.Popen[bytes]):
     """A process started in a sandbox: its ``returncode`` is the attempt's own (``-9`` for a SIGKILL
     death, as ``subprocess`` says it), read from the init's status pipe; ``oom_killed`` says whether
@@ -243,11 +353,19 @@ class Started(subprocess.Popen[bytes]):
         write_end = None
         if box.level != NONE:
             self._status, write_end = os.pipe()
-        full = _wrapped(box.level, box.uid, -1 if write_end is None else write_end, argv, tracer)
-        preexec: Optional[Callable[[], None]] = _pdeathsig if os.name == "posix" else None
+        full = _wrapped(box.level, box.uid, argv, tracer)
+        preexec: Optional[Callable[[], None]] = None
+        if os.name == "posix":
+            _libc()  # loaded here, never first in the child
+            preexec = _pdeathsig
+        if write_end is not None:
+            preexec = _Enter(box.level, write_end)
         try:
             super().__init__(full, start_new_session=True, preexec_fn=preexec,
                              pass_fds=() if write_end is None else (write_end,), **kwargs)
+        except subprocess.SubprocessError as exc:  # the namespaces could not be entered: nothing started
+            self._close_status()
+            raise OSError(f"cannot enter the sandbox: {exc}") from exc
         except BaseException:
             self._close_status()
             raise
@@ -286,7 +404,9 @@ class Started(subprocess.Popen[bytes]):
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
-        super().wait(timeout)
+        if timeout is not None and self.returncode is None:
+            _until_exit(self.pid, timeout, self.args)
+        super().wait(timeout)  # at once after _until_exit, unless it could not tell
         self._settle()
         return self.returncode
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import analysis_bench, explain_bench, report_html_bench
+from bench import analysis_bench, explain_bench, report_html_bench, runner_bench
 from bench.baselines import BaselineError, BenchHost, ansible_bin, run_ansible, run_limit, run_naive
 from bench.gen_suite import BenchSuite, generate_suite
 
@@ -132,6 +132,7 @@ class Bench:
         self.unit_cost: dict[str, float] = {"naive": 0.75, "ansible": 0.35, "ansible_pipelined": 0.3}
         self.crosshost_via = crosshost_entry()
         self.explain: dict[str, Any] | None = None
+        self.runner: dict[str, Any] | None = None
 
     # -- hosts and inputs -------------------------------------------------------------------
     def hosts(self, count: int) -> list[BenchHost]:
@@ -267,6 +268,8 @@ class Bench:
             for fp in self.args.fleet:
                 for tool in fast if rep % 2 == 0 else fast[::-1]:
                     self.measure_fleet(fp, tool)
+        if self.args.runner_tasks:
+            self.runner = self.run_runner()
         analysis: dict[str, Any] | None = None
         if self.args.analysis_lines > 0:
             analysis = self.run_analysis()
@@ -304,6 +307,14 @@ class Bench:
               f"{out['replay_median_s']:.2f} s (bound 3 x replay + 2 s = {out['bound_s']:.2f} s)", flush=True)
         return out
 
+    def run_runner(self) -> dict[str, Any]:
+        sizes = tuple(self.args.runner_tasks)
+        print(f"  runner: per-attempt overhead on no-op suites of {sizes} tasks ...", flush=True)
+        out = runner_bench.measure(sizes, reps=3)
+        print(f"  runner: {', '.join(f'{t} tasks {ms} ms' for t, ms in out['per_attempt_ms'].items())} per attempt "
+              f"({out['isolation']}; target <= {out['target_ms']} ms, flat)", flush=True)
+        return out
+
     def run_analysis(self) -> dict[str, Any]:
         lines = self.args.analysis_lines
         print(f"  analysis: writing a run of {lines} trace lines ...", flush=True)
@@ -337,7 +348,7 @@ class Bench:
             "settings": {"reps": self.args.reps, "slow_reps": self.args.slow_reps,
                          "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},
             "points": points, "analysis": analysis, "report_html": report_html,
-            "explain": self.explain,
+            "explain": self.explain, "runner": self.runner,
             "fleet_points": self.fleet_result(),
         }
 
@@ -457,6 +468,17 @@ def render_table(result: dict[str, Any]) -> str:
             f"| {h['render_s']:.2f} | {h['wall_to_ready_median_s']:.2f} | {h['open_task_median_s']:.3f} "
             f"| {h['filter_median_s']:.3f} | {_mark(h['within_target'])} |",
         ]
+    r = result.get("runner")
+    if r:
+        sizes = [str(t) for t in r["sizes"]]
+        lines += [
+            "",
+            "| runner per attempt (no-op tasks, " + r["isolation"] + ") | "
+            + " | ".join(f"{t} tasks ms" for t in sizes) + " | ≤5 ms and flat |",
+            "|---|" + "---|" * len(sizes) + "---|",
+            f"| (wall(T) - wall(1)) / (T - 1), median of {r['reps']} | "
+            + " | ".join(f"{r['per_attempt_ms'][t]:.2f}" for t in sizes) + f" | {_mark(r['met'])} |",
+        ]
     e = result.get("explain")
     if e:
         lines += [
@@ -498,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--analysis-lines", type=int, default=1_000_000)
     p.add_argument("--analysis-reps", type=int, default=1)
     p.add_argument("--html-tasks", type=int, default=2000, help="report.html benchmark tasks (x 4 hosts); 0: skip")
+    p.add_argument("--runner-tasks", type=lambda s: [int(x) for x in s.split(",") if x], default=[100, 1000],
+                   help="suite sizes of the runner's per-attempt overhead (no-op tasks); '' to skip")
     p.add_argument("--explain-reps", type=int, default=3, help="explain benchmark repetitions (the demo's flips); 0: skip")
     p.add_argument("--base-port", type=int, default=2400)
     p.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-bench"))

@@ -31,3 +31,16 @@ def test_table_shows_skipped_and_failed_cells() -> None:
     row = render_table(result).splitlines()[2]
     assert "2.00 (1.00–3.00, n=3)" in row
     assert "skipped" in row and "failed" in row
+
+
+def test_the_runner_row_measures_a_real_runner_on_no_op_suites_and_shows_each_size() -> None:
+    from bench import runner_bench
+
+    out = runner_bench.measure((3, 5), reps=1)  # what it says, not how fast: timing is make bench's
+    assert out["sizes"] == [3, 5] and set(out["wall_s"]) == {"1", "3", "5"}
+    assert out["isolation"] in ("pidns+uid", "pidns", "none")
+    assert set(out["per_attempt_ms"]) == {"3", "5"} and isinstance(out["met"], bool)
+    table = render_table({"points": [], "analysis": None, "runner": out})
+    row = table.splitlines()[-1]
+    assert f"| {out['per_attempt_ms']['3']:.2f} | {out['per_attempt_ms']['5']:.2f} |" in row
+    assert "3 tasks ms | 5 tasks ms" in table

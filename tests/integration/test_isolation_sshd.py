@@ -322,15 +322,20 @@ def test_a_leftover_process_means_the_workspace_is_not_cleaned(tmp_path: Path) -
 
 
 def test_a_host_that_gives_no_isolation_is_a_burn_finding_the_report_shows(sshd_hosts: Any, tmp_path: Path) -> None:
-    """The runner's PATH holds no unshare (a host without it): attempts run beside the runner, and the
-    report says so on local and on the sshd host; the suite's burn_invalidates makes the run invalid."""
-    bare = sshd_hosts.fleet.state / f"bare-path-{tmp_path.name}"  # under /var/tmp: seen by every host
-    bare.mkdir()
-    for name, target in (("python3", "/usr/bin/python3"), ("sh", "/bin/sh")):
-        (bare / name).symlink_to(target)
+    """The runner runs where the kernel refuses it new namespaces (inside a user namespace of its own
+    whose max_user_namespaces is 0, and whose root cannot become another uid): attempts run beside the
+    runner, and the report says so on local and on the sshd host; the suite's burn_invalidates makes
+    the run invalid."""
+    confined = sshd_hosts.fleet.state / f"no-namespaces-{tmp_path.name}"  # under /var/tmp: seen by every host
+    confined.mkdir()
+    wrapper = confined / "python3"
+    wrapper.write_text("#!/bin/sh\nexec unshare --user --map-root-user sh -c "
+                       "'echo 0 > /proc/sys/user/max_user_namespaces && exec \"$0\" \"$@\"' "
+                       "/usr/bin/python3 \"$@\"\n")
+    wrapper.chmod(0o755)
     inventory = tmp_path / "hosts.toml"
     inventory.write_text(sshd_hosts.inventory_path.read_text().replace(
-        "[defaults]\n", f'[defaults]\nenv = {{ PATH = "{bare}" }}\n', 1))  # fmt: skip
+        "[defaults]\n", f'[defaults]\npython = "{wrapper}"\n', 1))  # fmt: skip
     suite = write_suite(tmp_path / "s", {"t": {"script": [{"content": "done", "finish": "stop"}],
                                                "repo": {"run_tests.sh": "exit 0\n"}}},
                         suite_toml='name = "bare"\nrepeat = 1\n[agent]\nkind = "scripted"\n[budget]\n'

@@ -1,0 +1,89 @@
+"""The runner's own cost per attempt, on no-op tasks, at two suite sizes.
+
+The suite is the grid's (``bench.gen_suite`` at S = 0): half predicate-only tasks whose
+``run_tests.sh`` is ``exit 0`` (one sandboxed start: namespaces, the uid change, ``sh``), half scripted
+tasks calling three fixture tools (no process at all). The runner runs as crosshost starts it on a
+host (``env -i`` with PATH only, its own workspace root, as this machine's user: ``pidns+uid`` as
+root), and the whole command is timed. Per attempt = (wall(T) - wall(1)) / (T - 1): the interpreter's
+start, the isolation probe and the fingerprint are paid once per run and cancel out. Medians of
+``reps`` runs, interleaved so both sizes see the same load.
+
+Usage: ``python -m bench.runner_bench [--tasks 100,1000] [--reps 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.gen_suite import generate_suite
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_MS = 5.0
+#: "flat": the larger suite's cost per attempt within this factor (or half a millisecond) of the smaller's
+FLAT_FACTOR = 1.25
+
+
+def _run(suite: Path, scratch: Path) -> float:
+    out, ws = scratch / "out", scratch / "ws"
+    shutil.rmtree(out, ignore_errors=True)
+    env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(REPO)}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out", str(out),
+                           "--workspace-root", str(ws), "--host", "bench"],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"runner exited {done.returncode}: {done.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    bad = [r for r in rows if r["verdict"] != "pass"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} attempt(s) did not pass: {bad[0]}")
+    return wall
+
+
+def measure(sizes: tuple[int, ...] = (100, 1000), reps: int = 3) -> dict[str, Any]:
+    scratch = Path(tempfile.mkdtemp(prefix="crosshost-runner-bench-"))
+    try:
+        suites = {t: generate_suite(scratch / f"suite-{t}", t, 0).root for t in (1, *sizes)}
+        walls: dict[int, list[float]] = {t: [] for t in suites}
+        for _ in range(reps):
+            for t, suite in suites.items():
+                walls[t].append(_run(suite, scratch / "run"))
+        isolation = json.loads((scratch / "run" / "out" / "fingerprint.json").read_text()).get("isolation")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    base = statistics.median(walls[1])
+    per = {t: (statistics.median(walls[t]) - base) / (t - 1) * 1000 for t in sizes}
+    small, large = per[sizes[0]], per[sizes[-1]]
+    flat = large <= max(small * FLAT_FACTOR, small + 0.5)
+    return {
+        "sizes": list(sizes), "reps": reps, "isolation": isolation,
+        "wall_s": {str(t): w for t, w in walls.items()},
+        "per_attempt_ms": {str(t): round(v, 2) for t, v in per.items()},
+        "target_ms": TARGET_MS, "flat": flat,
+        "met": all(v <= TARGET_MS for v in per.values()) and flat,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="100,1000", help="suite sizes, comma-separated")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+    out = measure(tuple(int(x) for x in args.tasks.split(",")), args.reps)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

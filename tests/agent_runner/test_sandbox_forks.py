@@ -1,0 +1,210 @@
+"""The sandbox's namespaces, entered by forks of the runner, give an attempt exactly what the plain
+launcher they replace gave it (``unshare --pid --fork --mount --mount-proc --kill-child`` and an init
+run by a fresh ``python3 -I -S``): the same identity, capabilities, signal dispositions, limits,
+environment, view of /proc, exit statuses and end of every process it left; and a little more
+(the init's memory is a copy of the runner's: nothing in the namespace may read it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent_runner import sandbox
+from agent_runner.sandbox import PIDNS, PIDNS_UID, Sandbox
+
+UID = sandbox.UID_BASE + 777
+
+PLAIN_INIT = """\
+import os, signal, sys
+fd, argv = int(sys.argv[1]), sys.argv[2:]
+with open("/proc/self/environ", "rb") as f:
+    env = dict(v.split(b"=", 1) for v in f.read().split(b"\\0") if b"=" in v)
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+pid = os.fork()
+if pid == 0:
+    os.close(fd)
+    for s in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(s, signal.SIG_DFL)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as e:
+        os.write(2, ("%s: %s\\n" % (argv[0], e.strerror)).encode())
+        os._exit(127)
+status = os.waitpid(pid, 0)[1]
+os.write(fd, str(status).encode())
+os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+"""
+
+
+def plain_run(level: str, argv: list[str], env: dict[str, str], cwd: str) -> tuple[int | None, bytes]:
+    """The launcher this replaces, as it was: (the attempt's own return code, its output)."""
+    inner = list(argv)
+    if level == PIDNS_UID:
+        inner = [shutil.which("setpriv") or "setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups",
+                 "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--", *inner]
+    read, write = os.pipe()
+    full = [shutil.which("unshare") or "unshare", *(["--user"] if level == PIDNS else []), "--pid", "--fork",
+            "--mount", "--mount-proc", "--kill-child", "--", sys.executable, "-I", "-S", "-c", PLAIN_INIT,
+            str(write), *inner]
+    proc = subprocess.Popen(full, start_new_session=True, pass_fds=(write,), env=env, cwd=cwd,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    os.close(write)
+    out, _ = proc.communicate(timeout=60)
+    code: int | None = proc.returncode
+    os.set_blocking(read, False)
+    with contextlib.suppress(OSError, ValueError):
+        status = int(os.read(read, 64))
+        if os.WIFSIGNALED(status) and code == 128 + os.WTERMSIG(status):
+            code = -os.WTERMSIG(status)
+    os.close(read)
+    return code, out
+
+
+def forked_run(level: str, argv: list[str], env: dict[str, str], cwd: str) -> tuple[int | None, bytes]:
+    proc = Sandbox(level, UID).popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out
+
+
+#: what the attempt sees of itself; the lines that name a pid or a time are left out
+PROBE = r"""
+id; umask; pwd; env | sort
+grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp|SigBlk|SigIgn|SigCgt):' /proc/self/status
+set -- /proc/[0-9]*; echo "processes: $#"
+ulimit -a
+ls /proc/self/fd | wc -l
+cat /proc/1/environ >/dev/null 2>&1 && echo "init environ: readable" || echo "init environ: not readable"
+kill -KILL 1 2>/dev/null; echo "kill init: $?"
+mount | grep -c ' /proc ' ; test -w / && echo "root writable" || echo "root not writable"
+yes | head -c 3; echo; echo "pipe: ${PIPESTATUS:-done}"
+"""
+
+CASES = ["exit 0", "exit 3", "exit 137", "kill -KILL $$", "kill -SEGV $$", "kill -TERM $$", "kill -PIPE $$",
+         "exec /nonexistent/program", PROBE]
+
+
+def _attempt_dir(tmp_path: Path) -> str:
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chown(work, UID, UID)
+    for d in (tmp_path, *tmp_path.parents):
+        if d != Path("/"):
+            d.chmod(d.stat().st_mode | 0o001)  # the attempt's uid passes through to its work
+    return str(work)
+
+
+@pytest.mark.parametrize("level", [PIDNS_UID, PIDNS])
+@pytest.mark.parametrize("script", CASES, ids=lambda s: s.split("\n")[1][:20] if "\n" in s else s)
+def test_an_attempt_sees_and_ends_as_under_the_plain_launcher(tmp_path: Path, level: str, script: str) -> None:
+    cwd = _attempt_dir(tmp_path)
+    env = {"PATH": os.defpath, "LANG": "C", "HOME": cwd, "ODD": "a b\tc"}
+    plain = plain_run(level, ["sh", "-c", script], env, cwd)
+    forked = forked_run(level, ["sh", "-c", script], env, cwd)
+    if script == PROBE:
+        # the one difference: the plain init (a Python of the runner's uid) was readable at pidns
+        assert b"init environ: not readable" in forked[1]
+        plain = (plain[0], plain[1].replace(b"init environ: readable", b"init environ: not readable"))
+        assert b"processes: 2" in forked[1]  # its own shell and the init
+    assert forked == plain
+
+
+def _alive(token: str) -> list[int]:
+    alive = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                if token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    alive.append(int(pid))
+    return alive
+
+
+@pytest.mark.parametrize("level", [PIDNS_UID, PIDNS])
+def test_nothing_an_attempt_started_outlives_it(tmp_path: Path, level: str) -> None:
+    """Background, new-session and double-forked processes end with the attempt, as before."""
+    cwd = _attempt_dir(tmp_path)
+    token = f"sleeper-{uuid.uuid4().hex[:8]}"
+    script = (f"exec -a {token} sleep 60 & setsid sh -c 'exec -a {token} sleep 60' & "
+              f"( ( exec -a {token} sleep 60 & ) & ); sleep 0.2; exit 0")
+    for run in (plain_run, forked_run):
+        assert run(level, ["bash", "-c", script], {"PATH": os.defpath}, cwd)[0] == 0
+        deadline = time.monotonic() + 5
+        while _alive(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(token) == [], run.__name__
+
+
+def test_the_namespace_dies_with_the_runner(tmp_path: Path) -> None:
+    """A runner killed with SIGKILL (no cleanup of its own) takes every attempt process with it."""
+    token = f"orphan-{uuid.uuid4().hex[:8]}"
+    runner = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from agent_runner.sandbox import Sandbox\n"
+        f"Sandbox(sys.argv[1], {UID}).popen(['bash', '-c', 'setsid bash -c \"exec -a {token} sleep 60\" & wait'])\n"
+        "time.sleep(60)\n"), PIDNS_UID], cwd=str(Path(__file__).resolve().parents[2]))
+    try:
+        deadline = time.monotonic() + 10
+        while not _alive(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(token)
+        runner.send_signal(signal.SIGKILL)
+        runner.wait()
+        deadline = time.monotonic() + 5
+        while _alive(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(token) == []
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+
+
+def test_nothing_in_the_namespace_can_read_the_inits_memory(tmp_path: Path) -> None:
+    """The init is a copy of the runner (its memory holds what the runner read): not dumpable, so even
+    an attempt of the runner's own uid (``pidns``) cannot read its memory or environment."""
+    cwd = _attempt_dir(tmp_path)
+    script = "head -c 1 /proc/1/mem 2>&1; cat /proc/1/environ >/dev/null 2>&1 && echo readable || echo unreadable"
+    code, out = forked_run(PIDNS, ["sh", "-c", script], {"PATH": os.defpath}, cwd)
+    assert code == 0 and out.strip().endswith(b"unreadable"), out
+    assert re.search(rb"Permission denied|Input/output error|No such", out), out
+
+
+def test_a_namespace_that_cannot_be_made_is_an_oserror_and_leaves_nothing_open(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(sandbox, "_CLONE_NEWPID", 0x7FFFFFFF)  # flags the kernel refuses
+    with pytest.raises(OSError, match="cannot enter the sandbox"):
+        Sandbox(PIDNS_UID, UID).popen(["true"])
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("script,timeout", [("exit 5", 5.0), ("sleep 0.3; exit 6", 5.0), ("kill -KILL $$", 5.0),
+                                            ("sleep 5", 0.3), ("exec sleep 5", 0.0)])
+def test_a_timed_wait_ends_as_the_polling_wait_it_replaces(tmp_path: Path, script: str, timeout: float) -> None:
+    """``Started.wait(timeout)`` blocks on a pidfd; ``Popen.wait(timeout)`` sleeps and polls: the same
+    return codes, the same ``TimeoutExpired``, and the pidfd wait is never later."""
+    cwd = _attempt_dir(tmp_path)
+    said = []
+    for start in (lambda: subprocess.Popen(["sh", "-c", script], cwd=cwd, start_new_session=True),
+                  lambda: Sandbox(sandbox.NONE).popen(["sh", "-c", script], cwd=cwd)):
+        proc = start()
+        began = time.monotonic()
+        try:
+            said.append(proc.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            said.append("timeout")
+            assert time.monotonic() - began >= timeout
+        finally:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert said[0] == said[1]
