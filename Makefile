@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint hosts-up hosts-down bench clean browser agent-clis docker docker-up docker-down
+.PHONY: setup demo test test-fast lint hosts-up hosts-down bench clean browser agent-clis docker docker-up docker-down
 
 $(STAMP): pyproject.toml
 	@command -v /usr/sbin/sshd >/dev/null || { \
@@ -91,10 +91,22 @@ docker-down:
 
 setup: $(STAMP) browser agent-clis docker
 
+# The two lanes (README "Testing"). test: every test, the sshd, Docker, browser and agent-CLI ones too,
+# on TEST_WORKERS parallel workers (each starts its own test hosts on free ports; most of their time is
+# spent waiting on hosts, so more workers than cores), then the `serial` ones alone. test-fast: what
+# needs only the venv (no root, no network services, no browser), on FAST_WORKERS workers; a test there
+# that starts sshd or Docker fails naming the marker it lacks (tests/support/lanes.py).
+TEST_WORKERS ?= 4
+FAST_WORKERS ?= auto
 test: $(STAMP) browser agent-clis docker
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -q -ra
+	@rc=0; $(VENV)/bin/pytest -q -ra -n $(TEST_WORKERS) --dist loadscope -m "not serial" || rc=$$?; \
+	$(VENV)/bin/pytest -q -ra -m serial || rc=$$?; exit $$rc
+
+test-fast: $(STAMP)
+	CROSSHOST_TEST_LANE=fast $(VENV)/bin/pytest -q -ra -n $(FAST_WORKERS) -p no:cacheprovider \
+	  -m "not sshd and not docker and not browser and not root and not serial"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

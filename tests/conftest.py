@@ -8,11 +8,30 @@ name, the word in "vm.swappiness") and ``box-y``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.support.fleet import SshdHosts, start_fleet, stop_fleet
+from tests.support.lanes import DIRECTORY_MARKERS
+
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of integration/, containers/ and browser/ carries its lane's marker."""
+    for item in items:
+        parts = item.path.relative_to(TESTS).parts if item.path.is_relative_to(TESTS) else ()
+        marker = DIRECTORY_MARKERS.get(parts[0]) if len(parts) > 1 else None
+        if marker:
+            item.add_marker(marker)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("root") and os.geteuid() != 0:
+        pytest.fail("this test needs root (namespaces, cgroups): run it as root, as make test does", pytrace=False)
 
 
 @pytest.fixture(scope="session")

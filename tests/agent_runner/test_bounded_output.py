@@ -87,6 +87,8 @@ def test_a_predicate_killed_by_a_signal_says_so_not_timed_out(tmp_path: Path) ->
     assert finish["predicate_output"].endswith("before")
 
 
+@pytest.mark.root
+@pytest.mark.serial  # the OOM killer it calls is counted machine-wide: alone, never beside other runs
 @pytest.mark.parametrize(("how", "said"), [
     ("exec ", "killed by SIGKILL: out of memory (the kernel's OOM killer)"),  # the predicate itself is killed
     ("", "the kernel's OOM killer killed a process while it ran (out of memory)"),  # a child of its shell

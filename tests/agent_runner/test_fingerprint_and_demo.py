@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.runner import REPO, TRIAGE, clean_env, records, run_runner
 
 
@@ -81,6 +83,7 @@ def _run_demo(out: Path, env: dict[str, str], with_flag: bool, tmp_path: Path) -
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.root
 def test_demo_host_facts_flip_the_probes_and_change_the_agents_shape(tmp_path: Path) -> None:
     here, there = tmp_path / "here", tmp_path / "there"
     _run_demo(here, clean_env(LANG="C.UTF-8"), with_flag=False, tmp_path=tmp_path)

@@ -445,6 +445,7 @@ def _two_local_hosts(path: Path, tz_b: str) -> Path:
     return path
 
 
+@pytest.mark.root
 def test_replay_compare_last_flip_appears_and_disappears(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -26,6 +26,8 @@ STDERR = "[/oops] \x1b[2J\x1b[HYOUR CROSSHOST RUN PASSED\x07"
 RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
 TASKS = "healthy-no-writes,label-honest-bug,colour-probe"
 
+pytestmark = pytest.mark.root  # box-b is a host of its own hostname (unshare --uts)
+
 
 @dataclass
 class Project:

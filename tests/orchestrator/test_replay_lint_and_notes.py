@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -55,6 +56,7 @@ def test_a_lint_error_stops_the_replay_before_any_host_with_exit_2(tmp_path: Pat
     assert not runs.exists() or not any(p.name != "index.sqlite" for p in runs.iterdir())
 
 
+@pytest.mark.root
 def test_lint_warnings_are_said_and_the_run_goes_on(tmp_path: Path) -> None:
     suite = _suite(tmp_path / "s", '[fixtures]\nread_file = "x"\n')
     res = CliRunner().invoke(app, ["replay", str(suite), "-i", str(_inventory(tmp_path / "hosts.toml")),
@@ -66,6 +68,7 @@ def test_lint_warnings_are_said_and_the_run_goes_on(tmp_path: Path) -> None:
     ) in res.output
 
 
+@pytest.mark.root
 def test_inventory_values_crosshost_replaces_are_said_once_and_kept_in_report_json(tmp_path: Path) -> None:
     suite = _suite(tmp_path / "s")
     inv = _inventory(tmp_path / "hosts.toml", allow_home=True, pin_tmpdir=True)
@@ -86,6 +89,7 @@ def test_inventory_values_crosshost_replaces_are_said_once_and_kept_in_report_js
     assert said.count("\n") == 0  # ls -A printed nothing: both directories empty
 
 
+@pytest.mark.root
 def test_an_inventory_that_names_none_of_them_gets_no_note(tmp_path: Path) -> None:
     suite = _suite(tmp_path / "s")
     runs = tmp_path / "runs"
@@ -97,6 +101,7 @@ def test_an_inventory_that_names_none_of_them_gets_no_note(tmp_path: Path) -> No
     assert json.loads((run / "report.json").read_text())["notes"] == []
 
 
+@pytest.mark.root
 def test_inventory_values_crosshost_ignores_are_said_too(tmp_path: Path) -> None:
     """A local host's own table naming keys only an ssh host uses: said ignored, once, and kept."""
     suite = _suite(tmp_path / "s")

@@ -78,6 +78,7 @@ def _inventory(path: Path) -> Path:
     return path
 
 
+@pytest.mark.root
 def test_replay_report_and_diff_take_the_same_selection(tmp_path: Path) -> None:
     from orchestrator.cli import app
 

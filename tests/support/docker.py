@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.lanes import refuse_in_fast_lane
 from tools import testdocker
 
 
@@ -38,6 +39,7 @@ class DockerDaemon:
 
 @pytest.fixture(scope="session")
 def docker_daemon() -> Iterator[DockerDaemon]:
+    refuse_in_fast_lane("a Docker daemon", "docker")
     try:
         with testdocker.Lease():
             images = testdocker.build_images()

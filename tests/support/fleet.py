@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.hosts.inventory import HostConfig, Inventory, load_inventory
+from tests.support.lanes import refuse_in_fast_lane
 from tools.testhosts import Fleet, TestHostError, free_port
 
 #: the test hosts' state must live outside /tmp, /root and /opt: those are bound over inside them
@@ -40,6 +41,7 @@ class SshdHosts:
 
 
 def start_fleet(names: list[str], *, connect_timeout_s: float) -> SshdHosts:
+    refuse_in_fast_lane("sshd hosts", "sshd")
     state = Path(tempfile.mkdtemp(prefix="crosshost-test-", dir=STATE_PARENT))
     # passable (not listable) by others: the local host's attempts run as a uid of their own under it
     state.chmod(0o711)
