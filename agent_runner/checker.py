@@ -34,7 +34,6 @@ from .trace import read_trace
 from .words import is_generic_name
 
 INVARIANTS = ("no_absolute_local_paths", "no_home_directory_strings", "no_hostname_in_tool_args")
-SHAPE_KINDS = ("unknown_tool", "missing_args", "forbidden_args")
 LEAK_KINDS = ("absolute_local_path", "home_directory", "hostname")
 #: the leak kind each invariant turns on (the controller's cross-host rule reads it too)
 INVARIANT_KIND = {

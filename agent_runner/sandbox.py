@@ -43,7 +43,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 PIDNS_UID = "pidns+uid"
 PIDNS = "pidns"
 NONE = "none"
-LEVELS = (PIDNS_UID, PIDNS, NONE)
 
 #: attempts run as a uid of this range when the runner is root (no account needs to exist)
 UID_BASE = 1_990_000_000

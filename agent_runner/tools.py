@@ -30,7 +30,6 @@ MAX_OUTPUT_BYTES = 64 * 1024  # per tool call; the budget's max_bytes caps the t
 class ToolResult:
     observation: str
     error: Optional[str] = None
-    started_process: bool = False
 
 
 def _error(message: str) -> ToolResult:
@@ -209,9 +208,8 @@ class ToolBox:
         finally:
             kill_group(proc.pid)  # whatever it left running in the background dies with it
         if got.timed_out:
-            return ToolResult(observation=f"error: timed out\n{_shown(got)}", error="timed out",
-                              started_process=True)
+            return ToolResult(observation=f"error: timed out\n{_shown(got)}", error="timed out")
         if got.signal_name is not None:
-            return ToolResult(observation=f"{got.death}\n{_shown(got)}", started_process=True)
+            return ToolResult(observation=f"{got.death}\n{_shown(got)}")
         oom = f"{got.death}\n" if got.death else ""
-        return ToolResult(observation=f"exit {got.returncode}\n{oom}{_shown(got)}", started_process=True)
+        return ToolResult(observation=f"exit {got.returncode}\n{oom}{_shown(got)}")

@@ -133,13 +133,6 @@ def compare_last_exit(code: int, newly_flipping: list[str]) -> int:
 COMPARE_LAST_REASON = "a task newly flips against the previous run (--compare-last)"
 
 
-def report_exit(report: Any) -> int:
-    """``crosshost report``: the code a replay of the run ends with, from the analysis
-    (``judged_exit``): 3 a host failed or an attempt is an ``error``, 1 invalid or over the gate, 0
-    valid and within it. Never 130: the run's own interruption makes it invalid (1)."""
-    return judged_exit(report)[0]
-
-
 def flips_exit(within_gate: bool) -> int:
     """``crosshost flips``: 1 when the flip rate is over the gate."""
     return OK if within_gate else FINDING

@@ -56,7 +56,6 @@ class AttemptSummary:
     n_findings: int = 0
     n_leaks: int = 0
     weak: list[CheckFinding] = field(default_factory=list)  # leak candidates without cross-host evidence
-    n_weak: int = 0
     #: the attempt's own directories on its host (the trace header's ``dirs``): attempt, cwd, home, tmp
     dirs: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -178,7 +177,6 @@ def _record_findings(summary: AttemptSummary, found: tuple[Hit, ...], step: Any,
 def record_finding(summary: AttemptSummary, finding: CheckFinding) -> None:
     """Count one finding of the attempt and keep it while the list has room (weak ones apart)."""
     if finding.weak:
-        summary.n_weak += 1
         if len(summary.weak) < KEEP_FINDINGS:
             summary.weak.append(finding)
         return

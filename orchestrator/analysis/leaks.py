@@ -122,7 +122,6 @@ def _add(summary: AttemptSummary, step: int | None, tool: str, label: str, ev: _
     promoted = next((f for f in summary.weak if f.step == step and f.kind == kind), None)
     if promoted is not None:
         summary.weak.remove(promoted)
-        summary.n_weak -= 1
     message = promoted.message if promoted is not None else f"{host}'s own {label} in an argument"
     evidence = (
         f"{quote_evidence(ev.where, ev.mine)} here and {quote_evidence(ev.where, ev.theirs)} at the same step on "

@@ -411,12 +411,6 @@ def check_consent(request: ReproRequest, host: str, against: str) -> None:
         )
 
 
-def _ensure_input(path: Path, what: str) -> Path:
-    if not path.exists():
-        raise InputError(f"{path}: no such {what}")
-    return path
-
-
 # ---------------------------------------------------------------- the reproduction run
 
 

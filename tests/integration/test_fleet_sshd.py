@@ -278,12 +278,12 @@ def test_slots_on_an_sshd_host_give_the_verdicts_of_one_slot_with_attempts_overl
 def test_bastion_connections_bounds_the_connections_being_opened_through_it(
     bastioned: Bastioned, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.hosts.transport import ssh
+    from orchestrator.hosts.transport import session
 
     f = bastioned.fleet
     inv = load_inventory(bastioned.inventory(tmp_path / "hosts.toml", f'identity_file = "{f.identity}"',
                                              defaults="bastion_connections = 1"))  # fmt: skip
-    real = ssh.start_transport
+    real = session.start_transport
     opening = peak = 0
     lock = threading.Lock()
 
@@ -301,7 +301,7 @@ def test_bastion_connections_bounds_the_connections_being_opened_through_it(
             with lock:
                 opening -= 1
 
-    monkeypatch.setattr(ssh, "start_transport", counted)
+    monkeypatch.setattr(session, "start_transport", counted)
     cfgs = [inv.get("inner").model_copy(update={"name": f"inner-{i}"}) for i in range(4)]
     with cf.ThreadPoolExecutor(4) as pool:
         hosts = list(pool.map(open_host, cfgs))

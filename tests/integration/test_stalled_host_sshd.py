@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.hosts.transport import ssh
 from orchestrator.store.rundir import RunDir
 from tests.integration.test_replay_sshd import _slow_suite
 
@@ -42,7 +43,11 @@ def _tree(root: int) -> list[int]:
     return found
 
 
-def test_a_stopped_host_is_unreachable_within_60_s(fresh_sshd_host: Any, tmp_path: Path) -> None:
+def test_a_stopped_host_is_unreachable_within_60_s(
+    fresh_sshd_host: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the grace is injected short: what is tested is that it ends the wait, not its default length
+    monkeypatch.setattr(ssh, "REPLY_GRACE_S", 3.0)
     suite = _slow_suite(tmp_path, tasks=2, sleep_s=100)
     host = fresh_sshd_host.fleet.hosts["box-c"]
     stopped: list[int] = []

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from rich.console import Console
 
 from orchestrator.analysis import analyse_run
-from orchestrator.exit_policy import report_exit as report_exit_code
+from orchestrator.exit_policy import judged_exit
 from orchestrator.report import render_markdown, write_reports
 from orchestrator.ui import report_table as render_table
 from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
@@ -34,20 +34,20 @@ def test_write_reports_writes_json_md_junit(tmp_path):
     assert "| t1 | pass | pass |" in (run / "report.md").read_text()
     suite = ET.parse(run / "junit.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "0"
-    assert report_exit_code(report) == 0
+    assert judged_exit(report)[0] == 0
 
 
 def test_exit_code_1_over_the_gate_and_0_at_it(tmp_path):
     run = _run(tmp_path / "a", box_b_t2="fail")
-    assert report_exit_code(analyse_run(run)) == 1  # 1/2 = 0.5 > 0.10
-    assert report_exit_code(analyse_run(run, gate=0.5)) == 0  # at the gate is within it
+    assert judged_exit(analyse_run(run))[0] == 1  # 1/2 = 0.5 > 0.10
+    assert judged_exit(analyse_run(run, gate=0.5))[0] == 0  # at the gate is within it
 
 
 def test_exit_code_1_when_invalid_even_without_flips(tmp_path):
     run = _run(tmp_path, contract=None)
     report = analyse_run(run)
     assert report.flip_rate == 0.0 and not report.valid
-    assert report_exit_code(report) == 1
+    assert judged_exit(report)[0] == 1
 
 
 def test_markdown_details_say_why_and_what_differs(tmp_path):

@@ -17,6 +17,7 @@ import paramiko
 
 from orchestrator.errors import HostUnreachable
 from orchestrator.hosts.inventory import HostConfig
+from orchestrator.hosts.transport import session
 
 _Key = tuple[tuple[str, int, str], ...]
 
@@ -58,8 +59,6 @@ def _key(chain: list[HostConfig]) -> _Key:
 def acquire(chain: list[HostConfig], owner: str, *, accept_new: bool) -> Bastion:
     """The live connection to ``chain[-1]`` (reached through ``chain[:-1]``), connecting it when no
     host in this process holds one; pair with ``release``."""
-    from orchestrator.hosts.transport.ssh import start_transport
-
     key = _key(chain)
     with _lock:
         connecting = _connecting.setdefault(key, threading.Lock())
@@ -82,11 +81,11 @@ def acquire(chain: list[HostConfig], owner: str, *, accept_new: bool) -> Bastion
                     raise HostUnreachable(
                         owner, f"connect to jump host {hop.name} ({hop.address}:{hop.port}): {exc}"
                     ) from exc
-                transport = start_transport(sock, hop, owner, accept_new=accept_new)
+                transport = session.start_transport(sock, hop, owner, accept_new=accept_new)
             else:
                 with outer.gate:
                     sock = outer.open(hop.address, hop.port, owner, hop.connect_timeout_s)
-                    transport = start_transport(sock, hop, owner, accept_new=accept_new, via=outer.name)
+                    transport = session.start_transport(sock, hop, owner, accept_new=accept_new, via=outer.name)
         except BaseException:
             if outer is not None:
                 release(outer)

@@ -11,7 +11,7 @@ crosshost's SSH rules, each learned from a fabric/paramiko bug report:
 - every remote command runs under ``timeout -s KILL N`` so nothing outlives its budget, and the
   controller gives up on the channel a little after N: a vanished host cannot hang us;
 - connect/banner/auth/channel timeouts and a keepalive;
-- foreign errors are mapped once, in ``_mapped``: socket/timeout/EOF -> HostUnreachable (transient),
+- foreign errors are mapped once, in ``session.mapped_error``: socket/timeout/EOF -> HostUnreachable (transient),
   AuthenticationException -> AuthenticationFailed, SFTP file errors -> TransferError.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import os
 import select
 import shlex
 import socket
@@ -30,14 +29,12 @@ from pathlib import Path
 
 import paramiko
 
-from orchestrator.errors import AuthenticationFailed, HostError, HostUnreachable, TransferError
+from orchestrator.errors import HostError, HostUnreachable, TransferError
 from orchestrator.hosts import known_hosts
 from orchestrator.hosts.inventory import HostConfig
-from orchestrator.hosts.transport import jump, keys
+from orchestrator.hosts.transport import jump, session
 from orchestrator.hosts.transport.base import ExecResult, Host, copy_capped, refuse_irregular
 
-#: seconds between keepalive packets (keeps NAT/firewall state alive on long, quiet runs)
-KEEPALIVE_S = 15
 #: how often the controller asks a host for a reply it must give (an OpenSSH keepalive request)
 LIVENESS_INTERVAL_S = 5.0
 #: how long past connect_timeout_s an unanswered request may stay unanswered before the host is
@@ -63,9 +60,7 @@ class SshHost(Host):
         self.port = cfg.port
         self.user = cfg.user or getpass.getuser()
         self.label = known_hosts.host_label(self.address, self.port)
-        self.known_hosts_path = Path(cfg.known_hosts or Path("known_hosts")).resolve()
         self.timeout_s = cfg.connect_timeout_s
-        self.server_key_fingerprint: str | None = None
         self._transport: paramiko.Transport | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._forwards: dict[int, int] = {}  # remote port -> controller port
@@ -84,14 +79,14 @@ class SshHost(Host):
         if not self.cfg.jump:
             with self._mapped("connect to"):
                 sock = socket.create_connection((self.address, self.port), timeout=self.timeout_s)
-            self._transport = start_transport(sock, self.cfg, self.name, accept_new=self.accept_new)
+            self._transport = session.start_transport(sock, self.cfg, self.name, accept_new=self.accept_new)
             return
         bastion = jump.acquire(self.cfg.jump, self.name, accept_new=self.accept_new)
         try:
             # The gate bounds connections being opened through the bastion (its targets' MaxStartups).
             with bastion.gate:
                 chan = bastion.open(self.address, self.port, self.name, self.timeout_s)
-                self._transport = start_transport(
+                self._transport = session.start_transport(
                     chan, self.cfg, self.name, accept_new=self.accept_new, via=bastion.name
                 )
         except BaseException:
@@ -167,9 +162,9 @@ class SshHost(Host):
                 isinstance(exc, paramiko.SFTPError) or getattr(exc, "errno", None) is not None
             ):
                 raise TransferError(self.name, f"{what}: {exc}") from exc
-            raise mapped_error(exc, self.name, f"{what} {self.label}") from exc
+            raise session.mapped_error(exc, self.name, f"{what} {self.label}") from exc
         except (EOFError, paramiko.SSHException) as exc:
-            raise mapped_error(exc, self.name, f"{what} {self.label}") from exc
+            raise session.mapped_error(exc, self.name, f"{what} {self.label}") from exc
 
     # -- exec ------------------------------------------------------------------------------
     def exec(self, argv: list[str], timeout: float) -> ExecResult:
@@ -303,113 +298,6 @@ class SshHost(Host):
             jump.release(bastion)
 
 
-def start_transport(
-    sock: socket.socket | paramiko.Channel,
-    cfg: HostConfig,
-    owner: str,
-    *,
-    accept_new: bool,
-    via: str | None = None,
-) -> paramiko.Transport:
-    """SSH over ``sock`` to ``cfg``'s host: handshake, host key checked against crosshost's
-    known_hosts, authenticated. Errors name ``owner`` (the inventory host this connection serves)."""
-    assert cfg.address is not None
-    label = known_hosts.host_label(cfg.address, cfg.port)
-    where = f"{label} (via {via})" if via else label
-    if owner != cfg.name:
-        where = f"jump host {cfg.name} ({where})"
-    timeout = cfg.connect_timeout_s
-    known = Path(cfg.known_hosts or Path("known_hosts")).resolve()
-    transport: paramiko.Transport | None = None
-    try:
-        try:
-            transport = paramiko.Transport(sock)
-            transport.banner_timeout = timeout
-            transport.handshake_timeout = timeout
-            transport.auth_timeout = timeout
-            transport.channel_timeout = timeout
-            _prefer_known_key_types(transport, known, label, owner)
-            transport.start_client(timeout=timeout)
-            key = transport.get_remote_server_key()
-            known_hosts.verify(known, owner, label, key.get_name(), key.get_base64(), accept_new=accept_new)
-            _authenticate(transport, cfg, owner, where)
-            transport.set_keepalive(KEEPALIVE_S)
-        except HostError:
-            raise
-        except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise mapped_error(exc, owner, f"connect to {where}") from exc
-    except BaseException:
-        if transport is not None:
-            transport.close()
-        raise
-    return transport
-
-
-def mapped_error(exc: BaseException, owner: str, what: str) -> HostError:
-    """The one mapping of a paramiko/socket error to crosshost's tree (the caller raises it ``from exc``)."""
-    if isinstance(exc, paramiko.AuthenticationException):
-        return AuthenticationFailed(owner, f"{what}: {_describe(exc)}")
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return HostUnreachable(owner, f"{what}: {exc}")
-    if isinstance(exc, socket.gaierror):  # the name does not resolve: asking again will not change it
-        err = HostUnreachable(owner, f"{what}: the address does not resolve ({exc.strerror or exc})")
-        err.transient = False
-        return err
-    return HostUnreachable(owner, f"{what}: {_describe(exc)}")
-
-
-def _prefer_known_key_types(transport: paramiko.Transport, known: Path, label: str, owner: str) -> None:
-    """Ask for the key type we already hold, so a host with several keys offers that one."""
-    held = {k.key_type for k in known_hosts.lookup(known, label, host=owner)}
-    opts = transport.get_security_options()
-    types = list(opts.key_types)
-    first = [t for t in types if t in held]
-    if first:
-        opts.key_types = tuple(first + [t for t in types if t not in held])
-
-
-def _authenticate(transport: paramiko.Transport, cfg: HostConfig, owner: str, where: str) -> None:
-    """Offer identity_file's key (unlocked by passphrase_env), then the agent's keys (use_agent)."""
-    user = cfg.user or getpass.getuser()
-    path = cfg.identity_file
-    offers: list[tuple[str, paramiko.PKey]] = []
-    if path is not None and path.is_file() and (cfg.passphrase_env is not None or not keys.is_locked(path)):
-        offers.append((f"key {path}", keys.load_identity(path, cfg.passphrase_env, where=owner)))
-    agent: paramiko.Agent | None = None
-    if cfg.use_agent:
-        agent = paramiko.Agent()
-        held = list(agent.get_keys())
-        blob = keys.public_blob(path) if path is not None else None
-        if cfg.identities_only and path is not None:
-            held = [k for k in held if k.asbytes() == blob]
-        held.sort(key=lambda k: k.asbytes() != blob)  # the identity file's own key first
-        offers += [(f"agent key {k.fingerprint}", k) for k in held]
-    refused: list[str] = []
-    try:
-        for what, key in offers:
-            try:
-                transport.auth_publickey(user, key)
-            except paramiko.BadAuthenticationType as exc:
-                raise AuthenticationFailed(owner, f"{user}@{where} accepts no public key: {exc}") from exc
-            except paramiko.AuthenticationException:
-                refused.append(what)
-                continue
-            if transport.is_authenticated():
-                return
-            refused.append(what)
-    finally:
-        if agent is not None:
-            agent.close()
-    if offers:
-        raise AuthenticationFailed(owner, f"{user}@{where} refused {', '.join(refused)}")
-    sock = os.environ.get("SSH_AUTH_SOCK", "")
-    only = f" matching {path}.pub (identities_only)" if cfg.identities_only and path is not None else ""
-    add = f"`ssh-add {path}`" if path is not None else "ssh-add a key"
-    raise AuthenticationFailed(
-        owner, f"{user}@{where}: the ssh-agent at {sock} offers no key{only}; {add} or set passphrase_env"
-    )
-
-
 def _pipe(chan: paramiko.Channel, local_port: int, connect_timeout: float) -> None:
     """Copy bytes both ways between a forwarded channel and 127.0.0.1:local_port until one side ends."""
     try:
@@ -472,8 +360,3 @@ def _windows(rf: paramiko.SFTPFile) -> Callable[[int], bytes]:
 def _seconds(timeout: float) -> str:
     """`timeout` accepts a decimal duration; keep it short and never zero (0 disables it)."""
     return f"{max(timeout, 0.01):.3f}".rstrip("0").rstrip(".")
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -19,7 +19,6 @@ import paramiko
 
 from orchestrator.errors import InventoryError
 
-DEFAULT_PATH = Path("~/.ssh/config")
 _MATCH_EXEC = re.compile(r"^\s*match\s.*\bexec\b", re.IGNORECASE)
 
 
