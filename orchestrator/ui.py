@@ -24,13 +24,12 @@ from rich.text import Text
 
 from agent_runner.textguard import printable
 from orchestrator.analysis.attribution import cut_words, path_line, trial_line
+from orchestrator.analysis.flips import flipped_attempts
 from orchestrator.hosts.fingerprint import run_workspace
 from orchestrator.report import (
     burn_lines,
     errors_line,
-    flipped_attempts,
     gate_verdict,
-    host_names,
     outside_workspace_lines,
     rate_text,
     rates_legend,
@@ -229,7 +228,7 @@ CAUSE_WIDTH = 160  # characters of a flipped task's cause line under the report 
 
 def report_table(report: RunReport) -> RenderableType:
     """Tasks × hosts with flips marked, classification and action; then validity and the gate."""
-    hosts = host_names(report)
+    hosts = report.host_names()
     table = Table(title=escape(f"crosshost run {report.run_id}" + (f" · suite {report.suite}" if report.suite else "")))
     table.add_column("task")
     for host in hosts:

@@ -21,6 +21,7 @@ from math import comb
 from pathlib import Path
 
 from agent_runner.suite import Gate
+from orchestrator.analysis.models import TaskReport
 from orchestrator.analysis.stats import (
     DEFAULT_ALPHA,
     DEFAULT_CORRECTION,
@@ -135,6 +136,14 @@ def attempt_pairs(reference: Sequence[str], other: Sequence[str]) -> list[tuple[
     """The one flip-per-attempt rule: (attempt, flipped) for every attempt both hosts have with a
     non-error verdict; flipped when the other host's verdict differs from the reference's."""
     return [(i, v != reference[i]) for i, v in enumerate(other) if i < len(reference) and "error" not in (v, reference[i])]
+
+
+def flipped_attempts(task: TaskReport, host: str, reference: str | None) -> set[int]:
+    """Attempts whose verdict differs from the reference's on the same attempt: marked only where that
+    pairing is the evidence (deterministic); a sampled agent's attempt i means nothing on another host."""
+    if task.evidence != "deterministic" or host == reference:
+        return set()
+    return {i for i, flip in attempt_pairs(task.verdicts.get(reference or "", []), task.verdicts.get(host, [])) if flip}
 
 
 def flaky_hosts(verdicts: Mapping[str, Sequence[str]]) -> list[str]:

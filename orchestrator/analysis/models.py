@@ -291,3 +291,10 @@ class RunReport(BaseModel):
     settle_repeat: int | None = None
     #: more tasks undecided than [gate] allows: the run measured too little to pass or fail
     inconclusive: bool = False
+
+    def host_names(self) -> list[str]:
+        """Every host's name, the reference's order first; a host only traces know of still gets one."""
+        names = [h.name for h in self.hosts]
+        for task in self.tasks:
+            names += [h for h in task.verdicts if h not in names]
+        return names

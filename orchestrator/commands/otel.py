@@ -485,7 +485,7 @@ def export_run(
 ) -> ExportSummary:
     """Analyse ``run_dir`` and send every attempt's spans to ``endpoint`` or append them to ``file``."""
     from orchestrator.analysis import analyse_run
-    from orchestrator.report import flipped_attempts, host_names
+    from orchestrator.analysis.flips import flipped_attempts
 
     if (endpoint is None) == (file is None):
         raise InputError("export otel: give exactly one of --endpoint URL or --file PATH")
@@ -494,7 +494,7 @@ def export_run(
     report = analyse_run(run_dir)
     rundir = RunDir(run_dir)
     manifest_started = _iso_ns(rundir.read_manifest().started)
-    hosts = host_names(report)
+    hosts = report.host_names()
     reference = report.reference or (hosts[0] if hosts else "")
     run = {"run_id": report.run_id, "suite": report.suite, "reference": reference}
     host_info = {h.name: {"fingerprint": h.fingerprint} for h in report.hosts}

@@ -17,8 +17,8 @@ from agent_runner.textguard import printable
 from orchestrator.analysis import analyse_run
 from orchestrator.analysis.attribution import again_line, path_line, shown, trial_line
 from orchestrator.analysis.compare import AgentRate, Comparison
-from orchestrator.analysis.flips import attempt_pairs
 from orchestrator.analysis.models import HostRate, Leak, RunReport, TaskReport
+from orchestrator.report.html import render_html
 from orchestrator.selection import TaskSelection
 from orchestrator.store.rundir import write_bytes_atomic
 
@@ -27,9 +27,7 @@ __all__ = [
     "render_compare_json",
     "render_compare_markdown",
     "errors_line",
-    "flipped_attempts",
     "gate_verdict",
-    "host_names",
     "outside_workspace_lines",
     "render_json",
     "render_junit",
@@ -98,23 +96,6 @@ def validity_line(report: RunReport) -> str:
     return "\n".join(["INVALID", *(f"  - {reason}" for reason in report.invalid_reasons)])
 
 
-def host_names(report: RunReport) -> list[str]:
-    names = [h.name for h in report.hosts]
-    for task in report.tasks:  # a host only traces know of still gets its column
-        names += [h for h in task.verdicts if h not in names]
-    return names
-
-
-def flipped_attempts(task: TaskReport, host: str, reference: str | None) -> set[int]:
-    """Attempts whose verdict differs from the reference's on the same attempt: marked only where that
-    pairing is the evidence (deterministic); a sampled agent's attempt i means nothing on another host."""
-    if task.evidence != "deterministic":
-        return set()
-    if host == reference:
-        return set()
-    return {i for i, flip in attempt_pairs(task.verdicts.get(reference or "", []), task.verdicts.get(host, [])) if flip}
-
-
 def _percent(x: float) -> str:
     return f"{100 * x:.0f}"
 
@@ -179,7 +160,7 @@ def _code(text: object) -> str:
 
 
 def render_markdown(report: RunReport) -> str:
-    hosts = host_names(report)
+    hosts = report.host_names()
     out = [f"# crosshost run `{report.run_id}`", ""]
     if report.suite:
         out.append(
@@ -454,8 +435,6 @@ def render_compare_json(c: Comparison) -> str:
 
 def write_reports(run_dir: Path, report: RunReport) -> None:
     """Write ``report.json``, ``report.md``, ``junit.xml`` and ``report.html`` into the run directory."""
-    from orchestrator.report.html import render_html
-
     write_bytes_atomic(run_dir / "report.json", render_json(report).encode())
     write_bytes_atomic(run_dir / "report.md", render_markdown(report).encode())
     write_bytes_atomic(run_dir / "junit.xml", render_junit(report).encode())

@@ -24,10 +24,10 @@ from urllib.parse import quote
 
 from agent_runner.trace import iter_records
 from orchestrator.analysis.attribution import again_line, path_line, trial_line
+from orchestrator.analysis.flips import flipped_attempts
 from orchestrator.analysis.models import RunReport, TaskReport
 from orchestrator.analysis.shapes import Step, align_steps, step_of
 from orchestrator.errors import InputError, TraceError
-from orchestrator.report import flipped_attempts, host_names
 from orchestrator.store.rundir import RunDir
 
 MAX_STEPS_PER_TRACE = 300  # steps of one trace embedded (and aligned); the raw file has them all
@@ -294,7 +294,7 @@ def _task_order(report: RunReport) -> list[TaskReport]:
 
 def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
     """Everything the page's script shows, as plain JSON-able data."""
-    hosts = host_names(report)
+    hosts = report.host_names()
     reference = report.reference or (hosts[0] if hosts else "")
     files = _trace_files(run_dir)
     traces: list[dict[str, Any]] = []
@@ -599,7 +599,7 @@ def render_html(report: RunReport, run_dir: Path) -> str:
     if points:
         parts.append(
             f'<section id="trend"><h2>Trend: {len(points)} run(s) of {esc(report.suite or "this suite")}</h2>'
-            + trend_svg(points, report.run_id, report.gate, host_names(report))
+            + trend_svg(points, report.run_id, report.gate, report.host_names())
             + "</section>"
         )
     parts += [
