@@ -461,7 +461,7 @@ def test_a_record_after_the_finish_is_an_error_attempt(tmp_path: Path) -> None:
 
 
 def test_unexpected_trace_files_from_a_host_are_problems_and_exit_3(tmp_path: Path) -> None:
-    from orchestrator.exit_policy import HOST_FAILURE, replay_exit, report_exit
+    from orchestrator.exit_policy import HOST_FAILURE, judged_exit, replay_exit
     from orchestrator.store.rundir import load_run
 
     run = _two_passing(tmp_path)
@@ -474,16 +474,16 @@ def test_unexpected_trace_files_from_a_host_are_problems_and_exit_3(tmp_path: Pa
     manifest = load_run(run).manifest
     code, why = replay_exit(manifest, report, None, [])
     assert code == HOST_FAILURE and "injected" in why
-    assert report_exit(report) == HOST_FAILURE  # re-reported, the same run gives the same code
+    assert judged_exit(report)[0] == HOST_FAILURE  # re-reported, the same run gives the same code
 
 
 def test_a_run_where_nothing_was_comparable_does_not_pass_the_gate(tmp_path: Path) -> None:
-    from orchestrator.exit_policy import report_exit
+    from orchestrator.exit_policy import judged_exit
 
     attempts = {("local", "t1", 0): Attempt("pass"), ("box-b", "t1", 0): Attempt("error", why="boom")}
     report = analyse_run(build_run(tmp_path / "run", RunSpec(hosts=two_hosts(), attempts=attempts)))
     assert report.comparable == 0 and not report.within_gate
-    assert report_exit(report) != 0
+    assert judged_exit(report)[0] != 0
     from orchestrator.report import gate_verdict
 
     assert gate_verdict(report).startswith("no comparable task")
