@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -175,20 +176,23 @@ def test_the_predicate_output_is_kept_for_a_pass_as_for_a_fail_and_capped(tmp_pa
 
 
 CRASH_AGENT = "import sys\nsys.stdin.readline()\nraise SystemExit('boom: the agent crashed')\n"
-HANG_AGENT = ("import json, subprocess, sys, time\nsys.stdin.readline()\n"
-              "subprocess.Popen(['sleep', '307.123'])\n"  # a child that must die with the agent
-              "open('left-behind.txt', 'w').write('x')\n"
-              "time.sleep(300)\n")
+def hang_agent(mark: str) -> str:
+    """An agent that hangs with a child, ``sleep 307.<mark>``, that must die with it; the mark is the
+    test's own, so a run beside it (another test worker, another checkout) is not taken for it."""
+    return ("import json, subprocess, sys, time\nsys.stdin.readline()\n"
+            f"subprocess.Popen(['sleep', '307.{mark}'])\n"
+            "open('left-behind.txt', 'w').write('x')\n"
+            "time.sleep(300)\n")
 
 
 def test_workspace_root_is_empty_after_crash_and_timeout(tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
+    ws, mark = tmp_path / "ws", str(secrets.randbelow(10**9))
     suite = write_suite(tmp_path / "s", {
         "crash": {"toml": '[agent]\nkind = "command"\ncommand = ["python3", "{suite}/agent/crash.py"]\n'},
         "hang": {"toml": '[agent]\nkind = "command"\ncommand = ["python3", "{suite}/agent/hang.py"]\n'
                          '[budget]\ntimeout_s = 1.5\n', "repo": {"run_tests.sh": "exit 0\n"}},
         "ok": {"script": [{"content": "nothing to do", "finish": "stop"}], "repo": {"a/b.txt": "x"}},
-    }, agent_files={"crash.py": CRASH_AGENT, "hang.py": HANG_AGENT})
+    }, agent_files={"crash.py": CRASH_AGENT, "hang.py": hang_agent(mark)})
     done = run_runner("run", "--suite", str(suite), "--out", str(tmp_path / "out"), "--workspace-root", str(ws),
                       "--repeat", "2")
     assert done.returncode == 0, done.stderr
@@ -198,14 +202,14 @@ def test_workspace_root_is_empty_after_crash_and_timeout(tmp_path: Path) -> None
     assert "boom" in records(tmp_path / "out" / "traces" / "crash.0.jsonl")[-1]["final"]
     assert rows[("hang", 1)]["reason"] == "timeout" and rows[("hang", 1)]["verdict"] == "fail"
     assert rows[("ok", 0)]["verdict"] == "pass"
-    assert _sleepers() == "", "the agent's child outlived the attempt"
+    assert _sleepers(mark) == "", "the agent's child outlived the attempt"
 
 
 def test_workspace_root_is_empty_when_the_runner_is_terminated(tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
+    ws, mark = tmp_path / "ws", str(secrets.randbelow(10**9))
     suite = write_suite(tmp_path / "s", {
         "hang": {"toml": '[agent]\nkind = "command"\ncommand = ["python3", "{suite}/agent/hang.py"]\n'
-                         '[budget]\ntimeout_s = 60\n'}}, agent_files={"hang.py": HANG_AGENT})
+                         '[budget]\ntimeout_s = 60\n'}}, agent_files={"hang.py": hang_agent(mark)})
     proc = subprocess.Popen([sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out",
                              str(tmp_path / "out"), "--workspace-root", str(ws)], env=clean_env(), cwd=REPO,
                             stderr=subprocess.PIPE, text=True)
@@ -217,11 +221,11 @@ def test_workspace_root_is_empty_when_the_runner_is_terminated(tmp_path: Path) -
     proc.terminate()
     assert proc.wait(timeout=20) == 143
     assert list(ws.iterdir()) == []
-    assert _sleepers() == ""
+    assert _sleepers(mark) == ""
 
 
-def _sleepers() -> str:
-    return subprocess.run(["pgrep", "-f", "sleep 307.123"], capture_output=True, text=True).stdout.strip()
+def _sleepers(mark: str) -> str:
+    return subprocess.run(["pgrep", "-xf", f"sleep 307.{mark}"], capture_output=True, text=True).stdout.strip()
 
 
 def test_visible_secret_refuses_to_start_and_env_i_run_writes_no_secret(tmp_path: Path) -> None:
