@@ -36,7 +36,8 @@ from typing import Any, Dict, List, Optional
 
 from .agents import Agent, AgentFailed, register
 from .capped import death
-from .loop import LoopOutcome
+from .loop import MAX_FINAL_CHARS, LoopOutcome
+from .presets import PRESETS
 from .sandbox import NONE, Sandbox, reachable_by_others
 from .suite import AgentSpec, Task
 from .tools import kill_group
@@ -57,8 +58,8 @@ MCP_CONFIG = ".mcp.json"
 #: ``mcp_crosshost_<tool>`` (Gemini CLI), ``crosshost_<tool>`` (opencode) or ``crosshost__<tool>``
 MCP_SERVER = "crosshost"
 _MCP_PREFIXES = (f"mcp__{MCP_SERVER}__", f"{MCP_SERVER}__", f"mcp_{MCP_SERVER}_", f"{MCP_SERVER}_")
-_PLACEHOLDER = re.compile(r"\{(prompt|prompt_file|workspace|suite|mcp_config)\}")
-_TAIL = 400
+_PLACEHOLDER = re.compile(r"\{(prompt|prompt_file|workspace|suite|mcp_config|model)\}")
+_TAIL = 2000  # of the agent's stderr kept in the trace when it fails: the cause is rarely the last line
 
 
 class _DrivenByRunner(Agent):
@@ -90,18 +91,22 @@ def argv_of(spec: AgentSpec, prompt: str, prompt_file: Path, workspace: Path, su
     """``command`` with its placeholders replaced, in one pass (a prompt that names a placeholder
     keeps it as text)."""
     values = {"prompt": prompt, "prompt_file": str(prompt_file), "workspace": str(workspace),
-              "suite": str(suite_dir), "mcp_config": str(workspace / MCP_CONFIG)}
+              "suite": str(suite_dir), "mcp_config": str(workspace / MCP_CONFIG),
+              "model": str(spec.options.get("model", ""))}
     return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in spec.command or []]
 
 
-def write_mcp_config(path: Path, task: Task, suite_dir: Path, work: Path, env: Dict[str, str],
-                     turns: Path) -> None:
-    """``.mcp.json`` (the layout agent CLIs read): this runner's ``mcp`` command serving the task's
-    contract tools, with the attempt's allowlisted environment and nothing else."""
+def mcp_server(task: Task, suite_dir: Path, work: Path, env: Dict[str, str], turns: Path) -> Dict[str, Any]:
+    """This runner's ``mcp`` command serving the task's contract tools, with the attempt's allowlisted
+    environment and nothing else (``command``, ``args``, ``env``)."""
     root = str(Path(__file__).resolve().parents[1])  # the zipapp, or the directory holding agent_runner
     args = ["-m", "agent_runner", "mcp", "--suite", str(suite_dir), "--task", task.id, "--workspace", str(work),
             "--turns", str(turns), "--env-keys", ",".join(sorted(env))]
-    server = {"type": "stdio", "command": _python_for_others(env), "args": args, "env": {**env, "PYTHONPATH": root}}
+    return {"type": "stdio", "command": _python_for_others(env), "args": args, "env": {**env, "PYTHONPATH": root}}
+
+
+def write_mcp_config(path: Path, server: Dict[str, Any]) -> None:
+    """``.mcp.json`` (the layout agent CLIs read) with the one server ``crosshost``."""
     path.write_text(json.dumps({"mcpServers": {MCP_SERVER: server}}, indent=2) + "\n", encoding="utf-8")
 
 
@@ -168,7 +173,11 @@ def _tail(path: Path) -> str:
         data = path.read_bytes()[-_TAIL:].decode("utf-8", "replace").strip()
     except OSError:
         return ""
-    return data.splitlines()[-1] if data else ""
+    return data
+
+
+def _last_line(text: str) -> str:
+    return text.splitlines()[-1] if text else ""
 
 
 def model_record(spec: AgentSpec, seen: Dict[str, Any]) -> Dict[str, Any]:
@@ -215,8 +224,16 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
     agent_env["CROSSHOST_PROMPT_FILE"] = str(prompt_file)
     argv = argv_of(task.agent, task.prompt, prompt_file, work, suite_dir)
     mcp_turns = own / "crosshost-mcp-turns.jsonl"  # written by the MCP server, as the attempt's uid
+    server = mcp_server(task, suite_dir, work, env, mcp_turns)
     if any("{mcp_config}" in a for a in task.agent.command or []):
-        write_mcp_config(work / MCP_CONFIG, task, suite_dir, work, env, mcp_turns)
+        write_mcp_config(work / MCP_CONFIG, server)
+    preset = PRESETS.get(str(task.agent.options.get("preset") or ""))
+    if preset is not None and agent_env.get("HOME"):
+        # the CLI's own configuration, in the attempt's disposable HOME, owned by the attempt's uid
+        agent_env.update(preset.env)
+        agent_env.update(preset.configure(Path(agent_env["HOME"]), base, token, server,
+                                          str(task.agent.options.get("model", ""))))
+        box.give(agent_env["HOME"])
     try:  # the attempt's directory (workspace, HOME, TMPDIR): a path of this host's own
         _ask_proxy(root, ATTEMPT_PATH, token, {"attempt": key, "root": str(work.parent)}, 30.0)
     except (OSError, ValueError, urllib.error.URLError) as exc:
@@ -279,7 +296,7 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
         note = _tail(stderr_path)
         outcome.reason = "agent_error"
         ended = death(proc.returncode, proc.oom_killed()) if proc.returncode < 0 else f"exited {proc.returncode}"
-        outcome.final = f"the agent {ended}" + (f"; stderr: {note}" if note else "")
-    elif reason == "stop":
-        outcome.final = _tail(stdout_path)
+        outcome.final = (f"the agent {ended}" + (f"; stderr: {note}" if note else ""))[:MAX_FINAL_CHARS]
+    elif reason == "stop":  # what the model said last, else the end of what the agent printed
+        outcome.final = str(seen.get("text") or "") or _last_line(_tail(stdout_path))
     return outcome

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Type
 from .checker import validate_contract
 from .errors import InputError, SuiteError
 from .jsonfile import decode_text, loads, read_regular
+from .presets import PRESETS
 from .textguard import control_char
 from .trace import FINISH_REASONS
 
@@ -369,9 +370,17 @@ def _agent(raw: Any, base: Optional[Dict[str, Any]], where: str) -> AgentSpec:
         raise SuiteError(f"{where}.kind: unknown agent kind {kind!r} (known: {', '.join(AGENT_KINDS)})")
     command = merged.pop("command", None)
     merged.pop("kind")
+    preset = PRESETS.get(merged["preset"]) if kind == "exec" and isinstance(merged.get("preset"), str) else None
+    if kind == "exec" and "preset" in merged and preset is None:
+        raise SuiteError(f"{where}.preset must be one of {', '.join(repr(p) for p in PRESETS)}, "
+                         f"got {merged['preset']!r}")
+    if preset is not None:  # the CLI's own command and API unless the suite names its own
+        command = list(preset.command) if command is None else command
+        merged.setdefault("api", preset.api)
     if kind in ("command", "exec"):
         if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
-            raise SuiteError(f"{where}.command must be a non-empty list of strings for kind = \"{kind}\"")
+            raise SuiteError(f"{where}.command must be a non-empty list of strings for kind = \"{kind}\""
+                             + (f" (or a preset: {', '.join(PRESETS)})" if kind == "exec" else ""))
     elif command is not None:
         raise SuiteError(f"{where}.command is only for kind = \"command\" or \"exec\" (kind is {kind!r})")
     if "sampled" in merged and (kind not in ("command", "openai", "exec") or not isinstance(merged["sampled"], bool)):
@@ -423,6 +432,7 @@ def _positive_int(v: Any) -> bool:
 # kind = "exec": the program picks its own sampling settings; the suite names the wire format, the
 # model it may ask for, the proxy's caps and whether the model is held.
 _EXEC_KEYS: Dict[str, Any] = {
+    "preset": (False, lambda v: v in PRESETS, "one of " + ", ".join(f'"{p}"' for p in PRESETS)),
     "api": (True, lambda v: v in EXEC_APIS,
             '"openai" (chat completions or Responses), "anthropic" (messages) or "gemini" (generateContent)'),
     **{k: v for k, v in _OPENAI_KEYS.items()

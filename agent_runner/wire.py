@@ -41,6 +41,10 @@ TURNS_PATH = "/crosshost/turns"
 #: before the agent starts: a held model compares requests with this host's paths set aside
 ATTEMPT_PATH = "/crosshost/attempt"
 
+#: how the proxy's refusal of an API the suite did not declare begins (the attempt's error, and a
+#: reason the run is not valid: its model was never asked)
+REFUSED_API = "the agent called "
+
 FINISH_BUDGET_MODEL = "budget_model"
 FINISH_MODEL_DIVERGED = "model_diverged"
 

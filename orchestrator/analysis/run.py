@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_runner.jsonfile import loads as json_loads
+from agent_runner.wire import REFUSED_API
 from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps, iter_turns_by_value
 from orchestrator.analysis.attribution import (
     attribution,
@@ -613,6 +614,12 @@ def _invalid_reasons(
                     message = cut_words(f.message, MAX_LEAK_MESSAGE)
                     examples.append(f"{task}.{attempt} step {f.step}: {f.kind} [{f.rule}]: {message}")
         reasons.append(f"host leakage: {total} finding(s) in traces from {host} (first: {'; '.join(examples)})")
+    for host in run.hosts:
+        refused = [s for k, s in summaries.items() if k[0] == host and s.verdict == "error"
+                   and s.why.startswith(REFUSED_API)]
+        if refused:
+            reasons.append(f"model API refused on {host}: {len(refused)} attempt(s) never reached the model "
+                           f"({cut_words(refused[0].why, MAX_LEAK_MESSAGE)})")
     return reasons
 
 

@@ -45,11 +45,12 @@ class AttemptLog:
     calls: list[dict[str, Any]] = field(default_factory=list)
     prompt_tokens: int = 0  # every answer's, also those without a tool call
     completion_tokens: int = 0
+    text: str | None = None  # what the model said last (an exec agent's final answer)
 
     def to_json(self) -> dict[str, Any]:
         return {"turns": self.turns, "requests": self.requests, "stopped": self.stopped, "error": self.error,
                 "calls": self.calls, "prompt_tokens": self.prompt_tokens,
-                "completion_tokens": self.completion_tokens}
+                "completion_tokens": self.completion_tokens, "text": self.text}
 
 
 class ExchangeBook:
@@ -83,6 +84,8 @@ class ExchangeBook:
             log = self._attempts.setdefault(attempt, AttemptLog())
             log.prompt_tokens += answer.prompt_tokens
             log.completion_tokens += answer.completion_tokens
+            if answer.text and answer.text.strip():
+                log.text = answer.text.strip()
             for i, (call_id, name, args) in enumerate(answer.calls):
                 log.turns.append({
                     "call_id": call_id, "tool": name, "args": args, "observation": None, "error": None,

@@ -52,10 +52,12 @@ from agent_runner.wire import (
     ERR_PROVIDER,
     ERR_REFUSED,
     ERR_UNREACHABLE,
+    EXEC_PREFIX,
     FINISH_BUDGET_MODEL,
     FINISH_MODEL_DIVERGED,
     MODEL_PASS_ENV,
     MODEL_URL_ENV,
+    REFUSED_API,
     model_url,
 )
 from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
@@ -414,6 +416,24 @@ class ModelProxy:
         """The paths an exec agent of the suite's ``api`` may POST below its prefix, for a refusal."""
         return " or ".join(api.example_path for api in APIS if api.family == self.api)
 
+    def refuse_api(self, attempt: str, path: str, api: WireApi | None) -> tuple[dict[str, Any], ModelCall]:
+        """An exec agent's request of an API the suite did not declare (or of none): a model call of
+        its own, refused, and the attempt's error, the harness's (its verdict ``error``): the message
+        names the API the agent spoke and the fix."""
+        spoke = f"{path} ({api.title})" if api is not None else f"{path}, a path of no API the proxy speaks"
+        fix = (f"set api = {api.family!r} in the suite's [agent] (with that provider's base_url), or point the agent "
+               f"at {family_api(self.api).title}" if api is not None else
+               f"point the agent at {EXEC_PREFIX}<attempt>{self.wanted_paths()}")
+        message = f"{REFUSED_API}{spoke}; this suite's api is {self.api!r}: {fix}"
+        call = self._new_call()
+        call.status, call.error, call.message, call.path = 404, ERR_REFUSED, message, path
+        self._record(call)
+        self.refused(f"POST {EXEC_PREFIX}{attempt}{path}")
+        if attempt:
+            self.book.call(attempt, call_record(call))
+            self.book.stop(attempt, error=message)
+        return self.api_error(ERR_REFUSED, message), call
+
     def exchange(self, raw: bytes, attempt: str, headers: Mapping[str, str], reply: Reply,
                  api: WireApi | None = None, path: str = "", query: str = "") -> None:
         """Serve one exec agent request of ``attempt`` ("<task>.<attempt>") to ``path`` of ``api``:
@@ -423,11 +443,14 @@ class ModelProxy:
         path = path or api.example_path
         started = time.monotonic()
         call = self._new_call()
+        call.path = path
 
         def refuse(status: int, kind: str, message: str, code: str | None = None) -> None:
             call.status, call.error, call.message, call.latency_ms = status, kind, message, ms_since(started)
             self._record(call)
             self.book.call(attempt, call_record(call))
+            if kind == ERR_REFUSED:  # the proxy would not forward it: the harness's failure, not the agent's
+                self.book.stop(attempt, error=message)
             reply.json(status, api.error_body(kind, message, code), call)
 
         try:
@@ -439,6 +462,9 @@ class ModelProxy:
             return
         if self.model is not None and api.model_of(path, body) != self.model:
             refuse(403, ERR_REFUSED, f"model {api.model_of(path, body)!r} refused: the suite pins model {self.model!r}")
+            return
+        if api.auxiliary(path):
+            self._auxiliary(raw, api, path, query, headers, call, started, reply)
             return
         self.book.request(attempt, api, body)
         if self.hold is not None and self.host != self.hold.reference:
@@ -496,6 +522,13 @@ class ModelProxy:
         except (Transient, Final) as exc:
             message = self._provider_failure(exc, call)
             self.book.stop(attempt, error=message)
+            if isinstance(exc, Final) and exc.body and exc.status is not None:
+                # the provider's own error, as it said it (an SDK recovers by its wording); still the run's error
+                call.status, call.message, call.latency_ms = exc.status, message, ms_since(started)
+                self._record(call)
+                self.book.call(attempt, call_record(call))
+                reply.raw(exc.status, exc.body, call)
+                return
             refuse(502, call.error or ERR_PROVIDER, message)
             return
         call.status, call.latency_ms, call.model = 200, ms_since(started), answer.model
@@ -513,6 +546,23 @@ class ModelProxy:
                              self.roots.get(attempt))
         if answer_body is not None:
             reply.json(200, answer_body, call)
+
+    def _auxiliary(self, raw: bytes, api: WireApi, path: str, query: str, headers: Mapping[str, str],
+                   call: ModelCall, started: float, reply: Reply) -> None:
+        """A request that is no model answer (``count_tokens``): the provider's answer relayed as it is."""
+        try:
+            resp = self.upstream.open(api.upstream_url(self.base_url, path, query), raw,
+                                      api.upstream_headers(self.upstream.key, dict(headers), False), call)
+            with resp:
+                status, data = int(resp.status), resp.read(MAX_RESPONSE_BYTES)
+        except (Transient, Final) as exc:
+            call.message = self._provider_failure(exc, call)
+            status = exc.status if isinstance(exc, Final) and exc.body and exc.status else 502
+            data = exc.body if isinstance(exc, Final) and exc.body else json.dumps(
+                api.error_body(call.error or ERR_PROVIDER, call.message)).encode()
+        call.status, call.latency_ms = status, ms_since(started)
+        self._record(call)
+        reply.raw(status, data, call)
 
     def _answer_held(self, attempt: str, held: dict[str, Any], call: ModelCall, started: float,
                      reply: Reply, api: WireApi) -> None:

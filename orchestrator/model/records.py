@@ -37,6 +37,7 @@ class ModelCall:
     completion_tokens: int = 0
     total_tokens: int = 0
     held: bool = False  # answered from the reference host's record (a held model), not the provider
+    path: str | None = None  # an exec agent's request: the path it POSTed below its attempt's prefix
 
     @property
     def retries(self) -> int:

@@ -104,9 +104,8 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
             key, _, rest = path[len(EXEC_PREFIX):].partition("/")
             api = api_for("/" + rest)
             if api is None or api.family != proxy.api or not key:
-                wanted = proxy.wanted_paths()
-                self._refuse(404, f"path {path!r} refused: an exec agent of api = {proxy.api!r} may POST only "
-                                  f"{EXEC_PREFIX}<attempt>{wanted}")
+                body, call = proxy.refuse_api(urllib.parse.unquote(key), "/" + rest, api)
+                self._send(404, body, call)
                 return
             headers = {k.lower(): v for k, v in self.headers.items()}
             proxy.exchange(raw, urllib.parse.unquote(key), headers, Reply(self, self._send), api, "/" + rest, query)
@@ -143,6 +142,17 @@ class Reply:
 
     def json(self, status: int, body: dict[str, Any], call: ModelCall | None) -> None:
         self._send(status, body, call)
+
+    def raw(self, status: int, data: bytes, call: ModelCall) -> None:
+        """The provider's own body and status, as it sent them (JSON)."""
+        handler = self._handler
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.send_header(CALL_HEADER, json.dumps(call.to_json(), sort_keys=True))
+        handler.end_headers()
+        with contextlib.suppress(OSError):
+            handler.wfile.write(data)
 
     def start_stream(self, content_type: str, call: ModelCall) -> None:
         # no Content-Length: the stream ends when the connection closes (HTTP/1.0 framing)

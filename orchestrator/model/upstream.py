@@ -37,12 +37,14 @@ class Transient(Exception):
 
 
 class Final(Exception):
-    """A provider answer not worth retrying; becomes a 502 to the runner."""
+    """A provider answer not worth retrying; becomes a 502 to the runner, or the provider's own error
+    (``body``, redacted) to an exec agent whose SDK recovers by its wording."""
 
-    def __init__(self, kind: str, status: int | None, message: str) -> None:
+    def __init__(self, kind: str, status: int | None, message: str, body: bytes | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
+        self.body = body
 
 
 class Upstream:
@@ -127,7 +129,9 @@ class Upstream:
                 raise Transient(status, message or f"HTTP {status}", _retry_after(exc.headers)) from None
             if status in (401, 403):
                 message = "the provider refused the API key (check the key in the controller's environment)"
-            raise Final(ERR_PROVIDER, status, f"HTTP {status}: {message}") from None
+                data = b""  # about our key, not the agent's request: never relayed
+            raise Final(ERR_PROVIDER, status, f"HTTP {status}: {message}",
+                        self.redact(data.decode("utf-8", "replace"), limit=64 * 1024).encode() or None) from None
         text = self.redact(str(getattr(exc, "reason", exc)))
         call.attempts.append(Attempt(number, None, ms_since(t0), error=text))
         raise Transient(None, text) from None
@@ -157,9 +161,9 @@ class Upstream:
             reraise=True,
         )
 
-    def redact(self, text: str) -> str:
+    def redact(self, text: str, limit: int = 300) -> str:
         text = text.replace(self.key, "[redacted]")
-        return _KEYISH.sub("[redacted]", text)[:300]
+        return _KEYISH.sub("[redacted]", text)[:limit]
 
 
 def _provider_message(data: bytes) -> str:

@@ -102,7 +102,7 @@ def claude_suite(root: Path, claude: str, base_url: str, *, hold: bool) -> Path:
     task = suite / "tasks" / "answer"
     (task / "repo").mkdir(parents=True)
     (suite / "suite.toml").write_text(
-        'name = "claude-code"\nrepeat = 1\n[agent]\nkind = "exec"\n'
+        'name = "claude-code"\nrepeat = 1\n[agent]\nkind = "exec"\npreset = "claude-code"\n'
         f"command = {json.dumps(claude_command(claude, 'm1'))}\n"
         f'api = "anthropic"\nmodel = "m1"\nbase_url = "{base_url.removesuffix("/v1")}"\n'
         f'api_key_env = "{KEY_ENV}"\nmax_requests = 20\nhold_model = {json.dumps(hold)}\n'

@@ -40,6 +40,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    query: str = ""
 
 
 @dataclass
@@ -79,11 +80,12 @@ class FakeProvider:
         self._server.shutdown()
         self._server.server_close()
 
-    def answer(self, headers: dict[str, str], body: Any, path: str = "/v1/chat/completions") -> tuple[int, bytes]:
+    def answer(self, headers: dict[str, str], body: Any, path: str = "/v1/chat/completions",
+               query: str = "") -> tuple[int, bytes]:
         if self.on_request is not None:
             self.on_request()
         with self._lock:
-            self.requests.append(Received(path, headers, body))
+            self.requests.append(Received(path, headers, body, query))
             if self.fail_first:
                 status = self.fail_first.pop(0)
                 return status, json.dumps({"error": {"message": f"scripted {status}", "type": "x"}}).encode()
@@ -252,7 +254,12 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             path, _, query = self.path.partition("?")
             if api_of(path) == "gemini" and "key=" in query and "x-goog-api-key" not in headers:
                 headers["x-goog-api-key"] = query.split("key=", 1)[1].split("&", 1)[0]
-            if api_of(path) is None:
+            if path == "/v1/messages/count_tokens":  # what a request would cost: no answer
+                with provider._lock:
+                    provider.requests.append(Received(path, headers, json.loads(raw or b"null")))
+                data = json.dumps({"input_tokens": 11}).encode()
+                status = 200 if headers.get("x-api-key") == provider.key else 401
+            elif api_of(path) is None:
                 status, data = 404, b'{"error": {"message": "no such path"}}'
                 with provider._lock:
                     provider.requests.append(Received(self.path, headers, None))
@@ -261,7 +268,7 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
                     body = json.loads(raw)
                 except ValueError:
                     body = None
-                status, data = provider.answer(headers, body, path)
+                status, data = provider.answer(headers, body, path, query)
                 streamed = path.endswith(":streamGenerateContent") or (isinstance(body, dict) and body.get("stream") is True)
                 if status == 200 and streamed and data.startswith(b"{"):
                     self._stream(provider.events(path, json.loads(data)))

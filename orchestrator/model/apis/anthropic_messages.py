@@ -1,4 +1,5 @@
-"""Anthropic messages: ``POST /v1/messages``, streamed or not (Claude Code, the Anthropic SDK)."""
+"""Anthropic messages: ``POST /v1/messages``, streamed or not, and ``/v1/messages/count_tokens``
+(Claude Code, the Anthropic SDK); ``anthropic-version`` and ``anthropic-beta`` are passed upstream."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from orchestrator.model.apis.base import WireApi
 from orchestrator.model.apis.openai_chat import SETTINGS
 from orchestrator.model.exchanges import Answer, count, json_args, listing, mapping, text_of
 
+COUNT_TOKENS = "/count_tokens"  # below the messages path: what a request would cost, no answer
+
 
 class AnthropicMessages(WireApi):
     family = "anthropic"
@@ -18,7 +21,10 @@ class AnthropicMessages(WireApi):
     key_prefix = ""
 
     def serves(self, path: str) -> bool:
-        return path == self.example_path
+        return path in (self.example_path, self.example_path + COUNT_TOKENS)
+
+    def auxiliary(self, path: str) -> bool:
+        return path.endswith(COUNT_TOKENS)
 
     def upstream_url(self, base_url: str, path: str, query: str) -> str:
         return base_url + path  # the suite's base_url is the origin

@@ -25,6 +25,11 @@ class WireApi:
         """Whether ``path`` (below an attempt's prefix, no query) is a request of this API."""
         raise NotImplementedError
 
+    def auxiliary(self, path: str) -> bool:
+        """Whether ``path`` is not a model answer (Anthropic's ``count_tokens``): forwarded with the
+        key and recorded, neither capped, held nor a turn."""
+        return False
+
     def upstream_url(self, base_url: str, path: str, query: str) -> str:
         """The provider's URL for ``path``: the suite's ``base_url`` plus this API's path."""
         raise NotImplementedError

@@ -11,6 +11,7 @@ namespace (Codex shows an MCP server's tools as the namespace ``mcp__<server>``)
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from agent_runner.wire import API_BASE_PATH
@@ -22,7 +23,9 @@ RESPONSES_PATH = "/responses"
 #: an agent's session ids, new every run)
 SETTINGS = ("model", "instructions", "tools", "tool_choice", "reasoning", "text", "temperature", "top_p",
             "max_output_tokens", "stream", "parallel_tool_calls", "include")
-_CALLS = ("function_call", "custom_tool_call")
+# Codex opens a tool's output with how long it ran ("Wall time: 0.0029 seconds"): a held model
+# compares the output without it (it differs on every run of every host)
+_WALL_TIME = re.compile(r"Wall time: [0-9.]+ seconds")
 
 
 def _call(item: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
@@ -103,6 +106,8 @@ class OpenAIResponses(WireApi):
 
     def comparable(self, body: dict[str, Any]) -> dict[str, Any]:
         # an input item's "id" is the agent's own (Codex: a new uuid every run); its content is compared
-        items = [{k: v for k, v in item.items() if k != "id"} if isinstance(item, dict) else item
-                 for item in listing(body.get("input"))] if isinstance(body.get("input"), list) else body.get("input")
+        items = body.get("input")
+        if isinstance(items, list):
+            items = [json.loads(_WALL_TIME.sub("Wall time: - seconds", json.dumps(
+                {k: v for k, v in item.items() if k != "id"}))) if isinstance(item, dict) else item for item in items]
         return {"messages": items, **{k: body.get(k) for k in SETTINGS}}
