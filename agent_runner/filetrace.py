@@ -8,7 +8,10 @@ file systems. The result is ``files/<task>.<attempt>.json``: ``{"traced": true, 
 [syscalls]}, "agent_paths": {...}, "env_path": PATH}`` (``paths``: the predicate's; ``agent_paths``: the
 agent's and its tools'; ``env_path``: the attempt's PATH, None when it looks like it holds a secret),
 or ``{"traced": false, "why": ..., "env_path": ...}`` when strace is not there (the evidence is then
-absent, not guessed). Standard library only, Python 3.9.
+absent, not guessed). Past ``MAX_PATHS`` a side keeps the paths outside any interpreter's or library's
+own tree first (``library_path``: an agent's imports alone fill hundreds), and ``cut`` says, per side,
+how many were dropped and under which directories (``{"agent": {"dropped": 812, "under": {...}}}``).
+Standard library only, Python 3.9.
 """
 
 import itertools
@@ -25,6 +28,9 @@ from .redact import redact_text
 #: an interpreter's start alone names some hundreds
 MAX_PATHS = 1000
 _PSEUDO = ("/proc/", "/sys/", "/dev/")
+# an interpreter's or a package manager's own tree: what starting an agent reads on every host alike
+_LIBRARY = re.compile(r"/(site-packages|dist-packages|node_modules|__pycache__)(/|$)|/lib/python\d[^/]*(/|$)"
+                      r"|^/usr/(lib|lib64|share|local/lib)/|^/(lib|lib64)/")
 # `1234  openat(AT_FDCWD, "/opt/x", O_RDONLY) = -1 ENOENT (...)`: the syscall and its first path argument
 _CALL = re.compile(r'^(?:\[pid\s+)?\d*\]?\s*(\w+)\((?:[A-Z_]+, )?"((?:[^"\\]|\\.)*)"')
 
@@ -45,9 +51,15 @@ def _unescape(text: str) -> str:
         return text
 
 
-def touched_paths(log_text: str, own: Sequence[str]) -> Dict[str, List[str]]:
+def library_path(path: str) -> bool:
+    """Whether ``path`` lies in an interpreter's or a library's own tree (ranked last, dropped first)."""
+    return _LIBRARY.search(path) is not None
+
+
+def touched_paths(log_text: str, own: Sequence[str], cut: Optional[Dict[str, object]] = None) -> Dict[str, List[str]]:
     """path -> the syscalls that named it, for absolute paths outside ``own`` (and not a parent of one of
-    them) and the pseudo file systems."""
+    them) and the pseudo file systems; at most ``MAX_PATHS``, library paths dropped first. ``cut``
+    (when given) gets ``dropped`` and ``under`` (top directories -> paths dropped) when any was."""
     prefixes = [p.rstrip("/") + "/" for p in own if p]
     found: Dict[str, List[str]] = {}
     for line in log_text.splitlines():
@@ -63,14 +75,20 @@ def touched_paths(log_text: str, own: Sequence[str]) -> Dict[str, List[str]]:
         # under its own directories, or on the way to them (their parents differ as the roots do)
         if any((path + "/").startswith(p) or p.startswith(path.rstrip("/") + "/") for p in prefixes):
             continue
-        calls = found.get(path)
-        if calls is None:
-            if len(found) >= MAX_PATHS:
-                continue
-            calls = found[path] = []
+        calls = found.setdefault(path, [])
         if call not in calls:
             calls.append(call)
-    return found
+    if len(found) <= MAX_PATHS:
+        return found
+    order = sorted(found, key=library_path)  # stable: the others first, each in the order touched
+    kept, dropped = order[:MAX_PATHS], order[MAX_PATHS:]
+    if cut is not None:
+        under: Dict[str, int] = {}
+        for path in dropped:
+            top = "/".join(path.split("/")[:3]) or "/"
+            under[top] = under.get(top, 0) + 1
+        cut.update(dropped=len(dropped), under=under)
+    return {path: found[path] for path in kept}
 
 
 class Tracer:
@@ -90,9 +108,10 @@ class Tracer:
 
         return traced
 
-    def paths(self, side: str, own: Sequence[str]) -> Dict[str, List[str]]:
-        """What ``side``'s processes touched, in the order they ran. A command line that never started
-        left no log; OSError when none of ``side``'s did (strace itself could not run)."""
+    def paths(self, side: str, own: Sequence[str], cut: Optional[Dict[str, object]] = None) -> Dict[str, List[str]]:
+        """What ``side``'s processes touched, in the order they ran (``cut``: what was dropped). A command
+        line that never started left no log; OSError when none of ``side``'s did (strace itself could
+        not run)."""
         texts: List[str] = []
         error: Optional[OSError] = None
         for log in self._given.get(side, []):
@@ -102,7 +121,7 @@ class Tracer:
                 error = exc
         if error is not None and not texts:
             raise error
-        return touched_paths("".join(texts), own)
+        return touched_paths("".join(texts), own, cut)
 
 
 def shown_path(env_path: str) -> Optional[str]:
@@ -118,10 +137,11 @@ def write_evidence(
     agent_paths: Optional[Dict[str, List[str]]] = None,
     why: str = "",
     env_path: Optional[str] = None,
+    cut: Optional[Dict[str, object]] = None,
 ) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     record: Dict[str, object] = (
-        {"traced": True, "paths": paths or {}, "agent_paths": agent_paths or {}}
+        {"traced": True, "paths": paths or {}, "agent_paths": agent_paths or {}, "cut": cut or {}}
         if traced else {"traced": False, "why": why}
     )
     record["env_path"] = env_path

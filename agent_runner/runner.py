@@ -281,13 +281,16 @@ class Runner:
         if tracer is None:
             filetrace.write_evidence(target, traced=False, why="strace is not on this host's PATH", env_path=shown)
             return
+        cut: Dict[str, Dict[str, object]] = {"predicate": {}, "agent": {}}
         try:
-            paths, agent_paths = tracer.paths("predicate", own), tracer.paths("agent", own)
+            paths = tracer.paths("predicate", own, cut["predicate"])
+            agent_paths = tracer.paths("agent", own, cut["agent"])
         except OSError as exc:
             filetrace.write_evidence(target, traced=False, why=f"strace wrote no log: {exc.strerror or exc}",
                                      env_path=shown)
             return
-        filetrace.write_evidence(target, traced=True, paths=paths, agent_paths=agent_paths, env_path=shown)
+        filetrace.write_evidence(target, traced=True, paths=paths, agent_paths=agent_paths, env_path=shown,
+                                 cut={side: c for side, c in cut.items() if c})
 
     def _run_predicate(self, task: Task, pristine: Optional[bytes], work: Path, env: Dict[str, str],
                        box: Sandbox) -> Tuple[Optional[int], str, Optional[str]]:

@@ -24,7 +24,9 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from agent_runner.filetrace import MAX_PATHS, library_path
 from agent_runner.records import Fingerprint
 from orchestrator.analysis import analyse_run
 from orchestrator.analysis.models import (
@@ -310,6 +312,8 @@ class Touched:
     paths: dict[str, dict[str, list[str]]] | None
     why: str = ""  # why not, when ``paths`` is None
     env_path: str | None = None  # the attempt's PATH there (None: not sent, or withheld as secret-looking)
+    #: what the host dropped past its cap, per side: how many, and under which directories
+    cut: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def touched(run_dir: Path, host: str, task: str) -> Touched:
@@ -325,6 +329,7 @@ def touched(run_dir: Path, host: str, task: str) -> Touched:
     if not record.get("traced"):
         return Touched(None, str(record.get("why") or "not traced"), env_path)
     found: dict[str, dict[str, list[str]]] = {}
+    cut: dict[str, Any] = record["cut"] if isinstance(record.get("cut"), dict) else {}
     for side, key in zip(SIDES, ("paths", "agent_paths"), strict=True):
         paths = record.get(key, {})
         if not isinstance(paths, dict):
@@ -332,7 +337,15 @@ def touched(run_dir: Path, host: str, task: str) -> Touched:
         for k, v in paths.items():
             if isinstance(v, list):
                 found.setdefault(str(k), {})[side] = [str(c) for c in v]
-    return Touched(found, "", env_path)
+    return Touched(found, "", env_path, {str(k): v for k, v in cut.items() if isinstance(v, dict)})
+
+
+def _cut_note(host: str, side: str, cut: dict[str, Any]) -> str:
+    """How much of a side's file evidence a host dropped, and where (its largest directories first)."""
+    under: dict[str, Any] = cut["under"] if isinstance(cut.get("under"), dict) else {}
+    where = ", ".join(f"{d} ({n})" for d, n in sorted(under.items(), key=lambda i: (-int(i[1]), i[0]))[:5])
+    return (f"file evidence cut on {host}: the {side}'s {cut.get('dropped')} touched path(s) past the first "
+            f"{MAX_PATHS} not kept, library paths first" + (f" (under {where})" if where else ""))
 
 
 def _chunks(paths: list[str]) -> list[list[str]]:
@@ -377,9 +390,10 @@ def _ranked(found: list[PathEvidence], hosts: list[str]) -> list[PathEvidence]:
     def under(path: str, parents: list[str]) -> bool:
         return any(path.startswith(p.rstrip("/") + "/") for p in parents)
 
-    def key(e: PathEvidence) -> tuple[bool, bool, bool, bool, str]:
+    def key(e: PathEvidence) -> tuple[bool, bool, bool, bool, bool, str]:
         states = set(e.state.values())
         return (
+            library_path(e.path),  # an interpreter's or library's own file: what the agent's start reads
             e.path not in every and not under(e.path, every),
             any(under(o.path, [e.path]) for o in found),
             "absent" not in states or states == {"absent"},
@@ -412,8 +426,15 @@ def file_evidence(
                 notes[task].append(f"file evidence not collected on {host}: {got.why}")
             else:
                 seen[task][host] = got.paths
-    wanted = sorted({p for per_host in seen.values() for paths in per_host.values() for p in paths})
-    wanted = wanted[:MAX_CHECKED_PATHS]
+            notes[task] += [_cut_note(host, side, c) for side, c in sorted(got.cut.items()) if c.get("dropped")]
+    touched_all = sorted({p for per_host in seen.values() for paths in per_host.values() for p in paths},
+                         key=lambda p: (library_path(p), p))
+    wanted = sorted(touched_all[:MAX_CHECKED_PATHS])
+    if len(touched_all) > len(wanted):
+        unchecked = touched_all[len(wanted):]
+        for task in tasks:
+            notes[task].append(f"file evidence cut: {len(unchecked)} of {len(touched_all)} touched path(s) not "
+                               f"compared between hosts (library paths first; e.g. {unchecked[0]})")
     states = {h: path_states(configs[h], wanted, opener, accept_new) for h in hosts} if wanted else {}
     found: dict[str, list[PathEvidence]] = {t: [] for t in tasks}
     for task in tasks:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from agent_runner import filetrace
 from agent_runner.filetrace import touched_paths, traced_argv
 
 LOG = """\
@@ -108,3 +109,19 @@ def test_a_path_whose_name_looks_like_a_credential_is_not_kept():
     token = "ghp_" + "b" * 36
     log = f'1  openat(AT_FDCWD, "/opt/cache/{token}/state", O_RDONLY) = 3\n1  openat(AT_FDCWD, "/opt/x", O_RDONLY) = 3\n'
     assert touched_paths(log, []) == {"/opt/x": ["openat"]}
+
+
+def test_past_the_cap_library_paths_are_dropped_first_and_the_cut_says_how_many_and_where() -> None:
+    """An agent's interpreter and libraries read thousands of paths when it starts; a lookup of one
+    host's /opt made after them is kept, and what was dropped is counted by directory."""
+    lines = [f'1 openat(AT_FDCWD, "/usr/lib/python3.11/m{i}.py", O_RDONLY) = 3' for i in range(900)]
+    lines += [f'1 stat("/venv/lib/python3.11/site-packages/litellm/p{i}.json", {{}}) = 0' for i in range(400)]
+    lines += ['1 access("/opt/flags/feature.flag", F_OK) = -1 ENOENT (No such file)']
+    cut: dict[str, object] = {}
+    found = filetrace.touched_paths("\n".join(lines), [], cut)
+    assert len(found) == filetrace.MAX_PATHS and found["/opt/flags/feature.flag"] == ["access"]
+    assert cut == {"dropped": 301, "under": {"/venv/lib": 301}}  # the last touched of them
+    assert list(found)[0] == "/opt/flags/feature.flag"  # the others first, each in the order touched
+    assert filetrace.library_path("/usr/lib/python3.11/os.py") and not filetrace.library_path("/opt/x/lib.flag")
+    small: dict[str, object] = {}
+    assert len(filetrace.touched_paths("\n".join(lines[:10]), [], small)) == 10 and small == {}

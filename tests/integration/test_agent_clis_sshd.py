@@ -6,7 +6,8 @@ Gemini CLI (Gemini streamGenerateContent), opencode (chat completions, streamed)
 
 Each CLI passes a two-tool task on every host with its model held (the provider sees the reference's
 requests only) and the key never on a host; a CLI pointed at an API the suite did not declare ends as
-``error`` naming the API, and the run exits non-zero, not valid. Few requests per CLI: one run each.
+``error`` naming the API, and the run exits non-zero, not valid; a host-coupled task of mini-swe-agent
+is found and explained. Few requests per CLI: one run each.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from agent_runner.presets import PRESETS
+from orchestrator.commands.explain import ExplainRequest, explain
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.store.rundir import read_jsonl
 from tests.integration.test_agent_cli_sshd import own_roots
@@ -56,7 +58,8 @@ def _script(preset: str) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str
             [("lookup", {"q": "answer"}), ("write_file", {"path": "answer.txt", "content": "42"})])
 
 
-def _suite(root: Path, preset: str, base_url: str, api: str | None = None) -> Path:
+def _suite(root: Path, preset: str, base_url: str, api: str | None = None,
+           predicate: str = 'test "$(cat answer.txt)" = 42\n') -> Path:
     suite = root / preset
     task = suite / "tasks" / "answer"
     (task / "repo").mkdir(parents=True)
@@ -75,7 +78,7 @@ def _suite(root: Path, preset: str, base_url: str, api: str | None = None) -> Pa
     (task / "task.toml").write_text('[fixtures]\nlookup = "the answer is 42"\n')
     (task / "prompt.md").write_text("--help: look up the answer and write it to answer.txt.\n")
     (task / "repo" / "prompt-note.txt").write_text("the answer is 42\n")
-    (task / "repo" / "run_tests.sh").write_text('test "$(cat answer.txt)" = 42\n')
+    (task / "repo" / "run_tests.sh").write_text(predicate)
     return suite
 
 
@@ -142,3 +145,43 @@ def test_a_cli_pointed_at_an_api_the_suite_did_not_declare_is_the_runs_error(roo
     assert out.exit_code != 0
     report = json.loads((run_dir / "report.json").read_text())
     assert report["valid"] is False
+
+
+def test_mini_swe_agent_host_coupled_task_is_found_and_explained_by_the_opt_file_it_looked_up(
+    roots: Any, sshd_hosts: Any, tmp_path: Path
+) -> None:
+    """mini-swe-agent checks a feature flag under /opt that only box-b has: the run finds the flip and
+    explain names the flag file the agent looked up, among the thousands of paths its Python and
+    litellm read when they start (those rank last, and are the ones dropped past the cap, said so)."""
+    key, _ = roots
+    inventory, workspace_root = own_roots(sshd_hosts.fleet, tmp_path / "one.toml", ("box-b",))
+    top = f"crosshost-cli-{secrets.token_hex(3)}"
+    flag = f"/opt/{top}/feature.flag"
+    on_box_b = sshd_hosts.fleet.hosts["box-b"].dir / "opt" / top
+    on_box_b.mkdir(parents=True)
+    (on_box_b / "feature.flag").write_text("on\n")
+    commands = [f"if test -f {flag}; then echo on; else echo off; fi > answer.txt",
+                "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+    script = [{"tool_calls": [{"name": "bash", "args": {"command": c}}]} for c in commands]
+    try:
+        with FakeProvider(script=script, key=key) as provider:
+            suite = _suite(tmp_path, "mini-swe-agent", provider.base_url, predicate='test "$(cat answer.txt)" = off\n')
+            run = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+            rows = read_jsonl(run.run_dir.path / "results.jsonl")
+            assert sorted((r["env"], r["verdict"]) for r in rows) == [("box-b", "fail"), ("local", "pass")], rows
+            assert run.report is not None and [t.flip for t in run.report.tasks] == [True]
+            out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
+        assert out.exit_code == 0 and not out.errors, out.errors
+        [entry] = out.record.tasks
+        assert flag in [p.path for p in entry.paths], ([p.path for p in entry.paths][:8], entry.not_collected)
+        evidence = next(p for p in entry.paths if p.path == flag)
+        assert evidence.by == ["agent"] and evidence.state["local"] == "absent", evidence
+        assert entry.paths[0].path in (flag, f"/opt/{top}"), [p.path for p in entry.paths][:5]
+        # what was cut is said, with where: the agent's interpreter and library files, not the flag
+        cuts = [n for n in entry.not_collected if n.startswith("file evidence cut")]
+        assert all(flag not in n for n in cuts), cuts
+        record = json.loads((run.run_dir.path / "explain.json").read_text())
+        assert [t["not_collected"] for t in record["tasks"]] == [entry.not_collected]
+    finally:
+        shutil.rmtree(on_box_b, ignore_errors=True)
+        shutil.rmtree(workspace_root, ignore_errors=True)
