@@ -35,6 +35,8 @@ pytestmark = pytest.mark.sshd
 HOSTS = ("box-a", "box-b")
 TOOLS = [{"name": "lookup", "required_args": ["q"]}, {"name": "write_file", "required_args": ["path", "content"]}]
 INVARIANTS = ["no_absolute_local_paths", "no_home_directory_strings", "no_hostname_in_tool_args"]
+#: the model's last answer: two lines, so a final taken from the end of stdout would differ
+FINAL = "The answer is 42.\nwrote it"
 
 
 def _calls(preset: str) -> list[dict[str, Any]]:
@@ -54,7 +56,7 @@ def _script(preset: str) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str
         return ([{"tool_calls": [{"name": "bash", "args": {"command": c}}]} for c in commands],
                 [("bash", {"command": c}) for c in commands])
     first, second = _calls(preset)
-    return ([{"tool_calls": [first]}, {"tool_calls": [second]}, {"content": "wrote it", "finish": "stop"}],
+    return ([{"tool_calls": [first]}, {"tool_calls": [second]}, {"content": FINAL, "finish": "stop"}],
             [("lookup", {"q": "answer"}), ("write_file", {"path": "answer.txt", "content": "42"})])
 
 
@@ -118,7 +120,7 @@ def test_each_cli_passes_a_two_tool_task_on_every_host_held_with_the_key_at_home
         finish = trace[-1]
         assert finish["reason"] == "stop" and finish["findings"] == [], (host, finish)
         if preset != "mini-swe-agent":
-            assert finish["final"] == "wrote it", (host, finish["final"])  # the model's last answer
+            assert finish["final"] == FINAL, (host, finish["final"])  # the model's last answer, whole
     for host in HOSTS:
         for sub in ("root", "tmp", "opt"):
             assert _files_holding(sshd_hosts.fleet.hosts[host].dir / sub, key.encode()) == [], (host, sub)
