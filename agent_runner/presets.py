@@ -47,7 +47,8 @@ def _codex(home: Path, base: str, token: str, server: Dict[str, Any], model: str
     lines = [
         f"model = {_toml(model)}", 'model_provider = "crosshost"', "",
         "[model_providers.crosshost]", 'name = "crosshost"', f"base_url = {_toml(base + '/v1')}",
-        'env_key = "OPENAI_API_KEY"', 'wire_api = "responses"', "",
+        # supports_websockets = false: HTTP from the first request (the proxy serves no WebSocket)
+        'env_key = "OPENAI_API_KEY"', 'wire_api = "responses"', "supports_websockets = false", "",
         "[mcp_servers.crosshost]", f"command = {_toml(server['command'])}",
         "args = [" + ", ".join(_toml(a) for a in server["args"]) + "]", "",
         "[mcp_servers.crosshost.env]", *(f"{_toml(k)} = {_toml(v)}" for k, v in sorted(server["env"].items())), "",

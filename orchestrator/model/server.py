@@ -125,6 +125,12 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
             self._send(status, body, call)
 
         def _not_allowed(self) -> None:
+            if self.path.startswith(EXEC_PREFIX) and "websocket" in (self.headers.get("Upgrade") or "").lower():
+                # an agent that tries a WebSocket first (Codex's Responses transport) falls back to HTTP
+                # on a 404; a 405 or 426 makes some retry and give up
+                proxy.refused(f"{self.command} {self.path.split('?', 1)[0]} (WebSocket)")
+                self._send(404, proxy.api_error(ERR_REFUSED, "no WebSocket transport here: POST over HTTP"), None)
+                return
             self._refuse(405, f"{self.command} refused: the proxy forwards only POST {FORWARDED_PATH}")
 
         do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815

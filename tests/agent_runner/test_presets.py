@@ -42,7 +42,8 @@ def test_codex_config_is_toml_with_a_responses_provider_and_the_mcp_server(tmp_p
     config = tomllib.loads((tmp_path / ".codex" / "config.toml").read_text())
     assert config["model"] == "m1" and config["model_provider"] == "crosshost"
     assert config["model_providers"]["crosshost"] == {
-        "name": "crosshost", "base_url": BASE + "/v1", "env_key": "OPENAI_API_KEY", "wire_api": "responses"}
+        "name": "crosshost", "base_url": BASE + "/v1", "env_key": "OPENAI_API_KEY", "wire_api": "responses",
+        "supports_websockets": False}
     assert config["mcp_servers"]["crosshost"] == {"command": "/usr/bin/python3", "args": SERVER["args"],
                                                   "env": {"A": 'quo"te\n'}}
     assert env == {"OPENAI_API_KEY": "crosshost-t"}

@@ -144,3 +144,15 @@ def test_count_tokens_and_beta_headers_pass_through_and_a_provider_error_comes_b
     assert used == 1 and snapshot["turns"] == []  # counting is no model answer: not capped, no turn
     assert status == 400 and json.loads(failed) == {"error": {"message": "scripted 400", "type": "x"}}
     assert "HTTP 400" in snapshot["error"]
+
+
+def test_a_websocket_attempt_is_a_404_an_agent_falls_back_from_and_no_error_of_the_attempt() -> None:
+    with FakeProvider(script=SCRIPT, key=KEY) as provider, _proxy("openai", provider.base_url) as proxy:
+        request = urllib.request.Request(f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1/responses", headers={
+            "Upgrade": "websocket", "Connection": "Upgrade", "Authorization": f"Bearer {proxy.token}"})
+        with pytest.raises(urllib.error.HTTPError) as got:
+            urllib.request.urlopen(request, timeout=10)
+        snapshot = proxy.book.snapshot("t.0")
+    assert got.value.code == 404 and "WebSocket" in got.value.read().decode()
+    assert snapshot["error"] is None and snapshot["calls"] == [] and provider.requests == []
+    assert proxy.refused_paths == ["GET /attempt/t.0/v1/responses (WebSocket)"]
