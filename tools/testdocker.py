@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """A real Docker daemon for the tests and the demo, and small images built offline (stdlib only).
 
-    python tools/testdocker.py up        # start dockerd (if it is not running) and build the images
+    python tools/testdocker.py up        # start dockerd (if it is not running) and build the images;
+                                         # says "dockerd started on ..." or "... already running ..."
     python tools/testdocker.py images    # build the images that are missing, print their names
+    python tools/testdocker.py inventory PATH   # write hosts.toml: local and a container of each image
     python tools/testdocker.py down      # stop the daemon this tool started
 
 The daemon is Debian's ``dockerd`` (package docker.io, installed by ``make setup``) with a socket,
@@ -421,19 +423,44 @@ def _variant_tar(base: Path, variant: Variant, into: Path) -> None:
             out.addfile(info, io.BytesIO(data))
 
 
+def write_inventory(path: Path, refs: dict[str, str]) -> None:
+    """``make demo-containers``'s inventory: this machine (the reference) and a container of each image."""
+    lines = [
+        "# written by tools/testdocker.py inventory: this machine and a container of each test image",
+        "[defaults]",
+        'env_allowlist = ["PATH", "LANG", "LC_ALL", "TZ"]',
+        'workspace_root = "/tmp/crosshost"',
+        f"docker_host = {json.dumps(DOCKER_HOST)}",
+        "",
+        "[[hosts]]",
+        'name = "local"',
+        'transport = "local"',
+    ]
+    for variant, ref in refs.items():
+        lines += ["", "[[hosts]]", f"name = {json.dumps('img-' + variant.removeprefix('py-'))}",
+                  'transport = "docker"', f"image = {json.dumps(ref)}"]  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "down", "images", "status"])
+    parser.add_argument("command", choices=["up", "down", "images", "status", "inventory"])
+    parser.add_argument("path", nargs="?", type=Path, help="inventory: where to write hosts.toml")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
             started = up()
+            build_images()
             print(f"dockerd {'started' if started else 'already running'} on {DOCKER_HOST}")
-            for name, ref in build_images().items():
-                print(f"{name} {ref}")
         elif args.command == "images":
             for name, ref in build_images().items():
                 print(f"{name} {ref}")
+        elif args.command == "inventory":
+            if args.path is None:
+                parser.error("inventory needs a PATH")
+            write_inventory(args.path, build_images())
+            print(f"wrote {args.path}")
         elif args.command == "status":
             print(f"dockerd on {DOCKER_HOST}: {'answering' if responding() else 'not answering'}")
         else:

@@ -109,6 +109,21 @@ def test_two_images_flip_and_explain_says_why_and_no_container_is_left(docker_da
     assert docker_daemon.containers(LABEL) == []
 
 
+def test_an_image_hosts_fingerprint_is_the_same_in_every_probe_and_in_a_replay(docker_daemon: DockerDaemon, tmp_path: Path) -> None:
+    from orchestrator.commands.probe import probe
+
+    inventory = _inventory(tmp_path, docker_daemon, _image_hosts(docker_daemon))
+    first = {r.name: r.fingerprint for r in probe(inventory)}
+    second = {r.name: r.fingerprint for r in probe(inventory)}
+    assert all(first.values()) and first == second  # a new container each time, the same host
+    probed = {r.name: r.fingerprint for r in probe(inventory, suite=TRIAGE)}
+    out = replay(ReplayRequest(suite_dir=TRIAGE, inventory_path=inventory, out=tmp_path / "runs",
+                               tasks=["locale-probe"], repeat=1), with_analysis=False)  # fmt: skip
+    assert {n: r.fingerprint for n, r in out.manifest.hosts.items()} == probed
+    assert probed["utf8"] != probed["posix"]
+    assert docker_daemon.containers(LABEL) == []
+
+
 def test_an_existing_container_is_used_and_left_running(docker_box: DockerBox, tmp_path: Path) -> None:
     daemon = docker_box.daemon
     box = {"name": "box", "transport": "docker", "container": docker_box.name}

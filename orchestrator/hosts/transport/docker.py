@@ -92,7 +92,10 @@ class DockerHost(CommandHost):
                 raise _unreachable(name, f"image {image!r} is not on the daemon and cannot be pulled: {self._said(pulled)}")
         container = f"crosshost-{name}-{secrets.token_hex(4)}"
         argv = [
+            # the inventory name as its hostname: a fresh container's id would make every run's
+            # fingerprint a new one for the same image
             "run", "-d", "--rm", "--pull", "never", "--name", container, "--label", f"{LABEL}={name}",
+            "--hostname", name.replace("_", "-"),
             "--network", self.cfg.network, "--entrypoint", "sleep", image, "infinity",
         ]  # fmt: skip
         res = self._docker(*argv)
