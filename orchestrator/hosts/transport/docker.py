@@ -94,7 +94,9 @@ class DockerHost(CommandHost):
         argv = [
             # the inventory name as its hostname: a fresh container's id would make every run's
             # fingerprint a new one for the same image
-            "run", "-d", "--rm", "--pull", "never", "--name", container, "--label", f"{LABEL}={name}",
+            # no --rm: the daemon's own removal would race ours (`rm -f` answers "removal in progress"
+            # and the container is still listed); ours is synchronous and covers a container that died
+            "run", "-d", "--pull", "never", "--name", container, "--label", f"{LABEL}={name}",
             "--hostname", name.replace("_", "-"),
             "--network", self.cfg.network, "--entrypoint", "sleep", image, "infinity",
         ]  # fmt: skip
@@ -108,7 +110,7 @@ class DockerHost(CommandHost):
     def _remove(self, container: str) -> bool:
         with contextlib.suppress(HostUnreachable):
             res = self._docker("rm", "-f", "-v", container)
-            return res.returncode == 0 or "No such container" in res.stderr
+            return res.returncode == 0 or "No such container" in res.stderr or self._inspect_state(container) == "missing"
         return False
 
     # -- what the container is -----------------------------------------------------------------------
