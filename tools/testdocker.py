@@ -358,7 +358,13 @@ def _image_exists(ref: str) -> bool:
 
 
 def build_images() -> dict[str, str]:
-    """Every ``VARIANTS`` image, built when missing: variant name -> image reference."""
+    """Every ``VARIANTS`` image, built when missing: variant name -> image reference. One build at a
+    time on this machine (test workers ask at once)."""
+    with _locked():
+        return _build_images()
+
+
+def _build_images() -> dict[str, str]:
     pkgs = packages()
     digest = recipe_hash(pkgs)
     refs = {v.name: image_name(v, digest) for v in VARIANTS}

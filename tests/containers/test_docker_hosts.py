@@ -59,6 +59,11 @@ print(" ".join(hits) or "searched")
 """
 
 
+def _left(daemon: DockerDaemon, *names: str) -> list[str]:
+    """The containers of these inventory names still there (other modules' tests may run beside)."""
+    return [c for name in names for c in daemon.containers(f"{LABEL}={name}")]
+
+
 def _image_hosts(daemon: DockerDaemon, **extra: Any) -> list[dict[str, Any]]:
     return [
         {"name": "utf8", "transport": "docker", "image": daemon.images["py-utf8"], **extra},
@@ -106,7 +111,7 @@ def test_two_images_flip_and_explain_says_why_and_no_container_is_left(docker_da
     assert facts["utf8"]["image_id"] != facts["posix"]["image_id"]
     assert manifest.hosts["utf8"].fingerprint != manifest.hosts["posix"].fingerprint
     # the run's containers and those of explain's replays: all gone
-    assert docker_daemon.containers(LABEL) == []
+    assert _left(docker_daemon, "utf8", "posix", "absent") == []
 
 
 def test_an_image_hosts_fingerprint_is_the_same_in_every_probe_and_in_a_replay(docker_daemon: DockerDaemon, tmp_path: Path) -> None:
@@ -121,7 +126,7 @@ def test_an_image_hosts_fingerprint_is_the_same_in_every_probe_and_in_a_replay(d
                                tasks=["locale-probe"], repeat=1), with_analysis=False)  # fmt: skip
     assert {n: r.fingerprint for n, r in out.manifest.hosts.items()} == probed
     assert probed["utf8"] != probed["posix"]
-    assert docker_daemon.containers(LABEL) == []
+    assert _left(docker_daemon, "utf8", "posix", "absent") == []
 
 
 def test_an_existing_container_is_used_and_left_running(docker_box: DockerBox, tmp_path: Path) -> None:
@@ -149,7 +154,7 @@ def test_a_run_past_its_time_is_the_hosts_failure_and_its_container_is_removed(
     out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"), with_analysis=False)
     rec = out.manifest.hosts["utf8"]
     assert out.exit_code == 3 and rec.error and "RunnerCrashed" in rec.error and "killed" in rec.error, rec
-    assert docker_daemon.containers(f"{LABEL}=utf8") == []
+    assert _left(docker_daemon, "utf8") == []
 
 
 def test_ctrl_c_removes_the_runs_containers(docker_daemon: DockerDaemon, tmp_path: Path) -> None:
@@ -160,7 +165,7 @@ def test_ctrl_c_removes_the_runs_containers(docker_daemon: DockerDaemon, tmp_pat
         deadline = time.monotonic() + 60
         # both containers up and a runner in each (its workspace's pid file written)
         while time.monotonic() < deadline:
-            ids = docker_daemon.containers(LABEL)
+            ids = _left(docker_daemon, "utf8", "posix")
             running = [
                 c for c in ids
                 if docker_daemon.docker("exec", c, "sh", "-c", "ls /tmp/crosshost/runs/*/pid").returncode == 0
@@ -176,7 +181,7 @@ def test_ctrl_c_removes_the_runs_containers(docker_daemon: DockerDaemon, tmp_pat
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, (out, err)
-    assert docker_daemon.containers(LABEL) == []
+    assert _left(docker_daemon, "utf8", "posix", "absent") == []
 
 
 def test_a_killed_container_is_that_hosts_failure_the_other_finishes(docker_daemon: DockerDaemon, tmp_path: Path) -> None:
@@ -202,7 +207,7 @@ def test_a_killed_container_is_that_hosts_failure_the_other_finishes(docker_daem
     assert out.manifest.hosts["utf8"].error is None and out.manifest.hosts["utf8"].workspace_removed is True
     rows = read_jsonl(out.run_dir.results_path)
     assert [r["verdict"] for r in rows if r["env"] == "utf8"] == ["pass"] * 3
-    assert docker_daemon.containers(LABEL) == []
+    assert _left(docker_daemon, "utf8", "posix", "absent") == []
 
 
 def test_a_pull_that_never_answers_is_bounded_and_names_the_host(docker_daemon: DockerDaemon, tmp_path: Path) -> None:
@@ -249,7 +254,7 @@ def test_the_model_key_never_enters_a_container(
         # while a runner waits on the model: every process's environment and command line, and every
         # file under the container's writable places, searched for the key (given on stdin: on a
         # command line it would be found in the search itself)
-        for cid in docker_daemon.containers(LABEL):
+        for cid in _left(docker_daemon, "utf8", "posix"):
             res = subprocess.run(
                 ["docker", "-H", docker_daemon.docker_host, "exec", "-i", cid, "python3", "-c", SEARCH],
                 input=key, capture_output=True, text=True, timeout=60, check=False,
@@ -267,7 +272,7 @@ def test_the_model_key_never_enters_a_container(
     assert len(seen) >= 6 and all(s.endswith(" 0 ['searched']") for s in seen), seen
     for path in out.run_dir.path.rglob("*"):
         assert not path.is_file() or key.encode() not in path.read_bytes(), path
-    assert docker_daemon.containers(LABEL) == []
+    assert _left(docker_daemon, "utf8", "posix", "absent") == []
 
 
 @pytest.mark.sshd
@@ -293,7 +298,7 @@ def test_local_two_sshd_hosts_and_two_containers_in_one_run(
     by_task = {t["task"]: t for t in report["tasks"]}
     assert by_task["restart-unhealthy-only"]["flip"] is False
     assert by_task["locale-probe"]["flip"] is True  # posix has no UTF-8 locale
-    assert docker_daemon.containers(LABEL) == []
+    assert _left(docker_daemon, "utf8", "posix", "absent") == []
 
 
 @pytest.mark.parametrize("via", ["docker-exec", "nsenter"])
