@@ -2,7 +2,8 @@
 
 The runner starts ``command`` in the attempt's workspace, with the attempt's allowlisted environment
 (disposable HOME and TMPDIR) plus the variables its SDK reads, pointing at the controller's model proxy
-for this attempt (``<proxy>/attempt/<task>.<attempt>``) with the run's placeholder as the API key:
+for this attempt (``<proxy>/attempt/<task>.<attempt>``) with the attempt's own placeholder as the API
+key (``wire.attempt_token``: it opens this attempt's record on its host's proxy and nothing else):
 
 - ``api = "openai"``: ``OPENAI_BASE_URL`` (``.../v1``) and ``OPENAI_API_KEY``;
 - ``api = "anthropic"``: ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY``;
@@ -49,6 +50,7 @@ from .wire import (
     MODEL_PASS_ENV,
     MODEL_URL_ENV,
     TURNS_PATH,
+    attempt_token,
     proxy_root,
 )
 
@@ -207,11 +209,12 @@ def fetch_turns(root: str, token: str, key: str, timeout_s: float = 30.0) -> Dic
 def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch: Path, suite_dir: Path,
              writer: TraceWriter, deadline: float, box: Optional[Sandbox] = None) -> LoopOutcome:
     """Run one exec attempt to its end; write the turns the proxy saw; return the loop's outcome."""
-    url, token = os.environ.get(MODEL_URL_ENV, ""), os.environ.get(MODEL_PASS_ENV, "")
-    if not url or not token:
+    url, secret = os.environ.get(MODEL_URL_ENV, ""), os.environ.get(MODEL_PASS_ENV, "")
+    if not url or not secret:
         why = f"no model proxy for an exec agent ({MODEL_URL_ENV} and {MODEL_PASS_ENV} unset; crosshost replay sets them)"
         return LoopOutcome(reason="agent_error", final=why, infra_error=why)
     key = attempt_key(task, attempt)
+    token = attempt_token(secret, key)  # this attempt's own: it opens no other attempt's record
     root = proxy_root(url)
     base = root + EXEC_PREFIX + urllib.parse.quote(key, safe="")
     box = box or Sandbox(NONE)
@@ -249,25 +252,29 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
             missing = box.cannot_start(argv[0], str(work), agent_env)
             if missing:
                 return LoopOutcome(reason="agent_error", final=f"cannot start the agent {argv[0]!r}: {missing}")
-            try:
-                proc = box.popen(argv, cwd=str(work), env=agent_env, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=err)
-            except OSError as exc:
-                return LoopOutcome(reason="agent_error",
-                                   final=f"cannot start the agent {argv[0]!r}: {exc.strerror or exc}")
-            try:
-                while proc.poll() is None:
-                    if time.monotonic() >= deadline:
-                        reason, final = "timeout", "the agent did not finish in time"
-                        break
-                    if out.tell() + err.tell() > task.budget.max_bytes:
-                        reason, final = "budget_bytes", f"the agent wrote more than max_bytes = {task.budget.max_bytes}"
-                        break
-                    time.sleep(0.05)
-            finally:
-                if proc.returncode is None:  # still running (a reaped pid's group may be another's now)
-                    kill_group(proc.pid)  # the agent's children die with it
-                proc.wait()
+            # in a network namespace of its own, the agent reaches the proxy (and nothing else)
+            # through a forwarder its sandbox's init keeps on the same loopback port
+            with box.reaching(root, str(scratch)) as agent_box:
+                try:
+                    proc = agent_box.popen(argv, cwd=str(work), env=agent_env, stdin=subprocess.DEVNULL,
+                                           stdout=out, stderr=err)
+                except OSError as exc:
+                    return LoopOutcome(reason="agent_error",
+                                       final=f"cannot start the agent {argv[0]!r}: {exc.strerror or exc}")
+                try:
+                    while proc.poll() is None:
+                        if time.monotonic() >= deadline:
+                            reason, final = "timeout", "the agent did not finish in time"
+                            break
+                        if out.tell() + err.tell() > task.budget.max_bytes:
+                            reason = "budget_bytes"
+                            final = f"the agent wrote more than max_bytes = {task.budget.max_bytes}"
+                            break
+                        time.sleep(0.05)
+                finally:
+                    if proc.returncode is None:  # still running (a reaped pid's group may be another's now)
+                        kill_group(proc.pid)  # the agent's children die with it
+                    proc.wait()
     finally:
         if runtime is not None:
             shutil.rmtree(runtime, ignore_errors=True)

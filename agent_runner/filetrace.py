@@ -1,7 +1,7 @@
 """File-access evidence: the paths outside an attempt's own directories that its processes touched.
 
 With ``run --trace-files`` every process of an attempt (the command or exec agent, each tool process,
-the predicate) runs under ``strace -f -e trace=file,process`` when strace is on this host's PATH; the
+the predicate) runs under ``strace -f -e trace=file,process`` when the host has strace in its system directories; the
 absolute paths they opened, stat'ed, listed or executed are kept, except the attempt's own
 workspace, HOME, TMPDIR and scratch, the suite and the runner's own files, and the kernel's pseudo
 file systems. The result is ``files/<task>.<attempt>.json``: ``{"traced": true, "paths": {path:
@@ -17,12 +17,12 @@ Standard library only, Python 3.9.
 import itertools
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .digests import write_announced
 from .redact import redact_text
+from .sandbox import system_tool
 
 #: paths kept per attempt and side (predicate, agent), the first ones in the order they were touched:
 #: an interpreter's start alone names some hundreds
@@ -36,7 +36,8 @@ _CALL = re.compile(r'^(?:\[pid\s+)?\d*\]?\s*(\w+)\((?:[A-Z_]+, )?"((?:[^"\\]|\\.
 
 
 def strace_path() -> Optional[str]:
-    return shutil.which("strace")
+    """strace from the system's directories (it runs as the runner, never from the attempts' PATH)."""
+    return system_tool("strace")
 
 
 def traced_argv(strace: str, log: Path, argv: Sequence[str]) -> List[str]:

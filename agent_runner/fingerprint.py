@@ -68,9 +68,14 @@ def machine_identity(machine_id_files: Sequence[str] = MACHINE_ID_FILES,
 
 
 def _version_of(command: str, env: Mapping[str, str]) -> Optional[str]:
+    """``command --version``'s first line. It is found through the attempts' PATH (which explain may
+    set to another host's) and run as the runner, so only when no one but root or the runner could
+    have written it (``sandbox.trusted``): a program an attempt planted is named, never run."""
     path = shutil.which(command, path=env.get("PATH", os.defpath))
     if path is None:
         return None
+    if not sandbox.trusted(path):
+        return "unknown (not run: a user other than root or the runner may write it)"
     try:
         done = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=VERSION_TIMEOUT_S, env=dict(env))
@@ -135,8 +140,9 @@ def isolation_findings(env: Mapping[str, str], home: str, uid: Optional[int],
 
 
 def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
-            env: Optional[Mapping[str, str]] = None) -> Fingerprint:
-    """The fingerprint of this host as seen from ``cwd`` (default: the process's working directory)."""
+            env: Optional[Mapping[str, str]] = None, open_network: bool = False) -> Fingerprint:
+    """The fingerprint of this host as seen from ``cwd`` (default: the process's working directory);
+    ``open_network``: the suite lets attempts reach the network (no network namespace is tried)."""
     env = dict(os.environ if env is None else env)
     cwd = os.path.abspath(cwd or os.getcwd())
     home = os.path.expanduser("~")
@@ -146,6 +152,7 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
     isolation = sandbox.detect()
     if isolation == sandbox.PIDNS_UID and not sandbox.reachable_by_others(os.path.join(cwd, "x")):
         isolation = sandbox.PIDNS  # attempts under cwd cannot be reached by another uid (what they get)
+    isolation = sandbox.level_name(isolation, not open_network and sandbox.detect_network(isolation))
     home_norm = home.rstrip("/")
     data: Dict[str, Any] = {
         "hostname": socket.gethostname(),

@@ -18,12 +18,15 @@ import sys
 from pathlib import Path
 from typing import IO, Any, Dict, List, Optional
 
+from . import jsonfile
 from .suite import load_suite
 from .tools import ToolBox
 
 PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18")  # newest first
 SERVER_NAME = "crosshost-contract-tools"
 TOOL_TIMEOUT_S = 120.0
+#: the longest JSON-RPC message (one line) read; a tool call's arguments fit many times over
+MAX_MESSAGE_CHARS = 4 * 1024 * 1024
 
 
 def _schema(tool: Dict[str, Any]) -> Dict[str, Any]:
@@ -78,15 +81,27 @@ class McpServer:
                 fh.write(json.dumps(turn) + "\n")
 
     def serve(self, stdin: IO[str], stdout: IO[str]) -> None:
-        for line in stdin:
-            if not line.strip():
+        """One JSON-RPC message a line; a line over ``MAX_MESSAGE_CHARS`` or nested deeper than
+        ``jsonfile.MAX_DEPTH`` is a parse error answered as one (the rest of an overlong line is
+        drained, never held)."""
+        while True:
+            line = stdin.readline(MAX_MESSAGE_CHARS + 1)
+            if not line:
+                return
+            answer: Optional[Dict[str, Any]]
+            if len(line) > MAX_MESSAGE_CHARS and not line.endswith("\n"):
+                while line and not line.endswith("\n"):
+                    line = stdin.readline(MAX_MESSAGE_CHARS)
+                answer = _error(None, -32700, f"parse error: a message over {MAX_MESSAGE_CHARS} characters")
+            elif not line.strip():
                 continue
-            try:
-                message = json.loads(line)
-            except ValueError:
-                answer: Optional[Dict[str, Any]] = _error(None, -32700, "parse error")
             else:
-                answer = self.handle(message)
+                try:
+                    message = jsonfile.loads(line)
+                except ValueError as exc:
+                    answer = _error(None, -32700, f"parse error: {str(exc)[:200]}")
+                else:
+                    answer = self.handle(message)
             if answer is not None:
                 stdout.write(json.dumps(answer) + "\n")
                 stdout.flush()

@@ -48,7 +48,9 @@ from .wire import (
     ERR_DIVERGED,
     FINISH_BUDGET_MODEL,
     FINISH_MODEL_DIVERGED,
+    MODEL_PASS_ENV,
     MODEL_URL_ENV,
+    attempt_token,
 )
 
 FINISH_AGENT_ERROR = "agent_error"
@@ -172,12 +174,15 @@ def _derived_parameters(tool: Dict[str, Any]) -> Dict[str, Any]:
 
 
 class ChatClient:
-    """POSTs to ``<CROSSHOST_MODEL_URL>/chat/completions``; never sends or holds a key."""
+    """POSTs to ``<CROSSHOST_MODEL_URL>/chat/completions``; never sends or holds a key: its attempt's
+    placeholder (``attempt_token``) is its bearer token."""
 
-    def __init__(self, url: str, settings: OpenAISettings, attempt_key: Optional[str] = None) -> None:
+    def __init__(self, url: str, settings: OpenAISettings, attempt_key: Optional[str] = None,
+                 token: Optional[str] = None) -> None:
         self.url = url.rstrip("/") + CHAT_PATH
         self.settings = settings
         self.attempt_key = attempt_key  # "<task>.<attempt>": a held model answers by it
+        self.token = token
 
     def request_body(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> Dict[str, Any]:
         body: Dict[str, Any] = {"model": self.settings.model, "messages": messages}
@@ -196,6 +201,8 @@ class ChatClient:
         headers = {"Content-Type": "application/json"}
         if self.attempt_key is not None:
             headers[ATTEMPT_HEADER] = self.attempt_key
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(self.url, data=data, method="POST", headers=headers)
         started = time.monotonic()
         try:
@@ -340,7 +347,9 @@ class OpenAIAgent(Agent):
         if not url:
             raise AgentInfraError(f"{MODEL_URL_ENV} is not set: an openai agent reaches the model only through "
                                   f"the controller's proxy (crosshost replay sets it)")
-        client = ChatClient(url, self.settings, f"{ctx.task.id}.{ctx.attempt}")
+        key = f"{ctx.task.id}.{ctx.attempt}"
+        secret = os.environ.get(MODEL_PASS_ENV) or ctx.env.get(MODEL_PASS_ENV)
+        client = ChatClient(url, self.settings, key, attempt_token(secret, key) if secret else None)
         self._conversation = Conversation.start(client, ctx.prompt, ctx.tools)
 
     def next_action(self, observation: Optional[Observation], timeout_s: float) -> Action:

@@ -44,7 +44,7 @@ from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
 from .records import Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
-from .sandbox import NONE, PIDNS_UID, Sandbox, run_uid
+from .sandbox import NONE, PIDNS_UID, Sandbox, attempt_uid, split_level
 from .strays import StrayWatch
 from .suite import Suite, Task, load_suite
 from .tools import ToolBox, kill_group
@@ -135,23 +135,15 @@ class Runner:
         self.host = host
         self.run_id = run_id
         self.env_allow = env_allow
-        self.isolation = fingerprint.isolation or NONE
+        self.isolation, self.net = split_level(fingerprint.isolation or NONE)
         self.home = os.environ.get("HOME")
-        self.uid = run_uid()
-        self._reported: Set[str] = set()
+        self._uids: Set[int] = set()  # the uids of attempts running now (each has its own)
         self._lock = threading.Lock()
         # Read once, when the run starts: the bundle as the controller verified it just before.
         self.predicates = {t.id: t.predicate.read_bytes() for t in suite.tasks if t.predicate is not None}
         self.suite_digests = part_digests(suite.root)
         # Only a uid of its own makes what an attempt left outside its workspace attributable to it.
         self.stray_watch = StrayWatch(self.home) if self.isolation == PIDNS_UID else None
-
-    def new_strays(self, paths: List[str]) -> List[str]:
-        """``paths`` not reported by an earlier attempt of this run (each is said once)."""
-        with self._lock:
-            new = [p for p in paths if p not in self._reported]
-            self._reported.update(new)
-        return new
 
     def bundle_check(self, task_id: str) -> None:
         """What an attempt of ``task_id`` is run from is as it was when the run started (an attempt may
@@ -181,8 +173,10 @@ class Runner:
         writer: Optional[TraceWriter] = None
         # Its uid may pass through the attempt's directory to its own work, home and tmp, no further.
         attempt_dir.chmod(0o711)
-        box = Sandbox.for_attempt(self.isolation, self.uid, str(attempt_dir / "work"),
-                                  str(self.suite.root / "suite.json"))
+        with self._lock:
+            uid = attempt_uid(self._uids)
+        box = Sandbox.for_attempt(self.isolation, uid, str(attempt_dir / "work"),
+                                  str(self.suite.root / "suite.json"), net=self.net)
         mark = self.stray_watch.mark() if self.stray_watch is not None and box.uid is not None else None
         try:
             work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))
@@ -193,8 +187,9 @@ class Runner:
             else:
                 work.mkdir()
             for directory in (home, tmp, scratch):
-                directory.mkdir()
+                directory.mkdir(mode=0o700)
             box.give(str(work), str(home), str(tmp))
+            work.chmod(0o700)  # another attempt's uid may neither list, read nor write it
             # The predicate was read when the run started, from the bundle as the controller verified it.
             pristine = self.predicates.get(task.id)
             env = self.attempt_env(work, home, tmp)
@@ -215,8 +210,8 @@ class Runner:
                 self._write_file_evidence(self.out / "files" / f"{task.id}.{attempt}.json", tracer, own,
                                           env.get("PATH", ""))
             strays: List[str] = []
-            if mark is not None and box.uid is not None:  # reported once, by whichever attempt sees it first
-                strays = self.new_strays(mark.watch.since(mark, box.uid, str(attempt_dir)))
+            if mark is not None and box.uid is not None:  # its uid is its own: what it owns is its own
+                strays = mark.watch.since(mark, box.uid, str(attempt_dir))
             checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
             findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []
@@ -251,6 +246,8 @@ class Runner:
             if writer is not None:
                 writer.close()
             _remove_tree(attempt_dir)
+            with self._lock:
+                self._uids.discard(uid)
 
     def _run_agent(self, task: Task, work: Path, env: Dict[str, str], scratch: Path, writer: TraceWriter,
                    started: float, box: Sandbox, attempt: int = 0) -> LoopOutcome:
@@ -279,7 +276,7 @@ class Runner:
                              env_path: str) -> None:
         shown = filetrace.shown_path(env_path)
         if tracer is None:
-            filetrace.write_evidence(target, traced=False, why="strace is not on this host's PATH", env_path=shown)
+            filetrace.write_evidence(target, traced=False, why="strace is not in this host's system directories", env_path=shown)
             return
         cut: Dict[str, Dict[str, object]] = {"predicate": {}, "agent": {}}
         try:
@@ -431,7 +428,10 @@ def run_suite(options: RunOptions) -> int:
     else:
         workspace_root = Path(options.workspace_root or "")
         try:
-            workspace_root.mkdir(parents=True, exist_ok=True)
+            workspace_root.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # one it makes: passable, not listable by attempts
+                workspace_root.mkdir(mode=0o711)
+                workspace_root.chmod(0o711)  # whatever the umask
         except OSError as exc:
             raise InputError(f"{workspace_root}: cannot create the workspace root: {exc.strerror or exc}") from exc
     workspace_root = workspace_root.resolve()
@@ -441,7 +441,7 @@ def run_suite(options: RunOptions) -> int:
         # The fingerprint describes where agents work: the configured workspace root (stable across runs).
         run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
         fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
-                              allowed_commands=commands_of(suite.tools))
+                              allowed_commands=commands_of(suite.tools), open_network=suite.network == "open")
         write_announced(out, out / "fingerprint.json",
                         json.dumps(redact(fingerprint.to_json()), indent=2, sort_keys=True) + "\n")
         host = options.host or fingerprint.hostname or default_host()

@@ -29,22 +29,29 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import fcntl
 import os
 import secrets
 import select
 import shutil
 import signal
+import socket
 import stat
+import struct
 import subprocess
 import sys
+import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import urllib.parse
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 PIDNS_UID = "pidns+uid"
 PIDNS = "pidns"
 NONE = "none"
+#: the prefix of a level whose attempts have a network namespace of their own (``netns+pidns+uid``)
+NETNS = "netns"
 
-#: attempts run as a uid of this range when the runner is root (no account needs to exist)
+#: each attempt runs as a uid of this range when the runner is root (no account needs to exist)
 UID_BASE = 1_990_000_000
 UID_SPAN = 1_000_000
 _PR_SET_PDEATHSIG = 1
@@ -52,6 +59,10 @@ _PROBE_TIMEOUT_S = 10
 
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+#: a Unix socket's path must fit in sun_path (108 bytes with its NUL)
+_SUN_PATH_MAX = 100
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
@@ -99,9 +110,13 @@ class _Enter:
     pipe), are not dumpable (they are copies of the runner: nothing in the namespace may read their
     memory or ``/proc`` entries) and drop the runner's signal handlers."""
 
-    def __init__(self, level: str, status_fd: int) -> None:
-        self.flags = _CLONE_NEWPID | _CLONE_NEWNS | (_CLONE_NEWUSER if level == PIDNS else 0)
+    def __init__(self, level: str, status_fd: int, net: bool = False,
+                 relay: Optional[Tuple[int, str]] = None) -> None:
+        self.flags = (_CLONE_NEWPID | _CLONE_NEWNS | (_CLONE_NEWUSER if level == PIDNS else 0)
+                      | (_CLONE_NEWNET if net else 0))
         self.status_fd = status_fd
+        self.net = net
+        self.relay = relay  # (port inside, the runner's Unix socket): the init forwards one to the other
         self.libc = _libc()
 
     def __call__(self) -> None:
@@ -120,6 +135,7 @@ class _Enter:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the init dies with the holder
             _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
             _check(libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "mount /proc")
+            listener = _loopback(self.relay[0] if self.relay else None) if self.net else None
             attempt = os.fork()
         except BaseException as exc:
             with contextlib.suppress(BaseException):
@@ -127,7 +143,11 @@ class _Enter:
             os._exit(126)
         if attempt == 0:
             os.close(self.status_fd)
+            if listener is not None:
+                listener.close()
             return
+        if listener is not None and self.relay is not None:
+            _forwarding_init(attempt, self.status_fd, fds, listener, self.relay[1])
         _init(attempt, self.status_fd, fds)
 
 
@@ -187,6 +207,83 @@ def _init(attempt: int, status_fd: int, fds: List[int]) -> None:
         os._exit(1)
 
 
+def _loopback(port: Optional[int]) -> Optional[socket.socket]:
+    """In the init, inside its new network namespace: bring the loopback up (nothing else is there)
+    and, for a forwarder, listen on 127.0.0.1:``port`` before the attempt exists (it never finds the
+    port closed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        got = fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))
+        flags = struct.unpack("16sH14x", got)[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+    if port is None:
+        return None
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(64)
+    return listener
+
+
+def _forwarding_init(attempt: int, status_fd: int, fds: List[int], listener: socket.socket, path: str) -> None:
+    """The init of a namespace whose attempt reaches its model proxy: as ``_init``, and meanwhile every
+    connection to ``listener`` is relayed to the Unix socket ``path`` (the runner's relay to the proxy).
+    One thread, one ``select``: the attempt's end is a pidfd becoming readable (never a poll). Never
+    returns."""
+    try:
+        # ``fds`` was listed before the listener existed: its number may be one listed then (the
+        # listing's own descriptor), so it is kept by number
+        _close_all_but([fd for fd in fds if fd != listener.fileno()], status_fd)
+        # after the attempt's fork: a long socket path is reached from its directory, the init's own cwd
+        directory, name = os.path.split(path)
+        os.chdir(directory)
+        try:
+            done: Optional[int] = os.pidfd_open(attempt)
+        except (AttributeError, OSError):
+            done = None  # before Linux 5.3: the attempt's end is looked for every 50 ms
+        peers: Dict[socket.socket, socket.socket] = {}
+        status: Optional[int] = None
+        while status is None:
+            watched: List[Any] = [listener, *peers] + ([done] if done is not None else [])
+            ready = select.select(watched, [], [], None if done is not None else 0.05)[0]
+            with contextlib.suppress(ChildProcessError):
+                while True:  # orphans the init inherited, and the attempt once it has ended
+                    pid, got = os.waitpid(-1, os.WNOHANG)
+                    if pid == 0:
+                        break
+                    if pid == attempt:
+                        status = got
+            for sock in ready:
+                if sock is listener:
+                    inside = listener.accept()[0]
+                    outside = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    try:
+                        outside.connect(name)
+                    except OSError:
+                        inside.close()
+                        outside.close()
+                        continue
+                    peers[inside], peers[outside] = outside, inside
+                elif sock in peers:
+                    try:
+                        data = sock.recv(65536)
+                        if data:
+                            peers[sock].sendall(data)
+                            continue
+                    except OSError:
+                        pass
+                    other = peers.pop(sock)
+                    peers.pop(other, None)
+                    sock.close()
+                    other.close()
+        os.write(status_fd, str(status).encode())
+        os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):
+            os.write(2, f"crosshost sandbox: the model forwarder failed: {exc}\n".encode())
+    finally:
+        os._exit(1)
+
+
 def _wrapped(level: str, uid: Optional[int], argv: Sequence[str],
              tracer: Optional[Callable[[List[str]], List[str]]] = None) -> List[str]:
     """What the attempt's process execs at ``level``: ``argv`` under the change to the attempt's uid;
@@ -194,18 +291,20 @@ def _wrapped(level: str, uid: Optional[int], argv: Sequence[str],
     the namespace's own processes."""
     inner = list(argv)
     if level == PIDNS_UID and uid is not None:
-        setpriv = shutil.which("setpriv") or "setpriv"
+        setpriv = system_tool("setpriv") or "setpriv"
         inner = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
                  "--inh-caps=-all", "--bounding-set=-all", "--", *inner]
     return tracer(inner) if tracer is not None else inner
 
 
-def _works(level: str) -> bool:
-    """Try the level once: a process in it sees a fresh /proc (its own few processes), and with a uid
-    of its own, is not root."""
+def _works(level: str, net: bool = False) -> bool:
+    """Try the level once: a process in it sees a fresh /proc (its own few processes), with a uid of
+    its own is not root, and with ``net`` sees no socket of the host (a fresh /proc/net)."""
     check = 'set -- /proc/[0-9]*; test "$#" -le 3' + (' && test "$(id -u)" != 0' if level == PIDNS_UID else "")
+    if net:
+        check += ' && test "$(wc -l < /proc/net/tcp)" -le 1 && test "$(wc -l < /proc/net/unix)" -le 1'
     try:
-        proc = Sandbox(level, UID_BASE + UID_SPAN - 1).popen(
+        proc = Sandbox(level, UID_BASE + UID_SPAN - 1, net=net).popen(
             ["sh", "-c", check], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env={"PATH": os.defpath})
     except OSError:
@@ -241,11 +340,63 @@ def detect() -> str:
     if _detected is None:
         _detected = NONE
         if sys.platform.startswith("linux"):
-            if os.geteuid() == 0 and shutil.which("setpriv") and _works(PIDNS_UID):
+            if os.geteuid() == 0 and system_tool("setpriv") and _works(PIDNS_UID):
                 _detected = PIDNS_UID
             elif _works(PIDNS):
                 _detected = PIDNS
     return _detected
+
+
+_net_works: Dict[str, bool] = {}
+
+
+def detect_network(level: str) -> bool:
+    """Whether this host gives an attempt at ``level`` a network namespace of its own (tried once)."""
+    if level == NONE:
+        return False
+    if level not in _net_works:
+        _net_works[level] = _works(level, net=True)
+    return _net_works[level]
+
+
+def level_name(level: str, net: bool) -> str:
+    """The ``isolation`` a fingerprint records: ``level``, prefixed ``netns+`` when the network is the
+    attempt's own."""
+    return NETNS + "+" + level if net and level != NONE else level
+
+
+def split_level(isolation: str) -> Tuple[str, bool]:
+    """(the process level, whether the network is isolated) of a fingerprint's ``isolation``."""
+    if isolation.startswith(NETNS + "+"):
+        return isolation[len(NETNS) + 1:], True
+    return isolation, False
+
+
+def trusted(path: str) -> bool:
+    """``path`` and the directories holding it (as named and as resolved) belong to root or the runner
+    and no one else may write them: nothing an attempt planted (in /tmp, as its own uid) qualifies."""
+    me = os.geteuid()
+    try:
+        for target in (path, os.path.dirname(path), os.path.realpath(path), os.path.dirname(os.path.realpath(path))):
+            st = os.stat(target)
+            if st.st_uid not in (0, me) or st.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def system_tool(name: str) -> Optional[str]:
+    """The absolute path of a program the runner runs as itself (setpriv, strace): the first on its
+    PATH that ``trusted`` accepts. Its PATH is the attempts' (explain may set it to another host's),
+    so a program an attempt could have written is never taken."""
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        if not directory or not os.path.isabs(directory):
+            continue
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK) and trusted(candidate):
+            return candidate
+    return None
 
 
 def reachable_by_others(path: str) -> bool:
@@ -263,30 +414,54 @@ def reachable_by_others(path: str) -> bool:
         current = parent
 
 
-def run_uid() -> int:
-    """The uid a root runner's attempts run as: one per run (not per attempt, so attempts of a run may
-    share what they leave in /tmp, as they would as one user), unlikely to be any other run's."""
-    return UID_BASE + secrets.randbelow(UID_SPAN)
+def attempt_uid(taken: Set[int]) -> int:
+    """The uid a root runner's attempt runs as: one per attempt (attempts running at once can neither
+    read nor write each other's files), unlikely to be any other run's, never one in ``taken`` (the
+    uids of this run's attempts still running); added to ``taken``."""
+    while True:
+        uid = UID_BASE + secrets.randbelow(UID_SPAN)
+        if uid not in taken:
+            taken.add(uid)
+            return uid
 
 
 class Sandbox:
     """The isolation of one attempt: how its processes are started, and what it left behind."""
 
-    def __init__(self, level: str, uid: Optional[int] = None) -> None:
+    def __init__(self, level: str, uid: Optional[int] = None, net: bool = False) -> None:
         self.level = level
         self.uid = uid if level == PIDNS_UID else None
+        self.net = net and level != NONE
         self.started = time.time()
         self._wrap: Optional[Callable[[List[str]], List[str]]] = None
+        self._relay: Optional[Tuple[int, str]] = None  # (port inside, the runner's Unix socket)
 
     @classmethod
-    def for_attempt(cls, level: str, uid: int, *paths: str) -> "Sandbox":
-        """A sandbox at ``level`` (``uid``: the run's, see ``run_uid``); a root runner whose ``paths``
-        another uid cannot reach gets ``pidns``."""
+    def for_attempt(cls, level: str, uid: int, *paths: str, net: bool = False) -> "Sandbox":
+        """A sandbox at ``level`` (``uid``: the attempt's, see ``attempt_uid``; ``net``: a network
+        namespace of its own); a root runner whose ``paths`` another uid cannot reach gets ``pidns``."""
         if level == PIDNS_UID:
             if all(reachable_by_others(p) for p in paths):
-                return cls(level, uid)
+                return cls(level, uid, net)
             level = PIDNS if _works(PIDNS) else NONE
-        return cls(level)
+            net = net and detect_network(level)
+        return cls(level, net=net)
+
+    @contextlib.contextmanager
+    def reaching(self, url: str, directory: str) -> Iterator["Sandbox"]:
+        """This sandbox whose processes reach the model proxy at ``url`` (``http://127.0.0.1:<port>``)
+        and nothing else of the host: inside the attempt's network namespace its init forwards
+        127.0.0.1:<port> to a Unix socket in ``directory`` (the runner's own, closed to the attempt's
+        uid), which this process relays to ``url``. Without a network namespace, this sandbox."""
+        if not self.net:
+            yield self
+            return
+        parsed = urllib.parse.urlsplit(url)
+        port = parsed.port or 80
+        with ModelRelay(os.path.join(directory, "model.sock"), (parsed.hostname or "127.0.0.1", port)) as relay:
+            other = copy.copy(self)
+            other._relay = (port, relay.path)
+            yield other
 
     def traced(self, wrap: Callable[[List[str]], List[str]]) -> "Sandbox":
         """The same sandbox whose every command line goes through ``wrap`` (a tracer): inside the
@@ -358,7 +533,7 @@ class Started(subprocess.Popen[bytes]):
             _libc()  # loaded here, never first in the child
             preexec = _pdeathsig
         if write_end is not None:
-            preexec = _Enter(box.level, write_end)
+            preexec = _Enter(box.level, write_end, box.net, box._relay)
         try:
             super().__init__(full, start_new_session=True, preexec_fn=preexec,
                              pass_fds=() if write_end is None else (write_end,), **kwargs)
@@ -416,3 +591,88 @@ class Started(subprocess.Popen[bytes]):
         if self._oom_before is None or self._oom_after is None:
             return None
         return self._oom_after > self._oom_before
+
+
+class ModelRelay:
+    """A Unix socket at ``path`` (mode 600, the runner's: only a sandbox's init opens it) whose every
+    connection is relayed to the TCP ``target`` (the model proxy, or its forward, on this host's
+    loopback). One accepting thread; two pumping threads a connection, ended with it."""
+
+    def __init__(self, path: str, target: Tuple[str, int]) -> None:
+        self.path = path
+        self.target = target
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._thread: Optional[threading.Thread] = None
+        self._open: Set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "ModelRelay":
+        old = os.umask(0o177)
+        try:  # a long path is bound relative to its directory (sun_path holds 108 bytes)
+            self._bind()
+        finally:
+            os.umask(old)
+        self._sock.listen(64)
+        self._thread = threading.Thread(target=self._serve, name="model-relay", daemon=True)
+        self._thread.start()
+        return self
+
+    def _bind(self) -> None:
+        if len(self.path.encode()) <= _SUN_PATH_MAX:
+            self._sock.bind(self.path)
+            return
+        fd = os.open(os.path.dirname(self.path), os.O_RDONLY)
+        try:
+            self._sock.bind(f"/proc/self/fd/{fd}/{os.path.basename(self.path)}")
+        finally:
+            os.close(fd)
+
+    def __exit__(self, *exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with self._lock:
+            for conn in self._open:
+                with contextlib.suppress(OSError):
+                    conn.close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                inside = self._sock.accept()[0]
+            except OSError:
+                return  # closed: the attempt is over
+            try:
+                outside = socket.create_connection(self.target, timeout=10)
+                outside.settimeout(None)
+            except OSError:
+                inside.close()
+                continue
+            with self._lock:
+                self._open.update((inside, outside))
+            left = [2]  # pumps of this connection still running; the last one closes both ends
+            for a, b in ((inside, outside), (outside, inside)):
+                threading.Thread(target=self._pump, args=(a, b, left), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, left: List[int]) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+        with self._lock:
+            left[0] -= 1
+            if left[0]:
+                return
+            for end in (source, sink):
+                self._open.discard(end)
+                end.close()

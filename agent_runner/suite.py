@@ -38,7 +38,10 @@ TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 DEFAULT_BUDGET = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
 #: the most attempts of one task a suite may ask for (and so the most a run directory may hold)
 MAX_REPEAT = 1000
-SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate"}
+SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate", "network"}
+#: ``network``: "isolated" (the default: an attempt reaches its model proxy and nothing else, where the
+#: host gives a network namespace) or "open" (the host's network, outbound included)
+NETWORK_MODES = ("isolated", "open")
 TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent", "tags"}
 BUDGET_KEYS = set(DEFAULT_BUDGET)
 MAX_TIMEOUT_S = 86400
@@ -127,6 +130,7 @@ class Suite:
     tools: Dict[str, List[List[str]]]
     tasks: List[Task]
     data: Dict[str, Any]  # the normalised dict (what suite.json holds)
+    network: str = "isolated"  # one of NETWORK_MODES
 
     @property
     def task_ids(self) -> List[str]:
@@ -223,6 +227,8 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
     }
     if "description" in raw:
         data["description"] = raw["description"]
+    if "network" in raw:  # only when set: the pins of a suite that does not name it stay as they were
+        data["network"] = raw["network"]
     tasks_dir = root / "tasks"
     if not tasks_dir.is_dir():
         raise SuiteError(f"{tasks_dir}: missing (a suite needs tasks/<task_id>/)")
@@ -548,6 +554,9 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
     undecided = gate.get("undecided", Gate.undecided)
     if not isinstance(undecided, int) or isinstance(undecided, bool) or undecided < 0:
         raise SuiteError(where(None, f"[gate].undecided must be a whole number of tasks, 0 or more, got {undecided!r}"))
+    network = data.get("network", "isolated")
+    if network not in NETWORK_MODES:
+        raise SuiteError(where(None, f"network must be \"isolated\" or \"open\", got {network!r}"))
     contract = validate_contract(data.get("contract"), where(None, "contract"), SuiteError)
     tools = parse_tools_policy(data.get("tools", {}), where(None, "tools"))
     raw_tasks = data.get("tasks")
@@ -604,7 +613,8 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
     normalised = dict(data)
     normalised["tools"] = tools
     return Suite(name=name, root=root, repeat=repeat, agent=suite_agent, budget=Budget(**budget),
-                 gate=Gate(flip_rate=rate, alpha=alpha, burn_invalidates=burn, correction=correction, undecided=undecided), contract=contract, tools=tools, tasks=tasks, data=normalised)
+                 gate=Gate(flip_rate=rate, alpha=alpha, burn_invalidates=burn, correction=correction, undecided=undecided), contract=contract, tools=tools, tasks=tasks, data=normalised,
+                 network=network)
 
 
 def _check_predicate(repo: Path, where: str) -> None:

@@ -5,13 +5,17 @@ cannot drift. Standard library only, Python 3.9: this travels in the runner zipa
 
 - The runner learns where the model is from one environment variable, ``CROSSHOST_MODEL_URL``, an
   OpenAI-style base URL on the host's own loopback (``model_url(port)``); it never holds a key.
-- It POSTs ``<base>/chat/completions``; the proxy forwards nothing else.
+- It POSTs ``<base>/chat/completions`` with its attempt's id (``ATTEMPT_HEADER``) and placeholder
+  (``attempt_token``) as the bearer token; the proxy forwards nothing else.
 - Every proxy answer carries ``X-Crosshost-Call``: the JSON record of the request (id, status,
   attempts, usage), which the runner writes into the trace.
 - A refusal or failure is ``{"error": {"type": ERR_*, "code": ..., "message": ...}}``. ``ERR_BUDGET``
   (a per-run cap is spent) has the code ``budget_model``, the finish reason the agent stops with;
   every other type is a harness failure, the attempt's verdict ``error``.
 """
+
+import hashlib
+import hmac
 
 MODEL_URL_ENV = "CROSSHOST_MODEL_URL"
 API_BASE_PATH = "/v1"
@@ -28,8 +32,9 @@ ERR_BAD_JSON = "crosshost_provider_bad_json"
 #: hold_model = "strict": this host's request differs from the reference's record; the attempt ends
 ERR_DIVERGED = "crosshost_model_diverged"
 
-#: kind = "exec": the per-run placeholder the proxy requires in place of an API key (not a secret:
-#: it opens nothing but this run's proxy; the proxy swaps it for the real key)
+#: the runner's secret of its host's proxy (never an attempt's): each attempt's placeholder API key is
+#: derived from it and the attempt's id (``attempt_token``); the proxy accepts a request of an attempt
+#: only with that attempt's placeholder, and swaps it for the real key
 MODEL_PASS_ENV = "CROSSHOST_MODEL_STANDIN"
 #: an exec agent's base path: <proxy>/attempt/<task>.<attempt>, then the SDK's own path below it
 #: (``/v1/chat/completions`` or ``/v1/messages``), so the proxy knows the attempt of every exchange
@@ -47,6 +52,14 @@ REFUSED_API = "the agent called "
 
 FINISH_BUDGET_MODEL = "budget_model"
 FINISH_MODEL_DIVERGED = "model_diverged"
+
+
+def attempt_token(secret: str, attempt: str) -> str:
+    """The placeholder API key of ``attempt`` ("<task>.<attempt>"): it opens that attempt's requests,
+    turns and directory on its host's proxy and nothing else; another attempt's cannot be made from
+    it without ``secret``."""
+    digest = hmac.new(secret.encode(), attempt.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
+    return "crosshost-" + digest[:40]
 
 
 def model_url(port: int) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestrator.errors import InputError
 from orchestrator.exit_policy import OK
+from orchestrator.httpserver import READ_TIMEOUT_S, BoundedServer
 
 REPORT = "report.html"
 
@@ -36,13 +37,20 @@ def ensure_report(run_dir: Path) -> Path:
 
 class _RunDirHandler(http.server.SimpleHTTPRequestHandler):
     """Files of one directory only: ``..`` is dropped by the base class, and a symlink that leads
-    out of the directory is a 404 like a missing file."""
+    out of the directory is a 404 like a missing file. A request whose ``Host`` is not the server's
+    own address is refused (a page elsewhere that rebinds its name to 127.0.0.1 reads nothing)."""
+
+    timeout = READ_TIMEOUT_S
 
     def __init__(self, *args: object, directory: str, **kwargs: object) -> None:
         self._root = os.path.realpath(directory)
         super().__init__(*args, directory=directory, **kwargs)  # type: ignore[arg-type]
 
     def send_head(self) -> Any:
+        server = self.server
+        if isinstance(server, BoundedServer) and not server.host_allowed(self.headers.get("Host")):
+            self.send_error(HTTPStatus.MISDIRECTED_REQUEST, "Host not served here")
+            return None
         real = os.path.realpath(self.translate_path(self.path))
         if real != self._root and not real.startswith(self._root + os.sep):
             self.send_error(HTTPStatus.NOT_FOUND, "File not found")
@@ -58,11 +66,10 @@ class _RunDirHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serving(run_dir: Path, host: str = "127.0.0.1") -> Iterator[tuple[http.server.ThreadingHTTPServer, str]]:
+def serving(run_dir: Path, host: str = "127.0.0.1") -> Iterator[tuple[BoundedServer, str]]:
     """A server for ``run_dir`` on a free port of ``host``, and the report's URL; closed on exit."""
     handler = functools.partial(_RunDirHandler, directory=str(run_dir))
-    server = http.server.ThreadingHTTPServer((host, 0), handler)
-    server.daemon_threads = True
+    server = BoundedServer((host, 0), handler)
     port = server.server_address[1]
     try:
         yield server, f"http://{host}:{port}/{urllib.parse.quote(posixpath.basename(REPORT))}"

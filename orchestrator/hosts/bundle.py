@@ -300,8 +300,11 @@ def prune_local_cache(
 ) -> list[Path]:
     """Remove cache files unused for ``max_age_s``, then the least recently used until the cache holds
     at most ``max_bytes``; never a file in ``keep`` (the bundle this replay uses). Returns the removed."""
+    if cache.is_symlink():
+        return []  # a cache that is a link may lead anywhere: nothing is removed through it
     try:
-        files = [(e.stat().st_mtime, e.stat().st_size, Path(e.path)) for e in os.scandir(cache) if e.is_file()]
+        files = [(e.stat(follow_symlinks=False).st_mtime, e.stat(follow_symlinks=False).st_size, Path(e.path))
+                 for e in os.scandir(cache) if e.is_file(follow_symlinks=False)]
     except OSError:
         return []
     files.sort()  # oldest first
@@ -321,8 +324,13 @@ def prune_local_cache(
 
 
 def empty_local_cache(cache: Path) -> tuple[int, int]:
-    """``crosshost cache prune``: remove every file of the local cache; (files, bytes) removed."""
+    """``crosshost cache prune``: remove every file of the local cache; (files, bytes) removed. A cache
+    directory that is a symlink is refused: it may lead out of the cache, and nothing is removed
+    through it."""
     count = size = 0
+    if cache.is_symlink():
+        raise InputError(f"{cache}: the bundle cache is a symbolic link (to {cache.resolve()}); remove the link "
+                         "and rerun (crosshost removes nothing through a link)")
     try:
         entries = list(os.scandir(cache))
     except FileNotFoundError:

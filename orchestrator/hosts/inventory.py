@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from agent_runner.envkeys import ATTEMPT_ENV_KEYS, is_dangerous_env_key
 from agent_runner.jsonfile import decode_text, read_regular
 from agent_runner.redact import is_secret_env_key, looks_like_credential
+from agent_runner.textguard import control_char
 from orchestrator.errors import InventoryError
 
 DEFAULT_ENV_ALLOWLIST = ["PATH", "LANG", "LC_ALL", "TZ"]
@@ -134,6 +135,15 @@ class HostConfig(BaseModel):
                         "set allow_dangerous_env = true to pass it anyway"
                     )
         return self
+
+    @field_validator("address", "user", "workspace_root", "python", "ssh", "identity_file", "known_hosts")
+    @classmethod
+    def _one_line(cls, v: Any) -> Any:
+        # these reach shell text, ssh and the terminal: a newline would be a second command or line
+        bad = control_char(str(v)) if v is not None else None
+        if bad:
+            raise ValueError(f"holds a control character ({bad}); give it on one line")
+        return v
 
     @field_validator("workspace_root")
     @classmethod

@@ -35,9 +35,14 @@ def env_assignments(allowlist: Sequence[str], pinned: Collection[str] = ()) -> s
 
 
 #: sources the pins file ($1) with every assignment exported, then runs the rest of its arguments
-#: (each its own word: ``kill_script`` finds the launcher by one of them). The shell exports a PWD
-#: of its own: dropped unless the allowlist passes one.
-_SOURCE_PINS = 'set -a && . "$1" && set +a && {unset}shift && exec "$@"'
+#: (each its own word: ``kill_script`` finds the launcher by one of them). The program ($2) is looked
+#: up BEFORE the pins are read: a pinned PATH (an inventory's, or explain's counterfactual of another
+#: host's) is the attempts' PATH, never the one the runner's interpreter is found through. The shell
+#: exports a PWD of its own: dropped unless the allowlist passes one.
+_SOURCE_PINS = (
+    'c=$(command -v "$2") || { echo "crosshost: $2: not found on the host\'s PATH" >&2; exit 127; }; '
+    'set -a && . "$1" && set +a && {unset}shift 2 && exec "$c" "$@"'
+)
 
 
 def clean_env_command(

@@ -23,10 +23,17 @@ One proxy per host per run: records and caps are then attributable to the host t
 
 An exec agent (``kind = "exec"``, its own program and SDK) reaches the proxy at
 ``/attempt/<task>.<attempt>/v1/chat/completions`` (``api = "openai"``) or ``.../v1/messages``
-(``api = "anthropic"``), streamed or not, with the run's placeholder ``CROSSHOST_MODEL_STANDIN`` as its API
-key; the proxy requires it, forwards with the real key, passes server-sent events through as they
-arrive, and builds the attempt's trace turns from the exchanges (``orchestrator/model/exchanges.py``), which
-the runner fetches from ``/crosshost/turns`` when the agent has exited.
+(``api = "anthropic"``), streamed or not, with its attempt's placeholder as its API key; the proxy
+forwards with the real key, passes server-sent events through as they arrive, and builds the
+attempt's trace turns from the exchanges (``orchestrator/model/exchanges.py``), which the runner
+fetches from ``/crosshost/turns`` when the agent has exited.
+
+Every request names its attempt (the path, ``X-Crosshost-Attempt`` or the body's ``attempt``) and
+carries that attempt's placeholder (``wire.attempt_token`` of this proxy's secret, which only the
+host's runner is given): anything else is a 401 in the API's own error format, recorded in
+``model_calls.jsonl``. So an attempt reaches its own record only, and a host's proxy serves only
+that host's attempts. Bodies are bounded in size and JSON depth (a 400, recorded), a provider's
+redirect is never followed (``upstream.py``), and the server is ``httpserver.BoundedServer``.
 """
 
 from __future__ import annotations
@@ -39,11 +46,11 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from agent_runner import jsonfile
 from agent_runner.suite import MODEL_KINDS
 from agent_runner.wire import (
     ERR_BAD_JSON,
@@ -58,10 +65,12 @@ from agent_runner.wire import (
     MODEL_PASS_ENV,
     MODEL_URL_ENV,
     REFUSED_API,
+    attempt_token,
     model_url,
 )
 from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
 from orchestrator.hosts.transport.base import Host
+from orchestrator.httpserver import BoundedServer
 from orchestrator.model.apis import APIS, family_api
 from orchestrator.model.apis.base import WireApi
 from orchestrator.model.apis.openai_chat import OpenAIChat
@@ -78,6 +87,9 @@ if TYPE_CHECKING:
 HELD_EVENTS = "crosshost_events"
 _CHAT = OpenAIChat()  # the built-in agent's API
 
+
+#: refused requests kept in the record (past it they are counted)
+MAX_REFUSALS_RECORDED = 1000
 
 def openai_agent_config(suite: Suite, tasks: list[str] | None = None) -> dict[str, Any] | None:
     """The proxy's settings for a suite whose (selected) tasks use ``kind = "openai"`` or ``"exec"``.
@@ -166,18 +178,20 @@ class ModelProxy:
         self.hold = hold
         self.host = host
         self.api = api
-        #: what an exec agent is given as its API key; the proxy requires it and swaps in the real one
-        self.token = "crosshost-" + secrets.token_hex(16)
+        #: the runner's secret (``MODEL_PASS_ENV``): each attempt's placeholder is derived from it
+        #: (``wire.attempt_token``) and opens that attempt's requests, turns and directory only
+        self.secret = secrets.token_hex(32)
         self.book = ExchangeBook()
         #: exec attempt -> its directory on the host (``ATTEMPT_PATH``), set aside by a held model
         self.roots: dict[str, str] = {}
         self.calls: list[ModelCall] = []
         self.refused_paths: list[str] = []
+        self.refusals = 0  # every refused request, recorded or not
         self._lock = threading.Lock()
         self._seq = 0  # every chat request, refused or not
         self._admitted = 0  # requests that passed the caps (forwarded)
         self._tokens = 0
-        self._server: ThreadingHTTPServer | None = None
+        self._server: BoundedServer | None = None
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -210,8 +224,7 @@ class ModelProxy:
     def start(self) -> ModelProxy:
         if self._server is not None:
             return self
-        server = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(self))
-        server.daemon_threads = True
+        server = BoundedServer(("127.0.0.1", 0), handler_for(self))
         self._server = server
         self._thread = threading.Thread(
             # a short poll so stop() returns promptly at the end of every host's run
@@ -280,6 +293,7 @@ class ModelProxy:
             "total_tokens": sum(c.total_tokens for c in calls),
             "errors": sorted({c.error for c in calls if c.error}),
             "refused_paths": list(self.refused_paths),
+            "refusals": self.refusals,
             "caps": {"max_requests": self.max_requests, "max_total_tokens": self.max_total_tokens},
         }
 
@@ -290,9 +304,24 @@ class ModelProxy:
         path.write_text("".join(json.dumps(c.to_json(), sort_keys=True) + "\n" for c in calls))
 
     def refused(self, what: str) -> None:
-        """A request refused before it was a model call (method, path, no placeholder)."""
+        """A request refused before it was a model call, named in ``refused_paths`` (the call is
+        recorded by whoever refused it)."""
         with self._lock:
-            self.refused_paths.append(what)
+            if len(self.refused_paths) < MAX_REFUSALS_RECORDED:
+                self.refused_paths.append(what)
+
+    def refusal(self, status: int, line: str, message: str) -> ModelCall:
+        """A request refused before it was a model call (method, path, no valid placeholder, a body
+        that cannot be read), recorded as a call of its own so ``model_calls.jsonl`` keeps it; past
+        ``MAX_REFUSALS_RECORDED`` only counted (a flood costs the controller no memory)."""
+        with self._lock:
+            self._seq += 1
+            self.refusals += 1
+            call = ModelCall(id=self._seq, status=status, latency_ms=0, error=ERR_REFUSED, message=f"{line}: {message}")
+            if self.refusals <= MAX_REFUSALS_RECORDED:
+                self.calls.append(call)
+                self.refused_paths.append(line)
+        return call
 
     def attempt_directory(self, attempt: str, root: str) -> None:
         with self._lock:
@@ -340,7 +369,7 @@ class ModelProxy:
         started = time.monotonic()
         call = self._new_call()
         try:
-            body = json.loads(raw)
+            body = jsonfile.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
@@ -398,15 +427,21 @@ class ModelProxy:
 
     # -- exec agents: their own SDK, any wire API of the suite's family, streamed or not ------------
 
-    def authorised(self, headers: Mapping[str, str], query: str = "") -> bool:
-        """Whether a request carries this run's placeholder (``Authorization: Bearer``, ``x-api-key``,
-        ``x-goog-api-key`` or Gemini's ``?key=``)."""
+    def attempt_token(self, attempt: str) -> str:
+        """The placeholder API key of ``attempt`` on this proxy (what its runner derives)."""
+        return attempt_token(self.secret, attempt)
+
+    def authorised(self, headers: Mapping[str, str], attempt: str | None, query: str = "") -> bool:
+        """Whether a request carries ``attempt``'s placeholder (``Authorization: Bearer``,
+        ``x-api-key``, ``x-goog-api-key`` or Gemini's ``?key=``)."""
+        if not attempt:
+            return False
         headers = {k.lower(): v for k, v in headers.items()}
         auth = headers.get("authorization") or ""
         given = (headers.get("x-api-key") or headers.get("x-goog-api-key")
                  or (auth[7:] if auth[:7].lower() == "bearer " else "")
                  or dict(urllib.parse.parse_qsl(query)).get("key", ""))
-        return secrets.compare_digest(given.strip().encode(), self.token.encode())
+        return secrets.compare_digest(given.strip().encode(), self.attempt_token(attempt).encode())
 
     def api_error(self, kind: str, message: str, *, code: str | None = None) -> dict[str, Any]:
         """An error body in the format of the suite's ``api`` (so the agent's SDK raises it as such)."""
@@ -454,7 +489,7 @@ class ModelProxy:
             reply.json(status, api.error_body(kind, message, code), call)
 
         try:
-            body = json.loads(raw)
+            body = jsonfile.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
@@ -465,6 +500,11 @@ class ModelProxy:
             return
         if api.auxiliary(path):
             self._auxiliary(raw, api, path, query, headers, call, started, reply)
+            return
+        try:  # what the proxy adds to the request, checked before anything is booked or spent
+            prepared = api.prepare(body, api.streamed(path, query, body))
+        except ValueError as exc:
+            refuse(400, ERR_REFUSED, str(exc))
             return
         self.book.request(attempt, api, body)
         if self.hold is not None and self.host != self.hold.reference:
@@ -483,7 +523,6 @@ class ModelProxy:
             refuse(403, ERR_BUDGET, refusal, FINISH_BUDGET_MODEL)
             return
         stream = api.streamed(path, query, body)
-        prepared = api.prepare(body, stream)
         if prepared is not None:
             raw = json.dumps(prepared).encode()
         upstream = api.upstream_headers(self.upstream.key, dict(headers), stream)
@@ -626,8 +665,8 @@ def model_route(
             else:
                 port = host.forward_remote(proxy.port)
                 url = model_url(port)
-            extra = {MODEL_PASS_ENV: proxy.token} if agent.get("kind") == "exec" else {}
-            yield {MODEL_URL_ENV: url, **extra}
+            # the runner's, never an attempt's: it derives each attempt's own placeholder from it
+            yield {MODEL_URL_ENV: url, MODEL_PASS_ENV: proxy.secret}
         finally:
             if port is not None:
                 host.cancel_forward(port)

@@ -1,9 +1,12 @@
 """The model proxy's HTTP side: a loopback server whose handler reads a request, asks the proxy
 (``orchestrator/model/proxy.py``) and writes its answer, one JSON body or a stream relayed as it arrives.
 
-Paths: ``POST /v1/chat/completions`` (the built-in agent), ``POST /attempt/<task>.<attempt>/<an API's
-path>`` (an exec agent, with the run's placeholder), ``POST /crosshost/turns`` and
-``/crosshost/attempt`` (the runner); every other method or path is refused.
+Paths: ``POST /v1/chat/completions`` (the built-in agent, naming its attempt in ``X-Crosshost-Attempt``),
+``POST /attempt/<task>.<attempt>/<an API's path>`` (an exec agent), ``POST /crosshost/turns`` and
+``/crosshost/attempt`` (the runner, naming the attempt in the body); each with the placeholder of the
+attempt it names, else a 401 in the API's error format, recorded. Every other method or path is
+refused; a request the proxy cannot serve (a body nested past ``jsonfile.MAX_DEPTH``, a field of the
+wrong type) is a 400, recorded, never a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
+from agent_runner import jsonfile
 from agent_runner.wire import (
     API_BASE_PATH,
     ATTEMPT_HEADER,
@@ -25,6 +29,7 @@ from agent_runner.wire import (
     EXEC_PREFIX,
     TURNS_PATH,
 )
+from orchestrator.httpserver import READ_TIMEOUT_S
 from orchestrator.model.apis import api_for
 from orchestrator.model.hold import attempt_root
 from orchestrator.model.records import ModelCall, error_body
@@ -40,14 +45,17 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "crosshost-proxy"
         sys_version = ""
+        timeout = READ_TIMEOUT_S  # a client that sends its request slowly holds a thread this long at most
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
             # Silence the default stderr log: the records are the log, and they hold no secrets.
             pass
 
-        def _refuse(self, status: int, message: str) -> None:
-            proxy.refused(f"{self.command} {self.path}")
-            self._send(status, error_body(ERR_REFUSED, message), None)
+        def _refuse(self, status: int, message: str, *, exec_api: bool = False) -> None:
+            """A refusal in the API's own error format (an exec agent's: the suite's ``api``), recorded."""
+            call = proxy.refusal(status, f"{self.command} {printable(self.path)}", message)
+            body = proxy.api_error(ERR_REFUSED, message) if exec_api else error_body(ERR_REFUSED, message)
+            self._send(status, body, call)
 
         def _send(self, status: int, body: dict[str, Any], call: ModelCall | None) -> None:
             data = json.dumps(body).encode()
@@ -60,69 +68,91 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
             with contextlib.suppress(OSError):
                 self.wfile.write(data)
 
-        def _body(self) -> bytes | None:
+        def _body(self, exec_api: bool) -> bytes | None:
             try:
                 length = int(self.headers.get("Content-Length", ""))
             except ValueError:
-                self._refuse(411, "a Content-Length is required")
+                self._refuse(411, "a Content-Length is required", exec_api=exec_api)
                 return None
             if length < 0 or length > MAX_REQUEST_BYTES:
-                self._refuse(413, f"request body over {MAX_REQUEST_BYTES} bytes")
+                self._refuse(413, f"request body over {MAX_REQUEST_BYTES} bytes", exec_api=exec_api)
                 return None
             return self.rfile.read(length)
 
-        def _exec(self, path: str, query: str) -> None:
-            """An exec agent's request (``/attempt/<key>/...``) or the runner asking for its turns."""
-            if not proxy.authorised(dict(self.headers.items()), query):
-                proxy.refused(f"{self.command} {path} (no placeholder)")
-                self._send(401, proxy.api_error(ERR_REFUSED, "the proxy needs this run's placeholder as the API key"),
-                           None)
-                return
-            raw = self._body()
+        def _unauthorised(self, attempt: str | None, exec_api: bool, query: str = "") -> bool:
+            """Refuse (401) a request without the placeholder of the attempt it names."""
+            if proxy.authorised(dict(self.headers.items()), attempt, query):
+                return False
+            self._refuse(401, "the proxy needs the placeholder of the attempt the request names as its API key",
+                         exec_api=exec_api)
+            return True
+
+        def _runner(self, path: str, query: str) -> None:
+            """The runner naming an exec attempt's directory, or asking for its turns."""
+            raw = self._body(True)
             if raw is None:
                 return
+            try:
+                given = jsonfile.loads(raw)
+                attempt = str(given["attempt"])
+                root = attempt_root(given["root"]) if path == ATTEMPT_PATH else None
+            except (ValueError, KeyError, TypeError):
+                attempt, root = "", None
+            if self._unauthorised(attempt or None, True, query):
+                return
             if path == TURNS_PATH:
-                try:
-                    attempt = str(json.loads(raw)["attempt"])
-                except (ValueError, KeyError, TypeError):
-                    self._refuse(400, 'expected {"attempt": "<task>.<attempt>"}')
-                    return
                 self._send(200, proxy.book.snapshot(attempt), None)
                 return
-            if path == ATTEMPT_PATH:
-                try:
-                    given = json.loads(raw)
-                    attempt, root = str(given["attempt"]), attempt_root(given["root"])
-                except (ValueError, KeyError, TypeError):
-                    root = None
-                if root is None:
-                    self._refuse(400, 'expected {"attempt": "<task>.<attempt>", "root": "<an absolute directory>"}')
-                    return
-                proxy.attempt_directory(attempt, root)
-                self._send(200, {}, None)
+            if root is None:
+                self._refuse(400, 'expected {"attempt": "<task>.<attempt>", "root": "<an absolute directory>"}',
+                             exec_api=True)
                 return
+            proxy.attempt_directory(attempt, root)
+            self._send(200, {}, None)
+
+        def _exec(self, path: str, query: str) -> None:
+            """An exec agent's request (``/attempt/<key>/...``)."""
             key, _, rest = path[len(EXEC_PREFIX):].partition("/")
+            attempt = urllib.parse.unquote(key)
+            if self._unauthorised(attempt, True, query):
+                return
             api = api_for("/" + rest)
-            if api is None or api.family != proxy.api or not key:
-                body, call = proxy.refuse_api(urllib.parse.unquote(key), "/" + rest, api)
+            if api is None or api.family != proxy.api:
+                body, call = proxy.refuse_api(attempt, "/" + rest, api)
                 self._send(404, body, call)
                 return
+            raw = self._body(True)
+            if raw is None:
+                return
             headers = {k.lower(): v for k, v in self.headers.items()}
-            proxy.exchange(raw, urllib.parse.unquote(key), headers, Reply(self, self._send), api, "/" + rest, query)
+            proxy.exchange(raw, attempt, headers, Reply(self, self._send), api, "/" + rest, query)
+
+        def _builtin(self) -> None:
+            """The runner's built-in agent: ``POST /v1/chat/completions`` of the attempt it names."""
+            attempt = self.headers.get(ATTEMPT_HEADER) or None
+            if self._unauthorised(attempt, False):
+                return
+            raw = self._body(False)
+            if raw is None:
+                return
+            status, body, call = proxy.handle_chat(raw, attempt)
+            self._send(status, body, call)
 
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
             path, _, query = self.path.partition("?")
-            if path in (TURNS_PATH, ATTEMPT_PATH) or path.startswith(EXEC_PREFIX):
-                self._exec(path, query)
-                return
-            if path != FORWARDED_PATH:
-                self._refuse(404, f"path {self.path!r} refused: the proxy forwards only POST {FORWARDED_PATH}")
-                return
-            raw = self._body()
-            if raw is None:
-                return
-            status, body, call = proxy.handle_chat(raw, self.headers.get(ATTEMPT_HEADER) or None)
-            self._send(status, body, call)
+            exec_api = path in (TURNS_PATH, ATTEMPT_PATH) or path.startswith(EXEC_PREFIX)
+            try:
+                if path in (TURNS_PATH, ATTEMPT_PATH):
+                    self._runner(path, query)
+                elif path.startswith(EXEC_PREFIX):
+                    self._exec(path, query)
+                elif path == FORWARDED_PATH:
+                    self._builtin()
+                else:
+                    self._refuse(404, f"path {printable(self.path)!r} refused: the proxy forwards only POST "
+                                      f"{FORWARDED_PATH}")
+            except Exception as exc:  # noqa: BLE001 - a request it cannot serve is a refusal, never a traceback
+                self._refuse(400, f"the proxy cannot serve this request ({type(exc).__name__})", exec_api=exec_api)
 
         def _not_allowed(self) -> None:
             if self.path.startswith(EXEC_PREFIX) and "websocket" in (self.headers.get("Upgrade") or "").lower():
@@ -136,6 +166,11 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
         do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
 
     return Handler
+
+
+def printable(text: str) -> str:
+    """A request's path as a record keeps it: control characters escaped, at most 200 characters."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text[:200])
 
 
 class Reply:

@@ -2,7 +2,8 @@
 an answer has been passed on, every try recorded; a provider's text redacted of anything key-shaped.
 
 429, 5xx and connection failures are transient (``Transient``, retried, at least a provider's
-``Retry-After`` apart); any other failure is final (``Final``), a 502 to the runner.
+``Retry-After`` apart); any other failure is final (``Final``), a 502 to the runner. A redirect is
+a final answer too, never followed: the key goes to ``base_url``'s origin and nowhere else.
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ from agent_runner.wire import CHAT_PATH, ERR_BAD_JSON, ERR_PROVIDER
 from orchestrator.model.records import Attempt, ModelCall
 
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None  # urllib then raises the 3xx as an HTTPError: a final answer
+
+
+#: what the proxy asks the provider through: urllib's usual handlers, redirects not followed
+_PROVIDER = urllib.request.build_opener(_NoRedirect)
 
 # Provider error messages may quote a masked key ("sk-ab***yz"); never relay anything key-shaped.
 _KEYISH = re.compile(r"\b(sk|pk|rk|key)[-_][A-Za-z0-9_\-*.]{4,}", re.IGNORECASE)
@@ -69,7 +78,7 @@ class Upstream:
             t0 = time.monotonic()
             request = urllib.request.Request(url, data=raw, method="POST", headers=headers)
             try:
-                resp = urllib.request.urlopen(request, timeout=self.timeout_s)  # noqa: S310 - the suite's URL
+                resp = _PROVIDER.open(request, timeout=self.timeout_s)  # noqa: S310 - the suite's URL
             except (urllib.error.URLError, OSError) as exc:
                 self._failed_attempt(exc, call, number, t0)
             call.attempts.append(Attempt(number, int(resp.status), ms_since(t0)))
@@ -94,7 +103,7 @@ class Upstream:
                 },
             )
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+                with _PROVIDER.open(request, timeout=self.timeout_s) as resp:
                     status = int(resp.status)
                     data = resp.read(MAX_RESPONSE_BYTES + 1)
             except (urllib.error.URLError, OSError) as exc:
@@ -130,6 +139,10 @@ class Upstream:
             if status in (401, 403):
                 message = "the provider refused the API key (check the key in the controller's environment)"
                 data = b""  # about our key, not the agent's request: never relayed
+            elif 300 <= status < 400:
+                message = ("the provider answered a redirect, which crosshost does not follow (the key stays "
+                           "with base_url's origin): set base_url to where it points")
+                data = b""
             raise Final(ERR_PROVIDER, status, f"HTTP {status}: {message}",
                         self.redact(data.decode("utf-8", "replace"), limit=64 * 1024).encode() or None) from None
         text = self.redact(str(getattr(exc, "reason", exc)))

@@ -48,7 +48,10 @@ def test_credential_looking_values_are_redacted_anywhere(value: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "BASH_ENV", "ENV", "IFS",
-                                  "PYTHONSTARTUP", "DYLD_INSERT_LIBRARIES", "NODE_OPTIONS"])  # fmt: skip
+                                  "PYTHONSTARTUP", "DYLD_INSERT_LIBRARIES", "NODE_OPTIONS", "GIT_SSH_COMMAND",
+                                  "GIT_EXTERNAL_DIFF", "GIT_SSH", "GIT_CONFIG_PARAMETERS", "SSH_ASKPASS",
+                                  "SUDO_ASKPASS", "GIT_ASKPASS", "PROMPT_COMMAND", "EDITOR", "PAGER",
+                                  "LESSOPEN", "git_ssh_command"])  # fmt: skip
 def test_loader_hijacking_names_are_dangerous(name: str) -> None:
     assert is_dangerous_env_key(name)
     assert not is_dangerous_env_key("PATH") and not is_dangerous_env_key("LANG")

@@ -4,12 +4,17 @@ how an exec agent's command and MCP calls are put together."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 from agent_runner.exec_agent import argv_of, contract_name, merge_mcp_turns
-from agent_runner.mcp_server import McpServer
+from agent_runner.mcp_server import MAX_MESSAGE_CHARS, McpServer
 from agent_runner.suite import AgentSpec
 from agent_runner.tools import ToolBox
+from tests.support.runner import clean_env, write_suite
 
 CONTRACT = {"contract_id": "c", "tools": [{"name": "lookup", "required_args": ["q"]}, {"name": "list_dir"}]}
 
@@ -72,3 +77,18 @@ def test_command_placeholders_are_replaced_once_and_the_prompt_stays_as_written(
     argv = argv_of(spec, "write {workspace} into {prompt_file}", tmp_path / "p.md", tmp_path / "w", tmp_path / "s")
     assert argv == ["cli", "-p", "write {workspace} into {prompt_file}", f"--mcp-config={tmp_path}/w/.mcp.json",
                     f"{tmp_path}/s/x"]
+
+
+@pytest.mark.parametrize("line", ["[" * 100_000, '{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": ' + "[" * 5000
+                                  + "]" * 5000 + "}", "x" * (MAX_MESSAGE_CHARS + 10)])
+def test_a_deep_or_overlong_message_is_a_json_rpc_parse_error_and_the_server_goes_on(tmp_path: Path, line: str) -> None:
+    """100,000 '[' (a RecursionError in json) or a line over the bound: one parse error answered, no
+    traceback, and the next message is served."""
+    suite = write_suite(tmp_path / "s", {"t": {"script": []}})
+    ping = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+    done = subprocess.run([sys.executable, "-m", "agent_runner", "mcp", "--suite", str(suite), "--task", "t",
+                           "--workspace", str(tmp_path)], input=line + "\n" + ping + "\n", capture_output=True,
+                          text=True, env=clean_env(), timeout=60)
+    answers = [json.loads(a) for a in done.stdout.splitlines()]
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert answers[0]["error"]["code"] == -32700 and answers[1] == {"jsonrpc": "2.0", "id": 2, "result": {}}

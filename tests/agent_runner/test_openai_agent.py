@@ -16,6 +16,7 @@ from agent_runner.openai_agent import (
     contract_tools,
     parse_completion,
 )
+from agent_runner.wire import MODEL_PASS_ENV, MODEL_URL_ENV
 from orchestrator.model.proxy import ModelProxy
 from tests.support.fake_provider import FakeProvider, unused_port
 from tests.support.runner import clean_env, records, run_runner, write_suite
@@ -53,7 +54,7 @@ def test_conversation_follows_the_script_through_the_proxy() -> None:
         {"content": "labelled", "finish": "stop"},
     ]
     with FakeProvider(script=script, key=KEY) as provider, proxy(provider.base_url) as p:
-        conv = Conversation.start(ChatClient(p.url, SETTINGS), "label the third issue", CONTRACT)
+        conv = Conversation.start(ChatClient(p.url, SETTINGS, "t.0", p.attempt_token("t.0")), "label the third issue", CONTRACT)
         first = conv.next_turn()
         assert [(c.name, c.args) for c in first.tool_calls] == [
             ("add_label", {"repo": "r", "issue_id": 3, "label": "bug"})
@@ -77,7 +78,7 @@ def test_conversation_follows_the_script_through_the_proxy() -> None:
 
 def test_cap_becomes_budget_model_not_an_error_verdict() -> None:
     with FakeProvider(mode="forever", key=KEY) as provider, proxy(provider.base_url, max_requests=1) as p:
-        conv = Conversation.start(ChatClient(p.url, SETTINGS), "go", CONTRACT)
+        conv = Conversation.start(ChatClient(p.url, SETTINGS, "t.0", p.attempt_token("t.0")), "go", CONTRACT)
         conv.observe(conv.next_turn().tool_calls[0], "x")
         with pytest.raises(ModelError) as got:
             conv.next_turn()
@@ -96,7 +97,7 @@ def test_provider_failures_become_agent_error_with_error_verdict(case: str) -> N
         with FakeProvider(mode="bad_json", key=KEY) as provider:
             url = provider.base_url if case == "bad_json" else f"http://127.0.0.1:{unused_port()}/v1"
             with proxy(url, retry_attempts=2) as p, pytest.raises(ModelError) as got:
-                ChatClient(p.url, SETTINGS).complete([{"role": "user", "content": "x"}], [])
+                ChatClient(p.url, SETTINGS, "t.0", p.attempt_token("t.0")).complete([{"role": "user", "content": "x"}], [])
         assert got.value.call is not None and got.value.call["status"] == 502
     assert got.value.reason == "agent_error" and got.value.verdict_error
     assert "\n" not in str(got.value)
@@ -166,10 +167,11 @@ def openai_suite(root: Path) -> Path:
 
 
 def run_openai(
-    tmp_path: Path, model_url: str | None, *extra: str
+    tmp_path: Path, to: ModelProxy | None, *extra: str
 ) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The runner as a replay starts it: the proxy's URL and the secret each attempt's placeholder comes from."""
     suite, out = openai_suite(tmp_path / "suite"), tmp_path / "out"
-    env = clean_env(**({"CROSSHOST_MODEL_URL": model_url} if model_url else {}))
+    env = clean_env(**({MODEL_URL_ENV: to.url, MODEL_PASS_ENV: to.secret} if to is not None else {}))
     done = run_runner(
         "run",
         "--suite",
@@ -192,7 +194,7 @@ def run_openai(
 
 def test_runner_passes_an_openai_task_three_times_by_default(tmp_path: Path) -> None:
     with FakeProvider(script=ANSWER_SCRIPT, key=KEY) as provider, proxy(provider.base_url) as p:
-        done, rows, trace = run_openai(tmp_path, p.url)
+        done, rows, trace = run_openai(tmp_path, p)
     assert done.returncode == 0, done.stderr
     assert [(r["attempt"], r["verdict"], r["reason"]) for r in rows] == [
         (a, "pass", "stop") for a in range(3)
@@ -212,7 +214,7 @@ def test_a_model_that_never_stops_is_stopped_by_the_proxy_cap(tmp_path: Path) ->
         FakeProvider(mode="forever", forever_tool="lookup", key=KEY) as provider,
         proxy(provider.base_url, max_requests=3) as p,
     ):
-        done, rows, trace = run_openai(tmp_path, p.url, "--repeat", "1")
+        done, rows, trace = run_openai(tmp_path, p, "--repeat", "1")
     assert done.returncode == 0, done.stderr
     assert (rows[0]["reason"], rows[0]["verdict"]) == ("budget_model", "fail")
     assert len([r for r in trace if r["type"] == "turn"]) == 3  # below max_steps = 6: the cap stopped it
@@ -225,7 +227,7 @@ def test_429_twice_is_retried_and_the_trace_shows_both_retries(tmp_path: Path) -
         FakeProvider(script=ANSWER_SCRIPT, key=KEY, fail_first=[429, 429]) as provider,
         proxy(provider.base_url) as p,
     ):
-        done, rows, trace = run_openai(tmp_path, p.url, "--repeat", "1")
+        done, rows, trace = run_openai(tmp_path, p, "--repeat", "1")
     assert done.returncode == 0, done.stderr
     assert rows[0]["verdict"] == "pass"
     first = [r for r in trace if r["type"] == "turn"][0]["model"]
@@ -240,7 +242,7 @@ def test_provider_failures_are_error_verdicts_never_fail(tmp_path: Path, case: s
         base = provider.base_url if case == "bad_json" else f"http://127.0.0.1:{unused_port()}/v1"
         with proxy(base, retry_attempts=2) as p:
             done, rows, trace = run_openai(
-                tmp_path, None if case == "no_model_url" else p.url, "--repeat", "1"
+                tmp_path, None if case == "no_model_url" else p, "--repeat", "1"
             )
     assert done.returncode == 0, done.stderr
     assert (rows[0]["verdict"], rows[0]["reason"]) == ("error", "agent_error")

@@ -239,7 +239,7 @@ def test_explain_evidence_and_the_cause_are_on_the_page(browser, tmp_path):
             ],
             paths=[PathEvidence(path=hostile, calls=["openat"], touched_on=["local", "box-b"], by=["agent"],
                                 state={"local": "absent", "box-b": "file 3 bytes sha256 0123456789abcdef"})],
-            not_collected=["file evidence not collected on box-c: strace is not on this host's PATH"],
+            not_collected=["file evidence not collected on box-c: strace is not in this host's system directories"],
         )],
     )  # fmt: skip
     RunDir(run).explain_path.write_text(record.model_dump_json())
@@ -269,7 +269,7 @@ def test_explain_evidence_and_the_cause_are_on_the_page(browser, tmp_path):
         ["local with box-b's LANG (unset): fail, reproduces the flip", "reproduces"],
         ["local with box-b's TZ (UTC): pass, does not reproduce it", ""],
         ["the agent read /opt/<b>flag</b>: present on box-b (file 3 bytes sha256 0123456789abcdef), absent on local", ""],
-        ["file evidence not collected on box-c: strace is not on this host's PATH", ""],
+        ["file evidence not collected on box-c: strace is not in this host's system directories", ""],
     ]
     assert shown["cause"] == "cause: " + cause and shown["markup"] == 0  # a path's markup is text
     # the evidence is not shown a second time as a raw JSON blob

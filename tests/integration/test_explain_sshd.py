@@ -134,7 +134,7 @@ def test_a_host_without_strace_gets_counterfactuals_and_a_plain_line(
         entries = {t.task: t for t in out.record.tasks}
         for entry in entries.values():
             assert entry.not_collected == [
-                "file evidence not collected on box-c: strace is not on this host's PATH"
+                "file evidence not collected on box-c: strace is not in this host's system directories"
             ]
         assert any(cf.fact == "LANG" and cf.reproduces for cf in entries["locale-probe"].counterfactuals)
         # local's trace still names the flag; its state is checked on both hosts
@@ -143,7 +143,7 @@ def test_a_host_without_strace_gets_counterfactuals_and_a_plain_line(
         ]
         assert flag_path.touched_on == ["local"] and flag_path.state["local"] == "absent"
         md = (run.run_dir.path / "report.md").read_text()
-        assert "- explain: file evidence not collected on box-c: strace is not on this host's PATH" in md
+        assert "- explain: file evidence not collected on box-c: strace is not in this host's system directories" in md
     finally:
         shutil.rmtree(bare)
 

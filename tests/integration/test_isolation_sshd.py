@@ -137,7 +137,7 @@ def test_no_attempt_reads_the_controllers_or_the_runners_environment(
         rec = out.manifest.hosts[name]
         assert rec.error is None and rec.workspace_removed is True, (name, rec)
         fp = json.loads((out.run_dir.path / "hosts" / name / "fingerprint.json").read_text())
-        assert fp["isolation"] == "pidns+uid", (name, fp["isolation"])  # root: a PID namespace and a uid of its own
+        assert fp["isolation"] == "netns+pidns+uid", (name, fp["isolation"])  # root: PID and network namespaces, a uid
         for task in ("predicate-probe", "agent-probe"):
             row = rows[(name, task)]
             assert row["verdict"] == "pass", (name, task, row["why"])

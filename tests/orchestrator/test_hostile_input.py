@@ -711,3 +711,36 @@ def test_an_inventory_with_a_bom_reads_and_a_fifo_is_refused(tmp_path: Path) -> 
     os.mkfifo(fifo)
     with pytest.raises(InventoryError, match=r"fifo.toml: cannot read inventory: not a regular file"):
         load_inventory(fifo)
+
+
+def test_cache_prune_never_follows_a_symlinked_cache_out_of_it(tmp_path: Path) -> None:
+    """bundles/ made a link to a directory of the user's: prune refuses in one line and removes nothing."""
+    from orchestrator.errors import InputError as _InputError
+    from orchestrator.hosts.bundle import empty_local_cache, prune_local_cache
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    cache = tmp_path / "crosshost" / "bundles"
+    cache.parent.mkdir()
+    cache.symlink_to(precious)
+    with pytest.raises(_InputError, match="is a symbolic link"):
+        empty_local_cache(cache)
+    assert prune_local_cache(cache, max_bytes=0, max_age_s=0) == []
+    assert (precious / "thesis.tex").read_text() == "years of work"
+
+
+@pytest.mark.parametrize("key", ["workspace_root", "address", "user"])
+def test_a_newline_in_an_inventory_field_is_one_line_naming_it(tmp_path: Path, key: str) -> None:
+    from orchestrator.errors import InventoryError as _InventoryError
+    from orchestrator.hosts.inventory import load_inventory
+
+    value = {"workspace_root": "/tmp/ws\\nrm -rf /", "address": "127.0.0.1\\nProxyCommand x", "user": "root\\nx"}[key]
+    fields = {"address": '"127.0.0.1"', "user": '"root"', "workspace_root": '"/tmp/ws"'}
+    fields[key] = f'"{value}"'
+    inventory = tmp_path / "hosts.toml"
+    inventory.write_text('[[hosts]]\nname = "b"\n' + "".join(f"{k} = {v}\n" for k, v in fields.items()))
+    with pytest.raises(_InventoryError) as got:
+        load_inventory(inventory)
+    line = str(got.value)
+    assert f"host 'b': key '{key}': holds a control character (\\x0a)" in line and "\n" not in line

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agent_runner.suite import Suite, suite_from_dict
-from agent_runner.wire import CALL_HEADER
+from agent_runner.wire import ATTEMPT_HEADER, CALL_HEADER, MODEL_PASS_ENV, attempt_token
 from orchestrator.errors import ApiKeyMissing, SuiteError
 from orchestrator.hosts.transport.local import LocalHost
 from orchestrator.model.proxy import ModelProxy, model_route, openai_agent_config
@@ -22,13 +22,17 @@ ENV = {"TEST_MODEL_KEY": KEY}
 
 
 def post(
-    url: str, body: Any, *, path: str = "/chat/completions", headers: dict[str, str] | None = None
+    to: ModelProxy | str, body: Any, *, path: str = "/chat/completions", headers: dict[str, str] | None = None,
+    attempt: str = "t.0",
 ) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+    """POST ``body`` to a proxy as the built-in agent of ``attempt`` does (its id and its placeholder),
+    or to a bare URL with only ``headers``."""
+    url, own = (to, {}) if isinstance(to, str) else (to.url, as_attempt(to, attempt))
     req = urllib.request.Request(
         url + path,
         data=json.dumps(body).encode(),
         method="POST",
-        headers={"Content-Type": "application/json", **(headers or {})},
+        headers={"Content-Type": "application/json", **own, **(headers or {})},
     )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
@@ -37,6 +41,11 @@ def post(
         status, data, hdrs = exc.code, exc.read(), exc.headers
     call = json.loads(hdrs[CALL_HEADER]) if hdrs.get(CALL_HEADER) else None
     return status, json.loads(data), call
+
+
+def as_attempt(proxy: ModelProxy, attempt: str = "t.0") -> dict[str, str]:
+    """The headers the runner's built-in agent sends for ``attempt``."""
+    return {ATTEMPT_HEADER: attempt, "Authorization": f"Bearer {proxy.attempt_token(attempt)}"}
 
 
 def chat(model: str = "m1") -> dict[str, Any]:
@@ -61,8 +70,8 @@ def test_key_added_and_answer_passed_through_with_call_record() -> None:
         FakeProvider(script=[{"content": "hello", "finish": "stop"}], key=KEY) as provider,
         proxy_for(provider) as proxy,
     ):
-        # A client-supplied Authorization is replaced, never forwarded.
-        status, body, call = post(proxy.url, chat(), headers={"Authorization": "Bearer from-the-host"})
+        # The attempt's placeholder is replaced by the key, never forwarded.
+        status, body, call = post(proxy, chat())
     assert status == 200
     assert body["choices"][0]["message"]["content"] == "hello"
     assert [r.headers["authorization"] for r in provider.requests] == [f"Bearer {KEY}"]
@@ -75,11 +84,11 @@ def test_key_added_and_answer_passed_through_with_call_record() -> None:
 
 def test_only_chat_completions_is_forwarded() -> None:
     with FakeProvider(key=KEY) as provider, proxy_for(provider) as proxy:
-        s1, b1, _ = post(proxy.url, {"input": "x"}, path="/embeddings")
+        s1, b1, _ = post(proxy, {"input": "x"}, path="/embeddings")
         s2, b2, _ = post(proxy.url.replace("/v1", ""), chat(), path="/chat/completions")
         with pytest.raises(urllib.error.HTTPError) as got:
             urllib.request.urlopen(proxy.url + "/models", timeout=10)
-        s4, b4, _ = post(proxy.url, chat(model="gpt-expensive"))
+        s4, b4, _ = post(proxy, chat(model="gpt-expensive"))
     assert (s1, s2, got.value.code, s4) == (404, 404, 405, 403)
     assert b1["error"]["type"] == b2["error"]["type"] == b4["error"]["type"] == "crosshost_refused"
     assert "gpt-expensive" in b4["error"]["message"]
@@ -89,7 +98,7 @@ def test_only_chat_completions_is_forwarded() -> None:
 
 def test_request_cap_answers_budget_model() -> None:
     with FakeProvider(mode="forever", key=KEY) as provider, proxy_for(provider, max_requests=2) as proxy:
-        answers = [post(proxy.url, chat()) for _ in range(3)]
+        answers = [post(proxy, chat()) for _ in range(3)]
     assert [a[0] for a in answers] == [200, 200, 403]
     err = answers[2][1]["error"]
     assert err["type"] == "crosshost_budget" and err["code"] == "budget_model"
@@ -101,7 +110,7 @@ def test_request_cap_answers_budget_model() -> None:
 def test_token_cap_stops_after_the_tokens_are_spent() -> None:
     # Each fake answer costs 18 tokens: 0 < 30, 18 < 30, then 36 >= 30 is refused.
     with FakeProvider(mode="forever", key=KEY) as provider, proxy_for(provider, max_total_tokens=30) as proxy:
-        statuses = [post(proxy.url, chat())[0] for _ in range(3)]
+        statuses = [post(proxy, chat())[0] for _ in range(3)]
     assert statuses == [200, 200, 403]
     assert proxy.tokens_used == 36
     assert proxy.calls[-1].error == "crosshost_budget"
@@ -110,7 +119,7 @@ def test_token_cap_stops_after_the_tokens_are_spent() -> None:
 def test_429_twice_then_ok_is_retried_and_every_attempt_recorded() -> None:
     sleeps: list[float] = []
     with FakeProvider(key=KEY, fail_first=[429, 429]) as provider, proxy_for(provider, sleeps) as proxy:
-        status, body, call = post(proxy.url, chat())
+        status, body, call = post(proxy, chat())
     assert status == 200 and body["choices"]
     assert call is not None and call["retries"] == 2
     assert [a["status"] for a in call["attempts"]] == [429, 429, 200]
@@ -125,7 +134,7 @@ def test_5xx_until_out_of_attempts_is_a_provider_error() -> None:
         FakeProvider(key=KEY, fail_first=[503] * 10) as provider,
         proxy_for(provider, retry_attempts=3) as proxy,
     ):
-        status, body, call = post(proxy.url, chat())
+        status, body, call = post(proxy, chat())
     assert status == 502
     assert body["error"]["type"] == "crosshost_provider_error"
     assert "HTTP 503 after 3 attempt(s)" in body["error"]["message"]
@@ -136,7 +145,7 @@ def test_5xx_until_out_of_attempts_is_a_provider_error() -> None:
 def test_unreachable_provider_is_a_clear_error() -> None:
     base = f"http://127.0.0.1:{unused_port()}/v1"
     with ModelProxy(base, "TEST_MODEL_KEY", environ=ENV, retry_attempts=2, sleep=lambda s: None) as proxy:
-        status, body, call = post(proxy.url, chat())
+        status, body, call = post(proxy, chat())
     assert status == 502
     assert body["error"]["type"] == "crosshost_provider_unreachable"
     assert base in body["error"]["message"] and "\n" not in body["error"]["message"]
@@ -145,7 +154,7 @@ def test_unreachable_provider_is_a_clear_error() -> None:
 
 def test_bad_json_is_not_retried_and_is_a_clear_error() -> None:
     with FakeProvider(mode="bad_json", key=KEY) as provider, proxy_for(provider) as proxy:
-        status, body, _ = post(proxy.url, chat())
+        status, body, _ = post(proxy, chat())
     assert status == 502
     assert body["error"]["type"] == "crosshost_provider_bad_json"
     assert "not JSON" in body["error"]["message"]
@@ -154,7 +163,7 @@ def test_bad_json_is_not_retried_and_is_a_clear_error() -> None:
 
 def test_wrong_key_is_reported_without_echoing_any_key() -> None:
     with FakeProvider(key="sk-the-right-one") as provider, proxy_for(provider) as proxy:
-        status, body, call = post(proxy.url, chat())
+        status, body, call = post(proxy, chat())
     assert status == 502 and "refused the API key" in body["error"]["message"]
     everything = json.dumps(body) + json.dumps(call) + json.dumps(proxy.summary()) + repr(proxy)
     assert KEY not in everything and "sk-wr" not in everything
@@ -172,7 +181,7 @@ def test_unset_api_key_env_is_one_line_input_error() -> None:
 def test_records_hold_no_key_and_proxy_closes_its_port(tmp_path: Any) -> None:
     with FakeProvider(key=KEY, script=[{"tool_calls": [{"name": "t", "args": {"a": 1}}]}]) as provider:
         with proxy_for(provider) as proxy:
-            post(proxy.url, chat())
+            post(proxy, chat())
             url = proxy.url
         out = tmp_path / "model_calls.jsonl"
         proxy.write_jsonl(out)
@@ -222,11 +231,96 @@ def test_model_route_serves_the_local_host_directly_and_records_calls(
     with FakeProvider(key=KEY) as provider:
         agent["base_url"] = provider.base_url
         with model_route(LocalHost(), agent, tmp_path) as env:
-            status, _, _ = post(env["CROSSHOST_MODEL_URL"], chat())
+            token = attempt_token(env[MODEL_PASS_ENV], "t.0")
+            status, _, _ = post(env["CROSSHOST_MODEL_URL"], chat(),
+                                headers={ATTEMPT_HEADER: "t.0", "Authorization": f"Bearer {token}"})
+            without, _, _ = post(env["CROSSHOST_MODEL_URL"], chat())
         with model_route(LocalHost(), None, tmp_path) as nothing:
             assert nothing == {}
-    assert status == 200 and set(env) == {"CROSSHOST_MODEL_URL"}
+    assert status == 200 and without == 401 and set(env) == {"CROSSHOST_MODEL_URL", MODEL_PASS_ENV}
     assert env["CROSSHOST_MODEL_URL"].startswith("http://127.0.0.1:")
     assert [
         json.loads(line)["status"] for line in (tmp_path / "model_calls.jsonl").read_text().splitlines()
-    ] == [200]
+    ] == [200, 401]
+    assert len(provider.requests) == 1
+
+
+@pytest.mark.parametrize("how", ["no placeholder", "another attempt's", "no attempt", "another proxy's"])
+def test_the_built_in_agents_path_needs_the_placeholder_of_the_attempt_it_names(how: str) -> None:
+    """Every request of the built-in agent names its attempt and carries that attempt's placeholder;
+    anything else is a 401 in the OpenAI error format, recorded, and never reaches the provider."""
+    with FakeProvider(key=KEY) as provider, proxy_for(provider) as proxy, proxy_for(provider) as other:
+        headers = {
+            "no placeholder": {ATTEMPT_HEADER: "t.0", "Authorization": ""},
+            "another attempt's": {ATTEMPT_HEADER: "t.0", "Authorization": f"Bearer {proxy.attempt_token('t.1')}"},
+            "no attempt": {ATTEMPT_HEADER: "", "Authorization": f"Bearer {proxy.attempt_token('t.0')}"},
+            "another proxy's": as_attempt(other),
+        }[how]
+        status, body, call = post(proxy, chat(), headers=headers)
+    assert status == 401 and body["error"]["type"] == "crosshost_refused", body
+    assert call is not None and call["status"] == 401
+    assert provider.requests == []
+    assert [c.status for c in proxy.calls] == [401] and proxy.summary()["refusals"] == 1
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"model": "m1", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"])
+def test_a_body_nested_past_the_bound_is_a_400_recorded_never_a_traceback(
+    body: bytes, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with FakeProvider(key=KEY) as provider, proxy_for(provider) as proxy:
+        req = urllib.request.Request(proxy.url + "/chat/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json", **as_attempt(proxy)})
+        with pytest.raises(urllib.error.HTTPError) as got:
+            urllib.request.urlopen(req, timeout=10)
+        answer = json.loads(got.value.read())
+    assert got.value.code == 400 and answer["error"]["type"] == "crosshost_refused"
+    assert "nested more than" in answer["error"]["message"]
+    assert [c.status for c in proxy.calls] == [400] and provider.requests == []
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_redirecting_provider_never_gets_the_key_at_the_new_origin() -> None:
+    """A provider that answers 302 to another origin: the proxy does not follow (a 502 that says so),
+    and the other origin receives nothing, the key least of all."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[dict[str, str]] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            seen.append(dict(self.headers.items()))
+            self.send_response(200)
+            self.end_headers()
+
+        do_GET = do_POST  # noqa: N815
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+    target = f"http://localhost:{elsewhere.server_address[1]}/v1/chat/completions"
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.send_response(302)  # urllib follows a 302 of a POST as a GET, headers and all
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    redirect = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    for server in (elsewhere, redirect):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with ModelProxy(f"http://127.0.0.1:{redirect.server_address[1]}/v1", "TEST_MODEL_KEY", environ=ENV,
+                        model="m1", retry_attempts=1) as proxy:
+            status, body, _ = post(proxy, chat())
+    finally:
+        for server in (elsewhere, redirect):
+            server.shutdown()
+            server.server_close()
+    assert status == 502 and "redirect" in body["error"]["message"], body
+    assert seen == []

@@ -33,7 +33,7 @@ def _proxy(api: str, base_url: str, **kw: Any) -> ModelProxy:
 
 def test_openai_sdk_through_the_proxy_builds_turns_with_the_next_requests_tool_result() -> None:
     with FakeProvider(script=SCRIPT, key=KEY) as provider, _proxy("openai", provider.base_url) as proxy:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1", api_key=proxy.token)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1", api_key=proxy.attempt_token("t.0"))
         first = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
         call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
         messages: list[Any] = [
@@ -59,7 +59,7 @@ def test_anthropic_sdk_through_the_proxy_with_the_placeholder_only() -> None:
             wrong = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
             with pytest.raises(anthropic.AuthenticationError):  # the real key is not what the proxy takes
                 wrong.messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": "go"}])
-            client = anthropic.Anthropic(base_url=url, api_key=proxy.token)
+            client = anthropic.Anthropic(base_url=url, api_key=proxy.attempt_token("t.1"))
             answer = client.messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": "go"}])
             assert [b.type for b in answer.content] == ["tool_use"]
             snapshot = proxy.book.snapshot("t.1")
@@ -70,7 +70,7 @@ def test_anthropic_sdk_through_the_proxy_with_the_placeholder_only() -> None:
 
 def test_the_request_cap_is_a_budget_model_stop_of_the_attempt() -> None:
     with FakeProvider(mode="forever", key=KEY) as provider, _proxy("openai", provider.base_url, max_requests=1) as proxy:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1", api_key=proxy.token,
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1", api_key=proxy.attempt_token("t.0"),
                                max_retries=0)
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}])
         with pytest.raises(openai.PermissionDeniedError) as got:
@@ -84,7 +84,7 @@ def test_model_route_gives_an_exec_run_the_placeholder_and_never_the_key() -> No
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("K", KEY)
         with model_route(FakeHost("h"), agent) as env:
-            assert env[MODEL_PASS_ENV].startswith("crosshost-") and KEY not in env.values()
+            assert len(env[MODEL_PASS_ENV]) == 64 and KEY not in env.values()
 
 
 def test_an_exec_agent_needs_its_api_and_command(tmp_path: Any) -> None:
@@ -109,7 +109,8 @@ def _post(proxy: ModelProxy, attempt: str, api: str, body: dict[str, Any]) -> tu
     path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
     request = urllib.request.Request(f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}{attempt}{path}",
                                      data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "x-api-key": proxy.token})
+                                     headers={"Content-Type": "application/json",
+                                              "x-api-key": proxy.attempt_token(attempt)})
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
             return resp.status, resp.read()
@@ -154,7 +155,8 @@ def test_a_streamed_answer_carries_its_record_header_and_the_attempt_keeps_each_
             path = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
             request = urllib.request.Request(f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0{path}",
                                              data=json.dumps(first).encode(), method="POST",
-                                             headers={"Content-Type": "application/json", "x-api-key": proxy.token})
+                                             headers={"Content-Type": "application/json",
+                                                      "x-api-key": proxy.attempt_token("t.0")})
             with urllib.request.urlopen(request, timeout=10) as resp:
                 header = json.loads(resp.headers[CALL_HEADER])
                 assert resp.read().count(b"data:") > 3

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from orchestrator.analysis import analyse_run
@@ -189,3 +191,45 @@ def test_a_long_trace_is_cut_and_its_finish_still_shown(tmp_path, monkeypatch):
     trace = data["traces"][flip["traces"]["box-b"][0]]
     assert len(trace["steps"]) == 1 and trace["more"] == 1
     assert trace["finish"]["why"] == "predicate exit 1: nginx still unhealthy"
+
+
+def test_serve_answers_only_its_own_host_name_and_a_silent_connection_holds_no_thread(tmp_path, monkeypatch):
+    """DNS rebinding: a page of evil.example that resolves to 127.0.0.1 sends Host: evil.example and
+    is refused. A connection that sends nothing is closed after the read timeout; past the thread
+    bound a connection is closed at once rather than given a thread."""
+    import socket
+    import threading
+
+    from orchestrator import httpserver
+    from orchestrator.commands import view
+
+    monkeypatch.setattr(view._RunDirHandler, "timeout", 0.5)
+    run = build_known_run(tmp_path / "runs")
+    ensure_report(run)
+    for bound in (None, 1):
+        if bound is not None:
+            monkeypatch.setattr(httpserver, "MAX_THREADS", bound)
+        with serving(run) as (server, url):
+            thread = threading.Thread(target=server.serve_forever, daemon=True)
+            thread.start()
+            try:
+                port = server.server_address[1]
+                if bound is None:
+                    request = urllib.request.Request(url, headers={"Host": f"evil.example:{port}"})
+                    with pytest.raises(urllib.error.HTTPError) as got:
+                        urllib.request.urlopen(request, timeout=10)
+                    assert got.value.code == 421
+                    assert _get(url)[0] == 200 and _get(url.replace("127.0.0.1", "localhost"))[0] == 200
+                    silent = socket.create_connection(("127.0.0.1", port), timeout=10)
+                    assert silent.recv(100) == b""  # closed by the server after its read timeout
+                    silent.close()
+                    continue
+                held = socket.create_connection(("127.0.0.1", port), timeout=10)  # the one thread, silent
+                time.sleep(0.2)
+                turned = socket.create_connection(("127.0.0.1", port), timeout=10)
+                assert turned.recv(100) == b"" and server.turned_away == 1
+                held.close()
+                turned.close()
+            finally:
+                server.shutdown()
+                thread.join(timeout=5)

@@ -4,7 +4,10 @@ Followed: Host aliases and patterns, HostName, User, Port, IdentityFile, Identit
 ConnectTimeout. Not followed, and said once per host by ``crosshost hosts``: what would weaken the
 security model (ForwardAgent yes, StrictHostKeyChecking no, UserKnownHostsFile: host keys are
 always checked against crosshost's own known_hosts) and what crosshost cannot do (ProxyCommand,
-Include). ``Match exec`` is refused: crosshost never runs a command from ssh_config.
+Include). ``Match`` blocks are followed as paramiko evaluates them (``host``, ``originalhost``,
+``user``, ``localuser``, ``canonical``, ``final``, ``all``); ``Match exec`` in any spelling (``Match
+exec``, ``match=exec``, ``Match host x !exec ...``) is refused with its file and line: crosshost never
+runs a command from ssh_config.
 """
 
 from __future__ import annotations
@@ -19,7 +22,13 @@ import paramiko
 
 from orchestrator.errors import InventoryError
 
-_MATCH_EXEC = re.compile(r"^\s*match\s.*\bexec\b", re.IGNORECASE)
+#: a ``Match`` line (``Match x``, ``Match=x``, any case), its criteria after it
+_MATCH = re.compile(r"^\s*match(?:\s*=\s*|\s+)(.*)$", re.IGNORECASE)
+
+
+def _runs_a_command(criteria: str) -> bool:
+    """Whether a ``Match`` line's criteria hold ``exec`` (negated, quoted or ``exec=...`` too)."""
+    return any(word.strip("\"'").lstrip("!").lower() == "exec" for word in re.split(r"[\s=]+", criteria))
 
 
 @dataclass(frozen=True)
@@ -29,7 +38,9 @@ class SshConfigFile:
 
     def knows(self, alias: str) -> bool:
         """Whether a ``Host`` line other than ``*`` names ``alias`` (a typo'd alias is an error)."""
-        patterns = [p for p in self.config.get_hostnames() if p != "*" and not p.startswith("!")]
+        # a Match block has no Host patterns (paramiko's get_hostnames assumes every block has some)
+        names = {p for entry in self.config._config for p in entry.get("host", [])}
+        patterns = [p for p in names if p != "*" and not p.startswith("!")]
         return any(fnmatch.fnmatch(alias, p) for p in patterns)
 
     def settings(self, alias: str) -> tuple[dict[str, Any], list[str]]:
@@ -87,12 +98,17 @@ def read(path: Path, *, explicit: bool) -> SshConfigFile | None:
     except (OSError, UnicodeDecodeError) as exc:
         raise InventoryError(f"ssh_config {path}: cannot read it: {exc}") from exc
     for number, line in enumerate(text.splitlines(), start=1):
-        if _MATCH_EXEC.match(line):
+        match = _MATCH.match(line)
+        if match and _runs_a_command(match.group(1)):
             raise InventoryError(
                 f"ssh_config {path}:{number}: 'Match exec' runs a command, which crosshost never does; "
                 "remove it, or set ssh_config = PATH (a file without it) or false in [defaults]"
             )
     try:
-        return SshConfigFile(path, paramiko.SSHConfig.from_text(text))
+        config = paramiko.SSHConfig.from_text(text)
     except (paramiko.ssh_exception.ConfigParseError, ValueError) as exc:
         raise InventoryError(f"ssh_config {path}: {exc}") from exc
+    if any(str(m.get("type", "")).lower() == "exec" for entry in config._config for m in entry.get("matches", [])):
+        raise InventoryError(f"ssh_config {path}: a 'Match exec' block runs a command, which crosshost never does; "
+                             "remove it, or set ssh_config = PATH (a file without it) or false in [defaults]")
+    return SshConfigFile(path, config)

@@ -27,7 +27,10 @@ class OpenAIChat(WireApi):
         if not stream:
             return None
         # a streamed answer has its tokens only when asked for them
-        return {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+        given = body.get("stream_options")
+        if given is not None and not isinstance(given, dict):
+            raise ValueError("stream_options must be a JSON object")
+        return {**body, "stream_options": {**(given or {}), "include_usage": True}}
 
     def is_answer(self, answer: Any) -> bool:
         return isinstance(answer, dict) and isinstance(answer.get("choices"), list) and bool(answer["choices"])

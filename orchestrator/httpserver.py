@@ -1,0 +1,58 @@
+"""The controller's HTTP servers on loopback (the model proxy, ``crosshost view --serve``), hardened
+against what reaches them: an attempt, a host's forward, a web page in the user's browser.
+
+- a bounded number of handler threads: a connection past ``max_threads`` is closed at once;
+- a read timeout per connection: a client that sends its request slowly (or never) holds a thread
+  for ``READ_TIMEOUT_S`` at most;
+- a handler's failure is counted, never a traceback on the user's terminal;
+- optionally, only requests whose ``Host`` header names the server's own address (a page of another
+  origin that rebinds its name to 127.0.0.1 is refused).
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+#: how long a connection may take to send each part of its request: a handler class's ``timeout``
+READ_TIMEOUT_S = 30.0
+#: handler threads at once
+MAX_THREADS = 64
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """A ``ThreadingHTTPServer`` with a bound on its threads and no traceback on the terminal."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any, *, max_threads: int | None = None) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_THREADS if max_threads is None else max_threads)
+        self.turned_away = 0  # connections closed because every thread was busy
+        self.failures = 0  # handlers that raised
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.turned_away += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        self.failures += 1  # what went wrong is the handler's to record; the terminal is the user's
+
+    def host_allowed(self, value: str | None) -> bool:
+        """Whether a request's ``Host`` header names this server (its address or ``localhost``)."""
+        host, port = str(self.server_address[0]), int(self.server_address[1])
+        return value in {f"{host}:{port}", f"localhost:{port}"}
