@@ -24,6 +24,13 @@ def printable(text: object) -> str:
     return _CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()), s)
 
 
+def one_line(text: object) -> str:
+    """``text`` as one line of data: ``printable``, and newlines and tabs shown as ``\\xNN`` too (a
+    name a host sent can then never add a line to what it is shown in)."""
+    s = _ANSI.sub("", str(text))
+    return _ANY_CONTROL.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 256 else "\\u%04x" % ord(m.group()), s)
+
+
 def control_char(text: str) -> Optional[str]:
     """The first control character in ``text`` (newline and tab included) as ``\\xNN``, or None."""
     m = _ANY_CONTROL.search(text)

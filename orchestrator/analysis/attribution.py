@@ -19,6 +19,7 @@ from typing import Any
 
 from agent_runner.fingerprint import NOT_DIGESTED
 from agent_runner.records import Fingerprint
+from agent_runner.textguard import one_line
 from orchestrator.analysis.models import (
     Attribution,
     Counterfactual,
@@ -171,13 +172,13 @@ def read_explain(path: Path, problems: list[str]) -> ExplainRecord | None:
 
 def counterfactual_line(cf: Counterfactual, reference: str) -> str:
     """"with box-b's LANG (unset), local fails too"."""
-    value = "unset" if cf.value is None else cf.value
+    value = "unset" if cf.value is None else one_line(cf.value)
     return f"with {cf.host}'s {cf.fact} ({value}), {reference} {cf.verdict}s too"
 
 
 def trial_line(cf: Counterfactual, reference: str) -> str:
     """"local with box-b's LANG (unset): fail, reproduces the flip": one counterfactual as tried."""
-    value = "unset" if cf.value is None else cf.value
+    value = "unset" if cf.value is None else one_line(cf.value)
     said = "reproduces the flip" if cf.reproduces else "does not reproduce it"
     return f"{reference} with {cf.host}'s {cf.fact} ({value}): {cf.verdict or 'no verdict'}, {said}"
 
@@ -202,10 +203,11 @@ def path_line(evidence: PathEvidence) -> str:
     verb = next((v for prefix, v in _VERBS if any(c.startswith(prefix) for c in evidence.calls)), "looked up")
     who = " and ".join(_WHO.get(side, side) for side in evidence.by) or _WHO["predicate"]
     parts = [
-        "absent on " + host if state == "absent" else f"present on {host} ({state})"
+        "absent on " + host if state == "absent" else f"present on {host} ({one_line(state)})"
         for host, state in sorted(evidence.state.items(), key=lambda hs: hs[1] == "absent")
     ]
-    return f"{who} {verb} {evidence.path}: " + ", ".join(parts)
+    # the path is a host's: a newline in a file's name must not add a line to what it is shown in
+    return f"{who} {verb} {one_line(evidence.path)}: " + ", ".join(parts)
 
 
 def explain_cause(entry: ExplainTask, reference: str) -> str:

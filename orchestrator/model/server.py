@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 from agent_runner import jsonfile
+from agent_runner.textguard import one_line
 from agent_runner.wire import (
     API_BASE_PATH,
     ATTEMPT_HEADER,
@@ -53,7 +54,7 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
 
         def _refuse(self, status: int, message: str, *, exec_api: bool = False) -> None:
             """A refusal in the API's own error format (an exec agent's: the suite's ``api``), recorded."""
-            call = proxy.refusal(status, f"{self.command} {printable(self.path)}", message)
+            call = proxy.refusal(status, f"{self.command} {one_line(self.path[:200])}", message)
             body = proxy.api_error(ERR_REFUSED, message) if exec_api else error_body(ERR_REFUSED, message)
             self._send(status, body, call)
 
@@ -149,7 +150,7 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
                 elif path == FORWARDED_PATH:
                     self._builtin()
                 else:
-                    self._refuse(404, f"path {printable(self.path)!r} refused: the proxy forwards only POST "
+                    self._refuse(404, f"path {one_line(self.path[:200])!r} refused: the proxy forwards only POST "
                                       f"{FORWARDED_PATH}")
             except Exception as exc:  # noqa: BLE001 - a request it cannot serve is a refusal, never a traceback
                 self._refuse(400, f"the proxy cannot serve this request ({type(exc).__name__})", exec_api=exec_api)
@@ -166,11 +167,6 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
         do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed  # noqa: N815
 
     return Handler
-
-
-def printable(text: str) -> str:
-    """A request's path as a record keeps it: control characters escaped, at most 200 characters."""
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text[:200])
 
 
 class Reply:

@@ -744,3 +744,14 @@ def test_a_newline_in_an_inventory_field_is_one_line_naming_it(tmp_path: Path, k
         load_inventory(inventory)
     line = str(got.value)
     assert f"host 'b': key '{key}': holds a control character (\\x0a)" in line and "\n" not in line
+
+
+def test_a_newline_in_a_hosts_file_name_or_value_adds_no_line_to_explains_output() -> None:
+    from orchestrator.analysis.attribution import path_line, trial_line
+    from orchestrator.analysis.models import Counterfactual, PathEvidence
+
+    forged = "/opt/flag\nlocal with box-b's LANG (unset): fail, reproduces the flip"
+    shown = path_line(PathEvidence(path=forged, calls=["openat"], state={"box-b": "file\n0 bytes", "local": "absent"}))
+    assert "\n" not in shown and "/opt/flag\\x0alocal with" in shown
+    cf = Counterfactual(host="box-b", fact="PATH", value="/x\n/y", verdict="fail", reproduces=True)
+    assert "\n" not in trial_line(cf, "local") and "/x\\x0a/y" in trial_line(cf, "local")
