@@ -162,9 +162,9 @@ def test_claude_code_from_npm_passes_a_task_through_the_proxy_on_three_hosts(
         offered = {t["name"] for r in provider.requests for t in r.body["tools"]}
         assert {"mcp__crosshost__lookup", "mcp__crosshost__write_file"} <= offered
         assert not offered & {"Bash", "Edit", "Write", "Read"}, offered
-        # Claude Code itself held only a placeholder (one per host's proxy); no host process held the key.
+        # Claude Code itself held only a placeholder (its attempt's own, one per host); no host process held the key.
         assert len(watch.agent_keys) == 3, watch.agent_keys
-        assert all(re.fullmatch(r"crosshost-[0-9a-f]{32}", k) for k in watch.agent_keys), watch.agent_keys
+        assert all(re.fullmatch(r"crosshost-[0-9a-f]{40}", k) for k in watch.agent_keys), watch.agent_keys
         assert watch.foreign_processes > 0 and watch.offenders == []
 
         for host in ("local", *hosts):
