@@ -286,8 +286,10 @@ for port in sorted(ports):
     for path, headers in (("/v1/chat/completions", {"X-Crosshost-Attempt": "answer.0"}),
                           ("/v1/chat/completions", {"X-Crosshost-Attempt": "answer.0", "Authorization": "Bearer crosshost-guess"}),
                           ("/attempt/answer.0/v1/chat/completions", {"Authorization": "Bearer crosshost-guess"}),
-                          ("/crosshost/turns", {})):
+                          ("/crosshost/turns", {}), ("/crosshost/turns", {"deep": "1"})):
         data = json.dumps({"attempt": "answer.0"}).encode() if path == "/crosshost/turns" else body
+        if headers.pop("deep", None):
+            data = b"[" * 100000  # nested past any parser's recursion: a 400 or 401, never a traceback
         req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=data, method="POST",
                                      headers={"Content-Type": "application/json", **headers})
         try:
@@ -316,7 +318,7 @@ def _live_suite(root: Path, base_url: str, predicate: str) -> Path:
 
 
 def test_a_predicate_that_posts_to_every_loopback_listener_spends_nothing(
-    sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """With the host's network open to it, an attempt finds every proxy (its own host's, and on an sshd
     host the other hosts' forwards) and asks each for a completion: without its attempt's placeholder
@@ -336,6 +338,7 @@ def test_a_predicate_that_posts_to_every_loopback_listener_spends_nothing(
                  (out.run_dir.path / "hosts" / name / "model_calls.jsonl").read_text().splitlines()]
         assert any(c["status"] == 401 for c in calls), (name, calls)  # the refusals are recorded
     assert len(paid) == len(HOSTS), [r.path for r in paid]  # one request per attempt, the agent's own
+    assert "Traceback" not in capfd.readouterr().err
 
 
 #: An exec agent that, before its own request, asks its host's proxy in its neighbour's name.
