@@ -44,7 +44,7 @@ def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int,
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_through_the_proxy_turns_from_function_namespaced_and_custom_calls(stream: bool) -> None:
     with FakeProvider(script=SCRIPT, key=KEY) as provider, _proxy("openai", provider.base_url) as proxy:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1", api_key=proxy.token)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1", api_key=proxy.attempt_token("t.0"))
         items: list[Any] = [{"role": "user", "content": "go"}]
         outputs = ["the answer is 42", "patched"]
         for turn in range(3):
@@ -85,8 +85,8 @@ def test_gemini_through_the_proxy_with_the_key_swapped_and_the_model_from_the_pa
         url = f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1beta/models/gem-1:{verb}"
         contents: list[Any] = [{"role": "user", "parts": [{"text": "go"}]}]
         # Gemini CLI sends its key as x-goog-api-key; the REST examples as ?key=
-        status, first = _post(url + ("" if stream else f"?key={proxy.token}"), {"contents": contents},
-                              {"x-goog-api-key": proxy.token} if stream else {})
+        status, first = _post(url + ("" if stream else f"?key={proxy.attempt_token('t.0')}"), {"contents": contents},
+                              {"x-goog-api-key": proxy.attempt_token("t.0")} if stream else {})
         assert status == 200
         if stream:
             chunks = [json.loads(line[5:]) for line in first.decode().splitlines() if line.startswith("data:")]
@@ -98,9 +98,9 @@ def test_gemini_through_the_proxy_with_the_key_swapped_and_the_model_from_the_pa
         contents += [{"role": "model", "parts": [{"functionCall": call}]},
                      {"role": "user", "parts": [{"functionResponse": {
                          "id": call["id"], "name": "lookup", "response": {"output": "the answer is 42"}}}]}]
-        status, _ = _post(url, {"contents": contents}, {"x-goog-api-key": proxy.token})
+        status, _ = _post(url, {"contents": contents}, {"x-goog-api-key": proxy.attempt_token("t.0")})
         assert status == 200
-        status, refused = _post(url.replace("gem-1", "gem-2"), {"contents": contents}, {"x-goog-api-key": proxy.token})
+        status, refused = _post(url.replace("gem-1", "gem-2"), {"contents": contents}, {"x-goog-api-key": proxy.attempt_token("t.0")})
         snapshot = proxy.book.snapshot("t.0")
     assert status == 403 and "gem-2" in refused.decode()
     assert [r.headers["x-goog-api-key"] for r in provider.requests] == [KEY, KEY]  # the refused one never left
@@ -115,7 +115,7 @@ def test_gemini_through_the_proxy_with_the_key_swapped_and_the_model_from_the_pa
 def test_an_api_the_suite_did_not_declare_is_a_recorded_error_naming_the_api_and_the_fix(tmp_path: Path) -> None:
     with FakeProvider(script=SCRIPT, key=KEY) as provider, _proxy("anthropic", provider.base_url.removesuffix("/v1")) as proxy:
         status, body = _post(f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1/responses",
-                             {"model": "m", "input": "go"}, {"Authorization": f"Bearer {proxy.token}"})
+                             {"model": "m", "input": "go"}, {"Authorization": f"Bearer {proxy.attempt_token('t.0')}"})
         snapshot = proxy.book.snapshot("t.0")
         proxy.write_jsonl(tmp_path / "model_calls.jsonl")
     assert status == 404 and provider.requests == []
@@ -131,7 +131,7 @@ def test_an_api_the_suite_did_not_declare_is_a_recorded_error_naming_the_api_and
 def test_count_tokens_and_beta_headers_pass_through_and_a_provider_error_comes_back_as_it_said_it() -> None:
     with FakeProvider(script=SCRIPT, key=KEY, fail_first=[]) as provider, _proxy("anthropic", provider.base_url.removesuffix("/v1"), max_requests=1) as proxy:
         base = f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1/messages"
-        headers = {"x-api-key": proxy.token, "anthropic-version": "2023-06-01", "anthropic-beta": "tools-x"}
+        headers = {"x-api-key": proxy.attempt_token("t.0"), "anthropic-version": "2023-06-01", "anthropic-beta": "tools-x"}
         body = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "go"}]}
         status, counted = _post(base + "/count_tokens", body, headers)
         assert (status, json.loads(counted)) == (200, {"input_tokens": 11})
@@ -149,7 +149,7 @@ def test_count_tokens_and_beta_headers_pass_through_and_a_provider_error_comes_b
 def test_a_websocket_attempt_is_a_404_an_agent_falls_back_from_and_no_error_of_the_attempt() -> None:
     with FakeProvider(script=SCRIPT, key=KEY) as provider, _proxy("openai", provider.base_url) as proxy:
         request = urllib.request.Request(f"http://127.0.0.1:{proxy.port}{EXEC_PREFIX}t.0/v1/responses", headers={
-            "Upgrade": "websocket", "Connection": "Upgrade", "Authorization": f"Bearer {proxy.token}"})
+            "Upgrade": "websocket", "Connection": "Upgrade", "Authorization": f"Bearer {proxy.attempt_token('t.0')}"})
         with pytest.raises(urllib.error.HTTPError) as got:
             urllib.request.urlopen(request, timeout=10)
         snapshot = proxy.book.snapshot("t.0")
