@@ -8,7 +8,10 @@ root), and the whole command is timed. Per attempt = (wall(T) - wall(1)) / (T - 
 start, the isolation probe and the fingerprint are paid once per run and cancel out. Medians of
 ``reps`` runs, interleaved so both sizes see the same load.
 
-Usage: ``python -m bench.runner_bench [--tasks 100,1000] [--reps 3]``.
+``--network open`` runs the suites with ``network = "open"`` (no network namespace per attempt), so
+the two runs side by side give what the attempt's own network costs.
+
+Usage: ``python -m bench.runner_bench [--tasks 100,1000] [--reps 3] [--network isolated|open]``.
 """
 
 from __future__ import annotations
@@ -51,10 +54,14 @@ def _run(suite: Path, scratch: Path) -> float:
     return wall
 
 
-def measure(sizes: tuple[int, ...] = (100, 1000), reps: int = 3) -> dict[str, Any]:
+def measure(sizes: tuple[int, ...] = (100, 1000), reps: int = 3, network: str = "isolated") -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="crosshost-runner-bench-"))
     try:
         suites = {t: generate_suite(scratch / f"suite-{t}", t, 0).root for t in (1, *sizes)}
+        if network == "open":
+            for suite in suites.values():  # a top-level key: before the first table
+                toml = suite / "suite.toml"
+                toml.write_text('network = "open"\n' + toml.read_text())
         walls: dict[int, list[float]] = {t: [] for t in suites}
         for _ in range(reps):
             for t, suite in suites.items():
@@ -79,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="100,1000", help="suite sizes, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--network", choices=("isolated", "open"), default="isolated")
     args = parser.parse_args(argv)
-    out = measure(tuple(int(x) for x in args.tasks.split(",")), args.reps)
+    out = measure(tuple(int(x) for x in args.tasks.split(",")), args.reps, args.network)
     print(json.dumps(out, indent=1))
     return 0
 
