@@ -1,4 +1,5 @@
-# crosshost — the README's two commands are `make demo` and `make test`; each sets itself up.
+# crosshost — the README's two commands are `make demo` and `make test`; each sets itself up (`make setup`
+# sets up without running either).
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -161,12 +162,16 @@ demo-containers: $(STAMP) docker
 	echo "== crosshost replay exited $$rc (0 valid, within the gate; 1 invalid or flips over the gate; 2 bad input; 3 a host failed)"; \
 	case $$rc in 0|1) exit 0;; *) exit $$rc;; esac
 
-# Real sshd test hosts for people (the tests start their own): box-b and box-c on 2222/2223, keys and
-# known_hosts where the demo inventory (hosts.toml) expects them.
+# Real sshd test hosts for people (the tests start their own): box-b and box-c, on 2222/2223 where free
+# (else ports the kernel picks), or on HOSTS_PORT and the port after it. The client key, known_hosts
+# and an inventory of local, box-b and box-c (their real ports) go under HOSTS_OUT.
 HOSTS_STATE ?= /var/tmp/crosshost-hosts
+HOSTS_PORT ?=
+HOSTS_OUT ?= .state
 hosts-up: $(STAMP)
-	@python3 tools/testhosts.py up --names box-b,box-c --base-port 2222 --state $(HOSTS_STATE) \
-	  --identity-out .state/keys/id_ed25519 --known-hosts-out .state/known_hosts --inventory-out .state/hosts.toml
+	@$(PY) tools/testhosts.py up --names box-b,box-c $(if $(HOSTS_PORT),--base-port $(HOSTS_PORT)) \
+	  --state $(HOSTS_STATE) --identity-out $(HOSTS_OUT)/keys/id_ed25519 \
+	  --known-hosts-out $(HOSTS_OUT)/known_hosts --inventory-out $(HOSTS_OUT)/hosts.toml
 
 hosts-down:
 	@python3 tools/testhosts.py down --state $(HOSTS_STATE)

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import sandbox
 from .records import Fingerprint
-from .redact import secret_env_keys
+from .redact import redact_text, secret_env_keys
 
 VERSION_TIMEOUT_S = 5
 # Shell bookkeeping that says nothing about the host; left out so a fingerprint does not move with it.
@@ -164,6 +164,8 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
         "cwd_exists": os.path.isdir(cwd),
         "user_home_in_cwd": bool(home_norm) and (cwd == home_norm or cwd.startswith(home_norm + "/")),
         "env_keys": sorted(k for k in env if k not in _SHELL_NOISE_KEYS),
+        # the PATH attempts start from (when the allowlist passes it): which python3 or jq they meet
+        "path": redact_text(env["PATH"]) if "PATH" in env else None,
         "has_local_dotenv": os.path.isfile(os.path.join(cwd, ".env")),
         "cpu_count": os.cpu_count(),
         "locale": _locale_facts(env),

@@ -343,6 +343,8 @@ class Fingerprint:
     cwd_exists: Optional[bool] = None
     user_home_in_cwd: Optional[bool] = None
     env_keys: List[str] = field(default_factory=list)
+    #: the runner's PATH, which an attempt starts from when the allowlist passes PATH (None: it had none)
+    path: Optional[str] = None
     has_local_dotenv: Optional[bool] = None
     cpu_count: Optional[int] = None
     locale: Dict[str, Any] = field(default_factory=dict)

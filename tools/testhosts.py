@@ -102,11 +102,25 @@ def pick_port(prefer: int | None = None) -> int:
     return prefer if prefer is not None and port_is_free(prefer) else free_port()
 
 
+def up_ports(count: int, base: int | None) -> list[int]:
+    """``base``, ``base + 1``, ... when a base is given (a taken one fails when its host starts), else
+    2222, 2223, ... each where free and a port the kernel picks where not, never one port twice."""
+    if base is not None:
+        return [base + i for i in range(count)]
+    ports: list[int] = []
+    for i in range(count):
+        port = pick_port(2222 + i)
+        while port in ports:
+            port = free_port()
+        ports.append(port)
+    return ports
+
+
 def _require_free_port(name: str, port: int) -> None:
     if not port_is_free(port):
         raise TestHostError(
             f"{name}: port {port} on 127.0.0.1 is in use; "
-            "stop whatever holds it (e.g. `make hosts-down`) and retry"
+            "stop whatever holds it (e.g. `make hosts-down`) and retry, or pick another port"
         )
 
 
@@ -563,7 +577,9 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start test hosts")
     up.add_argument("--count", type=int, default=2)
     up.add_argument("--names", help="comma-separated host names (default box-a, box-b, ...)")
-    up.add_argument("--base-port", type=int, default=2222)
+    up.add_argument("--base-port", type=int,
+                    help="the first host's port, the next host's one more (default: 2222, 2223, ... where "
+                         "free, else ports the kernel picks)")
     up.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-hosts"))
     up.add_argument("--identity-out", type=Path, help="where the client key goes (default STATE/id_ed25519)")
     up.add_argument("--known-hosts-out", type=Path, help="the known_hosts to write (default STATE/known_hosts)")
@@ -598,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in list(fleet.hosts):
             if name not in names:
                 fleet.remove(name)
-        hosts = fleet.up(names, [args.base_port + i for i in range(len(names))], user=args.user)
+        hosts = fleet.up(names, up_ports(len(names), args.base_port), user=args.user)
         inventory = fleet.write_inventory(
             args.inventory_out or fleet.state / "hosts.toml", include_local=not args.no_local
         )
@@ -609,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{h.name}: {h.user}@127.0.0.1 -p {h.port} -i {fleet.identity}")
     print(f"known_hosts: {fleet.known_hosts}")
     print(f"inventory: {inventory}")
+    print(f"try: crosshost hosts -i {inventory}")
     return 0
 
 

@@ -97,3 +97,20 @@ def test_demo_host_facts_flip_the_probes_and_change_the_agents_shape(tmp_path: P
     restart = [[t["args"] for t in records(d / "traces" / "shape-shifter.0.jsonl")
                 if t.get("tool") == "restart_unit"] for d in (here, there)]
     assert restart == [[{"unit": "nginx.service"}], [{"unit": "nginx.service", "grace_s": 30}]]
+
+
+def test_the_fingerprint_records_the_path_attempts_start_from_and_a_different_path_moves_the_digest(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "work").mkdir()
+
+    def fingerprint(path: str) -> dict[str, object]:
+        done = run_runner("fingerprint", "--cwd", str(tmp_path / "work"), env=clean_env(PATH=path))
+        assert done.returncode == 0, done.stderr
+        return dict(json.loads(done.stdout))
+
+    login = fingerprint("/usr/local/bin:/usr/bin:/bin")
+    venv = fingerprint(f"{tmp_path}/.venv/bin:/usr/local/bin:/usr/bin:/bin")
+    assert login["path"] == "/usr/local/bin:/usr/bin:/bin"
+    assert venv["path"] == f"{tmp_path}/.venv/bin:/usr/local/bin:/usr/bin:/bin"
+    assert venv["fingerprint"] != login["fingerprint"]
