@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.live import Live
 from rich.markup import escape as _markup_escape
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -71,6 +72,41 @@ def err_console() -> Console:
 def say(console: Console, text: str) -> None:
     """One line of untrusted text, as it is: no markup, no highlighting, never cut."""
     console.print(printable(text), markup=False, highlight=False, soft_wrap=True)
+
+
+class WholeColumn:
+    """A table whose first column holds identifiers a user pastes back (a task's id into ``--tasks``):
+    never cut with "…". Where the table is wider than the terminal, the first column keeps its longest
+    value and the others give way down to their longest word; where even that does not fit, the
+    first column gets what is left and folds onto more lines. No column is ever cut."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        columns = self.table.columns
+        ranges = []
+        for column in columns:
+            cells = [Measurement.get(console, options, c) for c in [column.header, *column.cells] if c is not None]
+            ranges.append((max((m.minimum for m in cells), default=1), max((m.maximum for m in cells), default=1)))
+        overhead = len(columns) + 1 + 2 * len(columns)  # borders, one space of padding each side
+        room = options.max_width - overhead
+        longest, lows, highs = ranges[0][1], [r[0] for r in ranges[1:]], [r[1] for r in ranges[1:]]
+        if longest + sum(highs) > room:
+            if longest + sum(lows) <= room:
+                first = longest  # whole: the others give way
+            else:  # folded anyway: the others keep what they need, the first at least a few words
+                first = max(1, min(room - sum(lows), max(min(longest, 16), room - sum(highs))))
+            widths = [first, *lows]
+            spare = room - sum(widths)
+            # what is left goes first to the columns it makes whole with the least
+            for i in sorted(range(1, len(widths)), key=lambda i: highs[i - 1] - widths[i]):
+                more = max(0, min(spare, highs[i - 1] - widths[i]))
+                widths[i] += more
+                spare -= more
+            for column, width in zip(columns, widths, strict=True):
+                column.width, column.overflow = width, "fold"
+        yield self.table
 
 
 # ------------------------------------------------------------------------------------------ replay
@@ -194,14 +230,18 @@ def interrupted_line(manifest: Manifest) -> str:
     return "; ".join(said)
 
 
-def render_replay(outcome: ReplayOutcome, *, out: Console | None = None, err: Console | None = None) -> int:
+def render_replay(
+    outcome: ReplayOutcome, *, out: Console | None = None, err: Console | None = None, causes: bool = True
+) -> int:
     """What ``crosshost replay`` prints once the run is over: the summary and report on stdout,
-    errors and notes on stderr, then the run directory and the exit code with its reason."""
+    errors and notes on stderr, then the run directory and the exit code with its reason.
+    ``causes=False`` (``--explain`` follows and says each flip's cause with its evidence) leaves
+    out the report's cause lines, so each cause is said once."""
     out = out or out_console()
     err = err or err_console()
     out.print(summary_table(outcome))
     if outcome.report is not None:
-        out.print(report_table(outcome.report))
+        out.print(report_table(outcome.report, causes=causes))
     elif not outcome.manifest.interrupted:
         out.print("analysis not available: the run directory is complete, reports are not written", markup=False)
     for line in outcome.errors.values():
@@ -226,8 +266,9 @@ COMPACT_AFTER = 4  # attempts shown as words; more are shown as letters
 CAUSE_WIDTH = 160  # characters of a flipped task's cause line under the report table
 
 
-def report_table(report: RunReport) -> RenderableType:
-    """Tasks × hosts with flips marked, classification and action; then validity and the gate."""
+def report_table(report: RunReport, *, causes: bool = True) -> RenderableType:
+    """Tasks × hosts with flips marked, classification and action; then validity and the gate, and
+    each flipped task's cause unless ``causes`` is False."""
     hosts = report.host_names()
     table = Table(title=escape(f"crosshost run {report.run_id}" + (f" · suite {report.suite}" if report.suite else "")))
     table.add_column("task")
@@ -258,7 +299,7 @@ def report_table(report: RunReport) -> RenderableType:
         table.add_row(*cells)
     validity = plain(validity_line(report), style="green" if report.valid else "bold red")
     gate = plain(gate_verdict(report), style="green" if report.within_gate else "bold red")
-    parts: list[RenderableType] = [table, validity, gate]
+    parts: list[RenderableType] = [WholeColumn(table), validity, gate]
     parts += [plain(line, style="yellow") for line in burn_lines(report)]
     parts += [plain(line, style="yellow") for line in outside_workspace_lines(report)]
     weak = weak_line(report)
@@ -269,7 +310,7 @@ def report_table(report: RunReport) -> RenderableType:
         parts.append(plain(errors_line(report), style="yellow"))
     if any(t.flip and t.evidence == "deterministic" for t in report.tasks):
         parts.append(plain("* = verdict differs from the reference's on the same attempt", style="dim"))
-    for task in report.tasks:
+    for task in report.tasks if causes else ():
         if task.flip and task.cause:  # one line each; report.md has the whole evidence
             parts.append(plain(cut_words(f"cause {task.task}: {task.cause}", CAUSE_WIDTH)))
     for task in report.tasks:
@@ -572,7 +613,9 @@ def render_explain(outcome: ExplainOutcome, console: Console | None = None) -> N
         for cf in task.explain.counterfactuals:
             line(f"  {trial_line(cf, reference)}")
         for evidence in task.explain.paths:
-            line(f"  {path_line(evidence)}")
+            said = path_line(evidence)
+            if said not in (task.cause or ""):  # the cause line names it already
+                line(f"  {said}")
         for note in task.explain.not_collected:
             line(f"  {note}")
     if report.explain:

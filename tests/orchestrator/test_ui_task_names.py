@@ -1,0 +1,54 @@
+"""A task's id is what a user pastes into --tasks: no terminal table cuts it, at 80 columns either."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from orchestrator import ui
+from orchestrator.analysis import analyse_run
+from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
+
+_BOX = re.compile(r"[│┃]")
+
+
+def _report_at(tmp_path: Path, names: list[str], width: int) -> list[str]:
+    attempts: dict[tuple[str, str, int], Attempt] = {}
+    for name in names:
+        for n in (0, 1):
+            attempts[("local", name, n)] = Attempt("pass")
+            attempts[("box-b", name, n)] = Attempt("fail", why="predicate exit 1")
+    report = analyse_run(build_run(tmp_path, RunSpec(hosts=two_hosts(), attempts=attempts)))
+    console = Console(file=io.StringIO(), width=width, record=True, color_system=None, force_terminal=True)
+    ui.print_report(report, console=console)
+    return console.export_text().splitlines()
+
+
+def _task_cells(lines: list[str]) -> list[str]:
+    """The task column's text, row by row (a wrapped name's lines joined)."""
+    cells: list[str] = []
+    for line in lines:
+        if not line.startswith("│"):
+            continue
+        cell = _BOX.split(line)[1].strip()
+        cells.append(cell)
+    return cells
+
+
+@pytest.mark.parametrize("name", ["deploy-missing-version", "restart-unhealthy-only"])
+def test_a_task_name_stays_whole_on_its_row_at_80_columns(tmp_path: Path, name: str) -> None:
+    lines = _report_at(tmp_path, [name, "short"], 80)
+    assert max(len(line) for line in lines if line.startswith(("│", "┃", "┏", "└"))) <= 80
+    row = next(line for line in lines if name[:5] in line)
+    assert name in row, "\n".join(lines)
+
+
+def test_a_name_longer_than_the_terminal_is_wrapped_never_cut(tmp_path: Path) -> None:
+    name = "a-very-long-task-identifier-" + "x" * 70
+    lines = _report_at(tmp_path, [name], 80)
+    assert "…" not in "\n".join(_task_cells(lines))
+    assert "".join(_task_cells(lines)).startswith(name)
