@@ -167,7 +167,7 @@ def replay_cmd(
     )  # fmt: skip
     with ui.ProgressView(planned_hosts(request)) as view:
         outcome = replay_command(request, on_event=view)
-    code = ui.render_replay(outcome)
+    code = ui.render_replay(outcome, causes=not explain)
     if not explain or outcome.report is None or not outcome.report.flipped:
         return code
     from orchestrator.commands.explain import ExplainRequest

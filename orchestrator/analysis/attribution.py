@@ -197,17 +197,31 @@ _VERBS = (("execve", "executed"), ("open", "read"), ("getdents", "listed"))
 _WHO = {"predicate": "run_tests.sh", "agent": "the agent"}
 
 
+_UNUSABLE = ("character device", "block device")  # where a program or a file should be
+
+
+def _state_on(host: str, state: str) -> str:
+    if state == "absent":
+        return f"absent on {host}"
+    if state in _UNUSABLE:
+        return f"unusable on {host} ({state})"
+    return f"present on {host} ({one_line(state)})"
+
+
 def path_line(evidence: PathEvidence) -> str:
     """"run_tests.sh read /opt/x/feature.flag: present on box-b (file 0 bytes …), absent on local"
-    ("the agent read …" for a path only the agent's processes or its tools touched)."""
+    ("the agent read …" for a path only the agent's processes or its tools touched; "(also /bin/jq)"
+    for the other spellings of one file through a directory link)."""
     verb = next((v for prefix, v in _VERBS if any(c.startswith(prefix) for c in evidence.calls)), "looked up")
     who = " and ".join(_WHO.get(side, side) for side in evidence.by) or _WHO["predicate"]
-    parts = [
-        "absent on " + host if state == "absent" else f"present on {host} ({one_line(state)})"
-        for host, state in sorted(evidence.state.items(), key=lambda hs: hs[1] == "absent")
-    ]
+    also = f" (also {', '.join(one_line(a) for a in evidence.aliases)})" if evidence.aliases else ""
+
+    def order(hs: tuple[str, str]) -> int:
+        return 0 if hs[1] in _UNUSABLE else 2 if hs[1] == "absent" else 1
+
+    parts = [_state_on(host, state) for host, state in sorted(evidence.state.items(), key=order)]
     # the path is a host's: a newline in a file's name must not add a line to what it is shown in
-    return f"{who} {verb} {one_line(evidence.path)}: " + ", ".join(parts)
+    return f"{who} {verb} {one_line(evidence.path)}{also}: " + ", ".join(parts)
 
 
 def explain_cause(entry: ExplainTask, reference: str) -> str:

@@ -124,6 +124,8 @@ class PathEvidence(BaseModel):
     """A path an attempt touched outside its own directories whose state differs between hosts."""
 
     path: str
+    #: other spellings of the same file through a directory link on every host (/bin/jq for /usr/bin/jq)
+    aliases: list[str] = Field(default_factory=list)
     calls: list[str] = Field(default_factory=list)  # the system calls that named it (openat, stat, execve…)
     touched_on: list[str] = Field(default_factory=list)  # the hosts where the attempt touched it
     #: who touched it: "predicate" (run_tests.sh) and/or "agent" (the agent's processes and its tools')

@@ -269,8 +269,10 @@ SMALL_FILE = 1024 * 1024  # files up to this size get a sha256
 # others may not read gets no digest: a hash of a small private file (a key, a token) is a lead to it.
 _STAT_SCRIPT = r"""
 import hashlib, json, os, stat, sys
-out = {}
+out, canonical = {}, {}
 for p in json.loads(sys.stdin.read() if len(sys.argv) < 2 else sys.argv[1]):
+    # the file this path names through its directories' links (usr-merge: /bin/jq is /usr/bin/jq)
+    canonical[p] = os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -295,9 +297,15 @@ for p in json.loads(sys.stdin.read() if len(sys.argv) < 2 else sys.argv[1]):
             except OSError:
                 pass
         out[p] = s
+    elif stat.S_ISCHR(st.st_mode):
+        out[p] = "character device"
+    elif stat.S_ISBLK(st.st_mode):
+        out[p] = "block device"
+    elif stat.S_ISFIFO(st.st_mode):
+        out[p] = "fifo"
     else:
-        out[p] = "special file"
-print(json.dumps(out))
+        out[p] = "socket"
+print(json.dumps({"states": out, "canonical": canonical}))
 """.replace("%(small)d", str(SMALL_FILE))
 
 
@@ -361,10 +369,19 @@ def _chunks(paths: list[str]) -> list[list[str]]:
     return [c for c in chunks if c]
 
 
-def path_states(cfg: HostConfig, paths: list[str], opener: Opener, accept_new: bool) -> dict[str, str]:
+@dataclass
+class PathFacts:
+    """What a host's stat script said: each path's state, and the file each names through its
+    directories' links (a path missing from ``canonical`` names itself)."""
+
+    states: dict[str, str]
+    canonical: dict[str, str]
+
+
+def path_facts(cfg: HostConfig, paths: list[str], opener: Opener, accept_new: bool) -> PathFacts:
     """Each path's state on the host, by one exec of its python per chunk (nothing is written there)."""
     host = opener(cfg, accept_new=accept_new)
-    states: dict[str, str] = {}
+    facts = PathFacts({}, {})
     try:
         for chunk in _chunks(paths):
             result = host.exec([cfg.python, "-c", _STAT_SCRIPT, json.dumps(chunk)], 60)
@@ -372,11 +389,34 @@ def path_states(cfg: HostConfig, paths: list[str], opener: Opener, accept_new: b
                 got = json.loads(result.stdout)
             except ValueError:
                 continue
-            if isinstance(got, dict):
-                states.update({str(k): str(v) for k, v in got.items()})
+            if not isinstance(got, dict):
+                continue
+            for key, into in (("states", facts.states), ("canonical", facts.canonical)):
+                part = got.get(key)
+                if isinstance(part, dict):
+                    into.update({str(k): str(v) for k, v in part.items() if str(k) in chunk})
     finally:
         host.close()
-    return states
+    return facts
+
+
+def path_states(cfg: HostConfig, paths: list[str], opener: Opener, accept_new: bool) -> dict[str, str]:
+    """Each path's state on the host (``path_facts`` without the links)."""
+    return path_facts(cfg, paths, opener, accept_new).states
+
+
+def _one_file(paths: list[str], facts: dict[str, PathFacts], hosts: list[str]) -> dict[str, list[str]]:
+    """Spellings of one file through a directory link on every host, grouped: the file's own path
+    (when one of them is it, else the first) -> the other spellings."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for p in paths:
+        key = tuple(facts[h].canonical.get(p, p) if h in facts else p for h in hosts)
+        groups.setdefault(key, []).append(p)
+    out: dict[str, list[str]] = {}
+    for key, spellings in groups.items():
+        own = next((p for p in spellings if all(k == p for k in key)), spellings[0])
+        out[own] = [p for p in spellings if p != own]
+    return out
 
 
 def _ranked(found: list[PathEvidence], hosts: list[str]) -> list[PathEvidence]:
@@ -435,17 +475,20 @@ def file_evidence(
         for task in tasks:
             notes[task].append(f"file evidence cut: {len(unchecked)} of {len(touched_all)} touched path(s) not "
                                f"compared between hosts (library paths first; e.g. {unchecked[0]})")
-    states = {h: path_states(configs[h], wanted, opener, accept_new) for h in hosts} if wanted else {}
+    facts = {h: path_facts(configs[h], wanted, opener, accept_new) for h in hosts} if wanted else {}
     found: dict[str, list[PathEvidence]] = {t: [] for t in tasks}
     for task in tasks:
         task_paths = sorted({p for per_host in seen[task].values() for p in per_host if p in wanted})
-        for p in task_paths:
-            state = {h: states.get(h, {}).get(p, "unknown") for h in hosts}
+        for p, aliases in _one_file(task_paths, facts, hosts).items():
+            state = {h: facts[h].states.get(p, "unknown") if h in facts else "unknown" for h in hosts}
             if len(set(state.values())) > 1:
-                sides = [per_host[p] for per_host in seen[task].values() if p in per_host]
+                spellings = [p, *aliases]
+                sides = [per_host[q] for per_host in seen[task].values() for q in spellings if q in per_host]
                 calls = sorted({c for by_side in sides for cs in by_side.values() for c in cs})
                 by = [side for side in SIDES if any(side in by_side for by_side in sides)]
-                on = [h for h in hosts if p in seen[task].get(h, {})]
-                found[task].append(PathEvidence(path=p, calls=calls, touched_on=on, state=state, by=by))
+                on = [h for h in hosts if any(q in seen[task].get(h, {}) for q in spellings)]
+                found[task].append(
+                    PathEvidence(path=p, aliases=aliases, calls=calls, touched_on=on, state=state, by=by)
+                )
         found[task] = _ranked(found[task], hosts)
     return found, notes, env_paths
