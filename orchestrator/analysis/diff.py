@@ -13,7 +13,14 @@ from pathlib import Path
 
 from agent_runner.errors import TraceError
 from orchestrator.analysis.attempts import iter_steps, iter_turns_by_value
-from orchestrator.analysis.shapes import arg_values_differing, args_differences, turn_args, unified_shape_diff
+from orchestrator.analysis.shapes import (
+    arg_shapes_differing,
+    arg_values_differing,
+    args_differences,
+    shape_changes,
+    turn_args,
+    unified_shape_diff,
+)
 from orchestrator.selection import TaskSelection, select_hosts
 from orchestrator.store.rundir import load_run
 
@@ -107,9 +114,14 @@ def _diff_pair(
         out.differs = out.differs or bool(diff)
         out.lines.append(f"# {task} attempt {attempt}: {left_host} -> {right_host}")
         out.lines.extend(diff or [f"  (same shape, {len(a)} steps)"])
-        if values:
-            left_args = _step_args(left[attempt], {r.step for r, _ in values})
-            right_args = _step_args(right[attempt], {o.step for _, o in values})
+        reshaped = shape_changes(a, b)
+        left_args = _step_args(left[attempt], {r.step for r, _ in values + reshaped})
+        right_args = _step_args(right[attempt], {o.step for _, o in values + reshaped})
+        for r, o in reshaped:  # the values that moved the shape: why the + line differs from the -
+            keys = arg_shapes_differing(left_args.get(r.step), right_args.get(o.step))
+            if keys:
+                said = "; ".join(f"{key}: {x or '(not passed)'} -> {y or '(not passed)'}" for key, x, y in keys)
+                out.lines.append(f"  step {o.step} {o.tool}: shape differs; {said}")
         for r, o in values:
             out.lines.append(f"  step {o.step} {o.tool}: argument values differ (args_fp {r.args_fp} -> {o.args_fp})")
             out.lines.extend(

@@ -250,6 +250,19 @@ def args_differences(reference: Iterable[Step], other: Iterable[Step]) -> list[t
     ]
 
 
+def shape_changes(reference: Sequence[Step], other: Sequence[Step]) -> list[tuple[Step, Step]]:
+    """Calls of the same tool whose shape differs, paired where the unified shape diff replaces one
+    line with another (the ``-lookup(key: str)`` / ``+lookup(key: str, scope: str)`` pairs)."""
+    matcher = difflib.SequenceMatcher(
+        a=[s.describe() for s in reference], b=[s.describe() for s in other], autojunk=False
+    )
+    pairs: list[tuple[Step, Step]] = []
+    for op, i1, i2, j1, j2 in matcher.get_opcodes():
+        if op == "replace":
+            pairs += [(r, o) for r, o in zip(reference[i1:i2], other[j1:j2], strict=False) if r.tool == o.tool]
+    return pairs
+
+
 def unified_shape_diff(
     reference: Sequence[Step], other: Sequence[Step], ref_label: str, other_label: str
 ) -> list[str]:
@@ -294,6 +307,32 @@ def arg_values_differing(
         )
         for key in sorted(raw_left.keys() | raw_right.keys())
         if raw_left.get(key, _ABSENT) != raw_right.get(key, _ABSENT)
+    ]
+
+
+def arg_shapes_differing(
+    reference_args: Mapping[str, object] | None, other_args: Mapping[str, object] | None
+) -> list[tuple[str, str | None, str | None]]:
+    """(key, the reference's value, the other's value) for the keys that make two calls' shapes
+    differ: passed on one side only, or of another JSON type. Values as JSON (``"30"`` and ``30``
+    differ), redacted, a long one shortened at a word; a redacted one says its type; None: not passed."""
+    left, right = dict(reference_args or {}), dict(other_args or {})
+    shown_left, shown_right = redact(left), redact(right)
+
+    def text(raw: object, shown: object) -> str:
+        said = shown if isinstance(shown, str) and shown != raw and "[REDACTED]" in shown else None
+        if said is not None:
+            return f"{_arg_text(said)} ({json_type(raw)})"
+        return _arg_text(json.dumps(shown, sort_keys=True, ensure_ascii=False))
+
+    return [
+        (
+            key,
+            text(left[key], shown_left[key]) if key in left else None,
+            text(right[key], shown_right[key]) if key in right else None,
+        )
+        for key in sorted(left.keys() | right.keys())
+        if (key in left) != (key in right) or json_type(left[key]) != json_type(right[key])
     ]
 
 

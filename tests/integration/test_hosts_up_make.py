@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.inventory import load_inventory
+from orchestrator.hosts.inventory import load_inventory
 from tests.support.fleet import STATE_PARENT
 from tools.testhosts import free_port, port_is_free
 
