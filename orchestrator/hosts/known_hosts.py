@@ -93,13 +93,17 @@ def append(path: Path, label: str, key_type: str, key_b64: str) -> None:
 
 
 def verify(
-    path: Path, host: str, label: str, key_type: str, key_b64: str, *, accept_new: bool = False
+    path: Path, host: str, label: str, key_type: str, key_b64: str, *, accept_new: bool = False,
+    shown: str | None = None,
 ) -> None:
     """Accept the key the server offered, or raise ``HostKeyRejected`` saying what to do.
 
     Known and equal: fine. Unknown: refused, unless ``accept_new`` (then recorded). Known with a
     different key (of any type): refused always — that is what a man in the middle looks like.
+    ``shown`` is how the message names the server when ``label`` alone would mislead (a jump host:
+    "jump host bastion ([127.0.0.1]:2601)").
     """
+    said = shown or label
     known = lookup(path, label, host=host)
     offered = fingerprint(key_b64)
     if any(k.key_type == key_type and k.key_b64 == key_b64 for k in known):
@@ -108,11 +112,11 @@ def verify(
         lines = ", ".join(str(k.line) for k in known)
         raise HostKeyRejected(
             host,
-            f"host key for {label} has CHANGED: the server offers {key_type} {offered}, "
+            f"host key for {said} has CHANGED: the server offers {key_type} {offered}, "
             f"{path} line {lines} holds {known[0].fingerprint}; refused "
             f"(--accept-new never accepts a changed key: check with the host's owner, "
             f"then remove line {lines} of {path} by hand)",
         )
     if not accept_new:
-        raise HostKeyUnknown(host, f"unknown host key for {label} ({key_type} {offered}, not in {path})")
+        raise HostKeyUnknown(host, f"unknown host key for {said} ({key_type} {offered}, not in {path})")
     append(path, label, key_type, key_b64)

@@ -155,6 +155,8 @@ def test_a_bastion_with_an_unknown_host_key_is_refused_like_any_host(bastioned: 
     with pytest.raises(HostKeyRejected) as info:
         open_host(cfg)
     assert info.value.host == "inner" and f"[127.0.0.1]:{bastioned.bastion.port}" in str(info.value)
+    # the key is the bastion's, not inner's: the message says whose
+    assert f"unknown host key for jump host bastion ([127.0.0.1]:{bastioned.bastion.port})" in str(info.value)
 
 
 def test_two_hops_from_ssh_config_proxy_jump(bastioned: Bastioned, tmp_path: Path) -> None:

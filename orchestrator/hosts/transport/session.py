@@ -48,7 +48,8 @@ def start_transport(
             _prefer_known_key_types(transport, known, label, owner)
             transport.start_client(timeout=timeout)
             key = transport.get_remote_server_key()
-            known_hosts.verify(known, owner, label, key.get_name(), key.get_base64(), accept_new=accept_new)
+            known_hosts.verify(known, owner, label, key.get_name(), key.get_base64(), accept_new=accept_new,
+                               shown=where if owner != cfg.name else None)
             _authenticate(transport, cfg, owner, where)
             transport.set_keepalive(KEEPALIVE_S)
         except HostError:
