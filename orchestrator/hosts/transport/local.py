@@ -16,11 +16,21 @@ from orchestrator.hosts.transport.base import ExecResult, Host, copy_capped, ref
 
 #: what a local runner's first process inherits of the controller's environment: what a login would
 #: set (an SSH host's runner starts from sshd's). Keys, tokens and CROSSHOST_* never reach it.
-HOST_ENV_KEYS = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+HOST_ENV_KEYS = ("HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+#: the PATH a login gives (Debian's login.defs and sshd: ENV_SUPATH for root, ENV_PATH otherwise), never
+#: the controller shell's: an activated venv or pyenv shims would decide which python3 or jq a local
+#: host's attempts run, and the reference would depend on how crosshost was started
+LOGIN_PATH_ROOT = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LOGIN_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+
+
+def login_path() -> str:
+    return LOGIN_PATH_ROOT if os.geteuid() == 0 else LOGIN_PATH
 
 
 def host_env() -> dict[str, str]:
-    return {k: os.environ[k] for k in HOST_ENV_KEYS if k in os.environ}
+    return {**{k: os.environ[k] for k in HOST_ENV_KEYS if k in os.environ}, "PATH": login_path()}
 
 
 class LocalHost(Host):
