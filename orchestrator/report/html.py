@@ -435,6 +435,7 @@ def trend_points(report: RunReport, run_dir: Path, started: str | None) -> list[
     return points[-MAX_TREND_RUNS:]
 
 
+DOT_R = 3.5  # a trend point's radius
 _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 
 
@@ -481,7 +482,22 @@ def trend_svg(points: Sequence[TrendPoint], current: str, gate: float, order: Se
                 f'<line x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{top}" y2="{top + plot_h}" class="current">'
                 f"<title>this run: {esc(p.run_id)}</title></line>"
             )
-    for label, colour, values, dash in series:
+    # dots of one run at the same height are set side by side, a dot's width apart, so none hides
+    # another (one run, or hosts with the same pass rate); the lines still join the run's own x
+    shift: dict[tuple[int, int], float] = {}
+    for i in range(n):
+        heights = sorted((y(at), k) for k, at in enumerate(s[2][i] for s in series) if at is not None)
+        groups: list[list[int]] = []
+        above: float | None = None
+        for h, k in heights:  # dots closer than a dot's width overlap: one group
+            if above is None or h - above >= 2 * DOT_R:
+                groups.append([])
+            groups[-1].append(k)
+            above = h
+        for same in groups:
+            for j, k in enumerate(same):
+                shift[(k, i)] = (j - (len(same) - 1) / 2) * 2 * DOT_R * 1.15
+    for k, (label, colour, values, dash) in enumerate(series):
         coords = [(x(i), y(v)) for i, v in enumerate(values) if v is not None]
         if len(coords) > 1:
             dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
@@ -492,7 +508,7 @@ def trend_svg(points: Sequence[TrendPoint], current: str, gate: float, order: Se
         for i, v in enumerate(values):
             if v is not None:
                 out.append(
-                    f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="3.5" fill="{colour}">'
+                    f'<circle cx="{x(i) + shift.get((k, i), 0.0):.1f}" cy="{y(v):.1f}" r="{DOT_R}" fill="{colour}">'
                     f"<title>{esc(points[i].run_id)} · {esc(label)}: {v:.1%}</title></circle>"
                 )
     first, last = points[0], points[-1]

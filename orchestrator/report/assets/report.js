@@ -270,14 +270,22 @@
     var t = BY_ID[id];
     rows.forEach(function (r) { r.tr.classList.toggle("selected", r.task.task === id); });
     section.textContent = "";
-    if (!t) { section.hidden = true; return; }
+    if (!t) { hideTask(); return; }
     section.hidden = false;
+    // the task is the page (the overview and the matrix step aside) and starts at its top: a link to
+    // report.html#task=NAME, opened or screenshotted, shows the task without any scrolling
+    document.body.classList.add("task-only");
     section.dataset.task = t.task;
     var h = add(section, el("h2"));
     h.textContent = t.task;
     add(section, el("p", { "class": "cls-line" }, t.classification + " — " + t.action + (t.flip ? " · flipped on " + t.flipped_hosts.join(", ") : "")));
     var close = add(section, el("a", { href: "#matrix-section", "class": "close" }, "back to the matrix"));
-    close.addEventListener("click", function () { history.replaceState(null, "", "#matrix-section"); section.hidden = true; });
+    close.addEventListener("click", function (ev) {
+      ev.preventDefault();
+      history.replaceState(null, "", "#matrix-section");
+      hideTask();
+      document.getElementById("matrix-section").scrollIntoView();
+    });
 
     if (t.cause) add(section, el("p", { "class": "cause-line" }, "cause: " + t.cause));
     if (t.explain) explainBlock(section, t.explain);
@@ -340,12 +348,20 @@
       }
       pick(start);
     });
-    section.scrollIntoView();
+    window.scrollTo(0, 0);
+  }
+
+  function hideTask() {
+    var section = document.getElementById("task");
+    section.hidden = true;
+    section.textContent = "";
+    document.body.classList.remove("task-only");
   }
 
   function route() {
     var m = /^#task=(.*)$/.exec(location.hash);
     if (m) showTask(decodeURIComponent(m[1]));
+    else if (document.body.classList.contains("task-only")) hideTask();
   }
 
   buildMatrix();
