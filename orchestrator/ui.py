@@ -418,6 +418,11 @@ def history_change_lines(c: Changes) -> list[str]:
     if c.repeat:
         lines.append(f"repeat differs: {c.repeat['old']} -> {c.repeat['new']} attempts per task")
     for f in c.fingerprints_changed:
+        fields = f.get("fields")
+        if fields:
+            lines.append(f"fingerprint of {f['host']} changed: {f['old']} -> {f['new']}:")
+            lines += [f"  {said}" for said in fingerprint_field_lines(fields)]
+            continue
         python = ""
         if f.get("python_old") != f.get("python_new"):
             python = f" (python {f.get('python_old') or '?'} -> {f.get('python_new') or '?'})"
@@ -429,6 +434,22 @@ def history_change_lines(c: Changes) -> list[str]:
     for moved in c.pins_moved:
         lines.append(f"pin moved: {moved['pin']}: {moved['old']} -> {moved['new']}")
     return lines
+
+
+def fingerprint_field_lines(fields: list[dict[str, Any]]) -> list[str]:
+    """``+ /var/run/docker.sock (burn)``, ``- env VIRTUAL_ENV``, ``locale.LANG C.UTF-8 → C``."""
+    lines: list[str] = []
+    for f in fields:
+        if "added" in f:
+            what = "" if f["field"] == "findings" else "env " if f["field"] == "env_keys" else f"{f['field']} "
+            lines += [f"+ {what}{x}" for x in f["added"]] + [f"- {what}{x}" for x in f["removed"]]
+        else:
+            lines.append(f"{f['field']} {_fact(f.get('old'))} → {_fact(f.get('new'))}")
+    return lines
+
+
+def _fact(value: Any) -> str:
+    return "unset" if value is None else value if isinstance(value, str) else json.dumps(value)
 
 
 NAMES_SHOWN = 4  # names listed per "+"/"-" in a history change line; the rest are counted

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from agent_runner.jsonfile import loads as json_loads
+from agent_runner.records import Fingerprint
+from orchestrator.analysis.attribution import fingerprint_differences
 from orchestrator.analysis.stats import pass_counts, pass_rate
 from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
@@ -99,7 +101,8 @@ class Changes:
     tasks_added: list[str] = field(default_factory=list)
     tasks_removed: list[str] = field(default_factory=list)
     repeat: dict[str, int | None] | None = None  # {"old": n, "new": m} when they differ
-    # hosts in both runs whose fingerprint changed: [{"host", "old", "new", "python_old", "python_new"}]
+    # hosts in both runs whose fingerprint changed: [{"host", "old", "new", "python_old", "python_new"}],
+    # with "fields" when both runs' fingerprint.json could be read (``fingerprint_fields``)
     fingerprints_changed: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -431,8 +434,39 @@ def previous_run(runs_dir: Path, row: RunRow) -> RunRow | None:
         return _row(conn, r) if r else None
 
 
-def changes(prev: RunRow, cur: RunRow) -> Changes:
-    """Tasks that newly flip, tasks that stopped flipping, and pins that moved, from prev to cur.
+def _fingerprint(run_dir: Path, host: str) -> Fingerprint | None:
+    try:
+        data = _load_json(RunDir(run_dir).fingerprint_path(host))
+    except InputError:
+        return None  # removed, or never written: the digests still say it changed
+    return Fingerprint.from_json(data) if isinstance(data, dict) else None
+
+
+def _finding(f: Any) -> str:
+    return f"{f.get('detail') or f.get('kind')} ({f.get('action')})" if isinstance(f, dict) else str(f)
+
+
+def fingerprint_fields(old: Fingerprint, new: Fingerprint) -> list[dict[str, Any]]:
+    """What changed between two fingerprints of one host, as a user reads it: the isolation findings
+    and environment keys that came or went (``{"field", "added", "removed"}``), then every other
+    field that differs (``{"field", "old", "new"}``, dotted: ``locale.LANG``)."""
+    out: list[dict[str, Any]] = []
+    for name, show in (("findings", _finding), ("env_keys", str)):
+        before = {show(x) for x in getattr(old, name) or []}
+        after = {show(x) for x in getattr(new, name) or []}
+        if before != after:
+            out.append({"field": name, "added": sorted(after - before), "removed": sorted(before - after)})
+    out += [
+        {"field": key, "old": a, "new": b}
+        for key, a, b in fingerprint_differences(old, new)
+        if key.split(".", 1)[0] not in ("findings", "env_keys")
+    ]
+    return out
+
+
+def changes(prev: RunRow, cur: RunRow, runs_dir: Path | None = None) -> Changes:
+    """Tasks that newly flip, tasks that stopped flipping, and pins that moved, from prev to cur;
+    with ``runs_dir``, also which fingerprint fields changed (from the run dirs' fingerprint.json).
 
     Only tasks both runs replayed are compared: a `--tasks` subset run says nothing about the tasks it
     left out (they neither "stopped flipping" nor had their pins "moved")."""
@@ -458,6 +492,12 @@ def changes(prev: RunRow, cur: RunRow) -> Changes:
         and old_hosts[name].get("fingerprint") and h.get("fingerprint")
         and old_hosts[name].get("fingerprint") != h.get("fingerprint")
     ]
+    for f in fingerprints:
+        if runs_dir is None:
+            break
+        before, after = (_fingerprint(runs_dir / r.run_id, str(f["host"])) for r in (prev, cur))
+        if before is not None and after is not None:
+            f["fields"] = fingerprint_fields(before, after)
     repeat_moved = prev.repeat is not None and cur.repeat is not None and prev.repeat != cur.repeat
     return Changes(
         previous=prev.run_id,
@@ -503,7 +543,7 @@ def history_view(runs_dir: Path, suite: str | None = None, last: int | None = No
     out = []
     for row in history(runs_dir, suite, last):
         prev = previous_run(runs_dir, row)
-        out.append(HistoryEntry(row, changes(prev, row) if prev else None))
+        out.append(HistoryEntry(row, changes(prev, row, runs_dir) if prev else None))
     return out
 
 
