@@ -145,6 +145,13 @@ def replay_cmd(
     explain: Annotated[
         bool, typer.Option("--explain", help="Then explain every flipped task (crosshost explain).")
     ] = False,
+    scheduled: Annotated[
+        bool,
+        typer.Option(
+            "--scheduled",
+            help="A run crosshost schedule started: a failure before it starts is recorded for crosshost history.",
+        ),
+    ] = False,
 ) -> int:
     """Replay SUITE on every host of the inventory and write runs/<run_id>/.
 
@@ -165,8 +172,15 @@ def replay_cmd(
         reference=reference, slots=slots,
         exclude=split(exclude, "--exclude"), tags=split(tags, "--tags"), hold_model=hold_model,
     )  # fmt: skip
-    with ui.ProgressView(planned_hosts(request)) as view:
-        outcome = replay_command(request, on_event=view)
+    try:
+        with ui.ProgressView(planned_hosts(request)) as view:
+            outcome = replay_command(request, on_event=view)
+    except CrosshostError as exc:
+        if scheduled:  # no run directory holds it: the one line goes where `history` shows it
+            from orchestrator.store.history import record_failure
+
+            record_failure(out, suite, exc)
+        raise
     code = ui.render_replay(outcome, causes=not explain)
     if not explain or outcome.report is None or not outcome.report.flipped:
         return code
@@ -255,11 +269,15 @@ def schedule_cmd(
     ] = False,
     cron: Annotated[bool, typer.Option("--cron", help="A crontab line even where systemd runs.")] = False,
     systemd: Annotated[bool, typer.Option("--systemd", help="systemd units even where systemd is absent.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Then run the scheduled replay once, in the unit's own environment.")
+    ] = False,
 ) -> int:
-    """Print (or --install) a systemd user timer+service, or a crontab line, running replay --compare-last."""
+    """Print (or --install) a systemd user timer+service, or a crontab line, running replay --compare-last;
+    the credentials the run needs go into an environment file (mode 0600) the unit reads."""
     from orchestrator.commands.schedule import schedule
 
-    return schedule(suite, every, inventory, out, install_units=install, cron=cron, systemd=systemd)
+    return schedule(suite, every, inventory, out, install_units=install, cron=cron, systemd=systemd, check=check)
 
 
 # --- analysis: flips, check, report, diff --------------------------------------------------------

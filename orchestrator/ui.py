@@ -473,14 +473,24 @@ def render_history(
         print(note, file=sys.stderr)
     if as_json:
         rows = [{**e.row.to_json(), "changes": e.changes and e.changes.to_json()} for e in listing.entries]
+        rows += [f.to_json() for f in listing.failures]
+        rows.sort(key=lambda r: str(r.get("started") or r.get("at") or r.get("finished") or ""))
         print(json.dumps(rows, indent=2))
-    elif not listing.entries:
-        print(f"no runs recorded in {listing.runs_dir}" + (f" for suite {listing.suite}" if listing.suite else ""))
+        return 0
+    if console is None:
+        # --wide asks for every column: lay them out unfolded even where the terminal is narrower
+        console = Console(width=max(Console().width, WIDE_HISTORY)) if wide else Console()
+    if not listing.entries:
+        say(console, f"no runs recorded in {listing.runs_dir}" + (f" for suite {listing.suite}" if listing.suite else ""))
     else:
-        if console is None:
-            # --wide asks for every column: lay them out unfolded even where the terminal is narrower
-            console = Console(width=max(Console().width, WIDE_HISTORY)) if wide else Console()
         history_table(listing.entries, console, wide=wide)
+    if listing.failures:
+        say(console, "scheduled runs that failed before they started:")
+    for f in listing.failures:
+        line = f"{_when(f.at)} {f.suite}: scheduled run failed (exit {f.exit_code}): {f.reason}"
+        for part in textwrap.wrap(line, console.width, initial_indent="  ", subsequent_indent="    ",
+                                  break_on_hyphens=False):  # fmt: skip
+            say(console, part)
     return 0
 
 
