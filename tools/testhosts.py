@@ -625,7 +625,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{h.name}: {h.user}@127.0.0.1 -p {h.port} -i {fleet.identity}")
     print(f"known_hosts: {fleet.known_hosts}")
     print(f"inventory: {inventory}")
-    print(f"try: crosshost hosts -i {inventory}")
     return 0
 
 
