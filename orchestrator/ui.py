@@ -406,6 +406,13 @@ def history_table(entries: list[HistoryEntry], console: Console, *, wide: bool =
             for part in textwrap.wrap(line, console.width, initial_indent="  ", subsequent_indent="  ",
                                       break_on_hyphens=False):  # fmt: skip
                 say(console, part)
+    failed = [(e.row.run_id, h) for e in entries for h in e.row.hosts if h.get("error")]
+    if failed:
+        say(console, "hosts that failed in a run:")
+    for run_id, h in failed:
+        for part in textwrap.wrap(f"{run_id} {h.get('name')}: {h.get('error')}", console.width,
+                                  initial_indent="  ", subsequent_indent="    ", break_on_hyphens=False):  # fmt: skip
+            say(console, part)
 
 
 def history_change_lines(c: Changes) -> list[str]:

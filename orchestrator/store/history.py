@@ -207,8 +207,9 @@ def _iso(value: str | None) -> str | None:
 
 
 def _hosts(manifest: Manifest, report: dict[str, Any]) -> list[dict[str, Any]]:
-    """[{"name", "fingerprint", "reachable", "python"?}]: the report's hosts, else the manifest's; the
-    manifest's python beside each (it names what moved when a fingerprint does: cron vs a shell)."""
+    """[{"name", "fingerprint", "reachable", "python"?, "error"?}]: the report's hosts, else the
+    manifest's; the manifest's python beside each (it names what moved when a fingerprint does: cron vs
+    a shell) and the host's error where it failed."""
     listed = report.get("hosts")
     if isinstance(listed, list) and listed:
         hosts = [
@@ -225,6 +226,8 @@ def _hosts(manifest: Manifest, report: dict[str, Any]) -> list[dict[str, Any]]:
         rec = manifest.hosts.get(str(h["name"]))
         if rec is not None and rec.python:
             h["python"] = rec.python
+        if rec is not None and rec.error:  # why the run failed there, for `history` to say
+            h["error"] = rec.error
     return hosts
 
 

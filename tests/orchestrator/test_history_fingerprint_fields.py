@@ -77,3 +77,18 @@ def test_a_run_whose_fingerprint_file_is_gone_still_says_the_digests_changed(tmp
     assert res.exit_code == 0, res.output
     # the digests still say it changed; no field is guessed
     assert f"  fingerprint of local changed: {'1' * 16} -> {'2' * 16}\n" in res.output
+
+
+def test_a_run_whose_host_failed_says_why_in_history(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = make_run_dir(runs, "r1", started="2024-05-01T10:00:00Z")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["hosts"]["box-b"].update(reachable=False, error="box-b: HostUnreachable: connect to [127.0.0.1]:2223: refused")
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    history.record_run(runs, run)
+    res = CliRunner().invoke(app, ["history", "--out", str(runs)], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[lines.index("hosts that failed in a run:") + 1:] == [
+        "  r1 box-b: box-b: HostUnreachable: connect to [127.0.0.1]:2223: refused"
+    ]
