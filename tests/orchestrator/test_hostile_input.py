@@ -140,7 +140,7 @@ def test_schedule_install_of_a_hostile_suite_writes_units_systemd_verifies(
     assert service["WorkingDirectory"].replace("%%", "%") == str(work)
     assert _exec_words(service["ExecStart"]) == [
         *schedule.crosshost_command(), "replay", str(suite), "-i", str(work / "hosts.toml"),
-        "--out", str(work / "runs"), "--compare-last"]  # fmt: skip
+        "--out", str(work / "runs"), "--scheduled", "--compare-last"]  # fmt: skip
     assert 'tri"age %%n $HOME' in service["Description"]  # free text: the specifier escaped
     assert not (work / "pwned").exists()
 
@@ -172,7 +172,8 @@ def test_the_crontab_line_of_a_hostile_suite_is_one_entry_whose_shell_runs_one_c
     done = subprocess.run(["sh", "-c", command], cwd="/", capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin"})  # fmt: skip
     assert done.returncode == 0, done.stderr
-    expected = ["replay", str(suite), "-i", str(work / "hosts.toml"), "--out", str(work / "runs"), "--compare-last"]
+    expected = ["replay", str(suite), "-i", str(work / "hosts.toml"), "--out", str(work / "runs"), "--scheduled",
+                "--compare-last"]
     assert argv_file.read_bytes().split(b"\0")[:-1] == [os.fsencode(w) for w in expected]
     assert not (work / "pwned").exists() and not Path("/pwned").exists()
 

@@ -4,7 +4,6 @@ stay one host's, retries in the manifest, Ctrl-C, the clean environment, and no 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.errors import HostUnreachable
 from orchestrator.hosts.bundle import Bundle, build_bundle
 from orchestrator.hosts.transport.base import Host
-from orchestrator.hosts.transport.local import LocalHost
+from orchestrator.hosts.transport.local import LocalHost, login_path
 from orchestrator.store.rundir import RunDir, read_jsonl
 
 FAKE_RUNNER = Path(__file__).resolve().parents[1] / "support" / "fake_runner.py"
@@ -156,7 +155,8 @@ def test_only_allowlisted_env_reaches_the_runner(tmp_path: Path, monkeypatch: py
     for host in ("local", "box-b"):
         header = json.loads((out.run_dir.path / "hosts" / host / "traces" / "t1.0.jsonl").read_text().splitlines()[0])
         assert set(header["env"]) <= {"PATH", "TZ", "LANG"}
-        assert header["env"]["PATH"] == os.environ["PATH"]  # the host's own value
+        # the host's own value: a local host's is the login PATH, not this process's
+        assert header["env"]["PATH"] == login_path()
     assert json.loads((out.run_dir.path / "hosts/box-b/traces/t1.0.jsonl").read_text().splitlines()[0])["env"]["TZ"] == "Pinned/Zone"
     for path in out.run_dir.path.rglob("*"):
         if path.is_file():
