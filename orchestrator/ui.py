@@ -82,9 +82,12 @@ class WholeColumn:
 
     def __init__(self, table: Table) -> None:
         self.table = table
+        self.laid_out = [(c.width, c.overflow) for c in table.columns]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         columns = self.table.columns
+        for column, (width, overflow) in zip(columns, self.laid_out, strict=True):  # as built, at every width
+            column.width, column.overflow = width, overflow
         ranges = []
         for column in columns:
             cells = [Measurement.get(console, options, c) for c in [column.header, *column.cells] if c is not None]

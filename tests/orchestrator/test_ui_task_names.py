@@ -52,3 +52,16 @@ def test_a_name_longer_than_the_terminal_is_wrapped_never_cut(tmp_path: Path) ->
     lines = _report_at(tmp_path, [name], 80)
     assert "…" not in "\n".join(_task_cells(lines))
     assert "".join(_task_cells(lines)).startswith(name)
+
+
+def test_a_table_printed_narrow_then_wide_is_laid_out_for_each_width(tmp_path: Path) -> None:
+    name = "a-task-name-that-folds-at-sixty-columns"
+    attempts = {("local", name, 0): Attempt("pass"), ("box-b", name, 0): Attempt("fail", why="predicate exit 1")}
+    report = analyse_run(build_run(tmp_path, RunSpec(hosts=two_hosts(), attempts=attempts)))
+    table = ui.report_table(report)
+    for width in (60, 200):
+        console = Console(file=io.StringIO(), width=width, record=True, color_system=None, force_terminal=True)
+        console.print(table)
+        lines = console.export_text().splitlines()
+        assert max(len(line) for line in lines) <= width
+    assert any(name in line and "<- flip" in line for line in lines), "\n".join(lines)  # whole at 200
