@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def _make(target: str, *args: str) -> subprocess.CompletedProcess[str]:
     # the venv this test runs in is the one the Makefile's targets use
     venv = str(Path(sys.executable).parent.parent)
-    return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), target, f"VENV={venv}", *args],
-                          capture_output=True, text=True, timeout=120)
+    # -o: the venv is set up already (this test runs in it); never rebuilt from inside a test
+    return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "-o", f"{venv}/.installed", target,
+                           f"VENV={venv}", *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
