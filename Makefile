@@ -172,7 +172,7 @@ hosts-up: $(STAMP)
 	@$(PY) tools/testhosts.py up --names box-b,box-c $(if $(HOSTS_PORT),--base-port $(HOSTS_PORT)) \
 	  --state $(HOSTS_STATE) --identity-out $(HOSTS_OUT)/keys/id_ed25519 \
 	  --known-hosts-out $(HOSTS_OUT)/known_hosts --inventory-out $(HOSTS_OUT)/hosts.toml
-	@echo "try: crosshost hosts -i $(HOSTS_OUT)/hosts.toml   (make hosts-down stops them)"
+	@echo "try: $(VENV)/bin/crosshost hosts -i $(HOSTS_OUT)/hosts.toml   (make hosts-down stops them)"
 
 hosts-down:
 	@python3 tools/testhosts.py down --state $(HOSTS_STATE)

@@ -55,7 +55,7 @@ def test_hosts_up_starts_box_b_and_box_c_on_the_given_port_and_writes_an_invento
         inventory = load_inventory(out / "hosts.toml")
         assert [h.name for h in inventory.hosts] == ["local", "box-b", "box-c"]
         assert (inventory.get("box-b").port, inventory.get("box-c").port) == (port, port + 1)
-        assert f"try: crosshost hosts -i {out}/hosts.toml" in up.stdout
+        assert f"try: {Path(sys.executable).parent}/crosshost hosts -i {out}/hosts.toml" in up.stdout
         crosshost = Path(sys.executable).parent / "crosshost"
         hosts = subprocess.run([str(crosshost), "hosts", "-i", str(out / "hosts.toml")],
                                capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
