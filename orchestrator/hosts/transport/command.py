@@ -30,11 +30,12 @@ from orchestrator.errors import HostUnreachable, TransferError
 from orchestrator.hosts.transport.base import ExecResult, Host, copy_capped
 from orchestrator.hosts.transport.local import HOST_ENV_KEYS
 
-#: what the exec tool gets of the controller's environment: a login's keys and those the usual tools
-#: read to find their daemon or cluster. Nothing else: ``nsenter`` hands its environment to what it
+#: what the exec tool gets of the controller's environment: a login's keys, the PATH the tool is found
+#: on (the controller's own: the tool is the controller's) and those the usual tools read to find their
+#: daemon or cluster. Nothing else: ``nsenter`` hands its environment to what it
 #: runs inside the target, where an API key of the controller's must never be.
 TOOL_ENV_KEYS = (
-    *HOST_ENV_KEYS, "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
+    *HOST_ENV_KEYS, "PATH", "DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
     "CONTAINER_HOST", "CONTAINER_CONNECTION", "XDG_RUNTIME_DIR", "KUBECONFIG", "SSH_AUTH_SOCK",
 )  # fmt: skip
 
