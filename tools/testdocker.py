@@ -65,6 +65,7 @@ DOCKERD_ARGS = [
     "--bridge=none", "--iptables=false", "--ip6tables=false", "--ip-masq=false",
     "--storage-driver=overlay2",
     "--exec-opt", "native.cgroupdriver=cgroupfs",
+    "--log-level", "warn",  # info logs every gRPC state change: megabytes per test session
 ]  # fmt: skip
 
 #: what an image needs: a shell and coreutils (``timeout``, ``mktemp``), tar, python3 for the runner,
@@ -172,7 +173,7 @@ def _start_locked() -> bool:
     EXEC_ROOT.mkdir(parents=True, exist_ok=True)
     DATA_ROOT.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PATH=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
-    with open(LOG, "ab") as log:
+    with open(LOG, "wb") as log:  # this daemon's log only
         proc = subprocess.Popen(
             ["dockerd", *DOCKERD_ARGS], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, env=env, cwd="/",
