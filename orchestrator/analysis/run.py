@@ -12,7 +12,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from agent_runner.jsonfile import loads as json_loads
 from agent_runner.wire import REFUSED_API
 from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser, iter_steps, iter_turns_by_value
 from orchestrator.analysis.attribution import (
@@ -65,8 +64,9 @@ from orchestrator.analysis.verdict import (
     who_acts,
 )
 from orchestrator.dotted import flatten
+from orchestrator.model.hold import HoldSummary
 from orchestrator.selection import TaskSelection
-from orchestrator.store.rundir import AttemptKey, ResultRow, Run, RunDir, load_run
+from orchestrator.store.rundir import AttemptKey, ResultRow, Run, load_run
 
 MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
 MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json
@@ -87,7 +87,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     contract = run.contract
     fingerprints = [f.to_json() for f in run.fingerprints.values()]
 
-    hold = read_hold(run.dir)
+    hold = HoldSummary.read(run.dir)
     summaries: dict[AttemptKey, AttemptSummary] = {}
     summariser = TraceSummariser(contract, fingerprints)  # one memo for every trace of the run
     traces = list(run.trace_files())
@@ -283,37 +283,22 @@ def _host_stats(host: str, tasks: Iterable[str], summaries: Mapping[AttemptKey, 
 # --- the held model -------------------------------------------------------------------------------
 
 
-def read_hold(run_dir: RunDir) -> dict[str, Any] | None:
-    """The held model's summary (``model_hold.json``), or None when the run did not hold it."""
-    path = run_dir.model_hold_path
-    try:
-        data = json_loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def held_requests(hold: Mapping[str, Any], host: str, keys: list[str]) -> int:
-    """How many of ``host``'s model requests in the attempts ``keys`` were answered from the record."""
-    return sum(int((hold.get("held", {}).get(host) or {}).get(k) or 0) for k in keys)
-
-
-def hold_lines(hold: Mapping[str, Any], task: str, keys: list[str], others: list[str]) -> list[str]:
+def hold_lines(hold: HoldSummary, task: str, keys: list[str], others: list[str]) -> list[str]:
     """Per host: ``model held for N requests on HOST``, or where it diverged and on what."""
-    recorded = sum(int(hold.get("recorded", {}).get(k) or 0) for k in keys)
+    recorded = hold.recorded_requests(keys)
     lines: list[str] = []
-    divergences = [d for d in hold.get("divergences") or [] if isinstance(d, dict) and d.get("task") == task]
+    divergences = [d for d in hold.divergences if d.task == task]
     for host in others:
-        held = held_requests(hold, host, keys)
-        mine = [d for d in divergences if d.get("host") == host]
+        held = hold.held_requests(host, keys)
+        mine = [d for d in divergences if d.host == host]
         if not mine:
             lines.append(f"model held for {held} of {recorded} request(s) on {host}")
             continue
         for d in mine:
-            what = f"{d.get('role') or 'request'} message {d.get('message')}" if d.get("message") is not None else "request"
+            what = f"{d.role or 'request'} message {d.message}" if d.message is not None else "request"
             lines.append(
-                f"diverged at request {d.get('request')} of attempt {d.get('attempt')} on {host}: {what} differs: "
-                f"{str(d.get('other') or '')[:160]!r} (reference: {str(d.get('reference') or '')[:160]!r}); "
+                f"diverged at request {d.request} of attempt {d.attempt} on {host}: {what} differs: "
+                f"{d.other[:160]!r} (reference: {d.reference[:160]!r}); "
                 f"held for {held} of {recorded} request(s)"
             )
     return lines
@@ -336,16 +321,16 @@ def _task_flip(
     summaries: Mapping[AttemptKey, AttemptSummary],
     reference: str,
     alpha: float,
-    hold: Mapping[str, Any] | None,
+    hold: HoldSummary | None,
 ) -> TaskFlip:
     """The task's own evidence, before the suite-wide correction decides its statistical flips."""
     verdicts = {h: [summaries[(h, task, a)].verdict for a in range(n_attempts)] for h in run.hosts}
     keys = [f"{task}.{a}" for a in range(n_attempts)]
     others = [h for h in run.hosts if h != reference]
-    recorded = hold is not None and any(hold.get("recorded", {}).get(k) for k in keys)
+    recorded = hold is not None and hold.recorded_requests(keys) > 0
     # attempts are paired again only where every other host got some of the reference's answers (an
     # agent whose first request names a host-specific path diverges before anything is held)
-    held = recorded and hold is not None and all(held_requests(hold, h, keys) for h in others)
+    held = recorded and hold is not None and all(hold.held_requests(h, keys) for h in others)
     return task_flip(verdicts, reference, alpha=alpha, sampled=task in run.sampled, held=held)
 
 
@@ -358,7 +343,7 @@ def _task_report(
     fp_ids: Mapping[str, str | None],
     alpha: float,
     flip: TaskFlip,
-    hold: Mapping[str, Any] | None = None,
+    hold: HoldSummary | None = None,
     machines: Mapping[str, str | None] | None = None,
 ) -> TaskReport:
     attempts = {h: [summaries[(h, task, a)] for a in range(n_attempts)] for h in run.hosts}
@@ -366,7 +351,7 @@ def _task_report(
     sampled = task in run.sampled
     keys = [f"{task}.{a}" for a in range(n_attempts)]
     others = [h for h in run.hosts if h != reference]
-    recorded = hold is not None and any(hold.get("recorded", {}).get(k) for k in keys)
+    recorded = hold is not None and hold.recorded_requests(keys) > 0
     report = TaskReport(
         task=task,
         verdicts=verdicts,

@@ -24,11 +24,12 @@ import difflib
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_runner.jsonfile import loads as json_loads
 from orchestrator.model.apis.openai_chat import OpenAIChat
 from orchestrator.store.rundir import RunDir
 
@@ -132,6 +133,93 @@ class Divergence:
             "other": self.other,
             "diff": self.diff,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Divergence:
+        diff = data.get("diff")
+        return cls(
+            task=str(data.get("task") or ""),
+            attempt=_count_of(data.get("attempt")),
+            host=str(data.get("host") or ""),
+            request=_count_of(data.get("request")),
+            message=data["message"] if isinstance(data.get("message"), int) else None,
+            role=data["role"] if isinstance(data.get("role"), str) else None,
+            reference=str(data.get("reference") or ""),
+            other=str(data.get("other") or ""),
+            diff=[str(line) for line in diff] if isinstance(diff, list) else [],
+        )
+
+
+def _count_of(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _counts(value: Any) -> dict[str, int]:
+    """``{attempt key: requests}``; entries of another shape are left out."""
+    return {k: _count_of(v) for k, v in value.items() if isinstance(k, str)} if isinstance(value, dict) else {}
+
+
+@dataclass
+class HoldSummary:
+    """``model_hold.json``: what the held model did in one run (docs/held-model.md). Written by
+    ``ModelHold.write`` and read back only through ``read``; an entry of the wrong shape reads as
+    absent (the analysis then says the requests were not held, never more)."""
+
+    mode: str
+    reference: str
+    #: attempt key (``<task>.<attempt>``) -> the reference's requests recorded in it
+    recorded: dict[str, int] = field(default_factory=dict)
+    #: host -> attempt key -> requests answered from the record, and answered live
+    held: dict[str, dict[str, int]] = field(default_factory=dict)
+    live: dict[str, dict[str, int]] = field(default_factory=dict)
+    divergences: list[Divergence] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "reference": self.reference,
+            "recorded": dict(sorted(self.recorded.items())),
+            "held": {h: dict(sorted(v.items())) for h, v in sorted(self.held.items())},
+            "live": {h: dict(sorted(v.items())) for h, v in sorted(self.live.items())},
+            "divergences": [d.to_json() for d in self.divergences],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> HoldSummary:
+        per_host: dict[str, dict[str, dict[str, int]]] = {"held": {}, "live": {}}
+        for table in per_host:
+            value = data.get(table)
+            if isinstance(value, dict):
+                per_host[table] = {h: _counts(v) for h, v in value.items() if isinstance(h, str)}
+        divergences = data.get("divergences")
+        return cls(
+            mode=str(data.get("mode") or ""),
+            reference=str(data.get("reference") or ""),
+            recorded=_counts(data.get("recorded")),
+            held=per_host["held"],
+            live=per_host["live"],
+            divergences=[Divergence.from_json(d) for d in divergences if isinstance(d, dict)]
+            if isinstance(divergences, list)
+            else [],
+        )
+
+    @classmethod
+    def read(cls, run_dir: RunDir) -> HoldSummary | None:
+        """The run's summary, or None when the run did not hold its model (or the file is unreadable)."""
+        try:
+            data = json_loads(run_dir.model_hold_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return cls.from_json(data) if isinstance(data, dict) else None
+
+    def recorded_requests(self, keys: list[str]) -> int:
+        """The reference's requests in the attempts ``keys``."""
+        return sum(self.recorded.get(k, 0) for k in keys)
+
+    def held_requests(self, host: str, keys: list[str]) -> int:
+        """How many of ``host``'s model requests in the attempts ``keys`` were answered from the record."""
+        mine = self.held.get(host, {})
+        return sum(mine.get(k, 0) for k in keys)
 
 
 def first_difference(reference: dict[str, Any], other: dict[str, Any]) -> tuple[int | None, str | None, str, str]:
@@ -237,16 +325,16 @@ class ModelHold:
 
     # -- the run directory --------------------------------------------------------------------
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> HoldSummary:
         with self._lock:
-            return {
-                "mode": self.mode,
-                "reference": self.reference,
-                "recorded": {key: len(v) for key, v in sorted(self._record.items())},
-                "held": {h: dict(sorted(v.items())) for h, v in sorted(self.held.items())},
-                "live": {h: dict(sorted(v.items())) for h, v in sorted(self.live.items())},
-                "divergences": [d.to_json() for d in self.divergences],
-            }
+            return HoldSummary(
+                mode=self.mode,
+                reference=self.reference,
+                recorded={key: len(v) for key, v in self._record.items()},
+                held={h: dict(v) for h, v in self.held.items()},
+                live={h: dict(v) for h, v in self.live.items()},
+                divergences=list(self.divergences),
+            )
 
     def write(self, run_dir: RunDir, write: Callable[[Path, bytes], None]) -> None:
         """``model_hold.json`` (the summary) and ``model_record.jsonl`` (the reference's exchanges)."""
@@ -257,4 +345,4 @@ class ModelHold:
                 for i, (req, ans) in enumerate(exchanges)
             ]
         write(run_dir.model_record_path, "".join(lines).encode())
-        write(run_dir.model_hold_path, (json.dumps(self.summary(), indent=2, sort_keys=True) + "\n").encode())
+        write(run_dir.model_hold_path, (json.dumps(self.summary().to_json(), indent=2, sort_keys=True) + "\n").encode())

@@ -5,13 +5,15 @@ record while its requests match, and at the first difference it is answered live
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent_runner.wire import ERR_DIVERGED, FINISH_MODEL_DIVERGED
-from orchestrator.model.hold import ModelHold, first_difference, hold_mode
+from orchestrator.model.hold import HoldSummary, ModelHold, first_difference, hold_mode
 from orchestrator.model.proxy import ModelProxy
+from orchestrator.store.rundir import RunDir
 from tests.support.fake_provider import FakeProvider
 
 KEY = "sk-test-key-0123456789abcdef"
@@ -54,7 +56,7 @@ def test_held_while_equal_then_live_or_stopped_at_the_first_difference(mode: str
         assert (status, answer["error"]["type"], answer["error"]["code"]) == (409, ERR_DIVERGED, FINISH_MODEL_DIVERGED)
         assert len(provider.requests) == 2  # never reached the provider
     summary = hold.summary()
-    assert summary["recorded"] == {"t.0": 2} and summary["held"] == {"box-b": {"t.0": 1}}
+    assert summary.recorded == {"t.0": 2} and summary.held == {"box-b": {"t.0": 1}}
 
 
 @pytest.mark.parametrize("mode", ["true", "strict"])
@@ -63,7 +65,7 @@ def test_an_attempt_the_reference_never_asked_about_is_answered_live_unrecorded_
         hold, _, other = _proxies(provider, mode)
         status, _, call = other.handle_chat(_body(), "t.1")
     assert (status, call.held, hold.divergences) == (200, False, [])
-    assert hold.summary()["live"] == {"box-b": {"t.1": 1}}
+    assert hold.summary().live == {"box-b": {"t.1": 1}}
 
 
 def test_settings_differing_are_a_difference_too() -> None:
@@ -104,3 +106,20 @@ def test_only_a_deep_absolute_directory_is_taken_as_an_attempts_root() -> None:
     assert attempt_root("/tmp/crosshost/runs/r/work/t.0.abcd1234") == "/tmp/crosshost/runs/r/work/t.0.abcd1234"
     for bad in ("/", "/tmp", "/tmp/x", "relative/a/b/c", '/a/b/c"d', "/a/b/c\\d", "/a/b/c\nd", 7, None):
         assert attempt_root(bad) is None, bad
+
+
+def test_model_hold_json_is_read_back_as_it_was_written_and_damage_reads_as_not_held(tmp_path: Path) -> None:
+    with FakeProvider(script=SCRIPT, key=KEY) as provider:
+        hold, _, other = _proxies(provider, "true")
+        other.handle_chat(_body(), "t.1")
+    written = hold.summary()
+    run = RunDir(tmp_path)
+    hold.write(run, lambda path, data: path.write_bytes(data))
+    assert HoldSummary.read(run) == written and written.live == {"box-b": {"t.1": 1}}
+    run.model_hold_path.write_text(json.dumps({"mode": "true", "reference": "local", "recorded": {"t.0": "2"},
+                                               "held": {"box-b": [1]}, "divergences": [{"task": 7}, "x"]}))
+    damaged = HoldSummary.read(run)
+    assert damaged is not None and damaged.recorded_requests(["t.0"]) == 0
+    assert damaged.held_requests("box-b", ["t.0"]) == 0 and [d.task for d in damaged.divergences] == ["7"]
+    run.model_hold_path.write_text("[1, 2]")
+    assert HoldSummary.read(run) is None

@@ -143,7 +143,7 @@ def test_an_exec_agents_model_is_held_streamed_or_not(api: str, stream: bool) ->
     assert after[0] == 409 and b"model_diverged" in after[1], after  # differs from the reference's t.1
     assert len(provider.requests) == 3
     assert other.book.snapshot("t.1")["stopped"] == "model_diverged"
-    assert hold.summary()["held"] == {"other": {"t.0": 1}}
+    assert hold.summary().held == {"other": {"t.0": 1}}
 
 
 @pytest.mark.parametrize("api", ["openai", "anthropic"])
