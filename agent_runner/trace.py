@@ -38,7 +38,8 @@ from .redact import redact
 
 PathArg = Union[str, "os.PathLike[str]"]
 SCHEMA = TRACE_SCHEMA
-__all__ = ["FINISH_REASONS", "SCHEMA", "VERDICTS", "Trace", "TraceWriter", "fp", "iter_records", "read_trace"]
+__all__ = ["FINISH_REASONS", "SCHEMA", "VERDICTS", "CorruptLine", "Trace", "TraceRecord", "TraceWriter", "fp",
+           "iter_records", "iter_trace", "read_trace"]
 # A {"tool_calls": [...]} JSON document is loaded whole; JSONL is streamed. Bigger JSON documents are refused.
 _MAX_JSON_DOCUMENT = 64 * 1024 * 1024
 
@@ -100,6 +101,33 @@ def iter_records(path: PathArg) -> Iterator[Tuple[int, Dict[str, Any]]]:
                                "text": line.strip()[:200]}
                 continue
             yield number, record
+
+
+@dataclass
+class CorruptLine:
+    """A trace line that holds no record: not UTF-8, not JSON, not an object, or too long."""
+
+    error: str
+    text: str = ""
+
+
+TraceRecord = Union[TraceHeader, TraceTurn, TraceFinish, CorruptLine]
+
+
+def iter_trace(path: PathArg) -> Iterator[Tuple[int, TraceRecord]]:
+    """``iter_records`` typed: ``(line_number, record)`` with each header, turn and finish as its class
+    in ``records.py`` (an older header migrated there) and a damaged line as ``CorruptLine``. A record
+    of any other type is left out; ``read_trace`` is the reader that names every problem."""
+    for number, record in iter_records(path):
+        kind = record.get("type")
+        if kind == "turn":
+            yield number, TraceTurn.from_json(record)
+        elif kind == "header":
+            yield number, TraceHeader.from_json(record)
+        elif kind == "finish":
+            yield number, TraceFinish.from_json(record)
+        elif kind == "corrupt":
+            yield number, CorruptLine(str(record.get("error") or ""), str(record.get("text") or ""))
 
 
 @dataclass

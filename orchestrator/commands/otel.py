@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+from agent_runner.records import TraceFinish, TraceHeader, TraceTurn
 from agent_runner.redact import redact, redact_text
-from agent_runner.trace import iter_records
+from agent_runner.trace import iter_trace
 from orchestrator.errors import ExportFailed, InputError, TraceError
 from orchestrator.store.rundir import RunDir, parse_utc
 
@@ -119,17 +120,17 @@ def _iso_ns(value: object) -> int | None:
     return None if when is None else int(when.timestamp() * 1e9)
 
 
-def _read_trace(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    header: dict[str, Any] = {}
-    turns: list[dict[str, Any]] = []
-    finish: dict[str, Any] = {}
-    for _, record in iter_records(path):
-        kind = record.get("type")
-        if kind == "header":
+def _read_trace(path: Path) -> tuple[TraceHeader | None, list[TraceTurn], TraceFinish]:
+    """The attempt's header, turns and finish; a trace cut short finishes with nothing said."""
+    header: TraceHeader | None = None
+    turns: list[TraceTurn] = []
+    finish = TraceFinish(reason="", final="", predicate_exit=None, verdict="", why="", wall_ms=0)
+    for _, record in iter_trace(path):
+        if isinstance(record, TraceHeader):
             header = record
-        elif kind == "turn" and isinstance(record.get("tool"), str):
+        elif isinstance(record, TraceTurn):
             turns.append(record)
-        elif kind == "finish":
+        elif isinstance(record, TraceFinish):
             finish = record
     return header, turns, finish
 
@@ -156,28 +157,27 @@ class _Chat:
     turn_step: int | None = None  # the first tool call this request produced
 
 
-def _chats(turns: Sequence[dict[str, Any]], finish: Mapping[str, Any]) -> list[_Chat]:
+def _chats(turns: Sequence[TraceTurn], finish: TraceFinish) -> list[_Chat]:
     """The model requests: finish.model.calls in order, tokens from the turn that carried each one;
     a request that made no tool call (the final answer) gets what the totals leave over."""
-    model = _obj(finish.get("model"))
+    model = _obj(finish.extra.get("model"))
     calls = model.get("calls")
-    by_request: dict[Any, dict[str, Any]] = {}
+    by_request: dict[Any, TraceTurn] = {}
     for turn in turns:
-        record = turn.get("model")
-        if isinstance(record, dict) and record.get("request") is not None:
-            by_request.setdefault(record["request"], turn)
+        if turn.model is not None and turn.model.get("request") is not None:
+            by_request.setdefault(turn.model["request"], turn)
     chats: list[_Chat] = []
     if not isinstance(calls, list):
-        calls = [t["model"] for t in by_request.values()]
+        calls = [t.model for t in by_request.values()]
     for call in calls:
         if not isinstance(call, dict):
             continue
         carrier = by_request.get(call.get("request"))
         chat = _Chat(call)
         if carrier is not None:
-            chat.input_tokens = _ms(carrier.get("prompt_tokens"))
-            chat.output_tokens = _ms(carrier.get("completion_tokens"))
-            chat.turn_step = carrier.get("step") if isinstance(carrier.get("step"), int) else None
+            chat.input_tokens = _ms(carrier.prompt_tokens)
+            chat.output_tokens = _ms(carrier.completion_tokens)
+            chat.turn_step = carrier.step or None
         chats.append(chat)
     totals = (_ms(model.get("prompt_tokens")), _ms(model.get("completion_tokens")))
     untold = [c for c in chats if c.input_tokens is None]
@@ -237,16 +237,16 @@ class _Emitter:
 
         header, turns, finish = _read_trace(a.path)
         chats = _chats(turns, finish)
-        agent = header.get("agent") if isinstance(header.get("agent"), str) else None
-        model = _obj(finish.get("model"))
+        agent = header.agent if header is not None else None
+        model = _obj(finish.extra.get("model"))
         settings = _obj(model.get("settings"))
         # an exec agent's wire format names its provider (gen_ai.provider.name: openai, anthropic)
         provider = "openai" if agent == "openai" else settings.get("api") if agent == "exec" else None
         provider = provider if isinstance(provider, str) else None
         verdict = str(
-            finish.get("verdict") or task_info["verdicts"].get(a.host, ["error"] * (a.attempt + 1))[a.attempt]
+            finish.verdict or task_info["verdicts"].get(a.host, ["error"] * (a.attempt + 1))[a.attempt]
         )
-        wall = _ms(finish.get("wall_ms")) or sum(_ms(t.get("latency_ms")) for t in turns)
+        wall = _ms(finish.wall_ms) or sum(_ms(t.latency_ms) for t in turns)
         end_ns = start_ns + max(wall, 1) * 1_000_000
         flipped = a.attempt in task_info["flipped_attempts"].get(a.host, [])
         root_attrs = _attrs(
@@ -263,7 +263,7 @@ class _Emitter:
                 "crosshost.suite": self.run["suite"],
                 "crosshost.host": a.host,
                 "crosshost.host.reference": a.host == self.run["reference"],
-                "crosshost.fingerprint": host_info.get("fingerprint") or header.get("fingerprint"),
+                "crosshost.fingerprint": host_info.get("fingerprint") or (header.fingerprint if header else None),
                 "crosshost.task": a.task,
                 "crosshost.attempt": a.attempt,
                 "crosshost.verdict": verdict,
@@ -271,10 +271,8 @@ class _Emitter:
                 "crosshost.action": task_info["action"],
                 "crosshost.flip": task_info["flip"],
                 "crosshost.flipped": flipped,
-                "crosshost.finish_reason": finish.get("reason"),
-                "crosshost.predicate_exit": finish.get("predicate_exit")
-                if isinstance(finish.get("predicate_exit"), int)
-                else None,
+                "crosshost.finish_reason": finish.reason or None,
+                "crosshost.predicate_exit": finish.predicate_exit,
                 "crosshost.steps": len(turns),
                 "crosshost.trace_path": f"hosts/{a.host}/traces/{a.path.name}",
             }
@@ -291,8 +289,7 @@ class _Emitter:
         clock = start_ns
         chats_by_step = {c.turn_step: c for c in chats if c.turn_step is not None}
         for turn in turns:
-            step = turn.get("step")
-            chat = chats_by_step.pop(step, None) if isinstance(step, int) else None
+            chat = chats_by_step.pop(turn.step, None)
             if chat is not None:
                 clock = self._chat(chat, ctx, clock, provider, settings)
             clock = self._tool(turn, ctx, clock, chat)
@@ -306,7 +303,7 @@ class _Emitter:
                     "gen_ai.evaluation.name": EVALUATION_NAME,
                     "gen_ai.evaluation.score.label": verdict,
                     "gen_ai.evaluation.score.value": _SCORES.get(verdict),
-                    "gen_ai.evaluation.explanation": finish.get("why"),
+                    "gen_ai.evaluation.explanation": finish.why or None,
                     "crosshost.classification": task_info["classification"],
                     "crosshost.flipped": flipped,
                 }
@@ -315,7 +312,7 @@ class _Emitter:
         )
         if verdict == "error":
             root.set_attribute("error.type", "crosshost.error_verdict")
-            root.set_status(Status(StatusCode.ERROR, _text(finish.get("why") or "error verdict")))
+            root.set_status(Status(StatusCode.ERROR, _text(finish.why or "error verdict")))
         root.end(end_time=max(end_ns, clock))
         return max(end_ns, clock)
 
@@ -363,25 +360,23 @@ class _Emitter:
         span.end(end_time=end)
         return end
 
-    def _tool(self, turn: Mapping[str, Any], ctx: Any, start: int, chat: _Chat | None) -> int:
+    def _tool(self, turn: TraceTurn, ctx: Any, start: int, chat: _Chat | None) -> int:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        tool = str(turn["tool"])
-        took = _ms(turn.get("latency_ms"))
+        tool = turn.tool
+        took = _ms(turn.latency_ms)
         if chat is not None:  # the turn's latency holds the model request as well
             took -= sum(_ms(_obj(x).get("latency_ms")) for x in _list(chat.record.get("attempts")))
         attrs: dict[str, object] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": tool,
             "gen_ai.tool.type": "function",
-            "crosshost.step": turn.get("step") if isinstance(turn.get("step"), int) else None,
-            "crosshost.args_fp": turn.get("args_fp"),
-            "crosshost.obs_fp": turn.get("obs_fp"),
+            "crosshost.step": turn.step or None,
+            "crosshost.args_fp": turn.args_fp or None,
+            "crosshost.obs_fp": turn.obs_fp or None,
         }
         if self.with_content:
-            attrs["gen_ai.tool.call.arguments"] = (
-                turn.get("args") if isinstance(turn.get("args"), dict) else {}
-            )
+            attrs["gen_ai.tool.call.arguments"] = turn.args
         span = self.tracer.start_span(
             f"execute_tool {tool}",
             context=ctx,
@@ -389,9 +384,9 @@ class _Emitter:
             start_time=start,
             attributes=_attrs(attrs),
         )
-        if turn.get("error"):
+        if turn.error:
             span.set_attribute("error.type", "crosshost.tool_error")
-            span.set_status(Status(StatusCode.ERROR, _text(turn["error"])))
+            span.set_status(Status(StatusCode.ERROR, _text(turn.error)))
         end = start + max(took, 1) * 1_000_000
         span.end(end_time=end)
         return end

@@ -56,3 +56,28 @@ def test_every_kind_of_line_reads_as_json_loads_of_the_stripped_line(tmp_path: P
     assert kinds[2] == "indented" and kinds[3] == "form-feed after" and kinds[4] == "crlf"
     assert kinds[7] == kinds[9] == kinds[14] == "corrupt"
     assert "Extra data" in str(dict(got)[7]["error"])
+
+
+def test_iter_trace_streams_typed_records_migrated_with_damage_as_corrupt_lines(tmp_path: Path) -> None:
+    from agent_runner.records import TraceFinish, TraceHeader, TraceTurn
+    from agent_runner.trace import CorruptLine, iter_trace
+
+    path = tmp_path / "t.0.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"type": "header", "schema": "crosshost.trace/1", "run_id": "r", "host": "h", "task": "t",
+                    "attempt": 0, "fingerprint": "f", "pins": {"runner_sha": "abc"}}),
+        json.dumps({"type": "turn", "step": 1, "tool": "lookup", "args": {"q": "x"}, "args_fp": "a", "obs_fp": "o"}),
+        "{not json",
+        json.dumps({"type": "obs", "step": 1, "content": "x"}),
+        json.dumps({"type": "finish", "reason": "stop", "final": "", "predicate_exit": 0, "verdict": "pass",
+                    "why": "ok", "wall_ms": 5, "usage": {"n": 1}}),
+    ]) + "\n")
+    records = list(iter_trace(path))
+    assert [(n, type(r)) for n, r in records] == [
+        (1, TraceHeader), (2, TraceTurn), (3, CorruptLine), (5, TraceFinish)
+    ]  # fmt: skip
+    header, turn, corrupt, finish = (r for _, r in records)
+    assert isinstance(header, TraceHeader) and header.pins == {"runner_source_sha": "abc"}
+    assert isinstance(turn, TraceTurn) and (turn.tool, turn.args) == ("lookup", {"q": "x"})
+    assert isinstance(corrupt, CorruptLine) and corrupt.error.startswith("not JSON")
+    assert isinstance(finish, TraceFinish) and finish.verdict == "pass" and finish.extra == {"usage": {"n": 1}}
