@@ -504,7 +504,7 @@ def repro_cmd(
         )
     )
     if as_json:
-        typer.echo(_json.dumps(outcome.record, indent=2))
+        typer.echo(_json.dumps(outcome.record.to_json() if outcome.record is not None else {}, indent=2))
     else:
         ui.render_repro(outcome)
     return outcome.exit_code

@@ -27,7 +27,7 @@ from agent_runner.trace import Trace, fp, iter_records, read_trace
 from orchestrator.analysis.attribution import fingerprint_differences
 from orchestrator.errors import InputError, TraceError
 from orchestrator.exit_policy import repro_exit
-from orchestrator.store.rundir import RunDir, write_json_atomic
+from orchestrator.store.rundir import ReproRecord, RunDir, write_json_atomic
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
@@ -456,7 +456,7 @@ class ReproOutcome:
     recorded_match: list[str] = field(
         default_factory=list
     )  # hosts whose diverging step matches the recording
-    record: dict[str, Any] = field(default_factory=dict)  # what repro.json holds
+    record: ReproRecord | None = None  # what repro.json holds
 
 
 def _pick_hosts(request: ReproRequest) -> tuple[str, str]:
@@ -542,24 +542,23 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
     parted = None if outcome.comparison is None else outcome.comparison.parted
     outcome.exit_code = repro_exit(replayed.exit_code, outcome.errors, parted)
 
-    outcome.record = {
-        "schema": "crosshost.repro/1",
-        "run_id": run_dir.name,
-        "trace": str(request.trace.absolute()),
-        "suite": built.name,
-        "task": built.task,
-        "host": host,
-        "against": against,
-        "hosts": [host, against],
-        "fixtures_from_trace": request.fixtures_from_trace,
-        "fixture_tools": built.fixture_tools,
-        "steps": built.steps,
-        "errors": outcome.errors,
-        "parted": None if outcome.comparison is None else outcome.comparison.parted,
-        "comparison": None if outcome.comparison is None else outcome.comparison.to_json(),
-        "recorded_match": outcome.recorded_match,
-        "exit_code": outcome.exit_code,
-    }
-    write_json_atomic(run_dir / "repro.json", outcome.record)
+    outcome.record = ReproRecord(
+        run_id=run_dir.name,
+        trace=str(request.trace.absolute()),
+        suite=built.name,
+        task=built.task,
+        host=host,
+        against=against,
+        hosts=[host, against],
+        fixtures_from_trace=request.fixtures_from_trace,
+        fixture_tools=built.fixture_tools,
+        steps=built.steps,
+        errors=outcome.errors,
+        parted=None if outcome.comparison is None else outcome.comparison.parted,
+        comparison=None if outcome.comparison is None else outcome.comparison.to_json(),
+        recorded_match=outcome.recorded_match,
+        exit_code=outcome.exit_code,
+    )
+    write_json_atomic(RunDir(run_dir).repro_path, outcome.record.to_json())
     history.record_run(request.out, run_dir)
     return outcome

@@ -251,22 +251,22 @@ def read_run(run_dir: Path) -> RunRow:
     """Read one finished run directory into the row the index keeps for it."""
     rundir = RunDir(Path(run_dir))
     manifest = rundir.read_manifest()
-    report_path, repro_path = rundir.path / "report.json", rundir.path / "repro.json"
+    report_path = rundir.path / "report.json"
     report: dict[str, Any] = _load_json(report_path) if report_path.is_file() else {}
-    repro: dict[str, Any] = _load_json(repro_path) if repro_path.is_file() else {}
-    if not report and not repro:
+    repro = rundir.read_repro()
+    if not report and repro is None:
         raise InputError(f"{report_path}: missing; the run has not finished (or crashed before its report)")
     if not isinstance(report, dict):
         raise InputError(f"{report_path}: must hold a JSON object")
 
-    kind = "repro" if repro or manifest.kind == "repro" else "replay"
+    kind = "repro" if repro is not None or manifest.kind == "repro" else "replay"
     suite = manifest.suite.name if manifest.suite else report.get("suite")
     suite_sha = manifest.suite.sha if manifest.suite else None
-    if kind == "repro" and not suite:
-        suite = repro.get("suite")
+    if kind == "repro" and not suite and repro is not None:
+        suite = repro.suite
     hosts = _hosts(manifest, report)
-    if kind == "repro" and not hosts:
-        hosts = [{"name": h, "fingerprint": None, "reachable": None} for h in repro.get("hosts", [])]
+    if kind == "repro" and not hosts and repro is not None:
+        hosts = [{"name": h, "fingerprint": None, "reachable": None} for h in repro.hosts]
     tasks: dict[str, dict[str, Any]] = {}
     for t in report.get("tasks") or []:
         tasks[str(t["task"])] = {"classification": t.get("classification"), "flip": bool(t.get("flip"))}

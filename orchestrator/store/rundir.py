@@ -36,6 +36,7 @@ from agent_runner.suite import MAX_REPEAT
 from orchestrator.errors import CrosshostError, InputError, TraceError
 
 MANIFEST_SCHEMA = "crosshost.manifest/2"
+REPRO_SCHEMA = "crosshost.repro/1"
 #: /1 named the runner zipapp's digest ``runner_sha``; /2 calls it ``zipapp_sha``
 OLD_MANIFEST_SCHEMAS = ("crosshost.manifest/1",)
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -108,6 +109,32 @@ class HostRecord(BaseModel):
     stages: dict[str, float] = Field(default_factory=dict)  # stage -> seconds
     #: what the transport says of a container host (image id and digests, daemon, runtime); None elsewhere
     container: dict[str, Any] | None = None
+
+
+class ReproRecord(BaseModel):
+    """``repro.json``: what ``crosshost repro`` replayed and where the two hosts parted
+    (docs/run-directory.md). ``comparison`` is the step-by-step comparison as ``repro`` made it."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    schema_: str = Field(default=REPRO_SCHEMA, alias="schema")
+    run_id: str
+    trace: str = ""
+    suite: str | None = None
+    task: str | None = None
+    host: str | None = None
+    against: str | None = None
+    hosts: list[str] = Field(default_factory=list)
+    fixtures_from_trace: bool = False
+    fixture_tools: list[str] = Field(default_factory=list)
+    steps: int = 0
+    errors: dict[str, str] = Field(default_factory=dict)
+    parted: bool | None = None
+    comparison: dict[str, Any] | None = None
+    recorded_match: list[str] = Field(default_factory=list)
+    exit_code: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
 
 
 class Manifest(BaseModel):
@@ -407,6 +434,25 @@ class RunDir:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise InputError(f"{self.manifest_path}: {where}: {first['msg']}") from exc
+
+    @property
+    def repro_path(self) -> Path:
+        """``crosshost repro``'s record (orchestrator/commands/repro.py)."""
+        return self.path / "repro.json"
+
+    def read_repro(self) -> ReproRecord | None:
+        """``repro.json``, or None when the run is not a reproduction; a damaged one is an InputError."""
+        if not self.repro_path.exists():
+            return None
+        data, problem = _read_json_object(self.repro_path)
+        if data is None:
+            raise InputError(str(problem))
+        try:
+            return ReproRecord.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InputError(f"{self.repro_path}: {where}: {first['msg']}") from exc
 
     def read_contract(self) -> tuple[dict[str, Any] | None, str | None]:
         """(contract, None) or (None, why it is not usable)."""
