@@ -9,6 +9,7 @@ name, the word in "vm.swappiness") and ``box-y``.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,15 @@ from tests.support.fleet import SshdHosts, start_fleet, stop_fleet
 from tests.support.lanes import DIRECTORY_MARKERS
 
 TESTS = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGINT and SIGQUIT as a terminal gives them, whatever started the tests: a shell's background
+    job, nohup or a CI runner starts them ignored, and a pytest-xdist worker ignores them too (execnet).
+    The Ctrl-C tests send SIGINT to their own process, and every process a test starts inherits what
+    is ignored."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
