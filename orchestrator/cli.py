@@ -328,7 +328,7 @@ def report_cmd(
     exclude: ExcludeOpt = None,
     tags: TagsOpt = None,
 ) -> int:
-    """Re-analyse a run, rewrite report.json/report.md/junit.xml, print one; exit as its replay did (0 valid and within the gate, 1 a finding, 3 a host failed).
+    """Re-analyse a run, rewrite report.json/report.md/junit.xml, print one; exit as its replay did (0 valid and within the gate, 1 a finding, 3 a host failed, 4 inconclusive).
 
     With --tasks/--exclude/--tags only those tasks are analysed and printed; the run's report files
     are left as they are."""

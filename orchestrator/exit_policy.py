@@ -5,9 +5,11 @@
          that parted in a reproduction, shapes that differ
     2    bad input (raised as an ``InputError`` before anything runs; the error carries the code)
     3    a host or the harness failed: unreachable, crashed, an ``error`` verdict
+    4    inconclusive: a valid run within its gate whose attempts left more tasks undecided than the
+         suite's [gate] undecided allows (no green light from no evidence)
     130  interrupted (Ctrl-C); remote workspaces removed, partial results kept
 
-Precedence when several apply: 130 > 2 > 3 > 1 > 0. Errors raised on purpose carry their own code
+Precedence when several apply: 130 > 2 > 3 > 1 > 4 > 0. Errors raised on purpose carry their own code
 (``exit_code`` on the error classes); this module decides the code of a command that ran to its end.
 """
 
@@ -24,6 +26,7 @@ OK = 0
 FINDING = 1
 BAD_INPUT = InputError.exit_code
 HOST_FAILURE = HostError.exit_code
+INCONCLUSIVE = 4
 INTERRUPTED = 130
 #: a bug in crosshost (an exception nobody raised on purpose): never a verdict, never bad input (EX_SOFTWARE)
 INTERNAL_ERROR = 70
@@ -81,8 +84,34 @@ def judged_exit(report: Any, gate: float | None = None) -> tuple[int, str]:
         return FINDING, f"flip rate {rate:g} over the gate {limit:g}"
     if not getattr(report, "within_gate", True):
         return FINDING, "no comparable task: nothing was measured, the gate is not passed"
+    if getattr(report, "inconclusive", False):
+        return INCONCLUSIVE, inconclusive_reason(report)
     within = f", flip rate {rate:g} within the gate {limit:g}" if rate is not None and limit is not None else ""
     return OK, f"valid{within}"
+
+
+def inconclusive_reason(report: Any) -> str:
+    """"inconclusive: 3 of 3 comparable task(s) undecided ...": how many, and the repeat that settles them."""
+    allowed = getattr(report, "allow_undecided", 0)
+    settle = getattr(report, "settle_repeat", None)
+    rerun = f"rerun with --repeat {settle} or --until-decided" if settle else "rerun with --until-decided"
+    return (
+        f"inconclusive: {report.undecided} of {report.comparable} comparable task(s) undecided "
+        f"([gate] undecided allows {allowed}); {rerun}"
+    )
+
+
+def undecided_line(report: Any) -> str:
+    """The tasks the run could not settle, and whether that makes it inconclusive ("" when none)."""
+    if getattr(report, "inconclusive", False):
+        return inconclusive_reason(report)
+    if getattr(report, "undecided", 0):
+        settle = getattr(report, "settle_repeat", None)
+        return (
+            f"undecided: {report.undecided} task(s), within [gate] undecided = {report.allow_undecided}"
+            + (f"; --repeat {settle} would settle them" if settle else "")
+        )
+    return ""
 
 
 def analysis_failure(report: Any) -> str:

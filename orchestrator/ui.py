@@ -26,6 +26,7 @@ from rich.text import Text
 from agent_runner.textguard import printable
 from orchestrator.analysis.attribution import cut_words, path_line, trial_line
 from orchestrator.analysis.flips import flipped_attempts
+from orchestrator.exit_policy import undecided_line
 from orchestrator.hosts.fingerprint import run_workspace
 from orchestrator.report import (
     burn_lines,
@@ -303,6 +304,9 @@ def report_table(report: RunReport, *, causes: bool = True) -> RenderableType:
     validity = plain(validity_line(report), style="green" if report.valid else "bold red")
     gate = plain(gate_verdict(report), style="green" if report.within_gate else "bold red")
     parts: list[RenderableType] = [WholeColumn(table), validity, gate]
+    undecided = undecided_line(report)
+    if undecided:
+        parts.append(plain(undecided, style="bold yellow" if report.inconclusive else "yellow"))
     parts += [plain(line, style="yellow") for line in burn_lines(report)]
     parts += [plain(line, style="yellow") for line in outside_workspace_lines(report)]
     weak = weak_line(report)

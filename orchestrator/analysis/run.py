@@ -144,7 +144,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     flipped = sum(t.flip for t in task_reports)
     comparable = sum(t.comparable for t in task_reports)
     undecided = [t for t in task_reports if t.comparable and t.classification == "underpowered"]
-    allow_undecided = _manifest_int(run, "allow_undecided", 0)
+    allow_undecided = max(0, run.manifest.allow_undecided)
     rate = flip_rate(flipped, comparable)
     gate_value = effective_gate(gate, run.gate)
     reasons = _invalid_reasons(run, summaries, tasks, reference, fp_ids, machines)
@@ -198,17 +198,12 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     )
 
 
-def _manifest_int(run: Run, key: str, default: int) -> int:
-    value = getattr(run.manifest, key, None)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
-
-
 def _looks(run: Run) -> int:
-    return max(1, _manifest_int(run, "looks", 1))
+    return max(1, run.manifest.looks)
 
 
 def _correction(run: Run) -> str:
-    value = getattr(run.manifest, "correction", None)
+    value = run.manifest.correction
     return value if value in CORRECTIONS else DEFAULT_CORRECTION
 
 

@@ -267,6 +267,8 @@ def replay(
         gate=gate,
         alpha=bundle.suite.gate.alpha,
         burn_invalidates=bundle.suite.gate.burn_invalidates,
+        correction=bundle.suite.gate.correction,
+        allow_undecided=bundle.suite.gate.undecided,
         sampled=[t for t in bundle.suite.sampled_task_ids() if t in tasks],
         task_tags={t: tags for t, tags in suite_task_tags(bundle).items() if t in tasks and tags},
         tasks=tasks,

@@ -18,6 +18,7 @@ from orchestrator.analysis import analyse_run
 from orchestrator.analysis.attribution import again_line, path_line, shown, trial_line
 from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.models import HostRate, Leak, RunReport, TaskReport
+from orchestrator.exit_policy import undecided_line
 from orchestrator.report.html import render_html
 from orchestrator.selection import TaskSelection
 from orchestrator.store.rundir import write_bytes_atomic
@@ -108,6 +109,8 @@ def rate_text(rate: HostRate, *, with_p: bool) -> str:
     text = f"{rate.passes}/{rate.n} {_percent(rate.passes / rate.n)}% [{_percent(rate.ci_low)}-{_percent(rate.ci_high)}]"
     if with_p and rate.p_value is not None:
         text += f" p={p_text(rate.p_value)}"
+        if rate.p_adjusted is not None and rate.p_adjusted != rate.p_value:
+            text += f" adj={p_text(rate.p_adjusted)}"
     return text
 
 
@@ -119,10 +122,16 @@ def errors_line(report: RunReport) -> str:
     return f"errors: {report.error_attempts} attempt(s) in {report.error_tasks} task(s), counted apart from flips"
 
 
+#: how each correction is named in a sentence
+CORRECTION_NAMES = {"bh": "Benjamini–Hochberg, false discovery rate", "holm": "Holm, family-wise error rate"}
+
+
 def rates_legend(report: RunReport) -> str:
+    looks = f", over {report.looks} looks: alpha/{report.looks} each" if report.looks > 1 else ""
     return (
         "P/F/E = pass/fail/error; n/N rate [95% Wilson interval]; p = Fisher's exact test against the reference, shown where "
-        f"attempts vary or the agent is sampled (a host differs at p < alpha={report.alpha:g})"
+        f"attempts vary or the agent is sampled; adj = p adjusted across the suite ({CORRECTION_NAMES.get(report.correction, report.correction)}, "
+        f"{report.family} comparison(s){looks}); a host differs at adj < alpha={report.alpha:g}"
     )
 
 
@@ -178,6 +187,9 @@ def render_markdown(report: RunReport) -> str:
     if report.explain:
         out.append(f"- {_md(report.explain)}")
     out.append(f"- gate: {_md(gate_verdict(report))}")
+    undecided = undecided_line(report)
+    if undecided:
+        out.append(f"- {_md(undecided)}")
     if report.error_attempts:
         out.append(f"- {errors_line(report)}")
     out += [
@@ -299,9 +311,10 @@ def _markdown_rates(report: RunReport, hosts: list[str]) -> list[str]:
         "## Pass rates",
         "",
         f"Non-error attempts per task and host, the pass rate with its 95% Wilson interval, and the "
-        f"two-sided p-value of Fisher's exact test against the reference ({_md(report.reference)}); "
-        f"a host differs at p < {report.alpha:g} where attempts vary within a host or the agent is "
-        "sampled, and on the same attempt's verdict otherwise (deterministic evidence).",
+        f"two-sided p-value of Fisher's exact test against the reference ({_md(report.reference)}), "
+        f"then (adj) that p-value adjusted across the suite ({CORRECTION_NAMES.get(report.correction, _md(report.correction))}, "
+        f"{report.family} comparison(s)); a host differs at adj < {report.alpha / report.looks:g} where attempts vary "
+        "within a host or the agent is sampled, and on the same attempt's verdict otherwise (deterministic evidence).",
         "",
         "| task | evidence | " + " | ".join(_md(h) for h in hosts) + " |",
         "|---" * (len(hosts) + 2) + "|",

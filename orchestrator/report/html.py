@@ -28,6 +28,7 @@ from orchestrator.analysis.flips import flipped_attempts
 from orchestrator.analysis.models import RunReport, TaskReport
 from orchestrator.analysis.shapes import Step, align_steps, step_of
 from orchestrator.errors import InputError, TraceError
+from orchestrator.exit_policy import undecided_line
 from orchestrator.store.rundir import RunDir
 
 MAX_STEPS_PER_TRACE = 300  # steps of one trace embedded (and aligned); the raw file has them all
@@ -549,6 +550,9 @@ def _overview(report: RunReport, data: Mapping[str, Any]) -> Iterator[str]:
         f"<strong>{report.flip_rate:.3f}</strong> ({report.flipped}/{report.comparable} comparable tasks) "
         f"{gate_state} the gate {report.gate:.2f}</p>"
     )
+    undecided = undecided_line(report)
+    if undecided:
+        yield f'<p class="{"bad" if report.inconclusive else "errors"}" id="undecided">{esc(undecided)}</p>'
     if report.error_attempts:
         yield (
             f'<p class="errors">errors: {report.error_attempts} attempt(s) in {report.error_tasks} task(s), '

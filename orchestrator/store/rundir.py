@@ -153,6 +153,9 @@ class Manifest(BaseModel):
     gate: float | None = None
     alpha: float | None = None  # the suite's [gate] alpha: significance of a host difference
     burn_invalidates: bool = False  # the suite's [gate] burn_invalidates: a host's burn finding invalidates
+    correction: str | None = None  # the suite's [gate] correction ("bh" or "holm"); None: the default
+    allow_undecided: int = 0  # the suite's [gate] undecided: undecided tasks a run may leave and pass
+    looks: int = 1  # how many times --until-decided looked at the evidence (docs/statistics.md)
     sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
     task_tags: dict[str, list[str]] = Field(default_factory=dict)  # task.toml tags (report/diff --tags)
     hold_model: str | None = None  # "true" or "strict" when the model was held (orchestrator/model/hold.py)
@@ -226,6 +229,10 @@ def migrate_manifest(data: dict[str, Any], run_dir: Path) -> dict[str, Any]:
             out["alpha"] = gate.get("alpha")
         if out.get("burn_invalidates") is None and isinstance(gate.get("burn_invalidates"), bool):
             out["burn_invalidates"] = gate["burn_invalidates"]
+        if out.get("correction") is None and isinstance(gate.get("correction"), str):
+            out["correction"] = gate["correction"]
+        if out.get("allow_undecided") is None and isinstance(gate.get("undecided"), int):
+            out["allow_undecided"] = gate["undecided"]
     hosts = out.get("hosts")
     if isinstance(hosts, list):
         listed = [h if isinstance(h, dict) else {"name": h} for h in hosts]

@@ -299,13 +299,14 @@
       add(section, el("h3", null, "Pass rates (" + t.statistics.evidence + " evidence" + (t.statistics.needed_repeat ? "; --repeat " + t.statistics.needed_repeat + " could settle it" : "") + ")"));
       var st = add(section, el("table", { "class": "rates" }));
       var hr = add(add(st, el("thead")), el("tr"));
-      ["host", "attempts", "passes", "pass rate", "95% interval", "p-value vs reference", "differs"].forEach(function (c) { add(hr, el("th", null, c)); });
+      ["host", "attempts", "passes", "pass rate", "95% interval", "p-value vs reference", "adjusted across the suite", "differs"].forEach(function (c) { add(hr, el("th", null, c)); });
       var sb = add(st, el("tbody"));
       t.statistics.rates.forEach(function (r) {
         var tr = add(sb, el("tr"));
         [r.host, r.n, r.passes, r.pass_rate === null ? "—" : r.pass_rate.toFixed(3),
          r.ci_low === null ? "—" : r.ci_low.toFixed(3) + " – " + r.ci_high.toFixed(3),
-         r.p_value === null ? "—" : r.p_value.toPrecision(3), r.differs ? "yes" : ""].forEach(function (c) { add(tr, el("td", null, c)); });
+         r.p_value === null ? "—" : r.p_value.toPrecision(3),
+         r.p_adjusted === null || r.p_adjusted === undefined ? "—" : r.p_adjusted.toPrecision(3), r.differs ? "yes" : ""].forEach(function (c) { add(tr, el("td", null, c)); });
       });
     }
     function leakLine(l) {

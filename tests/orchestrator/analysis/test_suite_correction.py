@@ -137,3 +137,37 @@ def test_light_simulation_error_rates_and_attempts() -> None:
     fixed = fixed_run(rng, suite, 16, BH)
     assert fixed.attempts >= 3 * seq.attempts
     assert sum(c == "host_coupling" for c in seq.classifications[:5]) >= 4
+
+
+def test_report_of_an_undecided_run_exits_inconclusive_and_says_what_settles_it(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+    from orchestrator.exit_policy import INCONCLUSIVE
+
+    build = {"t1": ("P", "F"), "t2": ("P", "P")}
+    report = _run(tmp_path / "a", build)
+    run = tmp_path / "a" / report.run_id
+    out = CliRunner().invoke(app, ["report", str(run)])
+    assert out.exit_code == INCONCLUSIVE == 4, out.output
+    assert "inconclusive: 2 of 2 comparable task(s) undecided ([gate] undecided allows 0)" in out.output
+    assert "rerun with --repeat 4 or --until-decided" in out.output
+    assert "inconclusive: 2 of 2" in (run / "report.md").read_text()
+    assert 'id="undecided"' in (run / "report.html").read_text()
+    # the suite may allow undecided tasks: then the run passes, and still says so
+    report = _run(tmp_path / "b", build, allow_undecided=2)
+    out = CliRunner().invoke(app, ["report", str(tmp_path / "b" / report.run_id)])
+    assert out.exit_code == 0 and "undecided: 2 task(s), within [gate] undecided = 2" in out.output
+
+
+def test_adjusted_p_is_shown_beside_the_raw_one(tmp_path) -> None:
+    from orchestrator.report import render_markdown
+
+    tasks = {"t": ("PPPPPPPF", "FFFFFFFP")}
+    tasks.update({f"q{i}": ("PPPPFFFF", "PPPFFFFF") for i in range(5)})
+    report = _run(tmp_path, tasks, correction=HOLM)
+    t = next(x for x in report.tasks if x.task == "t")
+    rate = next(r for r in t.rates if r.host == "box-b")
+    assert rate.p_value == pytest.approx(0.010101, abs=1e-6) and rate.p_adjusted == pytest.approx(6 * 0.010101, abs=1e-5)
+    assert not rate.differs and report.correction == HOLM and report.family == 6
+    assert "p=0.010 adj=0.061" in render_markdown(report)
