@@ -84,21 +84,44 @@ def _prior(field: str) -> float:
     return _PRIOR.index("hostname") - 0.5  # an unknown fact: before the host's name and the bookkeeping
 
 
+def offset_forms(seconds: int) -> list[str]:
+    """How programs print a UTC offset of ``seconds``: ``-0500``, ``-05:00``, ``UTC-5``/``GMT-5``
+    (``UTC+5:30`` for a part hour)."""
+    sign = "-" if seconds < 0 else "+"
+    hours, minutes = divmod(abs(seconds) // 60, 60)
+    short = f"{hours}" + (f":{minutes:02d}" if minutes else "")
+    return [f"{sign}{hours:02d}{minutes:02d}", f"{sign}{hours:02d}:{minutes:02d}", f"UTC{sign}{short}", f"GMT{sign}{short}"]
+
+
+def value_forms(field: str, value: str) -> list[str]:
+    """The texts a fact's value shows up as in a program's output: the value itself, each element of a
+    list (``tz.tzname`` ``["EST", "EDT"]``), and a UTC offset in seconds as programs print it."""
+    forms = [value]
+    if value.startswith("["):
+        try:
+            items = json.loads(value)
+        except ValueError:
+            items = []
+        forms = [str(x) for x in items if isinstance(x, str | int) and not isinstance(x, bool)] if isinstance(items, list) else []
+    if field.endswith("utc_offset_s") and re.fullmatch(r"-?\d+", value):
+        forms += offset_forms(int(value))
+    return forms
+
+
 def _tie(field: str, values: Iterable[str | None], text: str) -> str | None:
-    """What in the task's text names ``field`` (its last dotted part, or one of its values), else None."""
+    """What in the task's text names ``field`` (its last dotted part, or one of its values in any
+    form ``value_forms`` knows), else None."""
     leaf = field.rsplit(".", 1)[-1]
     if len(leaf) >= 2 and re.search(rf"(?<![A-Za-z0-9_]){re.escape(leaf)}(?![A-Za-z0-9_])", text):
         return f"the task's output names {leaf}"
     for value in values:
-        if (
-            value is None
-            or len(value) < _MIN_VALUE
-            or value.lower() in _COMMON
-            or value.startswith(("[", "{"))
-        ):
+        if value is None or value.startswith("{"):
             continue
-        if value in text:
-            return f"the task's output shows {value!r}"
+        for form in value_forms(field, value):
+            if len(form) < _MIN_VALUE or form.lower() in _COMMON:
+                continue
+            if form in text:
+                return f"the task's output shows {form!r}" + ("" if form == value else f" ({field} {value})")
     return None
 
 

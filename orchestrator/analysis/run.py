@@ -396,10 +396,12 @@ def _task_report(
     report.needed_repeat = decision.needed_repeat
     if recorded and hold is not None:
         report.model_hold = hold_lines(hold, task, keys, others)
-    # ranked per task: what ties a fact to the task is the task's own words, whoever said them
+    # ranked per task: what ties a fact to the task is the task's own words, whoever said them: the
+    # verdict's reasons, the predicate's output, and the agent's own argument values that differ
     task_text = "\n".join(
         [w for seq in report.why.values() for w in seq]
         + [o for seq in report.predicate_output.values() for o in seq if o]
+        + [x for d in report.args_diff for v in d.values for x in (v.reference, v.other) if x]
     )
     for host in report.flipped_hosts:
         report.attribution.append(

@@ -97,3 +97,26 @@ def test_differing_argument_values_are_shown_redacted_beside_their_hashes(tmp_pa
     assert any("args_fp" in line for line in lines)
     assert '    unit: "nginx.service" -> "app.service"' in lines
     assert secret not in "\n".join(lines)
+
+
+def test_a_utc_offset_the_output_prints_names_the_time_zone_among_many_differing_facts(tmp_path):
+    """A predicate prints ``-0500``; the fingerprint says tz.utc_offset_s -18000 against 0, among
+    facts that differ for other reasons: the cause names the time zone, not "no differing fact"."""
+    hosts = {
+        "local": fingerprint("devbox-ref", "a" * 16, tz={"TZ": None, "tzname": ["CST", "CDT"], "utc_offset_s": -18000}),
+        "box-b": fingerprint(
+            "box-b", "b" * 16, python="CPython 3.11.9", cpu_count=8, home="/home/ci", uid=1000,
+        ),  # fmt: skip
+    }
+    attempts = {
+        ("local", "report-date", 0): Attempt("pass", predicate_output="ok: stamped 2026-12-01T08:00:00-0500"),
+        ("box-b", "report-date", 0): Attempt(
+            "fail", why="predicate exited 1", predicate_output="FAIL: want a local stamp, got 2026-12-01T13:00:00+0000"
+        ),
+    }
+    task = analyse_run(build_run(tmp_path, RunSpec(hosts=hosts, attempts=attempts))).tasks[0]
+    fields = task.attribution[0].fields
+    assert len(fields) > 4 and fields[0].field == "tz.utc_offset_s"
+    assert fields[0].tied == "the task's output shows '-0500' (tz.utc_offset_s -18000)"
+    assert task.cause.startswith("box-b: tz.utc_offset_s -18000 → 0")
+    assert "no differing fact" not in task.cause
