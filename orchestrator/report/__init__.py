@@ -415,6 +415,16 @@ def _agent_rate_text(rate: AgentRate) -> str:
     )
 
 
+def gap_text(c: Comparison) -> str:
+    """"mean gap B − A: -0.850 [95% CI -0.95, -0.75] over 4 tasks (paired; clustered by tag: 2 tags)"."""
+    if c.gap_mean is None:
+        return "mean gap B − A: none (no task has attempts in both runs)"
+    unit = f"clustered by tag: {c.clusters} tag(s)" if c.clustered_by_tag else f"{c.clusters} task(s)"
+    interval = f" [95% CI {c.gap_ci_low:+.3f}, {c.gap_ci_high:+.3f}]" if c.gap_ci_low is not None else ""
+    text = f"mean gap B − A on the reference: {c.gap_mean:+.3f}{interval} (paired over tasks; {unit})"
+    return text + (f"; undecided: {c.resolve}" if c.resolve else "")
+
+
 def render_compare_markdown(c: Comparison) -> str:
     """The model gap beside the box, for people: the reading first, then one row per task."""
     out = [
@@ -422,8 +432,9 @@ def render_compare_markdown(c: Comparison) -> str:
         "",
         f"- suite: **{_md(c.suite)}**, hosts: {_md(', '.join(c.hosts))}, reference: **{_md(c.reference)}**",
         f"- model gap: the agents differ on **{c.model_gap}** of {len(c.tasks)} task(s) on {_md(c.reference)} "
-        f"(p < {c.alpha:g} where attempts vary or an agent is sampled)",
+        f"(adjusted p < {c.alpha:g} where attempts vary or an agent is sampled)",
         f"- box: **{c.box_flips}** task(s) with a host difference in either run",
+        f"- {_md(gap_text(c))}",
         f"- reading: **{c.reading}**",
         f"- exit {c.exit_code}: "
         + ("the model gap exceeds the box's flips" if c.exit_code == 0 else "the model gap does not exceed the box's flips"),

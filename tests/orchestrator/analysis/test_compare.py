@@ -76,3 +76,50 @@ def test_cli_markdown_and_json(tmp_path: Path) -> None:
     data = json.loads(done.output)
     assert (data["model_gap"], data["box_flips"], data["reading"]) == (4, 0, QUIET)
     assert data["tasks"][0]["a"] == {"n": 8, "passes": 8, "pass_rate": 1.0, "ci_low": 0.6756, "ci_high": 1.0}
+
+
+def test_runs_with_equal_agent_pins_are_refused_as_an_environment_comparison(tmp_path: Path) -> None:
+    a = _run(tmp_path, "20250101T000000Z-aaaaaa", "same", {t: {"local": 8, "box-b": 8} for t in TASKS})
+    b = _run(tmp_path, "20250102T000000Z-bbbbbb", "same", {t: {"local": 1, "box-b": 8} for t in TASKS})
+    with pytest.raises(InputError, match="agent pins .agent_sha. are equal on every task"):
+        compare_runs(a, b)
+    done = CliRunner().invoke(app, ["compare", str(a), str(b)])
+    assert done.exit_code == 2 and "only the environment changed" in done.output
+
+
+def _gap_runs(tmp_path: Path, a_passes: list[int], b_passes: list[int], tags: dict[str, list[str]] | None = None):
+    tasks = [f"t{i}" for i in range(len(a_passes))]
+    runs = []
+    for run_id, agent, passes in (("20250101T000000Z-aaaaaa", "a", a_passes), ("20250102T000000Z-bbbbbb", "b", b_passes)):
+        run = _run(tmp_path, run_id, agent, {t: {"local": p, "box-b": p} for t, p in zip(tasks, passes, strict=True)})
+        if tags is not None:
+            manifest = json.loads((run / "manifest.json").read_text())
+            manifest["task_tags"] = tags
+            (run / "manifest.json").write_text(json.dumps(manifest))
+        runs.append(run)
+    return compare_runs(*runs)
+
+
+def test_the_mean_gap_has_a_paired_interval_and_says_what_resolves_it(tmp_path: Path) -> None:
+    # B is better by about 2 of 8 attempts on every task: paired, the interval excludes 0
+    c = _gap_runs(tmp_path / "clear", [2, 4, 6, 1, 3, 5], [4, 6, 8, 3, 5, 7])
+    assert c.gap_mean == 0.25 and c.gap_ci_low is not None and c.gap_ci_low > 0 and c.resolve == ""
+    assert c.clusters == 6 and not c.clustered_by_tag
+    # a small mixed gap: undecided, with the tasks (and attempts) that would resolve it
+    c = _gap_runs(tmp_path / "mixed", [4, 4, 4, 4], [5, 3, 6, 4])
+    assert c.gap_ci_low is not None and c.gap_ci_high is not None and c.gap_ci_low < 0 < c.gap_ci_high
+    assert c.resolve.startswith("about ") and "task(s) at this spread would resolve the gap of +0.062" in c.resolve
+    done = CliRunner().invoke(app, ["compare", str(tmp_path / "mixed" / "20250101T000000Z-aaaaaa"), str(tmp_path / "mixed" / "20250102T000000Z-bbbbbb")])
+    assert "mean gap B − A on the reference: +0.062 \\[95% CI -0.096, +0.221\\]" in done.output
+    assert "undecided: about 27 task(s) at this spread would resolve the gap of +0.062, or --repeat 119" in done.output
+
+
+def test_tasks_of_one_tag_are_one_cluster(tmp_path: Path) -> None:
+    tags = {"t0": ["db"], "t1": ["db"], "t2": ["db"], "t3": ["net"], "t4": ["net"], "t5": ["net"]}
+    clustered = _gap_runs(tmp_path / "tags", [2, 2, 2, 4, 4, 4], [6, 6, 6, 4, 4, 4], tags)
+    plain = _gap_runs(tmp_path / "plain", [2, 2, 2, 4, 4, 4], [6, 6, 6, 4, 4, 4])
+    assert clustered.clustered_by_tag and clustered.clusters == 2 and plain.clusters == 6
+    assert clustered.gap_mean == plain.gap_mean == 0.25
+    # two tags that disagree are two pieces of evidence, not six: the interval is wider
+    assert clustered.gap_ci_low is not None and plain.gap_ci_low is not None
+    assert clustered.gap_ci_low < plain.gap_ci_low
