@@ -28,6 +28,18 @@ def matches(spec: str, turn: Dict[str, Any]) -> bool:
     return not sep or value in set(_values(turn.get("args", {})))
 
 
+def expected(finding_kind: str, tool: Optional[str], task: Task) -> bool:
+    """The finding is one the task declares it expects (a negative golden task's out-of-contract call)."""
+    return f"{finding_kind}:{tool}" in task.expect_findings
+
+
+def missed_findings(task: Task, found: Iterable[Any]) -> List[str]:
+    """Why a negative golden task fails: each declared finding the checker did not raise."""
+    raised = {f"{f.kind}:{f.tool}" for f in found}
+    return [f"expected finding {spec} was not raised: the checker missed the out-of-contract call"
+            for spec in task.expect_findings if spec not in raised]
+
+
 def score(task: Task, turns: Iterable[Dict[str, Any]], finish_reason: Optional[str]) -> List[str]:
     """Why the attempt misses its golden expectations (empty: it meets them)."""
     turns = list(turns)

@@ -216,7 +216,10 @@ class Runner:
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
             findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []
             reasons = golden.score(task, outcome.turns, outcome.reason)
-            reasons += [f"contract: {f.line()}" for f in findings if not f.weak]  # weak: the controller decides
+            # a negative golden task's declared findings are its pass, not its failure; missing one fails it
+            reasons += [f"contract: {f.line()}" for f in findings
+                        if not f.weak and not golden.expected(f.kind, f.tool, task)]  # weak: the controller decides
+            reasons += golden.missed_findings(task, findings)
             if outcome.infra_error is not None or predicate_error is not None:
                 verdict, why = "error", outcome.infra_error or predicate_error or ""
             else:

@@ -42,7 +42,10 @@ SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "bu
 #: ``network``: "isolated" (the default: an attempt reaches its model proxy and nothing else, where the
 #: host gives a network namespace) or "open" (the host's network, outbound included)
 NETWORK_MODES = ("isolated", "open")
-TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent", "tags"}
+TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent", "tags",
+             "expect_findings"}
+#: what a negative golden task may declare it expects the checker to find ("kind:tool")
+EXPECTABLE_FINDINGS = ("unknown_tool", "missing_args", "forbidden_args")
 BUDGET_KEYS = set(DEFAULT_BUDGET)
 MAX_TIMEOUT_S = 86400
 #: the most steps and observation bytes an attempt may be given: far above any real task, and finite
@@ -109,6 +112,9 @@ class Task:
     must_finish: Optional[str] = "stop"
     repo_dir: Optional[Path] = None
     tags: List[str] = field(default_factory=list)  # for selecting tasks (crosshost replay --tags)
+    #: a negative golden task: the contract findings ("kind:tool") its agent's calls must draw; the
+    #: checker finding them is the pass, missing one is the fail
+    expect_findings: List[str] = field(default_factory=list)
 
     @property
     def predicate(self) -> Optional[Path]:
@@ -260,6 +266,8 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
             task["description"] = traw["description"]
         if "tags" in traw:
             task["tags"] = traw["tags"]
+        if "expect_findings" in traw:  # only where declared: other suites keep their digest
+            task["expect_findings"] = traw["expect_findings"]
         own, base = task["agent"], data["agent"]
         kind = inherit_agent(own if isinstance(own, dict) else {}, base if isinstance(base, dict) else None).get("kind")
         script_path = task_dir / "script.json"
@@ -325,6 +333,16 @@ def _str_list(value: Any, where: str) -> List[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise SuiteError(f"{where} must be a list of non-empty strings")
     return list(value)
+
+
+def _expected_findings(value: Any, where: str) -> List[str]:
+    specs = _str_list(value, where)
+    for spec in specs:
+        kind, sep, tool = spec.partition(":")
+        if kind not in EXPECTABLE_FINDINGS or not sep or not tool:
+            raise SuiteError(f"{where}: {spec!r} must be \"kind:tool\" with kind one of "
+                             f"{', '.join(EXPECTABLE_FINDINGS)} (e.g. \"unknown_tool:wipe_disk\")")
+    return specs
 
 
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -609,6 +627,7 @@ def suite_from_dict(data: Any, root: Path, where: Optional[Where] = None) -> Sui
             must_finish=must_finish,
             repo_dir=repo if repo.is_dir() else None,
             tags=_tags(raw.get("tags", []), where(task_id, "tags")),
+            expect_findings=_expected_findings(raw.get("expect_findings", []), where(task_id, "expect_findings")),
         ))
     normalised = dict(data)
     normalised["tools"] = tools

@@ -63,6 +63,8 @@ class AttemptSummary:
     #: files the attempt's uid left outside its workspace (the runner's finish record, capped)
     outside_workspace: list[str] = field(default_factory=list)
     n_outside_workspace: int = 0
+    #: the declared findings of a negative golden task the controller's checker raised ("kind:tool")
+    expected_found: set[str] = field(default_factory=set)
 
     @property
     def has_trace(self) -> bool:
@@ -84,9 +86,16 @@ class TraceSummariser:
     worked out in full. The results are exactly those of ``step_of`` and ``check_turns``.
     """
 
-    def __init__(self, contract: Mapping[str, Any] | None, fingerprints: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(
+        self,
+        contract: Mapping[str, Any] | None,
+        fingerprints: Sequence[Mapping[str, Any]],
+        expected: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         self.contract = contract
         self.fingerprints = fingerprints
+        #: per task, the findings a negative golden task declares ("kind:tool", task.toml expect_findings)
+        self.expected = expected or {}
         self._checker: TurnChecker | None = None
         self._memo: dict[Any, tuple[bytes, tuple[Hit, ...]]] = {}
 
@@ -140,7 +149,7 @@ class TraceSummariser:
                         obs_fp if isinstance(obs_fp, str) else "",
                     )
                     if known[1]:
-                        _record_findings(summary, known[1], record.get("step"), tool)
+                        _record_findings(summary, known[1], record.get("step"), tool, self.expected.get(task, ()))
                 elif kind == "corrupt":
                     summary.problem(f"{path}:{lineno}: {record.get('error', 'corrupt line')}")
                 elif kind == "header":
@@ -162,12 +171,17 @@ class TraceSummariser:
         summary.answers_hash = hasher.answers_hash
         if finish is not None and not summary.n_problems and not summary.n_leaks:
             _runner_leaks(summary, finish)
-        _settle_verdict(summary, path, finish)
+        _settle_verdict(summary, path, finish, self.expected.get(task, ()))
         return summary
 
 
-def _record_findings(summary: AttemptSummary, found: tuple[Hit, ...], step: Any, tool: str) -> None:
+def _record_findings(
+    summary: AttemptSummary, found: tuple[Hit, ...], step: Any, tool: str, expected: Sequence[str] = ()
+) -> None:
     for hit in found:
+        if f"{hit.kind}:{tool}" in expected:  # the negative golden task's declared call: its pass
+            summary.expected_found.add(f"{hit.kind}:{tool}")
+            continue
         record_finding(summary, CheckFinding(
             kind=hit.kind, step=step, tool=tool, message=hit.message, is_leak=hit.kind in LEAK_KINDS and not hit.weak,
             rule=hit.rule, evidence=hit.evidence, weak=hit.weak,
@@ -200,7 +214,9 @@ def _runner_leaks(summary: AttemptSummary, finish: dict[str, Any]) -> None:
             ))  # fmt: skip
 
 
-def _settle_verdict(summary: AttemptSummary, path: Path, finish: dict[str, Any] | None) -> None:
+def _settle_verdict(
+    summary: AttemptSummary, path: Path, finish: dict[str, Any] | None, expected: Sequence[str] = ()
+) -> None:
     if summary.n_problems:
         summary.verdict, summary.why = "error", f"damaged trace: {summary.problems[0]}"
     elif finish is None:
@@ -223,6 +239,10 @@ def _settle_verdict(summary: AttemptSummary, path: Path, finish: dict[str, Any] 
             first = summary.findings[0]
             summary.verdict = "fail"
             summary.why = f"checker: {first.kind} at step {first.step}: {first.message}"
+        missed = [spec for spec in expected if spec not in summary.expected_found]
+        if summary.verdict == "pass" and missed:  # the checker's own finding grades a negative task
+            summary.verdict = "fail"
+            summary.why = f"checker: expected finding {missed[0]} was not raised"
 
 
 def summarise_trace(

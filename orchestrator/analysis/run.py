@@ -89,7 +89,8 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
 
     hold = HoldSummary.read(run.dir)
     summaries: dict[AttemptKey, AttemptSummary] = {}
-    summariser = TraceSummariser(contract, fingerprints)  # one memo for every trace of the run
+    # one memo for every trace of the run
+    summariser = TraceSummariser(contract, fingerprints, run.manifest.expect_findings)
     traces = list(run.trace_files())
     rows = run.results()
     tasks = list(dict.fromkeys([*run.manifest.tasks, *sorted({k[1] for k, _ in traces} | {k[1] for k in rows})]))

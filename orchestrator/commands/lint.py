@@ -10,7 +10,10 @@ The suite is first read as a replay reads it (``agent_runner.suite.load_suite``:
 - warning: a task with neither a predicate (``repo/run_tests.sh``) nor ``expect_tools`` /
   ``forbid_tools``: only ``must_finish`` and the contract checks can fail it.
 
-``replay`` runs the same checks first: errors stop it (exit 2), warnings are printed and it goes on.
+``replay`` runs the same checks first, on the tasks it selects: errors in those stop it (exit 2); an
+error in a task it does not replay is a warning there (it stops no replay of other tasks); warnings
+are printed and it goes on. A negative golden task's declared out-of-contract call (``expect_findings``
+in its task.toml) is what the task tests, not an error.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from __future__ import annotations
 import difflib
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 from agent_runner.suite import Suite, Task, load_suite
 from orchestrator.errors import SuiteError
 from orchestrator.hints import command
+from orchestrator.selection import TaskSelection
 
 Level = Literal["error", "warning"]
 
@@ -35,6 +39,7 @@ class Finding:
     file: Path
     key: str
     message: str
+    task: str | None = None
 
     def line(self) -> str:
         return f"{self.level}: {self.file}: {self.key}: {self.message}"
@@ -69,15 +74,29 @@ class LintReport:
             raise SuiteError(f"{first.file}: {first.key}: {first.message}{more}")
 
 
-def lint_suite(suite_dir: Path) -> LintReport:
-    """Every finding of the suite in ``suite_dir``, in task order; a suite that does not load raises."""
+NOT_SELECTED = "not selected, so it does not stop this replay"
+
+
+def lint_suite(suite_dir: Path, selection: TaskSelection | None = None) -> LintReport:
+    """Every finding of the suite in ``suite_dir``, in task order; a suite that does not load raises.
+    With a ``selection`` (a replay's ``--tasks/--exclude/--tags``), an error in a task it leaves out
+    is a warning that says so: lint is per selection."""
     suite = load_suite(suite_dir)
     shown = Path(suite_dir)
     tools = _contract_tools(suite)
     contract_file = shown / _contract_name(shown)
     report = LintReport(suite.name, len(suite.tasks), shown)
+    selected = None
+    if selection is not None and not selection.everything:
+        selected = set(selection.select(suite.task_ids, {t.id: t.tags for t in suite.tasks}, str(shown)))
     for task in suite.tasks:
-        report.findings += _task_findings(task, shown / "tasks" / task.id, tools, contract_file)
+        found = _task_findings(task, shown / "tasks" / task.id, tools, contract_file)
+        if selected is not None and task.id not in selected:
+            found = [
+                replace(f, level="warning", message=f"{f.message} ({NOT_SELECTED})") if f.level == "error" else f
+                for f in found
+            ]
+        report.findings += found
     return report
 
 
@@ -117,7 +136,7 @@ def _task_findings(task: Task, task_dir: Path, tools: list[str], contract_file: 
                 found.append(Finding("error", toml, key, _unknown(tool, tools, contract_file)))
     calls = list(_script_calls(task))
     for key, tool in calls:
-        if tool not in known:
+        if tool not in known and f"unknown_tool:{tool}" not in task.expect_findings:
             found.append(Finding("error", task_dir / "script.json", key, _unknown(tool, tools, contract_file)))
     called = {tool for _, tool in calls}
     for tool in task.fixtures:
@@ -138,7 +157,7 @@ def _task_findings(task: Task, task_dir: Path, tools: list[str], contract_file: 
                 "only must_finish and the contract checks can fail this task",
             )  # fmt: skip
         )
-    return found
+    return [replace(f, task=task.id) for f in found]
 
 
 def lint_lines(report: LintReport) -> list[str]:

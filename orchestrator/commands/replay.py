@@ -271,6 +271,7 @@ def replay(
         allow_undecided=bundle.suite.gate.undecided,
         sampled=[t for t in bundle.suite.sampled_task_ids() if t in tasks],
         task_tags={t: tags for t, tags in suite_task_tags(bundle).items() if t in tasks and tags},
+        expect_findings={t.id: list(t.expect_findings) for t in bundle.suite.tasks if t.id in tasks and t.expect_findings},
         tasks=tasks,
         repeat=repeat,
         inventory={"path": str(Path(request.inventory_path).resolve()), "hosts": [h.public_dict() for h in selected]},
@@ -368,9 +369,10 @@ def replay_command(request: ReplayRequest, *, lint: bool = True, **kwargs: Any) 
 
     atexit.unregister(_quick_exit_gc)  # once per process, however often this is called
     atexit.register(_quick_exit_gc)
-    # `crosshost lint`'s checks first: an error is bad input before any host is touched (exit 2);
-    # warnings are said with the summary and the run goes on (lint=False: a stand-in suite in tests)
-    findings = lint_suite(request.suite_dir) if lint else None
+    # `crosshost lint`'s checks first, on the selected tasks: an error is bad input before any host is
+    # touched (exit 2); warnings, and errors of tasks not selected, are said with the summary and the
+    # run goes on (lint=False: a stand-in suite in tests)
+    findings = lint_suite(request.suite_dir, request.selection) if lint else None
     if findings is not None:
         findings.raise_on_errors()
     outcome = replay(request, **kwargs)

@@ -156,6 +156,8 @@ class Manifest(BaseModel):
     correction: str | None = None  # the suite's [gate] correction ("bh" or "holm"); None: the default
     allow_undecided: int = 0  # the suite's [gate] undecided: undecided tasks a run may leave and pass
     looks: int = 1  # how many times --until-decided looked at the evidence (docs/statistics.md)
+    #: negative golden tasks: task -> the contract findings ("kind:tool") its task.toml expects
+    expect_findings: dict[str, list[str]] = Field(default_factory=dict)
     sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
     task_tags: dict[str, list[str]] = Field(default_factory=dict)  # task.toml tags (report/diff --tags)
     hold_model: str | None = None  # "true" or "strict" when the model was held (orchestrator/model/hold.py)
