@@ -42,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="run id (default: generated)")
     run.add_argument("--tasks", help="comma-separated task ids (default: all)")
     run.add_argument("--repeat", type=int, help="attempts per task (default: the suite's repeat)")
+    run.add_argument("--first-attempt", type=int, default=0,
+                     help="the number of the first attempt (default 0; a later round goes on numbering)")
     run.add_argument("--workspace-root", help="where disposable attempt workspaces go (default: a temp dir)")
     run.add_argument("--env-allow", help="comma-separated environment keys the agent may see "
                      "(default: PATH,LANG,LC_ALL,TZ)")
@@ -108,7 +110,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         options = RunOptions(
             suite=args.suite, out=args.out, host=args.host, run_id=args.run_id,
             tasks=[t for t in args.tasks.split(",") if t] if args.tasks else None,
-            repeat=args.repeat, workspace_root=args.workspace_root,
+            repeat=args.repeat, first_attempt=args.first_attempt, workspace_root=args.workspace_root,
             env_allow=[k for k in args.env_allow.split(",") if k] if args.env_allow is not None else None,
             slots=args.slots, trace_files=args.trace_files,
         )

@@ -64,6 +64,8 @@ class RunOptions:
     run_id: Optional[str] = None
     tasks: Optional[List[str]] = None
     repeat: Optional[int] = None
+    #: the number of the first attempt (a later round of ``replay --until-decided`` goes on numbering)
+    first_attempt: int = 0
     workspace_root: Optional[str] = None
     env_allow: Optional[List[str]] = None
     #: attempts run at once, each in its own workspace, HOME, TMPDIR and budget (default 1)
@@ -414,6 +416,8 @@ def run_suite(options: RunOptions) -> int:
     repeat = suite.repeat if options.repeat is None else options.repeat
     if repeat < 1:
         raise InputError(f"--repeat must be at least 1, got {repeat}")
+    if options.first_attempt < 0:
+        raise InputError(f"--first-attempt must be 0 or more, got {options.first_attempt}")
     for task in tasks:
         agents.check_available(task.agent.kind, where=f"{suite.root}: task {task.id}")
         if task.agent.kind == "command" and not (suite.root / "agent").exists() and any(
@@ -450,7 +454,8 @@ def run_suite(options: RunOptions) -> int:
         host = options.host or fingerprint.hostname or default_host()
         runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow)
         failed = False
-        attempts = [(task, attempt) for task in tasks for attempt in range(repeat)]
+        first = options.first_attempt
+        attempts = [(task, attempt) for task in tasks for attempt in range(first, first + repeat)]
         with HashingWriter(out, out / "results.jsonl") as results:
 
             def record(result: AttemptResult) -> None:

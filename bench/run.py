@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import analysis_bench, explain_bench, report_html_bench, runner_bench
+from bench import analysis_bench, explain_bench, report_html_bench, runner_bench, stats_bench
 from bench.baselines import BaselineError, BenchHost, ansible_bin, run_ansible, run_limit, run_naive
 from bench.gen_suite import BenchSuite, generate_suite
 
@@ -133,6 +133,7 @@ class Bench:
         self.crosshost_via = crosshost_entry()
         self.explain: dict[str, Any] | None = None
         self.runner: dict[str, Any] | None = None
+        self.stats: dict[str, Any] | None = None
 
     # -- hosts and inputs -------------------------------------------------------------------
     def hosts(self, count: int) -> list[BenchHost]:
@@ -278,6 +279,9 @@ class Bench:
             report_html = self.run_report_html()
         if self.args.explain_reps > 0:
             self.explain = self.run_explain()
+        if self.args.stats_runs > 0:
+            print(f"  statistics: seeded simulations of the suite-wide rule, {self.args.stats_runs} runs ...", flush=True)
+            self.stats = stats_bench.measure(self.args.stats_runs)
         # The order that decides the targets first: the faster Ansible everywhere, naive at T=100 (the
         # 5x target) at the larger S, default Ansible, then the naive points that only inform.
         pts = self.points()
@@ -349,6 +353,7 @@ class Bench:
                          "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},
             "points": points, "analysis": analysis, "report_html": report_html,
             "explain": self.explain, "runner": self.runner,
+            "statistics": self.stats,
             "fleet_points": self.fleet_result(),
         }
 
@@ -488,6 +493,7 @@ def render_table(result: dict[str, Any]) -> str:
             f"| median of {len(e['explain_s'])} | {e['replay_median_s']:.2f} | {e['explain_median_s']:.2f} "
             f"| {e['bound_s']:.2f} | {_mark(e['met'])} |",
         ]
+    lines += stats_bench.markdown(result.get("statistics"))
     return "\n".join(lines)
 
 
@@ -523,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runner-tasks", type=lambda s: [int(x) for x in s.split(",") if x], default=[100, 1000],
                    help="suite sizes of the runner's per-attempt overhead (no-op tasks); '' to skip")
     p.add_argument("--explain-reps", type=int, default=3, help="explain benchmark repetitions (the demo's flips); 0: skip")
+    p.add_argument("--stats-runs", type=int, default=1000, help="seeded simulations of the statistics; 0: skip")
     p.add_argument("--base-port", type=int, default=2400)
     p.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-bench"))
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")

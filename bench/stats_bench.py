@@ -184,6 +184,30 @@ def measure(runs: int = 400, seed: int = 25) -> dict[str, Any]:
     return out
 
 
+def markdown(stats: dict[str, Any] | None) -> list[str]:
+    """The numbers as make bench's Markdown table (nothing when the simulations were skipped)."""
+    if not stats:
+        return []
+    lines = [
+        "",
+        f"| statistics ({stats['suite']}) | correction | runs | any false host_coupling | mean FDP, 5 real effects | power 90/10 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in ("error_rates_repeat_8", "error_rates_repeat_16"):
+        for correction, row in stats[key].items():
+            lines.append(
+                f"| --repeat {row['repeat']} | {correction} | {row['runs']} | {row['any_false_rate']} "
+                f"| {row['mean_fdp_with_effects']} | {row['power_90_10']} |"
+            )
+    u = stats["until_decided"]
+    lines += ["", "| 90% of tasks all-pass or all-fail | power 90/10 | attempts per run | false per run |", "|---|---|---|---|"]
+    for name, row in u.items():
+        if isinstance(row, dict):
+            lines.append(f"| {name} | {row['power_90_10']} | {row['attempts_per_run']} | {row['false_per_run']} |")
+    lines.append(f"| attempt ratio | | {u['attempt_ratio']}x | |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=400)

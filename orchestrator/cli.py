@@ -152,15 +152,31 @@ def replay_cmd(
             help="A run crosshost schedule started: a failure before it starts is recorded for crosshost history.",
         ),
     ] = False,
+    until_decided: Annotated[
+        bool,
+        typer.Option(
+            "--until-decided",
+            help="Rounds of attempts only for tasks still undecided (a sequential rule at alpha, docs/statistics.md).",
+        ),
+    ] = False,
+    max_repeat: Annotated[
+        int | None,
+        typer.Option("--max-repeat", min=1, max=1000, help="--until-decided: at most this many attempts per host (default 32)."),
+    ] = None,
 ) -> int:
     """Replay SUITE on every host of the inventory and write runs/<run_id>/.
 
     Exit 0: valid and within the gate. 1: invalid, over the gate, or a new flip
     (--compare-last). 2: bad input. 3: a host failed or a verdict is error.
-    130: interrupted.
+    4: inconclusive (tasks left undecided). 130: interrupted.
     """
     from orchestrator import ui
-    from orchestrator.commands.replay import ReplayRequest, planned_hosts, replay_command
+    from orchestrator.commands.replay import (
+        ReplayRequest,
+        planned_hosts,
+        replay_command,
+        until_decided_budget,
+    )
     from orchestrator.selection import split_list
 
     def split(v: str | None, flag: str) -> list[str] | None:
@@ -171,6 +187,7 @@ def replay_cmd(
         repeat=repeat, out=out, jobs=jobs, gate=gate, accept_new=accept_new, compare_last=compare_last,
         reference=reference, slots=slots,
         exclude=split(exclude, "--exclude"), tags=split(tags, "--tags"), hold_model=hold_model,
+        until_decided=until_decided_budget(until_decided, max_repeat),
     )  # fmt: skip
     try:
         with ui.ProgressView(planned_hosts(request)) as view:

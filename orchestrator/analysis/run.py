@@ -116,7 +116,9 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     compared: dict[str, list[str]] = {}
     n_attempts_of: dict[str, int] = {}
     for task in tasks:
-        n_attempts = n_attempts_of[task] = max(run.manifest.repeat or 0, attempts_of.get(task, 0))
+        # --until-decided: a task decided early has fewer attempts than the run's repeat
+        planned = run.manifest.task_repeat.get(task) or run.manifest.repeat or 0
+        n_attempts = n_attempts_of[task] = max(planned, attempts_of.get(task, 0))
         for host in run.hosts:
             for attempt in range(n_attempts):
                 key = (host, task, attempt)

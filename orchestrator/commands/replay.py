@@ -83,6 +83,10 @@ class ReplayRequest:
     #: the reference with one environment fact of another host); the manifest records the result
     adjust_host: Callable[[HostConfig], HostConfig] | None = None
     trace_files: bool = False  # attempts under strace where a host has it (explain's file evidence)
+    #: --until-decided: rounds of attempts for the tasks still undecided, up to this many attempts per
+    #: host (None: one fixed --repeat)
+    until_decided: int | None = None
+    first_attempt: int = 0  # a round of --until-decided goes on numbering the attempts
 
     @property
     def selection(self) -> TaskSelection:
@@ -108,6 +112,8 @@ class ReplayRequest:
             words += ["--slots", str(self.slots)]
         if self.hold_model is not None:
             words.append("--hold-model" if self.hold_model else "--no-hold-model")
+        if self.until_decided is not None:
+            words += ["--until-decided", "--max-repeat", str(self.until_decided)]
         return [*words, *out_words(self.out), *(["--compare-last"] if self.compare_last else [])]
 
 
@@ -162,7 +168,7 @@ def _host_rows(run_dir: RunDir, name: str) -> list[ResultRow]:
 
 
 def _merge_results(
-    run_dir: RunDir, hosts: list[str], tasks: list[str], repeat: int, records: dict[str, HostRecord]
+    run_dir: RunDir, hosts: list[str], tasks: list[str], repeat: int, records: dict[str, HostRecord], first: int = 0
 ) -> tuple[list[ResultRow], dict[str, str]]:
     """results.jsonl: every host's rows in inventory order, plus an ``error`` row for each
     task x attempt a host did not deliver (unreachable, crashed, interrupted): an error is never
@@ -184,7 +190,7 @@ def _merge_results(
         have = {(r.task, r.attempt) for r in got}
         reason = rec.error or "no result"
         for task in tasks:
-            for attempt in range(repeat):
+            for attempt in range(first, first + repeat):
                 if (task, attempt) not in have:
                     rows.append(
                         ResultRow(task=task, env=name, attempt=attempt, verdict="error", reason=reason,
@@ -274,6 +280,7 @@ def replay(
         expect_findings={t.id: list(t.expect_findings) for t in bundle.suite.tasks if t.id in tasks and t.expect_findings},
         tasks=tasks,
         repeat=repeat,
+        first_attempt=request.first_attempt,
         inventory={"path": str(Path(request.inventory_path).resolve()), "hosts": [h.public_dict() for h in selected]},
         reference=request.reference or names[0],
         crosshost_version=__version__,
@@ -285,6 +292,7 @@ def replay(
     plan = HostPlan(run_dir, bundle, tasks, all_tasks, repeat, opener or default_opener, request.accept_new, emit, model)
     plan.slots = request.slots
     plan.trace_files = request.trace_files
+    plan.first_attempt = request.first_attempt
     mode = hold_mode(model, request.hold_model)
     reference = manifest.reference or names[0]
     plan.hold = ModelHold(reference, mode) if mode is not None and len(names) > 1 else None
@@ -320,7 +328,7 @@ def replay(
             manifest.hosts[name] = rec
         manifest.retries = list(plan.retries)
         manifest.interrupted = fan.interrupted or outcome_interrupted(fan)
-        rows, bad_results = _merge_results(run_dir, names, tasks, repeat, manifest.hosts)
+        rows, bad_results = _merge_results(run_dir, names, tasks, repeat, manifest.hosts, request.first_attempt)
         for name, line in bad_results.items():
             errors[name] = manifest.hosts[name].error or line
             emit(name, "failed", line)
@@ -361,6 +369,17 @@ def planned_hosts(request: ReplayRequest) -> list[str]:
     return [h.name for h in _resolve_hosts(request)]
 
 
+#: --until-decided without --max-repeat: at most this many attempts per host
+DEFAULT_MAX_REPEAT = 32
+
+
+def until_decided_budget(until_decided: bool, max_repeat: int | None) -> int | None:
+    """``--until-decided [--max-repeat N]`` as the request's budget; --max-repeat alone is bad input."""
+    if max_repeat is not None and not until_decided:
+        raise SuiteError("--max-repeat is the budget of --until-decided; add --until-decided (or use --repeat)")
+    return (max_repeat or DEFAULT_MAX_REPEAT) if until_decided else None
+
+
 def replay_command(request: ReplayRequest, *, lint: bool = True, **kwargs: Any) -> ReplayOutcome:
     """What ``crosshost replay`` does: the suite linted, the replay, then (unless interrupted) the run
     recorded in the history index; with ``--compare-last``, a task that newly flips makes a passing
@@ -375,7 +394,12 @@ def replay_command(request: ReplayRequest, *, lint: bool = True, **kwargs: Any) 
     findings = lint_suite(request.suite_dir, request.selection) if lint else None
     if findings is not None:
         findings.raise_on_errors()
-    outcome = replay(request, **kwargs)
+    if request.until_decided is not None:
+        from orchestrator.commands.rounds import replay_until_decided
+
+        outcome = replay_until_decided(request, **kwargs)
+    else:
+        outcome = replay(request, **kwargs)
     outcome.notes[:0] = [f.line() for f in findings.warnings] if findings is not None else []
     if outcome.manifest.interrupted:
         return outcome

@@ -69,6 +69,8 @@ class HostPlan:
     slots: int | None = None
     #: run each predicate under strace where the host has it (``explain``'s file evidence)
     trace_files: bool = False
+    #: the number of the first attempt (a later round of ``replay --until-decided`` goes on numbering)
+    first_attempt: int = 0
 
 
 class HostJob:
@@ -110,7 +112,8 @@ class HostJob:
             pulled = self._stage("pull", lambda: self._pull(ws, size))
             self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
             self._judge(result, pulled)
-            verify_host_output(self.cfg.name, self.host_dir, ws.pulled, result.stdout)
+            expected = {t.id: t.expect_findings for t in self.plan.bundle.suite.tasks if t.expect_findings}
+            verify_host_output(self.cfg.name, self.host_dir, ws.pulled, result.stdout, expected)
         except BaseException as exc:
             error = exc
             if ws is not None and ws.created and run_started and not run_finished:
@@ -224,6 +227,8 @@ class HostJob:
         if not self.plan.all_tasks:
             args += ["--tasks", ",".join(self.plan.tasks)]
         args += ["--repeat", str(self.plan.repeat)]
+        if self.plan.first_attempt:
+            args += ["--first-attempt", str(self.plan.first_attempt)]
         if self.plan.trace_files:
             args.append("--trace-files")
         if self.slots() > 1:

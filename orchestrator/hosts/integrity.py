@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from agent_runner.digests import MARKER
@@ -58,12 +59,17 @@ def tampered_files(
             said.append((rel, f"{rel} is not a file the runner wrote"))
         elif _sha256(host_dir / rel) != want:
             said.append((rel, f"{rel} differs from what the runner wrote"))
-    said += [(rel, f"{rel} was written by the runner but did not come back") for rel in sorted(set(digests) - came)]
+    said += [
+        (rel, f"{rel} was written by the runner but did not come back") for rel in sorted(set(digests) - came)
+    ]
     return said
 
 
-def verdict_disagreements(host_dir: Path) -> list[tuple[str, str]]:
-    """Each results row whose verdict its own trace does not bear out: (the trace, one plain line)."""
+def verdict_disagreements(
+    host_dir: Path, expected: Mapping[str, Sequence[str]] | None = None
+) -> list[tuple[str, str]]:
+    """Each results row whose verdict its own trace does not bear out: (the trace, one plain line).
+    ``expected``: per task, the findings a negative golden task declares ("kind:tool"): its pass."""
     said: list[tuple[str, str]] = []
     # a line that is not a row is the merge's to report (RunnerCrashed, the file kept aside)
     rows = [row for _, row in iter_results(host_dir / "results.jsonl", missing_ok=True, on_bad_line=_skip)]
@@ -74,7 +80,8 @@ def verdict_disagreements(host_dir: Path) -> list[tuple[str, str]]:
             said.append((rel, f"results row {where} has no trace"))
             continue
         finish = read_trace(host_dir / rel).finish or {}
-        said += [(rel, f"results row {where}: {why}") for why in _disagreement(row, finish)]
+        declared = (expected or {}).get(row.task, ())
+        said += [(rel, f"results row {where}: {why}") for why in _disagreement(row, finish, declared)]
     return said
 
 
@@ -82,30 +89,47 @@ def _skip(where: str, why: str) -> None:
     return None
 
 
-def _disagreement(row: ResultRow, finish: dict[str, object]) -> list[str]:
+def _disagreement(row: ResultRow, finish: dict[str, object], declared: Sequence[str] = ()) -> list[str]:
     why: list[str] = []
     if finish.get("verdict") != row.verdict:
         why.append(f"verdict {row.verdict} but its trace says {finish.get('verdict')}")
     if finish.get("predicate_exit") != row.exit_code:
-        why.append(f"exit_code {row.exit_code} but its trace's predicate exited {finish.get('predicate_exit')}")
+        why.append(
+            f"exit_code {row.exit_code} but its trace's predicate exited {finish.get('predicate_exit')}"
+        )
     if row.verdict == "pass":
         if finish.get("predicate_exit") not in (None, 0):
             why.append(f"pass although the predicate exited {finish.get('predicate_exit')}")
         found = finish.get("findings")
-        # a weak finding is reported and does not fail an attempt (docs/verdicts.md)
-        if found and (not isinstance(found, list) or any(not (isinstance(f, dict) and f.get("weak") is True)
-                                                          for f in found)):
+        # a weak finding is reported and does not fail an attempt (docs/verdicts.md), nor does a
+        # negative golden task's declared one
+        if found and (
+            not isinstance(found, list)
+            or any(
+                not (
+                    isinstance(f, dict)
+                    and (f.get("weak") is True or f"{f.get('kind')}:{f.get('tool')}" in declared)
+                )
+                for f in found
+            )
+        ):
             why.append("pass although its trace has contract findings")
     return why
 
 
-def verify_host_output(host: str, host_dir: Path, pulled: list[PurePosixPath], stdout: str) -> None:
+def verify_host_output(
+    host: str,
+    host_dir: Path,
+    pulled: list[PurePosixPath],
+    stdout: str,
+    expected: Mapping[str, Sequence[str]] | None = None,
+) -> None:
     """Raise the host's ``OutputTampered`` naming the first disagreement (and how many in all). Every
     file found wrong is set aside as ``<name>.tampered`` first: nothing forged is analysed."""
     digests, said = announced(stdout)
     problems = [("", why) for why in said] + tampered_files(host_dir, pulled, digests)
     if not problems:
-        problems += verdict_disagreements(host_dir)
+        problems += verdict_disagreements(host_dir, expected)
     if not problems:
         return
     for rel, _ in problems:

@@ -156,6 +156,12 @@ class Manifest(BaseModel):
     correction: str | None = None  # the suite's [gate] correction ("bh" or "holm"); None: the default
     allow_undecided: int = 0  # the suite's [gate] undecided: undecided tasks a run may leave and pass
     looks: int = 1  # how many times --until-decided looked at the evidence (docs/statistics.md)
+    first_attempt: int = 0  # the number of the run's first attempt (a later round of --until-decided)
+    #: --until-decided: the attempts per host each task got (tasks decided early got fewer)
+    task_repeat: dict[str, int] = Field(default_factory=dict)
+    #: --until-decided: per round, its run directory under rounds/, the attempts per host it aimed
+    #: for and the tasks it ran
+    rounds: list[dict[str, Any]] = Field(default_factory=list)
     #: negative golden tasks: task -> the contract findings ("kind:tool") its task.toml expects
     expect_findings: dict[str, list[str]] = Field(default_factory=dict)
     sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
@@ -557,9 +563,12 @@ class Run:
         number is past the repeat), else None. Hosts name attempts; the manifest bounds them: a
         trace named ``t.3000000.jsonl`` must not make the analysis build three million rows."""
         _, task, attempt = key
-        repeat = self.manifest.repeat or MAX_REPEAT
-        if attempt >= repeat:
-            return f"attempt {attempt} of {task} is past the run's {repeat} attempt(s); not counted"
+        first = self.manifest.first_attempt
+        repeat = self.manifest.task_repeat.get(task) or self.manifest.repeat or MAX_REPEAT
+        if attempt >= first + repeat:
+            return f"attempt {attempt} of {task} is past the run's {first + repeat} attempt(s); not counted"
+        if attempt < first:
+            return f"attempt {attempt} of {task} is before this round's first attempt {first}; not counted"
         if self.manifest.tasks and task not in self.manifest.tasks:
             return f"task {task!r} is not one the run asked for; not counted"
         return None
