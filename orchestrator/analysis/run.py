@@ -114,23 +114,24 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
 
     flips: dict[str, TaskFlip] = {}
     compared: dict[str, list[str]] = {}
-    n_attempts_of: dict[str, int] = {}
+    numbers_of: dict[str, range] = {}
+    first_attempt = max(0, run.manifest.first_attempt)  # a round of --until-decided numbers on from there
     for task in tasks:
         # --until-decided: a task decided early has fewer attempts than the run's repeat
         planned = run.manifest.task_repeat.get(task) or run.manifest.repeat or 0
-        n_attempts = n_attempts_of[task] = max(planned, attempts_of.get(task, 0))
+        numbers = numbers_of[task] = range(first_attempt, max(first_attempt + planned, attempts_of.get(task, 0)))
         for host in run.hosts:
-            for attempt in range(n_attempts):
+            for attempt in numbers:
                 key = (host, task, attempt)
                 if key not in summaries:
                     summaries[key] = _missing_attempt(run, key, rows)
-        flips[task] = _task_flip(run, task, n_attempts, summaries, reference, level, hold)
+        flips[task] = _task_flip(run, task, numbers, summaries, reference, level, hold)
         compared[task] = [
             h for h in run.hosts if h != reference and not same_host(h, reference, fp_ids, machines)
         ]
     family = correct_flips(flips, compared, reference, alpha=level, correction=correction)
     task_reports = [
-        _task_report(run, task, n_attempts_of[task], summaries, reference, fp_ids, level, flips[task], hold, machines)
+        _task_report(run, task, numbers_of[task], summaries, reference, fp_ids, level, flips[task], hold, machines)
         for task in tasks
     ]
 
@@ -315,15 +316,15 @@ def _tail(output: str | None) -> str | None:
 def _task_flip(
     run: Run,
     task: str,
-    n_attempts: int,
+    numbers: range,
     summaries: Mapping[AttemptKey, AttemptSummary],
     reference: str,
     alpha: float,
     hold: HoldSummary | None,
 ) -> TaskFlip:
     """The task's own evidence, before the suite-wide correction decides its statistical flips."""
-    verdicts = {h: [summaries[(h, task, a)].verdict for a in range(n_attempts)] for h in run.hosts}
-    keys = [f"{task}.{a}" for a in range(n_attempts)]
+    verdicts = {h: [summaries[(h, task, a)].verdict for a in numbers] for h in run.hosts}
+    keys = [f"{task}.{a}" for a in numbers]
     others = [h for h in run.hosts if h != reference]
     recorded = hold is not None and hold.recorded_requests(keys) > 0
     # attempts are paired again only where every other host got some of the reference's answers (an
@@ -335,7 +336,7 @@ def _task_flip(
 def _task_report(
     run: Run,
     task: str,
-    n_attempts: int,
+    numbers: range,
     summaries: Mapping[AttemptKey, AttemptSummary],
     reference: str,
     fp_ids: Mapping[str, str | None],
@@ -344,10 +345,10 @@ def _task_report(
     hold: HoldSummary | None = None,
     machines: Mapping[str, str | None] | None = None,
 ) -> TaskReport:
-    attempts = {h: [summaries[(h, task, a)] for a in range(n_attempts)] for h in run.hosts}
+    attempts = {h: [summaries[(h, task, a)] for a in numbers] for h in run.hosts}
     verdicts = {h: [s.verdict for s in seq] for h, seq in attempts.items()}
     sampled = task in run.sampled
-    keys = [f"{task}.{a}" for a in range(n_attempts)]
+    keys = [f"{task}.{a}" for a in numbers]
     others = [h for h in run.hosts if h != reference]
     recorded = hold is not None and hold.recorded_requests(keys) > 0
     report = TaskReport(

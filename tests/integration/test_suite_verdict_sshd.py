@@ -108,6 +108,11 @@ def test_until_decided_finds_the_ninety_ten_task_and_stops_the_quiet_ones_early(
     assert [r["repeat"] for r in manifest["rounds"]][0] == 2 and manifest["rounds"][1]["tasks"] == ["coin-a"]
     for entry in manifest["rounds"]:  # every round is kept in the run directory
         assert (run / "rounds" / entry["run_id"] / "manifest.json").is_file()
+    # a round is a run directory of its own: its attempts 2 and 3 are judged, none missing before them
+    second = _crosshost("report", str(run / "rounds" / manifest["rounds"][1]["run_id"]), "--format", "json")
+    assert second.returncode != 3, second.stdout + second.stderr
+    [round_task] = json.loads(second.stdout)["tasks"]
+    assert {h: len(v) for h, v in round_task["verdicts"].items()} == {"box-a": 2, "box-b": 2}
     rates = {r["host"]: r for r in by_task["coin-a"]["rates"]}
     assert rates["box-b"]["p_adjusted"] < 0.05 / 5
     assert {r["n"] for r in by_task["coin-b"]["rates"]} == {2}
