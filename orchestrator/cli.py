@@ -177,6 +177,7 @@ def replay_cmd(
         replay_command,
         until_decided_budget,
     )
+    from orchestrator.commands.rounds import rounds_of
     from orchestrator.selection import split_list
 
     def split(v: str | None, flag: str) -> list[str] | None:
@@ -191,7 +192,7 @@ def replay_cmd(
     )  # fmt: skip
     try:
         with ui.ProgressView(planned_hosts(request)) as view:
-            outcome = replay_command(request, on_event=view)
+            outcome = replay_command(request, on_event=view, rounds=rounds_of(request))
     except CrosshostError as exc:
         if scheduled:  # no run directory holds it: the one line goes where `history` shows it
             from orchestrator.store.history import record_failure

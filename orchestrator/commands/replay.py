@@ -380,7 +380,13 @@ def until_decided_budget(until_decided: bool, max_repeat: int | None) -> int | N
     return (max_repeat or DEFAULT_MAX_REPEAT) if until_decided else None
 
 
-def replay_command(request: ReplayRequest, *, lint: bool = True, **kwargs: Any) -> ReplayOutcome:
+def replay_command(
+    request: ReplayRequest,
+    *,
+    lint: bool = True,
+    rounds: Callable[..., ReplayOutcome] | None = None,
+    **kwargs: Any,
+) -> ReplayOutcome:
     """What ``crosshost replay`` does: the suite linted, the replay, then (unless interrupted) the run
     recorded in the history index; with ``--compare-last``, a task that newly flips makes a passing
     run exit 1."""
@@ -394,12 +400,7 @@ def replay_command(request: ReplayRequest, *, lint: bool = True, **kwargs: Any) 
     findings = lint_suite(request.suite_dir, request.selection) if lint else None
     if findings is not None:
         findings.raise_on_errors()
-    if request.until_decided is not None:
-        from orchestrator.commands.rounds import replay_until_decided
-
-        outcome = replay_until_decided(request, **kwargs)
-    else:
-        outcome = replay(request, **kwargs)
+    outcome = (rounds or replay)(request, **kwargs)
     outcome.notes[:0] = [f.line() for f in findings.warnings] if findings is not None else []
     if outcome.manifest.interrupted:
         return outcome

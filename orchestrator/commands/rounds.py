@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,11 @@ def _assemble(main: RunDir, rounds: list[ReplayOutcome], manifest: Manifest) -> 
         write_bytes_atomic(main.model_hold_path, (json.dumps(hold, indent=2, sort_keys=True) + "\n").encode())
     main.write_manifest(manifest)
     return rows
+
+
+def rounds_of(request: ReplayRequest) -> Callable[..., ReplayOutcome] | None:
+    """What runs ``request`` in ``replay_command``: the rounds of --until-decided, or None (one replay)."""
+    return replay_until_decided if request.until_decided is not None else None
 
 
 def replay_until_decided(request: ReplayRequest, **kwargs: Any) -> ReplayOutcome:
