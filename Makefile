@@ -32,6 +32,17 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
 	  || { echo "error: could not install chromium; install it (apt-get install chromium) and rerun" >&2; exit 1; }; }
 
+# Slurm (Debian's packages): the shard tests submit real job arrays to a single-node munged + slurmctld +
+# slurmd that tools/slurmcluster.py starts in a temporary directory (no systemd); installed when missing.
+.PHONY: slurm
+# make setup and make test install it too (their own prerequisites are listed where they are defined)
+setup test: slurm
+slurm:
+	@for p in munged slurmctld slurmd sbatch scontrol; do command -v $$p >/dev/null || [ -x /usr/sbin/$$p ] || exit 1; done || { \
+	  echo "installing slurmctld, slurmd, slurm-client and munge (the Slurm job-array tests)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null) \
+	  || { echo "error: could not install Slurm; install it (apt-get install slurmctld slurmd slurm-client munge) and rerun" >&2; exit 1; }; }
+
 # Agent CLIs from the package registries that the integration tests drive end to end through the model
 # proxy (tests/integration/test_agent_cli_sshd.py): Claude Code, Codex, Gemini CLI and opencode pinned
 # in tools/agent-clis (package.json and its lockfile), mini-swe-agent in tools/agent-clis/mini-swe-agent.txt
