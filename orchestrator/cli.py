@@ -163,6 +163,21 @@ def replay_cmd(
         int | None,
         typer.Option("--max-repeat", min=1, max=1000, help="--until-decided: at most this many attempts per host (default 32)."),
     ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            help="Replay shard K of N of the tasks on every host (K/N, from 1), or the job engine's index "
+            "(auto: Slurm array; auto/N: Kubernetes Indexed Job); crosshost merge joins the shards.",
+        ),
+    ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run-id", envvar="CROSSHOST_RUN_ID",
+            help="With --shard: the run's id, the same in every shard (default under Slurm: the array's job id).",
+        ),
+    ] = None,
 ) -> int:
     """Replay SUITE on every host of the inventory and write runs/<run_id>/.
 
@@ -178,7 +193,14 @@ def replay_cmd(
         until_decided_budget,
     )
     from orchestrator.commands.rounds import rounds_of
+    from orchestrator.commands.shards import parse_shard
+    from orchestrator.errors import InputError
     from orchestrator.selection import split_list
+
+    if shard is not None and explain:
+        raise InputError("--explain with --shard: explain the merged run (crosshost explain RUN_DIR)")
+    if shard is not None and until_decided:
+        raise InputError("--until-decided with --shard: a shard is part of a run; replay the run unsharded")
 
     def split(v: str | None, flag: str) -> list[str] | None:
         return list(split_list(v, flag)) or None
@@ -189,6 +211,7 @@ def replay_cmd(
         reference=reference, slots=slots,
         exclude=split(exclude, "--exclude"), tags=split(tags, "--tags"), hold_model=hold_model,
         until_decided=until_decided_budget(until_decided, max_repeat),
+        shard=parse_shard(shard, run_id, os.environ) if shard is not None else None,
     )  # fmt: skip
     try:
         with ui.ProgressView(planned_hosts(request)) as view:
@@ -211,6 +234,26 @@ def replay_cmd(
     )
     ui.render_explain(explained)
     return explain_exit(explained.errors, code)
+
+
+@app.command("merge")
+@guarded
+def merge_cmd(
+    shards: Annotated[list[Path], typer.Argument(help="Every shard directory of one run (replay --shard).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Where the merged run directory is written (default: beside the shards).")
+    ] = None,
+) -> int:
+    """Join the shards of one run into runs/<run_id>/, analyse it and exit as its unsharded replay would.
+
+    Shards of different runs (run id, suite, pins, reference, hosts, held model), a shard missing or
+    given twice: exit 2 with one line. Else as replay: 0 valid and within the gate, 1 a finding,
+    3 a host failed or a verdict is error.
+    """
+    from orchestrator import ui
+    from orchestrator.commands.merge import merge_shards
+
+    return ui.render_replay(merge_shards(shards, out))
 
 
 @app.command("lint")

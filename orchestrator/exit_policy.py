@@ -65,6 +65,14 @@ def replay_exit(
     return judged_exit(report, gate)
 
 
+def shard_exit(code: int, reason: str) -> tuple[int, str]:
+    """A shard's exit code (``replay --shard``): a finding is the merged run's to judge (a shard's flip
+    rate is a part's), so 1 and 4 become 0; bad input, a host failure and Ctrl-C stay what they are."""
+    if code in (OK, FINDING, INCONCLUSIVE):
+        return OK, f"shard written, crosshost merge judges the run (this shard alone: {reason})"
+    return code, reason
+
+
 def judged_exit(report: Any, gate: float | None = None) -> tuple[int, str]:
     """A finished run's exit code and why from its analysis (``RunReport``) alone: 3 when a host
     failed, an attempt is an ``error`` or the run directory holds damaged or unexpected evidence from

@@ -24,7 +24,9 @@ from typing import Any
 
 from orchestrator import __version__
 from orchestrator.analysis.models import RunReport
+from orchestrator.commands.shards import Shard, shard_tasks
 from orchestrator.errors import (
+    InputError,
     InventoryError,
     RunnerCrashed,
     SuiteError,
@@ -87,6 +89,8 @@ class ReplayRequest:
     #: host (None: one fixed --repeat)
     until_decided: int | None = None
     first_attempt: int = 0  # a round of --until-decided goes on numbering the attempts
+    #: --shard: replay this shard's part of the tasks only, into ``<out>/<run_id>.shard-K-of-N/``
+    shard: Shard | None = None
 
     @property
     def selection(self) -> TaskSelection:
@@ -114,6 +118,8 @@ class ReplayRequest:
             words.append("--hold-model" if self.hold_model else "--no-hold-model")
         if self.until_decided is not None:
             words += ["--until-decided", "--max-repeat", str(self.until_decided)]
+        if self.shard is not None:
+            words += ["--shard", f"{self.shard.index}/{self.shard.count}", "--run-id", self.shard.run_id]
         return [*words, *out_words(self.out), *(["--compare-last"] if self.compare_last else [])]
 
 
@@ -249,6 +255,9 @@ def replay(
         bundle = build_bundle(request.suite_dir, cache)
         prune_local_cache(cache, keep=frozenset({bundle.path, cache / f"suite-{bundle.suite_sha}.tar"}))
     tasks, all_tasks = _resolve_tasks(bundle, request.selection)
+    shard = request.shard.record(tasks) if request.shard is not None else None
+    if request.shard is not None:
+        tasks, all_tasks = shard_tasks(request.shard, tasks, request.out), False
     model = openai_agent_config(bundle.suite, tasks)
     if model is not None:  # an unset api_key_env stops the run here, before any host is touched
         require_api_key(str(model.get("api_key_env", "")), where=str(bundle.suite_dir / "suite.toml"))
@@ -257,7 +266,7 @@ def replay(
     names = [h.name for h in selected]
     emit = on_event or (lambda host, stage, detail: None)
 
-    run_dir = RunDir.create(request.out)
+    run_dir = RunDir.create(request.out, request.shard.dir_name if request.shard is not None else None)
     run_dir.write_contract(_contract_bytes(bundle))
     suite_path = bundle.suite_dir
     if request.keep_suite:
@@ -286,6 +295,7 @@ def replay(
         crosshost_version=__version__,
         hosts={n: HostRecord() for n in names},
         notes=override_notes(selected),
+        shard=shard,
     )
     run_dir.write_manifest(manifest)  # a crash from here on still leaves a readable record
 
@@ -391,7 +401,10 @@ def replay_command(
     recorded in the history index; with ``--compare-last``, a task that newly flips makes a passing
     run exit 1."""
     from orchestrator.commands.lint import lint_suite
+    from orchestrator.exit_policy import shard_exit
 
+    if request.shard is not None and request.compare_last:
+        raise InputError("--compare-last with --shard: a shard is part of a run; compare the merged run instead")
     atexit.unregister(_quick_exit_gc)  # once per process, however often this is called
     atexit.register(_quick_exit_gc)
     # `crosshost lint`'s checks first, on the selected tasks: an error is bad input before any host is
@@ -402,6 +415,9 @@ def replay_command(
         findings.raise_on_errors()
     outcome = (rounds or replay)(request, **kwargs)
     outcome.notes[:0] = [f.line() for f in findings.warnings] if findings is not None else []
+    if request.shard is not None:  # not a run of its own: the merged run is recorded and judged
+        outcome.exit_code, outcome.exit_reason = shard_exit(outcome.exit_code, outcome.exit_reason)
+        return outcome
     if outcome.manifest.interrupted:
         return outcome
     after = after_replay(outcome.run_dir.path, compare=request.compare_last)

@@ -31,7 +31,7 @@ from typing import Any
 
 from agent_runner.jsonfile import loads as json_loads
 from orchestrator.model.apis.openai_chat import OpenAIChat
-from orchestrator.store.rundir import RunDir
+from orchestrator.store.rundir import RunDir, iter_jsonl
 
 MAX_TEXT = 300
 MAX_DIFF_LINES = 12
@@ -346,3 +346,29 @@ class ModelHold:
             ]
         write(run_dir.model_record_path, "".join(lines).encode())
         write(run_dir.model_hold_path, (json.dumps(self.summary().to_json(), indent=2, sort_keys=True) + "\n").encode())
+
+
+
+def merge_hold(shards: list[RunDir], target: RunDir, write: Callable[[Path, bytes], None]) -> None:
+    """``target``'s held-model files from its shards' (``crosshost merge``): each shard held the model
+    for its own tasks, so their attempts are disjoint and the run's record is every shard's
+    exchanges, in the order a run writes them; the summary's tables are joined and the
+    divergences listed shard by shard."""
+    exchanges: list[tuple[str, int, str]] = []
+    merged: HoldSummary | None = None
+    for shard in shards:
+        for _, row in iter_jsonl(shard.model_record_path, missing_ok=True):
+            exchanges.append((str(row.get("attempt")), int(row.get("request") or 0), _canonical(row) + "\n"))
+        part = HoldSummary.read(shard)
+        if part is None:
+            continue
+        if merged is None:
+            merged = HoldSummary(part.mode, part.reference)
+        merged.recorded.update(part.recorded)
+        for mine, theirs in ((merged.held, part.held), (merged.live, part.live)):
+            for host, counts in theirs.items():
+                mine.setdefault(host, {}).update(counts)
+        merged.divergences += part.divergences
+    write(target.model_record_path, "".join(line for _, _, line in sorted(exchanges)).encode())
+    if merged is not None:
+        write(target.model_hold_path, (json.dumps(merged.to_json(), indent=2, sort_keys=True) + "\n").encode())

@@ -251,6 +251,11 @@ def read_run(run_dir: Path) -> RunRow:
     """Read one finished run directory into the row the index keeps for it."""
     rundir = RunDir(Path(run_dir))
     manifest = rundir.read_manifest()
+    if manifest.shard is not None:  # a part of a run: its merged run is the one indexed
+        raise InputError(
+            f"{rundir.path}: {manifest.shard.label} of run {manifest.shard.run_id}, not a run of its own "
+            "(crosshost merge joins the shards into the run)"
+        )
     report_path = rundir.path / "report.json"
     report: dict[str, Any] = _load_json(report_path) if report_path.is_file() else {}
     repro = rundir.read_repro()

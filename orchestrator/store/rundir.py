@@ -137,6 +137,21 @@ class ReproRecord(BaseModel):
         return self.model_dump(by_alias=True)
 
 
+class ShardRecord(BaseModel):
+    """A shard's place in its run (``crosshost replay --shard K/N``; docs/scale.md)."""
+
+    model_config = ConfigDict(extra="ignore")
+    run_id: str  # the whole run's id: the name of the directory ``crosshost merge`` writes
+    index: int  # 1..count
+    count: int
+    by: str = "task"  # what is split: the tasks (every shard replays on every host, the reference too)
+    tasks: list[str] = Field(default_factory=list)  # every task of the whole run, in suite order
+
+    @property
+    def label(self) -> str:
+        return f"shard {self.index}/{self.count}"
+
+
 class Manifest(BaseModel):
     """``manifest.json``. Fields a replay always writes may be absent in a run another tool made;
     readers treat an absent one as unknown. Unknown keys are ignored (a newer crosshost's)."""
@@ -178,6 +193,8 @@ class Manifest(BaseModel):
     interrupted: bool = False
     #: said once per run (summary, report.json): inventory values crosshost replaced or ignored
     notes: list[str] = Field(default_factory=list)
+    shard: ShardRecord | None = None  # this directory is one shard of a run (``replay --shard``)
+    shards: list[str] = Field(default_factory=list)  # the shard directories ``crosshost merge`` joined into this run
 
     @property
     def suite_name(self) -> str | None:
