@@ -83,6 +83,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def short_hostname() -> str:
+    """This machine's name as Slurm compares it (``hostname -s``): slurmctld runs as the controller
+    only where SlurmctldHost is that name."""
+    return socket.gethostname().split(".")[0]
+
+
 def missing_programs() -> list[str]:
     return [p for p in PROGRAMS if shutil.which(p) is None and not Path("/usr/sbin", p).exists()]
 
@@ -153,7 +159,7 @@ class SlurmCluster:
             key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
         self.conf.write_text(SLURM_CONF.format(
-            state=self.state, hostname=socket.gethostname(), ctld_port=free_port(), slurmd_port=free_port(),
+            state=self.state, hostname=short_hostname(), ctld_port=free_port(), slurmd_port=free_port(),
             cpus=cpus, node=NODE, partition=PARTITION,
         ))
 

@@ -278,5 +278,6 @@ def merge_shards(paths: Sequence[Path], out: Path | None = None) -> ReplayOutcom
     code, reason = replay_exit(manifest, report, manifest.gate, rows)
     after = after_replay(merged.path)
     errors = {h: rec.error for h, rec in manifest.hosts.items() if rec.error}
-    notes = [n for n in (after.warning,) if n]
+    joined = f"merged {len(parts)} shard(s) of run {run_id}: {', '.join(p.run_dir.path.name for p in parts)}"
+    notes = [joined, *(n for n in (after.warning,) if n)]
     return ReplayOutcome(merged, manifest, code, report, rows, errors, exit_reason=reason, notes=notes)

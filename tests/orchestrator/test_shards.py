@@ -130,6 +130,7 @@ def test_merge_gives_the_unsharded_run(setup: tuple[Path, Path, Path], unsharded
     merged = root / "merged" / "unit-run"
     assert code == whole_code == 1, output  # tz-* flip: 3 of 7 tasks, over the gate
     assert f"run directory: {merged}" in output
+    assert "merged 3 shard(s) of run unit-run: unit-run.shard-1-of-3, unit-run.shard-2-of-3, unit-run.shard-3-of-3" in output
     assert _judged(_report(merged)) == _judged(_report(whole_dir))
     assert {t["task"]: t["classification"] for t in _report(merged)["tasks"]}["tz-c"] == "host_coupling"
     manifest = json.loads((merged / "manifest.json").read_text())
