@@ -194,6 +194,10 @@ class SlurmCluster:
             return None
         return pid if started and _start_time(pid) == started else None
 
+    def running(self) -> list[str]:
+        """The daemons of this cluster still running (none once ``down`` has returned)."""
+        return [name for name in DAEMONS if self._pid(name) is not None]
+
     def _check_alive(self, name: str) -> None:
         pid = self._pid(name)
         if pid is not None:

@@ -22,8 +22,9 @@ def test_a_job_array_runs_each_task_once_with_its_index_and_count(tmp_path: Path
     )
     script.chmod(0o755)
     with slurm_cluster() as cluster:
+        assert cluster.running() == ["munged", "slurmctld", "slurmd"]
         job = cluster.run_array(script, 4, workdir=work, env={**os.environ, "MARK": "from-the-submitter"})
-    assert job > 0
+    assert job > 0 and cluster.running() == []  # stopped with the block: nothing left behind
     lines = sorted(p.read_text().split() for p in work.glob("task-*.txt"))
     assert lines == [[str(i), "4", "from-the-submitter"] for i in range(4)]
 
