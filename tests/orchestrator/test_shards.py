@@ -4,7 +4,8 @@
 What a user relies on: the shards split the tasks (each on every host), whatever engine index they
 read; merging them gives the run the unsharded replay gives (classifications, flips, flip rate,
 statistics, exit code); and shards that are not all of one run are refused in one line, exit 2.
-(A Slurm job array over real sshd hosts: tests/integration/test_shards_slurm.py.)
+(A Slurm job array over real sshd hosts: tests/integration/test_shards_slurm.py.) The replays run the
+runner in a mount namespace of each host's own (own_machine_python): those tests are marked root.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def shards(setup: tuple[Path, Path, Path]) -> list[Path]:
 # ------------------------------------------------------------------------------------------- --shard
 
 
+@pytest.mark.root
 def test_the_shards_split_the_tasks_and_each_replays_on_every_host(shards: list[Path]) -> None:
     seen: list[str] = []
     for k, shard_dir in enumerate(shards, start=1):
@@ -122,6 +124,7 @@ def test_the_shards_split_the_tasks_and_each_replays_on_every_host(shards: list[
     assert sorted(seen) == sorted(TASKS) and len(seen) == len(TASKS)
 
 
+@pytest.mark.root
 def test_merge_gives_the_unsharded_run(setup: tuple[Path, Path, Path], unsharded: tuple[int, Path],
                                        shards: list[Path]) -> None:  # fmt: skip
     _, _, root = setup
@@ -149,6 +152,7 @@ def test_merge_gives_the_unsharded_run(setup: tuple[Path, Path, Path], unsharded
     assert any("shard 2/3 of run unit-run, not a run of its own" in note for note in rebuilt.notes)
 
 
+@pytest.mark.root
 def test_a_shard_runs_once(setup: tuple[Path, Path, Path], shards: list[Path]) -> None:
     suite, inv, root = setup
     code, output = _cli("replay", str(suite), "-i", str(inv), "--out", str(root / "shards"), "--repeat", "2",
@@ -242,6 +246,7 @@ def _merge_refused(*dirs: Path, out: Path) -> str:
     return output
 
 
+@pytest.mark.root
 def test_merge_refuses_shards_of_different_runs(tmp_path: Path, shards: list[Path]) -> None:
     a = _copy(shards, tmp_path / "a")
     _edit_manifest(a[1], shard__run_id="other-run")
@@ -252,6 +257,7 @@ def test_merge_refuses_shards_of_different_runs(tmp_path: Path, shards: list[Pat
     )
 
 
+@pytest.mark.root
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -271,6 +277,7 @@ def test_merge_refuses_shards_that_differ_in_what_makes_a_run(
     assert says in _merge_refused(*a, out=tmp_path / "out")
 
 
+@pytest.mark.root
 def test_merge_refuses_different_pins(tmp_path: Path, shards: list[Path]) -> None:
     a = _copy(shards, tmp_path / "a")
     manifest = json.loads((a[1] / "manifest.json").read_text())
@@ -279,6 +286,7 @@ def test_merge_refuses_different_pins(tmp_path: Path, shards: list[Path]) -> Non
     assert f"pin runner_source_sha {'e' * 64}, not " in _merge_refused(*a, out=tmp_path / "out")
 
 
+@pytest.mark.root
 def test_merge_refuses_a_missing_a_doubled_or_an_unfinished_shard_and_a_plain_run(
     tmp_path: Path, shards: list[Path], unsharded: tuple[int, Path]
 ) -> None:
@@ -294,6 +302,7 @@ def test_merge_refuses_a_missing_a_doubled_or_an_unfinished_shard_and_a_plain_ru
     assert "shard 2/3 has not finished" in _merge_refused(*a, out=tmp_path / "out")
 
 
+@pytest.mark.root
 def test_merge_never_overwrites_a_run(tmp_path: Path, shards: list[Path]) -> None:
     (tmp_path / "out" / "unit-run").mkdir(parents=True)
     code, output = _cli("merge", *map(str, shards), "--out", str(tmp_path / "out"))
@@ -336,6 +345,7 @@ def _hold_files(run_dir: Path) -> tuple[dict[str, Any], list[str]]:
     return summary, (run_dir / "model_record.jsonl").read_text().splitlines()
 
 
+@pytest.mark.root
 def test_the_held_model_is_held_in_every_shard_and_merged_into_one_record(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.lanes import refuse_in_fast_lane
 from tools.slurmcluster import SlurmCluster, SlurmError
 
 #: outside /tmp: the sshd test hosts bind their own /tmp over it, and the jobs' files are read there
@@ -22,6 +23,7 @@ STATE_PARENT = "/var/tmp"
 
 @contextmanager
 def slurm_cluster(*, cpus: int = 4) -> Iterator[SlurmCluster]:
+    refuse_in_fast_lane("a Slurm cluster (munged, slurmctld and slurmd as root)", "root")
     state = Path(tempfile.mkdtemp(prefix="crosshost-slurm-", dir=STATE_PARENT))
     cluster = SlurmCluster(state)
     try:
