@@ -260,6 +260,8 @@ def test_slots_on_an_sshd_host_give_the_verdicts_of_one_slot_with_attempts_overl
     events: list[tuple[str, str, str]] = []
     runs = {}
     for slots in (1, 4):
+        with open_host(sshd_hosts.config("box-a")) as host:  # each attempt is a uid of its own: one log all may append to
+            host.exec(["sh", "-c", f"touch /tmp/slots-{tmp_path.name}.log && chmod 666 /tmp/slots-{tmp_path.name}.log"], 10)
         out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, hosts=["box-a"],
                                    out=tmp_path / "runs", slots=slots),
                      on_event=lambda h, s, d: events.append((h, s, d)), with_analysis=False)  # fmt: skip
