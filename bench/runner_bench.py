@@ -56,6 +56,7 @@ def _run(suite: Path, scratch: Path) -> float:
 
 def measure(sizes: tuple[int, ...] = (100, 1000), reps: int = 3, network: str = "isolated") -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="crosshost-runner-bench-"))
+    scratch.chmod(0o755)  # the attempts' own uid reaches its workspace, as on a host (else: pidns)
     try:
         suites = {t: generate_suite(scratch / f"suite-{t}", t, 0).root for t in (1, *sizes)}
         if network == "open":
