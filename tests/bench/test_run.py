@@ -45,3 +45,14 @@ def test_the_runner_row_measures_a_real_runner_on_no_op_suites_and_shows_each_si
     row = table.splitlines()[-1]
     assert f"| {out['per_attempt_ms']['3']:.2f} | {out['per_attempt_ms']['5']:.2f} |" in row
     assert "3 tasks ms | 5 tasks ms" in table
+
+
+def test_the_smallest_point_has_its_tighter_bound_beside_the_first() -> None:
+    assert targets((2, 12, 0), {"limit": 0.2, "crosshost": 0.55})["within_limit_plus_0.4s"] is True
+    assert targets((2, 12, 0), {"limit": 0.2, "crosshost": 0.65})["within_limit_plus_0.4s"] is False
+    assert targets((2, 100, 0), {"limit": 0.2, "crosshost": 0.55})["within_limit_plus_0.4s"] is None
+    ok = Cell(seconds=[0.6]).summary()
+    meds = {"limit": 0.2, "crosshost": 0.6}
+    result = {"points": [{"hosts": 2, "tasks": 12, "sleep_ms": 0, "tools": {"limit": ok, "crosshost": ok},
+                          "ratios": ratios(meds), "targets": targets((2, 12, 0), meds)}], "analysis": None}
+    assert "; ≤limit+0.4s: " in render_table(result).splitlines()[2]
