@@ -203,6 +203,16 @@ def _stop_locked() -> None:
     # next start (live containers are removed by the tests that made them)
 
 
+def _remove_leftovers_locked() -> None:
+    """Remove the containers crosshost started that a test session killed before its clean-up left
+    behind. Called only for a daemon that test sessions started and none of them holds any more, so
+    every such container is a leftover (a person's daemon, started by ``up``, is never touched)."""
+    listed = docker("ps", "-aq", "--filter", "label=crosshost.host", timeout=60)
+    ids = listed.stdout.decode().split() if listed.returncode == 0 else []
+    if ids:
+        docker("rm", "-f", *ids, timeout=120)
+
+
 def up() -> bool:
     """Start the daemon for a person (the demo, ``up``): it stays until ``down``. True when started."""
     with _locked():
@@ -229,14 +239,18 @@ class Lease:
             LEASES.mkdir(parents=True, exist_ok=True)
             if _start_locked():
                 STARTED_BY_LEASE.touch()
+            if STARTED_BY_LEASE.exists() and not self._others():
+                _remove_leftovers_locked()
             self.path.touch()
         return self
+
+    def _others(self) -> list[Path]:
+        return [p for p in LEASES.iterdir() if p.name.isdigit() and p != self.path and _pid_alive(int(p.name))]
 
     def __exit__(self, *exc: object) -> None:
         with _locked():
             self.path.unlink(missing_ok=True)
-            others = [p for p in LEASES.iterdir() if p.name.isdigit() and _pid_alive(int(p.name))]
-            if not others and STARTED_BY_LEASE.exists():
+            if not self._others() and STARTED_BY_LEASE.exists():
                 _stop_locked()
                 STARTED_BY_LEASE.unlink(missing_ok=True)
 
