@@ -1,4 +1,4 @@
-"""make bench's statistics: the seeded simulations run and their table reads them."""
+"""make bench's statistics: the simulations with fixed seeds run and their table reads them."""
 
 from __future__ import annotations
 
