@@ -24,7 +24,7 @@ import pytest
 from orchestrator.commands.explain import ExplainRequest, explain
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.store.rundir import read_jsonl
-from tests.support.fake_provider import FakeProvider
+from tests.support.fake_provider import FakeProvider, redirecting_provider
 from tests.support.runner import write_suite
 
 pytestmark = pytest.mark.sshd
@@ -415,46 +415,11 @@ def test_a_redirecting_provider_never_receives_the_key_at_the_new_origin(
 ) -> None:
     """The suite's provider answers every request with a 302 to another origin: on every host the
     attempt is an error that names the redirect, and the other origin receives nothing."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    seen: list[dict[str, str]] = []
-
-    class Elsewhere(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            seen.append(dict(self.headers.items()))
-            self.send_response(200)
-            self.end_headers()
-
-        do_GET = do_POST  # noqa: N815
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
-    target = f"http://localhost:{elsewhere.server_address[1]}/v1/chat/completions"
-
-    class Redirect(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            self.send_response(302)
-            self.send_header("Location", target)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    redirect = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    for server in (elsewhere, redirect):
-        threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv(KEY_ENV, KEY)
-    try:
-        suite = _live_suite(tmp_path, f"http://127.0.0.1:{redirect.server_address[1]}/v1", "exit 0\n")
+    with redirecting_provider() as (url, seen):
+        suite = _live_suite(tmp_path, url, "exit 0\n")
         out = replay(ReplayRequest(suite_dir=suite, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs"),
                      with_analysis=False)  # fmt: skip
-    finally:
-        for server in (elsewhere, redirect):
-            server.shutdown()
-            server.server_close()
     rows = _rows(out)
     for name in HOSTS:
         row = rows[(name, "answer")]

@@ -15,7 +15,7 @@ from agent_runner.wire import ATTEMPT_HEADER, CALL_HEADER, MODEL_PASS_ENV, attem
 from orchestrator.errors import ApiKeyMissing, SuiteError
 from orchestrator.hosts.transport.local import LocalHost
 from orchestrator.model.proxy import ModelProxy, model_route, openai_agent_config
-from tests.support.fake_provider import FakeProvider, unused_port
+from tests.support.fake_provider import FakeProvider, redirecting_provider, unused_port
 
 KEY = "sk-test-key-0123456789abcdef"
 ENV = {"TEST_MODEL_KEY": KEY}
@@ -282,45 +282,9 @@ def test_a_body_nested_past_the_bound_is_a_400_recorded_never_a_traceback(
 def test_a_redirecting_provider_never_gets_the_key_at_the_new_origin() -> None:
     """A provider that answers 302 to another origin: the proxy does not follow (a 502 that says so),
     and the other origin receives nothing, the key least of all."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    seen: list[dict[str, str]] = []
-
-    class Elsewhere(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            seen.append(dict(self.headers.items()))
-            self.send_response(200)
-            self.end_headers()
-
-        do_GET = do_POST  # noqa: N815
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
-    target = f"http://localhost:{elsewhere.server_address[1]}/v1/chat/completions"
-
-    class Redirect(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
-            self.send_response(302)  # urllib follows a 302 of a POST as a GET, headers and all
-            self.send_header("Location", target)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    redirect = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    for server in (elsewhere, redirect):
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with ModelProxy(f"http://127.0.0.1:{redirect.server_address[1]}/v1", "TEST_MODEL_KEY", environ=ENV,
-                        model="m1", retry_attempts=1) as proxy:
-            status, body, _ = post(proxy, chat())
-    finally:
-        for server in (elsewhere, redirect):
-            server.shutdown()
-            server.server_close()
+    with redirecting_provider() as (url, seen), ModelProxy(
+        url, "TEST_MODEL_KEY", environ=ENV, model="m1", retry_attempts=1
+    ) as proxy:
+        status, body, _ = post(proxy, chat())
     assert status == 502 and "redirect" in body["error"]["message"], body
     assert seen == []

@@ -24,12 +24,13 @@ first event proves the stream reaches it incrementally (``stream_gates`` records
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -389,3 +390,44 @@ def unused_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redirecting_provider() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A provider that answers every POST with a 302 to another origin on 127.0.0.1: yields the
+    provider's base URL (``.../v1``) and the headers of each request the other origin received."""
+    seen: list[dict[str, str]] = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            seen.append(dict(self.headers.items()))
+            self.send_response(200)
+            self.end_headers()
+
+        do_GET = do_POST  # noqa: N815
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+    target = f"http://localhost:{elsewhere.server_address[1]}/v1/chat/completions"
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.send_response(302)  # urllib follows a 302 of a POST as a GET, headers and all
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    redirect = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    for server in (elsewhere, redirect):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{redirect.server_address[1]}/v1", seen
+    finally:
+        for server in (elsewhere, redirect):
+            server.shutdown()
+            server.server_close()
