@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .digests import write_announced
+from .records import EvidenceCut, FileEvidence
 from .redact import redact_text
 from .sandbox import system_tool
 
@@ -57,7 +58,7 @@ def library_path(path: str) -> bool:
     return _LIBRARY.search(path) is not None
 
 
-def touched_paths(log_text: str, own: Sequence[str], cut: Optional[Dict[str, object]] = None) -> Dict[str, List[str]]:
+def touched_paths(log_text: str, own: Sequence[str], cut: Optional[EvidenceCut] = None) -> Dict[str, List[str]]:
     """path -> the syscalls that named it, for absolute paths outside ``own`` (and not a parent of one of
     them) and the pseudo file systems; at most ``MAX_PATHS``, library paths dropped first. ``cut``
     (when given) gets ``dropped`` and ``under`` (top directories -> paths dropped) when any was."""
@@ -88,7 +89,7 @@ def touched_paths(log_text: str, own: Sequence[str], cut: Optional[Dict[str, obj
         for path in dropped:
             top = "/".join(path.split("/")[:3]) or "/"
             under[top] = under.get(top, 0) + 1
-        cut.update(dropped=len(dropped), under=under)
+        cut.dropped, cut.under = len(dropped), under
     return {path: found[path] for path in kept}
 
 
@@ -109,7 +110,7 @@ class Tracer:
 
         return traced
 
-    def paths(self, side: str, own: Sequence[str], cut: Optional[Dict[str, object]] = None) -> Dict[str, List[str]]:
+    def paths(self, side: str, own: Sequence[str], cut: Optional[EvidenceCut] = None) -> Dict[str, List[str]]:
         """What ``side``'s processes touched, in the order they ran (``cut``: what was dropped). A command
         line that never started left no log; OSError when none of ``side``'s did (strace itself could
         not run)."""
@@ -138,13 +139,10 @@ def write_evidence(
     agent_paths: Optional[Dict[str, List[str]]] = None,
     why: str = "",
     env_path: Optional[str] = None,
-    cut: Optional[Dict[str, object]] = None,
+    cut: Optional[Dict[str, EvidenceCut]] = None,
 ) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    record: Dict[str, object] = (
-        {"traced": True, "paths": paths or {}, "agent_paths": agent_paths or {}, "cut": cut or {}}
-        if traced else {"traced": False, "why": why}
-    )
-    record["env_path"] = env_path
+    record = FileEvidence(traced=traced, paths=paths or {}, agent_paths=agent_paths or {}, why=why,
+                          env_path=env_path, cut=cut or {})
     # out/files/<task>.<attempt>.json: announced like every file the runner writes in out/
-    write_announced(target.parent.parent, target, json.dumps(record, sort_keys=True) + "\n")
+    write_announced(target.parent.parent, target, json.dumps(record.to_json(), sort_keys=True) + "\n")

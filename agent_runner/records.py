@@ -382,3 +382,69 @@ class Fingerprint:
         if self.machine_identity_complete is True and isinstance(self.machine_identity, str) and self.machine_identity:
             return self.machine_identity
         return None
+
+
+# --- files/<task>.<attempt>.json -------------------------------------------------------------------
+
+
+@dataclass
+class EvidenceCut:
+    """What one side's file evidence dropped past ``filetrace.MAX_PATHS``: how many paths, and how many
+    under each top directory (``/usr/lib``, ...)."""
+
+    dropped: int = 0
+    under: Dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> Dict[str, object]:
+        return {"dropped": self.dropped, "under": self.under}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, object]) -> "EvidenceCut":
+        under = obj.get("under")
+        return cls(dropped=_int(obj.get("dropped")) or 0,
+                   under={str(k): n for k, n in under.items() if isinstance(n, int) and not isinstance(n, bool)}
+                   if isinstance(under, dict) else {})
+
+
+@dataclass
+class FileEvidence:
+    """``files/<task>.<attempt>.json``: the paths an attempt touched outside its own directories
+    (``filetrace.py``; ``crosshost explain``'s evidence). ``paths`` are the predicate's, ``agent_paths``
+    the agent's and its tools', each path -> the system calls that named it. Untraced (no strace on the
+    host): ``why`` says why. ``env_path`` is the attempt's PATH, None when it looked like a secret.
+    ``cut``: per side (``predicate``, ``agent``) that dropped paths past the cap, what it dropped."""
+
+    traced: bool
+    paths: Dict[str, List[str]] = field(default_factory=dict)
+    agent_paths: Dict[str, List[str]] = field(default_factory=dict)
+    why: str = ""
+    env_path: Optional[str] = None
+    cut: Dict[str, EvidenceCut] = field(default_factory=dict)
+
+    def to_json(self) -> Dict[str, object]:
+        record: Dict[str, object] = (
+            {"traced": True, "paths": self.paths, "agent_paths": self.agent_paths,
+             "cut": {side: c.to_json() for side, c in self.cut.items()}}
+            if self.traced else {"traced": False, "why": self.why}
+        )
+        record["env_path"] = self.env_path
+        return record
+
+    @classmethod
+    def from_json(cls, obj: object, where: str = "") -> "FileEvidence":
+        """A TraceError starting with ``where`` when ``obj`` is not evidence (a host's damaged file)."""
+        if not isinstance(obj, dict):
+            raise TraceError(f"{_where(where)}file evidence is not a JSON object")
+        env_path = _str(obj.get("env_path"))
+        if not obj.get("traced"):
+            return cls(traced=False, why=str(obj.get("why") or "not traced"), env_path=env_path)
+        tables: List[Dict[str, List[str]]] = []
+        for key in ("paths", "agent_paths"):
+            table = obj.get(key, {})
+            if not isinstance(table, dict):
+                raise TraceError(f"{_where(where)}file evidence {key!r} is not an object")
+            tables.append({str(k): [str(c) for c in v] for k, v in table.items() if isinstance(v, list)})
+        cut = obj.get("cut")
+        cuts = {str(side): EvidenceCut.from_json(c) for side, c in cut.items() if isinstance(c, dict)} \
+            if isinstance(cut, dict) else {}
+        return cls(traced=True, paths=tables[0], agent_paths=tables[1], env_path=env_path, cut=cuts)

@@ -42,7 +42,7 @@ from .exec_agent import run_exec
 from .fingerprint import collect, commands_of
 from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
-from .records import Fingerprint, ResultRow
+from .records import EvidenceCut, Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
 from .sandbox import NONE, PIDNS_UID, Sandbox, attempt_uid, split_level
 from .strays import StrayWatch
@@ -283,7 +283,7 @@ class Runner:
         if tracer is None:
             filetrace.write_evidence(target, traced=False, why="strace is not in this host's system directories", env_path=shown)
             return
-        cut: Dict[str, Dict[str, object]] = {"predicate": {}, "agent": {}}
+        cut = {"predicate": EvidenceCut(), "agent": EvidenceCut()}
         try:
             paths = tracer.paths("predicate", own, cut["predicate"])
             agent_paths = tracer.paths("agent", own, cut["agent"])
@@ -292,7 +292,7 @@ class Runner:
                                      env_path=shown)
             return
         filetrace.write_evidence(target, traced=True, paths=paths, agent_paths=agent_paths, env_path=shown,
-                                 cut={side: c for side, c in cut.items() if c})
+                                 cut={side: c for side, c in cut.items() if c.dropped})
 
     def _run_predicate(self, task: Task, pristine: Optional[bytes], work: Path, env: Dict[str, str],
                        box: Sandbox) -> Tuple[Optional[int], str, Optional[str]]:

@@ -24,10 +24,10 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from agent_runner.errors import TraceError
 from agent_runner.filetrace import MAX_PATHS, library_path
-from agent_runner.records import Fingerprint
+from agent_runner.records import EvidenceCut, FileEvidence, Fingerprint
 from orchestrator.analysis import analyse_run
 from orchestrator.analysis.models import (
     Counterfactual,
@@ -321,7 +321,7 @@ class Touched:
     why: str = ""  # why not, when ``paths`` is None
     env_path: str | None = None  # the attempt's PATH there (None: not sent, or withheld as secret-looking)
     #: what the host dropped past its cap, per side: how many, and under which directories
-    cut: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cut: dict[str, EvidenceCut] = field(default_factory=dict)
 
 
 def touched(run_dir: Path, host: str, task: str) -> Touched:
@@ -331,28 +331,23 @@ def touched(run_dir: Path, host: str, task: str) -> Touched:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return Touched(None, "the host sent no file evidence")
-    if not isinstance(record, dict):
+    try:
+        evidence = FileEvidence.from_json(record, str(path))
+    except TraceError:
         return Touched(None, "the host's file evidence is damaged")
-    env_path = record.get("env_path") if isinstance(record.get("env_path"), str) else None
-    if not record.get("traced"):
-        return Touched(None, str(record.get("why") or "not traced"), env_path)
+    if not evidence.traced:
+        return Touched(None, evidence.why, evidence.env_path)
     found: dict[str, dict[str, list[str]]] = {}
-    cut: dict[str, Any] = record["cut"] if isinstance(record.get("cut"), dict) else {}
-    for side, key in zip(SIDES, ("paths", "agent_paths"), strict=True):
-        paths = record.get(key, {})
-        if not isinstance(paths, dict):
-            return Touched(None, "the host's file evidence is damaged", env_path)
-        for k, v in paths.items():
-            if isinstance(v, list):
-                found.setdefault(str(k), {})[side] = [str(c) for c in v]
-    return Touched(found, "", env_path, {str(k): v for k, v in cut.items() if isinstance(v, dict)})
+    for side, table in zip(SIDES, (evidence.paths, evidence.agent_paths), strict=True):
+        for k, calls in table.items():
+            found.setdefault(k, {})[side] = calls
+    return Touched(found, "", evidence.env_path, evidence.cut)
 
 
-def _cut_note(host: str, side: str, cut: dict[str, Any]) -> str:
+def _cut_note(host: str, side: str, cut: EvidenceCut) -> str:
     """How much of a side's file evidence a host dropped, and where (its largest directories first)."""
-    under: dict[str, Any] = cut["under"] if isinstance(cut.get("under"), dict) else {}
-    where = ", ".join(f"{d} ({n})" for d, n in sorted(under.items(), key=lambda i: (-int(i[1]), i[0]))[:5])
-    return (f"file evidence cut on {host}: the {side}'s {cut.get('dropped')} touched path(s) past the first "
+    where = ", ".join(f"{d} ({n})" for d, n in sorted(cut.under.items(), key=lambda i: (-i[1], i[0]))[:5])
+    return (f"file evidence cut on {host}: the {side}'s {cut.dropped} touched path(s) past the first "
             f"{MAX_PATHS} not kept, library paths first" + (f" (under {where})" if where else ""))
 
 
@@ -466,7 +461,7 @@ def file_evidence(
                 notes[task].append(f"file evidence not collected on {host}: {got.why}")
             else:
                 seen[task][host] = got.paths
-            notes[task] += [_cut_note(host, side, c) for side, c in sorted(got.cut.items()) if c.get("dropped")]
+            notes[task] += [_cut_note(host, side, c) for side, c in sorted(got.cut.items()) if c.dropped]
     touched_all = sorted({p for per_host in seen.values() for paths in per_host.values() for p in paths},
                          key=lambda p: (library_path(p), p))
     wanted = sorted(touched_all[:MAX_CHECKED_PATHS])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from agent_runner import filetrace
 from agent_runner.filetrace import touched_paths, traced_argv
+from agent_runner.records import EvidenceCut
 
 LOG = """\
 4100  execve("/usr/bin/sh", ["sh", "run_tests.sh"], 0x7ffc /* 6 vars */) = 0
@@ -117,11 +118,11 @@ def test_past_the_cap_library_paths_are_dropped_first_and_the_cut_says_how_many_
     lines = [f'1 openat(AT_FDCWD, "/usr/lib/python3.11/m{i}.py", O_RDONLY) = 3' for i in range(900)]
     lines += [f'1 stat("/venv/lib/python3.11/site-packages/litellm/p{i}.json", {{}}) = 0' for i in range(400)]
     lines += ['1 access("/opt/flags/feature.flag", F_OK) = -1 ENOENT (No such file)']
-    cut: dict[str, object] = {}
+    cut = EvidenceCut()
     found = filetrace.touched_paths("\n".join(lines), [], cut)
     assert len(found) == filetrace.MAX_PATHS and found["/opt/flags/feature.flag"] == ["access"]
-    assert cut == {"dropped": 301, "under": {"/venv/lib": 301}}  # the last touched of them
+    assert cut == EvidenceCut(dropped=301, under={"/venv/lib": 301})  # the last touched of them
     assert list(found)[0] == "/opt/flags/feature.flag"  # the others first, each in the order touched
     assert filetrace.library_path("/usr/lib/python3.11/os.py") and not filetrace.library_path("/opt/x/lib.flag")
-    small: dict[str, object] = {}
-    assert len(filetrace.touched_paths("\n".join(lines[:10]), [], small)) == 10 and small == {}
+    small = EvidenceCut()
+    assert len(filetrace.touched_paths("\n".join(lines[:10]), [], small)) == 10 and small == EvidenceCut()

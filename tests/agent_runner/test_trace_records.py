@@ -81,3 +81,23 @@ def test_iter_trace_streams_typed_records_migrated_with_damage_as_corrupt_lines(
     assert isinstance(turn, TraceTurn) and (turn.tool, turn.args) == ("lookup", {"q": "x"})
     assert isinstance(corrupt, CorruptLine) and corrupt.error.startswith("not JSON")
     assert isinstance(finish, TraceFinish) and finish.verdict == "pass" and finish.extra == {"usage": {"n": 1}}
+
+
+def test_file_evidence_is_read_back_as_written_and_a_damaged_file_is_named(tmp_path: Path) -> None:
+    import pytest
+
+    from agent_runner.errors import TraceError
+    from agent_runner.filetrace import write_evidence
+    from agent_runner.records import EvidenceCut, FileEvidence
+
+    target = tmp_path / "out" / "files" / "t.0.json"
+    cut = {"agent": EvidenceCut(dropped=3, under={"/usr/lib": 3})}
+    write_evidence(target, traced=True, paths={"/etc/x": ["openat"]}, agent_paths={}, env_path="/usr/bin", cut=cut)
+    written = json.loads(target.read_text())
+    assert written["cut"] == {"agent": {"dropped": 3, "under": {"/usr/lib": 3}}}
+    read = FileEvidence.from_json(written)
+    assert read == FileEvidence(traced=True, paths={"/etc/x": ["openat"]}, env_path="/usr/bin", cut=cut)
+    untraced = FileEvidence.from_json({"traced": False, "why": "no strace", "env_path": None})
+    assert (untraced.traced, untraced.why) == (False, "no strace")
+    with pytest.raises(TraceError, match="files/t.0.json: file evidence 'paths' is not an object"):
+        FileEvidence.from_json({"traced": True, "paths": ["/etc/x"]}, "files/t.0.json")
