@@ -5,7 +5,7 @@ Every process an attempt starts (the command agent, a shell tool, the predicate)
 
 - ``pidns+uid`` (the runner is root): a new PID and mount namespace (what ``unshare --pid --fork
   --mount --mount-proc --kill-child`` makes, made by the runner's own forks) whose processes run as an
-  unprivileged uid of their own (``setpriv``, no new privileges, no capabilities). It sees only its
+  unprivileged uid of their own (as ``setpriv`` would set it: no new privileges, no capabilities). It sees only its
   own processes in ``/proc``, cannot read any other user's environment, and cannot write the runner's
   files or the bundle cache.
 - ``pidns`` (not root, unprivileged user namespaces allowed; or root whose attempt paths another
@@ -90,6 +90,40 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_CAP_V3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
+
+
+def _become(libc: ctypes.CDLL, uid: int, last_cap: int) -> None:
+    """What ``setpriv --reuid=U --regid=U --clear-groups --no-new-privs --inh-caps=-all
+    --bounding-set=-all`` does, in the attempt's process before its exec (no program started for it)."""
+    for cap in range(last_cap + 1):
+        _check(libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "drop the bounding set")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # from root to another uid: the permitted, effective and ambient sets empty
+    header, data = _CapHeader(_CAP_V3, 0), (_CapData * 2)()
+    _check(libc.capset(ctypes.byref(header), data), "clear the inheritable set")
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
+
+
 class _Enter:
     """The ``preexec_fn`` of a start in a namespace: what ``unshare --pid --fork --mount --mount-proc
     --kill-child`` and a small init did as programs, done by forks of the runner, with no program or
@@ -111,13 +145,15 @@ class _Enter:
     memory or ``/proc`` entries) and drop the runner's signal handlers."""
 
     def __init__(self, level: str, status_fd: int, net: bool = False,
-                 relay: Optional[Tuple[int, str]] = None) -> None:
+                 relay: Optional[Tuple[int, str]] = None, uid: Optional[int] = None) -> None:
         self.flags = (_CLONE_NEWPID | _CLONE_NEWNS | (_CLONE_NEWUSER if level == PIDNS else 0)
                       | (_CLONE_NEWNET if net else 0))
         self.status_fd = status_fd
         self.net = net
         self.relay = relay  # (port inside, the runner's Unix socket): the init forwards one to the other
         self.libc = _libc()
+        self.uid = uid  # the attempt's own, taken in its process before its exec (None: it keeps the runner's)
+        self.last_cap = _last_cap() if uid is not None else 0
 
     def __call__(self) -> None:
         libc = self.libc
@@ -145,6 +181,8 @@ class _Enter:
             os.close(self.status_fd)
             if listener is not None:
                 listener.close()
+            if self.uid is not None:
+                _become(libc, self.uid, self.last_cap)  # raised here: subprocess reports it, nothing runs
             return
         if listener is not None and self.relay is not None:
             _forwarding_init(attempt, self.status_fd, fds, listener, self.relay[1])
@@ -286,15 +324,18 @@ def _forwarding_init(attempt: int, status_fd: int, fds: List[int], listener: soc
 
 def _wrapped(level: str, uid: Optional[int], argv: Sequence[str],
              tracer: Optional[Callable[[List[str]], List[str]]] = None) -> List[str]:
-    """What the attempt's process execs at ``level``: ``argv`` under the change to the attempt's uid;
-    ``tracer`` wraps both (it runs as the runner's uid, its log out of the attempt's reach) and never
-    the namespace's own processes."""
+    """What the attempt's process execs at ``level`` when a ``tracer`` wraps it: ``argv`` under
+    ``setpriv`` (the change to the attempt's uid), both under the tracer, which runs as the runner's
+    uid (its log out of the attempt's reach) and never around the namespace's own processes. Untraced,
+    the uid is changed before the exec (``_become``) and this is ``argv``."""
     inner = list(argv)
+    if tracer is None:
+        return inner
     if level == PIDNS_UID and uid is not None:
         setpriv = system_tool("setpriv") or "setpriv"
         inner = [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
                  "--inh-caps=-all", "--bounding-set=-all", "--", *inner]
-    return tracer(inner) if tracer is not None else inner
+    return tracer(inner)
 
 
 def _works(level: str, net: bool = False) -> bool:
@@ -533,7 +574,7 @@ class Started(subprocess.Popen[bytes]):
             _libc()  # loaded here, never first in the child
             preexec = _pdeathsig
         if write_end is not None:
-            preexec = _Enter(box.level, write_end, box.net, box._relay)
+            preexec = _Enter(box.level, write_end, box.net, box._relay, box.uid if tracer is None else None)
         try:
             super().__init__(full, start_new_session=True, preexec_fn=preexec,
                              pass_fds=() if write_end is None else (write_end,), **kwargs)
