@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import textwrap
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from orchestrator.commands.probe import ProbeResult
     from orchestrator.commands.replay import ReplayOutcome
     from orchestrator.commands.repro import ReproOutcome
-    from orchestrator.store.history import Changes, HistoryEntry, HistoryListing
+    from orchestrator.store.history import Changes, FieldChange, HistoryEntry, HistoryListing
     from orchestrator.store.rundir import Manifest
 
 
@@ -450,13 +450,13 @@ def history_change_lines(c: Changes) -> list[str]:
     return lines
 
 
-def fingerprint_field_lines(fields: list[dict[str, Any]]) -> list[str]:
+def fingerprint_field_lines(fields: list[FieldChange]) -> list[str]:
     """``+ /var/run/docker.sock (burn)``, ``- env VIRTUAL_ENV``, ``locale.LANG C.UTF-8 → C``."""
     lines: list[str] = []
     for f in fields:
         if "added" in f:
             what = "" if f["field"] == "findings" else "env " if f["field"] == "env_keys" else f"{f['field']} "
-            lines += [f"+ {what}{x}" for x in f["added"]] + [f"- {what}{x}" for x in f["removed"]]
+            lines += [f"+ {what}{x}" for x in f.get("added", [])] + [f"- {what}{x}" for x in f.get("removed", [])]
         else:
             lines.append(f"{f['field']} {_fact(f.get('old'))} → {_fact(f.get('new'))}")
     return lines
@@ -486,7 +486,9 @@ def render_history(
     for note in listing.notes:
         print(note, file=sys.stderr)
     if as_json:
-        rows = [{**e.row.to_json(), "changes": e.changes and e.changes.to_json()} for e in listing.entries]
+        rows: list[Mapping[str, object]] = [
+            {**e.row.to_json(), "changes": e.changes and e.changes.to_json()} for e in listing.entries
+        ]
         rows += [f.to_json() for f in listing.failures]
         rows.sort(key=lambda r: str(r.get("started") or r.get("at") or r.get("finished") or ""))
         print(json.dumps(rows, indent=2))

@@ -5,7 +5,15 @@ The first fields of each model are the original report format; those after ``# e
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError
+
+from agent_runner.jsonfile import loads as json_loads
+from orchestrator.errors import InputError
+
+REPORT_NAME = "report.json"
 
 # The decision table: classification -> action.
 ACTIONS: dict[str, str] = {
@@ -293,6 +301,31 @@ class RunReport(BaseModel):
     settle_repeat: int | None = None
     #: more tasks undecided than [gate] allows: the run measured too little to pass or fail
     inconclusive: bool = False
+
+    def to_json_text(self) -> str:
+        """``report.json``'s text: the one writer of the file."""
+        return self.model_dump_json(indent=2) + "\n"
+
+    @classmethod
+    def read(cls, path: Path) -> RunReport:
+        """``report.json``: the one reader of the file; one that cannot be read, is not JSON or not a
+        report is an InputError naming the file (and the key)."""
+        try:
+            data = json_loads(path.read_bytes())
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from exc
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        if not isinstance(data, dict):
+            raise InputError(f"{path}: must hold a JSON object")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InputError(f"{path}: {where}: {first['msg']}") from exc
 
     def host_names(self) -> list[str]:
         """Every host's name, the reference's order first; a host only traces know of still gets one."""

@@ -17,7 +17,7 @@ from agent_runner.textguard import printable
 from orchestrator.analysis import analyse_run
 from orchestrator.analysis.attribution import again_line, path_line, shown, trial_line
 from orchestrator.analysis.compare import AgentRate, Comparison
-from orchestrator.analysis.models import HostRate, Leak, RunReport, TaskReport
+from orchestrator.analysis.models import REPORT_NAME, HostRate, Leak, RunReport, TaskReport
 from orchestrator.exit_policy import undecided_line
 from orchestrator.report.html import render_html
 from orchestrator.selection import TaskSelection
@@ -139,7 +139,7 @@ def rates_legend(report: RunReport) -> str:
 
 
 def render_json(report: RunReport) -> str:
-    return report.model_dump_json(indent=2) + "\n"
+    return report.to_json_text()
 
 
 # --- report.md ------------------------------------------------------------------------------------
@@ -459,7 +459,7 @@ def render_compare_json(c: Comparison) -> str:
 
 def write_reports(run_dir: Path, report: RunReport) -> None:
     """Write ``report.json``, ``report.md``, ``junit.xml`` and ``report.html`` into the run directory."""
-    write_bytes_atomic(run_dir / "report.json", render_json(report).encode())
+    write_bytes_atomic(run_dir / REPORT_NAME, render_json(report).encode())
     write_bytes_atomic(run_dir / "report.md", render_markdown(report).encode())
     write_bytes_atomic(run_dir / "junit.xml", render_junit(report).encode())
     write_bytes_atomic(run_dir / "report.html", render_html(report, run_dir).encode())

@@ -19,11 +19,11 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from agent_runner.jsonfile import loads as json_loads
 from agent_runner.records import Fingerprint
 from orchestrator.analysis.attribution import fingerprint_differences
+from orchestrator.analysis.models import REPORT_NAME, RunReport
 from orchestrator.analysis.stats import pass_counts, pass_rate
 from orchestrator.dotted import flatten
 from orchestrator.errors import CrosshostError, InputError
@@ -60,6 +60,90 @@ CREATE INDEX IF NOT EXISTS runs_by_suite ON runs (suite, started, run_id);
 """
 
 
+class HostSummary(TypedDict):
+    """One host of an indexed run (the ``hosts`` column holds a JSON list of them)."""
+
+    name: str
+    fingerprint: str | None
+    reachable: bool | None
+    python: NotRequired[str]  # the manifest's, when it named one
+    error: NotRequired[str]  # why the run failed there
+
+
+class TaskOutcome(TypedDict):
+    """One task of an indexed run (a ``task_results`` row)."""
+
+    classification: str | None
+    flip: bool
+
+
+class PinMove(TypedDict):
+    pin: str  # dotted: ``t1.prompt_sha``, or ``suite_sha``
+    old: Any  # a pin's value: whatever JSON the trace header held
+    new: Any
+
+
+class FieldChange(TypedDict):
+    """One fingerprint field that changed: a list field as what came and went, any other as old/new."""
+
+    field: str  # dotted: ``locale.LANG``
+    added: NotRequired[list[str]]
+    removed: NotRequired[list[str]]
+    old: NotRequired[Any]  # a fingerprint value: whatever JSON the host wrote
+    new: NotRequired[Any]
+
+
+class FingerprintChange(TypedDict):
+    host: str
+    old: str | None
+    new: str | None
+    python_old: str | None
+    python_new: str | None
+    fields: NotRequired[list[FieldChange]]  # when both runs' fingerprint.json could be read
+
+
+class RunRowJson(TypedDict):
+    """A ``RunRow`` as ``history --json`` prints it."""
+
+    run_id: str
+    kind: str
+    started: str | None
+    finished: str | None
+    suite: str | None
+    suite_sha: str | None
+    pins: Any
+    hosts: list[HostSummary]
+    flip_rate: float | None
+    valid: bool | None
+    pass_rate: dict[str, float | None]
+    tasks: dict[str, TaskOutcome]
+    repeat: int | None
+
+
+class ChangesJson(TypedDict):
+    """``Changes`` as ``history --json`` prints it."""
+
+    previous: str
+    current: str
+    newly_flipping: list[str]
+    stopped_flipping: list[str]
+    pins_moved: list[PinMove]
+    hosts_added: list[str]
+    hosts_removed: list[str]
+    tasks_added: list[str]
+    tasks_removed: list[str]
+    repeat: dict[str, int | None] | None
+    fingerprints_changed: list[FingerprintChange]
+
+
+class FailureJson(TypedDict):
+    failure: bool
+    at: str
+    suite: str
+    exit_code: int
+    reason: str
+
+
 @dataclass
 class RunRow:
     """One indexed run, as ``history`` returns it."""
@@ -71,19 +155,23 @@ class RunRow:
     suite: str | None
     suite_sha: str | None
     pins: Any
-    hosts: list[dict[str, Any]]
+    hosts: list[HostSummary]
     flip_rate: float | None
     valid: bool | None
     pass_rate: dict[str, float | None]
-    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # task -> {classification, flip}
+    tasks: dict[str, TaskOutcome] = field(default_factory=dict)
     repeat: int | None = None
 
     @property
     def flipping(self) -> set[str]:
         return {t for t, r in self.tasks.items() if r["flip"]}
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> RunRowJson:
+        return RunRowJson(
+            run_id=self.run_id, kind=self.kind, started=self.started, finished=self.finished, suite=self.suite,
+            suite_sha=self.suite_sha, pins=self.pins, hosts=self.hosts, flip_rate=self.flip_rate,
+            valid=self.valid, pass_rate=self.pass_rate, tasks=self.tasks, repeat=self.repeat,
+        )  # fmt: skip
 
 
 @dataclass
@@ -94,16 +182,15 @@ class Changes:
     current: str
     newly_flipping: list[str]
     stopped_flipping: list[str]
-    pins_moved: list[dict[str, Any]]  # [{"pin": "a.b", "old": ..., "new": ...}]
+    pins_moved: list[PinMove]
     # what makes the two runs not the same measurement: compare them knowing it
     hosts_added: list[str] = field(default_factory=list)
     hosts_removed: list[str] = field(default_factory=list)
     tasks_added: list[str] = field(default_factory=list)
     tasks_removed: list[str] = field(default_factory=list)
     repeat: dict[str, int | None] | None = None  # {"old": n, "new": m} when they differ
-    # hosts in both runs whose fingerprint changed: [{"host", "old", "new", "python_old", "python_new"}],
-    # with "fields" when both runs' fingerprint.json could be read (``fingerprint_fields``)
-    fingerprints_changed: list[dict[str, Any]] = field(default_factory=list)
+    # hosts in both runs whose fingerprint changed
+    fingerprints_changed: list[FingerprintChange] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -113,8 +200,13 @@ class Changes:
             or self.fingerprints_changed
         )  # fmt: skip
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> ChangesJson:
+        return ChangesJson(
+            previous=self.previous, current=self.current, newly_flipping=self.newly_flipping,
+            stopped_flipping=self.stopped_flipping, pins_moved=self.pins_moved, hosts_added=self.hosts_added,
+            hosts_removed=self.hosts_removed, tasks_added=self.tasks_added, tasks_removed=self.tasks_removed,
+            repeat=self.repeat, fingerprints_changed=self.fingerprints_changed,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------- connection
@@ -186,17 +278,6 @@ def _write(conn: sqlite3.Connection) -> Iterator[None]:
 # ---------------------------------------------------------------- reading a run dir
 
 
-def _load_json(path: Path) -> Any:
-    try:
-        return json_loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from exc
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror}") from exc
-
-
 def _iso(value: str | None) -> str | None:
     """Timestamps as ISO-8601 UTC strings of one fixed width, so ordering by text is ordering by time."""
     parsed = parse_utc(value)
@@ -206,24 +287,18 @@ def _iso(value: str | None) -> str | None:
     return parsed.astimezone(_dt.UTC).isoformat(timespec="microseconds")
 
 
-def _hosts(manifest: Manifest, report: dict[str, Any]) -> list[dict[str, Any]]:
-    """[{"name", "fingerprint", "reachable", "python"?, "error"?}]: the report's hosts, else the
-    manifest's; the manifest's python beside each (it names what moved when a fingerprint does: cron vs
-    a shell) and the host's error where it failed."""
-    listed = report.get("hosts")
-    if isinstance(listed, list) and listed:
-        hosts = [
-            {"name": h.get("name"), "fingerprint": h.get("fingerprint"), "reachable": h.get("reachable")}
-            for h in listed
-            if isinstance(h, dict)
-        ]
+def _hosts(manifest: Manifest, report: RunReport | None) -> list[HostSummary]:
+    """The report's hosts, else the manifest's; the manifest's python beside each (it names what moved
+    when a fingerprint does: cron vs a shell) and the host's error where it failed."""
+    if report is not None and report.hosts:
+        hosts = [HostSummary(name=h.name, fingerprint=h.fingerprint, reachable=h.reachable) for h in report.hosts]
     else:
         hosts = [
-            {"name": name, "fingerprint": rec.fingerprint, "reachable": rec.reachable}
+            HostSummary(name=name, fingerprint=rec.fingerprint, reachable=rec.reachable)
             for name, rec in manifest.hosts.items()
         ]
     for h in hosts:
-        rec = manifest.hosts.get(str(h["name"]))
+        rec = manifest.hosts.get(h["name"])
         if rec is not None and rec.python:
             h["python"] = rec.python
         if rec is not None and rec.error:  # why the run failed there, for `history` to say
@@ -231,14 +306,14 @@ def _hosts(manifest: Manifest, report: dict[str, Any]) -> list[dict[str, Any]]:
     return hosts
 
 
-def _pass_rates(run_dir: RunDir, report: dict[str, Any], host_names: list[str]) -> dict[str, float | None]:
+def _pass_rates(run_dir: RunDir, report: RunReport | None, host_names: list[str]) -> dict[str, float | None]:
     """Per host: passes / attempts with a verdict on the agent (``error`` is the host's, not counted),
     from the report's verdicts, else from results.jsonl."""
     verdicts: dict[str, list[str]] = {name: [] for name in host_names}
-    tasks = report.get("tasks") or []
-    if any(t.get("verdicts") for t in tasks):
+    tasks = report.tasks if report is not None else []
+    if any(t.verdicts for t in tasks):
         for t in tasks:
-            for host, seq in (t.get("verdicts") or {}).items():
+            for host, seq in t.verdicts.items():
                 verdicts.setdefault(host, []).extend(seq)
     else:
         for _, row in run_dir.iter_results():
@@ -256,27 +331,23 @@ def read_run(run_dir: Path) -> RunRow:
             f"{rundir.path}: {manifest.shard.label} of run {manifest.shard.run_id}, not a run of its own "
             "(crosshost merge joins the shards into the run)"
         )
-    report_path = rundir.path / "report.json"
-    report: dict[str, Any] = _load_json(report_path) if report_path.is_file() else {}
+    report_path = rundir.path / REPORT_NAME
+    report = RunReport.read(report_path) if report_path.is_file() else None
     repro = rundir.read_repro()
-    if not report and repro is None:
+    if report is None and repro is None:
         raise InputError(f"{report_path}: missing; the run has not finished (or crashed before its report)")
-    if not isinstance(report, dict):
-        raise InputError(f"{report_path}: must hold a JSON object")
 
     kind = "repro" if repro is not None or manifest.kind == "repro" else "replay"
-    suite = manifest.suite.name if manifest.suite else report.get("suite")
+    suite = manifest.suite.name if manifest.suite else report.suite if report is not None else None
     suite_sha = manifest.suite.sha if manifest.suite else None
     if kind == "repro" and not suite and repro is not None:
         suite = repro.suite
     hosts = _hosts(manifest, report)
     if kind == "repro" and not hosts and repro is not None:
-        hosts = [{"name": h, "fingerprint": None, "reachable": None} for h in repro.hosts]
-    tasks: dict[str, dict[str, Any]] = {}
-    for t in report.get("tasks") or []:
-        tasks[str(t["task"])] = {"classification": t.get("classification"), "flip": bool(t.get("flip"))}
-    valid = report.get("valid")
-    flip_rate = report.get("flip_rate")
+        hosts = [HostSummary(name=h, fingerprint=None, reachable=None) for h in repro.hosts]
+    tasks = {t.task: TaskOutcome(classification=t.classification, flip=t.flip) for t in report.tasks} if report else {}
+    valid = report.valid if report is not None else None
+    flip_rate = report.flip_rate if report is not None else None
     return RunRow(
         run_id=manifest.run_id,
         kind=kind,
@@ -288,7 +359,7 @@ def read_run(run_dir: Path) -> RunRow:
         hosts=hosts,
         flip_rate=float(flip_rate) if flip_rate is not None else None,
         valid=bool(valid) if valid is not None else None,
-        pass_rate=_pass_rates(rundir, report, [str(h["name"]) for h in hosts]),
+        pass_rate=_pass_rates(rundir, report, [h["name"] for h in hosts]),
         tasks=tasks,
         repeat=manifest.repeat,
     )
@@ -380,7 +451,7 @@ def rebuild(runs_dir: Path) -> tuple[int, list[str]]:
 def _row(conn: sqlite3.Connection, r: tuple[Any, ...]) -> RunRow:
     run_id = r[0]
     tasks = {
-        t: {"classification": c, "flip": bool(f)}
+        t: TaskOutcome(classification=c, flip=bool(f))
         for t, c, f in conn.execute(
             "SELECT task, classification, flip FROM task_results WHERE run_id = ? ORDER BY task", (run_id,)
         )
@@ -443,29 +514,26 @@ def previous_run(runs_dir: Path, row: RunRow) -> RunRow | None:
 
 
 def _fingerprint(run_dir: Path, host: str) -> Fingerprint | None:
-    try:
-        data = _load_json(RunDir(run_dir).fingerprint_path(host))
-    except InputError:
-        return None  # removed, or never written: the digests still say it changed
-    return Fingerprint.from_json(data) if isinstance(data, dict) else None
+    """The host's fingerprint.json in that run; None when it was removed or never written (the
+    digests still say it changed)."""
+    return RunDir(run_dir).read_fingerprint(host)[0]
 
 
 def _finding(f: Any) -> str:
     return f"{f.get('detail') or f.get('kind')} ({f.get('action')})" if isinstance(f, dict) else str(f)
 
 
-def fingerprint_fields(old: Fingerprint, new: Fingerprint) -> list[dict[str, Any]]:
+def fingerprint_fields(old: Fingerprint, new: Fingerprint) -> list[FieldChange]:
     """What changed between two fingerprints of one host, as a user reads it: the isolation findings
-    and environment keys that came or went (``{"field", "added", "removed"}``), then every other
-    field that differs (``{"field", "old", "new"}``, dotted: ``locale.LANG``)."""
-    out: list[dict[str, Any]] = []
+    and environment keys that came or went, then every other field that differs."""
+    out: list[FieldChange] = []
     for name, show in (("findings", _finding), ("env_keys", str)):
         before = {show(x) for x in getattr(old, name) or []}
         after = {show(x) for x in getattr(new, name) or []}
         if before != after:
-            out.append({"field": name, "added": sorted(after - before), "removed": sorted(before - after)})
+            out.append(FieldChange(field=name, added=sorted(after - before), removed=sorted(before - after)))
     out += [
-        {"field": key, "old": a, "new": b}
+        FieldChange(field=key, old=a, new=b)
         for key, a, b in fingerprint_differences(old, new)
         if key.split(".", 1)[0] not in ("findings", "env_keys")
     ]
@@ -482,19 +550,19 @@ def changes(prev: RunRow, cur: RunRow, runs_dir: Path | None = None) -> Changes:
     left_out = (prev.tasks.keys() | cur.tasks.keys()) - both
     old_pins, new_pins = flatten(prev.pins), flatten(cur.pins)
     moved = [
-        {"pin": k, "old": old_pins.get(k), "new": new_pins.get(k)}
+        PinMove(pin=k, old=old_pins.get(k), new=new_pins.get(k))
         for k in sorted(old_pins.keys() | new_pins.keys())
         if old_pins.get(k) != new_pins.get(k) and k.split(".", 1)[0] not in left_out
     ]
     if prev.suite_sha != cur.suite_sha:
-        moved.insert(0, {"pin": "suite_sha", "old": prev.suite_sha, "new": cur.suite_sha})
+        moved.insert(0, PinMove(pin="suite_sha", old=prev.suite_sha, new=cur.suite_sha))
     old_hosts = {str(h.get("name")): h for h in prev.hosts}
     new_hosts = {str(h.get("name")): h for h in cur.hosts}
     fingerprints = [
-        {
-            "host": name, "old": old_hosts[name].get("fingerprint"), "new": h.get("fingerprint"),
-            "python_old": old_hosts[name].get("python"), "python_new": h.get("python"),
-        }  # fmt: skip
+        FingerprintChange(
+            host=name, old=old_hosts[name].get("fingerprint"), new=h.get("fingerprint"),
+            python_old=old_hosts[name].get("python"), python_new=h.get("python"),
+        )  # fmt: skip
         for name, h in new_hosts.items()
         if name in old_hosts
         and old_hosts[name].get("fingerprint") and h.get("fingerprint")
@@ -503,7 +571,7 @@ def changes(prev: RunRow, cur: RunRow, runs_dir: Path | None = None) -> Changes:
     for f in fingerprints:
         if runs_dir is None:
             break
-        before, after = (_fingerprint(runs_dir / r.run_id, str(f["host"])) for r in (prev, cur))
+        before, after = (_fingerprint(runs_dir / r.run_id, f["host"]) for r in (prev, cur))
         if before is not None and after is not None:
             f["fields"] = fingerprint_fields(before, after)
     repeat_moved = prev.repeat is not None and cur.repeat is not None and prev.repeat != cur.repeat
@@ -570,8 +638,8 @@ class Failure:
     exit_code: int
     reason: str  # the one line the replay printed
 
-    def to_json(self) -> dict[str, Any]:
-        return {"failure": True, **asdict(self)}
+    def to_json(self) -> FailureJson:
+        return FailureJson(failure=True, at=self.at, suite=self.suite, exit_code=self.exit_code, reason=self.reason)
 
 
 def failures_path(runs_dir: Path) -> Path:

@@ -219,6 +219,10 @@ def test_unfinished_run_is_named_and_skipped_by_rebuild(tmp_path: Path) -> None:
     (runs / "r2" / "report.json").write_text("{not json")
     with pytest.raises(InputError, match=r"r2/report\.json: line 1"):
         history.record_run(runs, runs / "r2")
+    # JSON, but not a report: the file and the key it lacks, never a traceback
+    (runs / "r2" / "report.json").write_text(json.dumps({"run_id": "r2", "tasks": []}))
+    with pytest.raises(InputError, match=r"r2/report\.json: valid: Field required"):
+        history.record_run(runs, runs / "r2")
 
 
 def _record_many(runs: str, prefix: str, n: int, barrier: Any) -> None:

@@ -141,7 +141,8 @@ def test_history_names_a_damaged_results_file(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"run_id": "r1", "hosts": ["a"]}))
-    (run / "report.json").write_text(json.dumps({"run_id": "r1", "tasks": []}))  # no verdicts: results count
+    report = {"run_id": "r1", "valid": True, "gate": 0.1, "flip_rate": 0.0, "tasks": []}
+    (run / "report.json").write_text(json.dumps(report))  # no verdicts: results count
     (run / "results.jsonl").write_bytes(_DAMAGED.replace(b"\xff\xfe", b""))
     with pytest.raises(InputError, match=r"results\.jsonl:4: expected a JSON object"):
         history.read_run(run)
