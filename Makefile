@@ -188,7 +188,7 @@ hosts-up: $(STAMP)
 hosts-down:
 	@python3 tools/testhosts.py down --state $(HOSTS_STATE)
 
-# Benchmarks (BENCHMARKS.md): its own 8 sshd hosts on 2400-2407, under 10 minutes. Ansible gets a venv
+# Benchmarks (BENCHMARKS.md): its own sshd hosts on free ports picked at start. Ansible gets a venv
 # of its own so its dependencies never change the environment the tests run in.
 BENCH_VENV ?= .venv-bench
 BENCH_ARGS ?=

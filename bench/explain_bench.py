@@ -25,7 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tools/ is a plain directory, not an installed package
-from tools.testhosts import Fleet, pick_port  # noqa: E402
+from tools.testhosts import Fleet, free_port  # noqa: E402
 
 TRIAGE = REPO / "examples" / "suites" / "triage"
 STATE = Path("/var/tmp/crosshost-bench-explain")
@@ -49,7 +49,7 @@ def measure(reps: int = 3, port: int | None = None) -> dict[str, Any]:
     fleet.down()
     scratch = Path(tempfile.mkdtemp(prefix="crosshost-bench-explain-"))
     try:
-        fleet.up(["box-b"], [pick_port(port or 2460)])
+        fleet.up(["box-b"], [port or free_port()])
         host_dir = fleet.hosts["box-b"].dir
         (host_dir / "opt" / "crosshost-demo").mkdir(parents=True, exist_ok=True)
         (host_dir / "opt" / "crosshost-demo" / "feature.flag").touch()
@@ -96,7 +96,7 @@ def measure(reps: int = 3, port: int | None = None) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--port", type=int, default=None, help="box-b's port (default: 2460 or a free one)")
+    parser.add_argument("--port", type=int, default=None, help="box-b's port (default: a free one)")
     args = parser.parse_args(argv)
     out = measure(args.reps, args.port)
     print(json.dumps(out, indent=2))

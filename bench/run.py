@@ -1,6 +1,6 @@
 """``make bench``: crosshost against the limit, a naive scp/ssh loop and Ansible, on real sshd hosts.
 
-Starts its own fleet (tools/testhosts.py; ports 2400+, state under /var/tmp/crosshost-bench), runs the
+Starts its own fleet (tools/testhosts.py; free ports picked at start, state under /var/tmp/crosshost-bench), runs the
 grid (H hosts, T tasks, S ms per predicate), the analysis benchmark, prints the ratio table and writes
 ``bench/results/<timestamp>.json`` and ``.md``. Stops the fleet on every exit path.
 
@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import analysis_bench, explain_bench, report_html_bench, runner_bench, stats_bench
+from bench import analysis_bench, explain_bench, proxy_bench, report_html_bench, runner_bench, stats_bench
 from bench.baselines import BaselineError, BenchHost, ansible_bin, run_ansible, run_limit, run_naive
 from bench.gen_suite import BenchSuite, generate_suite
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tools/ is a plain directory, not an installed package
-from tools.testhosts import Fleet, TestHostError  # noqa: E402
+from tools.testhosts import Fleet, TestHostError, free_ports  # noqa: E402
 
 GRID = ((2, 12), (2, 100), (8, 12))
 SLEEPS = (0, 50)
@@ -134,6 +134,7 @@ class Bench:
         self.explain: dict[str, Any] | None = None
         self.runner: dict[str, Any] | None = None
         self.stats: dict[str, Any] | None = None
+        self.proxy: dict[str, Any] | None = None
 
     # -- hosts and inputs -------------------------------------------------------------------
     def hosts(self, count: int) -> list[BenchHost]:
@@ -282,6 +283,8 @@ class Bench:
         if self.args.stats_runs > 0:
             print(f"  statistics: seeded simulations of the suite-wide rule, {self.args.stats_runs} runs ...", flush=True)
             self.stats = stats_bench.measure(self.args.stats_runs)
+        if self.args.proxy_requests > 0:
+            self.proxy = self.run_proxy()
         # The order that decides the targets first: the faster Ansible everywhere, naive at T=100 (the
         # 5x target) at the larger S, default Ansible, then the naive points that only inform.
         pts = self.points()
@@ -309,6 +312,16 @@ class Bench:
         out = explain_bench.measure(self.args.explain_reps)
         print(f"  explain: {out['explain_median_s']:.2f} s against a replay of those tasks in "
               f"{out['replay_median_s']:.2f} s (bound 3 x replay + 2 s = {out['bound_s']:.2f} s)", flush=True)
+        return out
+
+    def run_proxy(self) -> dict[str, Any]:
+        streams = tuple(self.args.proxy_streams)
+        print(f"  proxy: {self.args.proxy_requests} request pairs direct/proxied, then {streams} streams at once ...",
+              flush=True)
+        out = proxy_bench.measure(self.args.proxy_requests, streams)
+        waves = ", ".join(f"K={w['streams']}: {w['complete']} whole" for w in out["waves"])
+        print(f"  proxy: adds {out['max_added_median_ms']:.2f} ms median at most (target <= "
+              f"{proxy_bench.TARGET_ADDED_MS} ms); {waves}", flush=True)
         return out
 
     def run_runner(self) -> dict[str, Any]:
@@ -353,7 +366,7 @@ class Bench:
                          "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},
             "points": points, "analysis": analysis, "report_html": report_html,
             "explain": self.explain, "runner": self.runner,
-            "statistics": self.stats,
+            "statistics": self.stats, "proxy": self.proxy,
             "fleet_points": self.fleet_result(),
         }
 
@@ -503,6 +516,7 @@ def render_table(result: dict[str, Any]) -> str:
             f"| {e['bound_s']:.2f} | {_mark(e['met'])} |",
         ]
     lines += stats_bench.markdown(result.get("statistics"))
+    lines += proxy_bench.markdown(result.get("proxy"))
     return "\n".join(lines)
 
 
@@ -539,7 +553,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="suite sizes of the runner's per-attempt overhead (no-op tasks); '' to skip")
     p.add_argument("--explain-reps", type=int, default=3, help="explain benchmark repetitions (the demo's flips); 0: skip")
     p.add_argument("--stats-runs", type=int, default=1000, help="seeded simulations of the statistics; 0: skip")
-    p.add_argument("--base-port", type=int, default=2400)
+    p.add_argument("--proxy-requests", type=int, default=300,
+                   help="model proxy: request pairs (direct, proxied) per kind; 0: skip the proxy benchmark")
+    p.add_argument("--proxy-streams", type=lambda s: [int(x) for x in s.split(",") if x], default=list(proxy_bench.STREAMS),
+                   help="model proxy: streamed answers at once, one wave each (default 64,128,256,512)")
     p.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-bench"))
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = p.parse_args(argv)
@@ -555,8 +572,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(args)
     try:
         bench.fleet.down()
-        print(f"starting {len(bench.names)} sshd hosts on 127.0.0.1:{args.base_port}+ ...", flush=True)
-        bench.fleet.up(bench.names, [args.base_port + i for i in range(len(bench.names))])
+        ports = free_ports(len(bench.names))
+        print(f"starting {len(bench.names)} sshd hosts on free ports of 127.0.0.1 ({min(ports)}-{max(ports)}) ...",
+              flush=True)
+        bench.fleet.up(bench.names, ports)
         result = bench.run()
     except TestHostError as exc:
         print(f"bench: error: test hosts: {exc}", file=sys.stderr)

@@ -2,6 +2,8 @@
 against what reaches them: an attempt, a host's forward, a web page in the user's browser.
 
 - a bounded number of handler threads: a connection past ``max_threads`` is closed at once;
+- a listen backlog of ``request_queue_size``: hundreds of connections opened in the same instant wait
+  there for the accept loop (the standard library's 5 resets them);
 - a read timeout per connection: a client that sends its request slowly (or never) holds a thread
   for ``READ_TIMEOUT_S`` at most;
 - a handler's failure is counted, never a traceback on the user's terminal;
@@ -17,14 +19,19 @@ from typing import Any
 
 #: how long a connection may take to send each part of its request: a handler class's ``timeout``
 READ_TIMEOUT_S = 30.0
-#: handler threads at once
+#: handler threads at once (``crosshost view --serve``: one browser)
 MAX_THREADS = 64
+#: the model proxy's: one proxy serves one host, and every attempt of its slots may hold a stream open
+#: for minutes; 512 is twice the streams ``make bench`` shows relayed whole at once, and past it a
+#: flood from an attempt costs the controller ~60 KiB of memory a connection at most
+PROXY_MAX_THREADS = 512
 
 
 class BoundedServer(ThreadingHTTPServer):
     """A ``ThreadingHTTPServer`` with a bound on its threads and no traceback on the terminal."""
 
     daemon_threads = True
+    request_queue_size = 1024  # the kernel caps it at net.core.somaxconn
 
     def __init__(self, address: tuple[str, int], handler: Any, *, max_threads: int | None = None) -> None:
         super().__init__(address, handler)

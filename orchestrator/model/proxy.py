@@ -70,7 +70,7 @@ from agent_runner.wire import (
 )
 from orchestrator.errors import ApiKeyMissing, InputError, SuiteError
 from orchestrator.hosts.transport.base import Host
-from orchestrator.httpserver import BoundedServer
+from orchestrator.httpserver import PROXY_MAX_THREADS, BoundedServer
 from orchestrator.model.apis import APIS, family_api
 from orchestrator.model.apis.base import WireApi
 from orchestrator.model.apis.openai_chat import OpenAIChat
@@ -164,6 +164,7 @@ class ModelProxy:
         hold: ModelHold | None = None,
         host: str = "",
         api: str = "openai",
+        max_connections: int = PROXY_MAX_THREADS,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise InputError(f"{where}: [agent] base_url = {base_url!r} must start with http:// or https://")
@@ -178,6 +179,7 @@ class ModelProxy:
         self.hold = hold
         self.host = host
         self.api = api
+        self.max_connections = max_connections  # requests served at once, streams included
         #: the runner's secret (``MODEL_PASS_ENV``): each attempt's placeholder is derived from it
         #: (``wire.attempt_token``) and opens that attempt's requests, turns and directory only
         self.secret = secrets.token_hex(32)
@@ -224,7 +226,7 @@ class ModelProxy:
     def start(self) -> ModelProxy:
         if self._server is not None:
             return self
-        server = BoundedServer(("127.0.0.1", 0), handler_for(self))
+        server = BoundedServer(("127.0.0.1", 0), handler_for(self), max_threads=self.max_connections)
         self._server = server
         self._thread = threading.Thread(
             # a short poll so stop() returns promptly at the end of every host's run

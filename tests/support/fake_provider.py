@@ -17,7 +17,10 @@ Modes:
     "random"   the script's tool calls, each with one of four argument sets drawn at random (a sampled
                model: the same conversation gets different tool calls)
 Plus ``fail_first = [429, 429]``: the first requests get those statuses, then the mode applies.
-Every request is recorded (path, headers, parsed body) in ``requests``. ``after_first_event`` is called
+Every request is recorded (path, headers, parsed body) in ``requests`` (``record = False``: none kept,
+for a load that would only grow it). A streamed OpenAI chat answer's text comes in ``stream_pieces``
+deltas, ``event_delay_s`` apart (a model that writes slowly: ``make bench`` overlaps streams so).
+``after_first_event`` is called
 between a stream's first event and the rest: a test that returns only once the agent has seen the
 first event proves the stream reaches it incrementally (``stream_gates`` records each wait's outcome).
 """
@@ -30,6 +33,7 @@ import random
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -59,6 +63,9 @@ class FakeProvider:
     #: called after a stream's first event is written; returns whether the agent saw it in time
     after_first_event: Callable[[], bool] | None = None
     stream_gates: list[bool] = field(default_factory=list)
+    stream_pieces: int = 1
+    event_delay_s: float = 0.0
+    record: bool = True
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -71,8 +78,7 @@ class FakeProvider:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
     def __enter__(self) -> FakeProvider:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
@@ -86,7 +92,8 @@ class FakeProvider:
         if self.on_request is not None:
             self.on_request()
         with self._lock:
-            self.requests.append(Received(path, headers, body, query))
+            if self.record:
+                self.requests.append(Received(path, headers, body, query))
             if self.fail_first:
                 status = self.fail_first.pop(0)
                 return status, json.dumps({"error": {"message": f"scripted {status}", "type": "x"}}).encode()
@@ -204,8 +211,10 @@ class FakeProvider:
                 "system_fingerprint": answer["system_fingerprint"]}
         out = [sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}]})]
-        if message.get("content"):
-            out.append(sse({**base, "choices": [{"index": 0, "delta": {"content": message["content"]},
+        text = message.get("content") or ""
+        size = -(-len(text) // max(1, self.stream_pieces))
+        for at in range(0, len(text), size or 1):
+            out.append(sse({**base, "choices": [{"index": 0, "delta": {"content": text[at:at + size]},
                                                  "finish_reason": None}]}))
         for i, call in enumerate(message.get("tool_calls") or []):
             args = call["function"]["arguments"]
@@ -242,6 +251,11 @@ class FakeProvider:
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
         }
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # hundreds of streams opened at once wait in the backlog, not in SYN retries
 
 
 def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
@@ -285,6 +299,8 @@ def _handler(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
             for i, event in enumerate(events):
+                if i and provider.event_delay_s:
+                    time.sleep(provider.event_delay_s)
                 self.wfile.write(event)
                 self.wfile.flush()
                 if i == 0 and provider.after_first_event is not None:
