@@ -33,7 +33,7 @@ from orchestrator.errors import (
     TraceError,
 )
 from orchestrator.exit_policy import COMPARE_LAST_REASON, replay_exit
-from orchestrator.hosts.bundle import Bundle, build_bundle, bundle_cache_dir, prune_local_cache
+from orchestrator.hosts.bundle import Bundle, bundle_cache_dir, replay_bundle
 from orchestrator.hosts.fanout import FanoutResult, Interrupted, default_jobs, fan_out
 from orchestrator.hosts.host_job import UNREACHABLE, EventSink, HostJob, HostPlan
 from orchestrator.hosts.inventory import HostConfig, load_inventory
@@ -252,8 +252,7 @@ def replay(
     selected = _resolve_hosts(request)
     if bundle is None:
         cache = request.cache_dir or bundle_cache_dir(request.out)
-        bundle = build_bundle(request.suite_dir, cache)
-        prune_local_cache(cache, keep=frozenset({bundle.path, cache / f"suite-{bundle.suite_sha}.tar"}))
+        bundle = replay_bundle(request.suite_dir, cache)
     tasks, all_tasks = _resolve_tasks(bundle, request.selection)
     shard = request.shard.record(tasks) if request.shard is not None else None
     if request.shard is not None:

@@ -29,7 +29,7 @@ from orchestrator.analysis.stats import MAX_REPEAT, Counts
 from orchestrator.commands.replay import ReplayOutcome, ReplayRequest, replay
 from orchestrator.errors import SuiteError
 from orchestrator.exit_policy import replay_exit
-from orchestrator.hosts.bundle import build_bundle, bundle_cache_dir, prune_local_cache
+from orchestrator.hosts.bundle import bundle_cache_dir, replay_bundle
 from orchestrator.report import analyse_and_write
 from orchestrator.store.rundir import Manifest, ResultRow, RunDir, iter_results, utc_now, write_bytes_atomic
 
@@ -109,8 +109,7 @@ def replay_until_decided(request: ReplayRequest, **kwargs: Any) -> ReplayOutcome
     bundle = kwargs.pop("bundle", None)
     if bundle is None:
         cache = request.cache_dir or bundle_cache_dir(request.out)
-        bundle = build_bundle(request.suite_dir, cache)
-        prune_local_cache(cache, keep=frozenset({bundle.path, cache / f"suite-{bundle.suite_sha}.tar"}))
+        bundle = replay_bundle(request.suite_dir, cache)
     looks = plan_looks(request.repeat or bundle.suite.repeat, max_repeat)
     level = look_level(bundle.suite.gate.alpha, len(looks))
     main = RunDir.create(request.out)

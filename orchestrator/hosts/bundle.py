@@ -144,6 +144,7 @@ class Bundle:
     suite_sha: str
     suite_dir: Path
     suite: Suite  # validated by the runner's one validator; ``suite.data`` is the shipped suite.json
+    built: bool = False  # made now, not found in the cache: the cache grew
 
     @property
     def suite_name(self) -> str:
@@ -259,7 +260,17 @@ def build_bundle(suite_dir: Path, out_dir: Path, *, runner: Path | None = None, 
     path, sha = _store_tar(out_dir, "bundle", buf.getvalue())
     index = {"bundle_sha": sha, "suite_sha": suite_sha, "zipapp_sha": zipapp_sha}
     _write_once(out_dir / f"index-{key}.json", (json.dumps(index, sort_keys=True) + "\n").encode())
-    return Bundle(path, sha, zipapp_sha, suite_sha, suite_dir, suite)
+    return Bundle(path, sha, zipapp_sha, suite_sha, suite_dir, suite, built=True)
+
+
+def replay_bundle(suite_dir: Path, cache: Path) -> Bundle:
+    """A replay's bundle from the local cache ``cache``. Only a bundle built now (the cache grew)
+    prunes the cache (``prune_local_cache``, never this bundle): a cache hit leaves it as it is, so an
+    unchanged suite's replay does not stat every file of a cache that many runs filled."""
+    bundle = build_bundle(suite_dir, cache)
+    if bundle.built:
+        prune_local_cache(cache, keep=frozenset({bundle.path, cache / f"suite-{bundle.suite_sha}.tar"}))
+    return bundle
 
 
 #: a host keeps this many bundles (newest used first) under <workspace_root>/bundles after a replay

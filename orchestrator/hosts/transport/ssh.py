@@ -183,7 +183,10 @@ class SshHost(Host):
                 chan.exec_command(command)
                 chan.shutdown_write()  # stdin is /dev/null, as for LocalHost
                 while True:
-                    select.select([chan], [], [], 0.5)
+                    if chan.eof_received:  # its pipe is readable for good now: wait for the exit status instead
+                        chan.status_event.wait(0.5)
+                    else:
+                        select.select([chan], [], [], 0.5)
                     while chan.recv_ready():
                         out += chan.recv(_BUF)
                     while chan.recv_stderr_ready():
@@ -307,6 +310,7 @@ def _pipe(chan: paramiko.Channel, local_port: int, connect_timeout: float) -> No
         return
     try:
         sock.settimeout(None)
+        session.no_delay(sock)  # a request's last bytes go now, not after the proxy's delayed ACK
         # Half-close aware: an EOF on one side is passed on as a shutdown of the other side's write
         # direction, and the answer still flows back (a client that sends, then shuts down, then reads).
         from_sock = from_chan = True
