@@ -182,6 +182,36 @@ def test_the_local_cache_is_bounded_by_age_and_size_and_keeps_the_bundle_in_use(
     assert sorted(p.name for p in cache.iterdir()) == ["b", "c", "in-use-old"]
 
 
+def test_a_replay_prunes_the_local_cache_only_when_it_adds_a_bundle(tmp_path: Path) -> None:
+    import time
+
+    from orchestrator.hosts.bundle import replay_bundle
+    from tests.support.runner import predicate_suite
+
+    s = predicate_suite(tmp_path, "exit 0", tasks=1)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+
+    def stale(name: str) -> Path:
+        path = cache / name
+        path.write_bytes(b"x")
+        old = time.time() - 40 * 86_400
+        os.utime(path, (old, old))
+        return path
+
+    first_old = stale("first-old")
+    built = replay_bundle(s, cache)
+    assert built.built and not first_old.exists()  # the cache grew: unused for 30 days -> removed
+    later_old = stale("later-old")
+    again = replay_bundle(s, cache)
+    assert not again.built and again.sha == built.sha
+    assert later_old.exists()  # a cache hit leaves the cache as it is
+    (s / "tasks" / "t-0" / "prompt.md").write_text("something else to do\n")
+    changed = replay_bundle(s, cache)
+    assert changed.built and changed.sha != built.sha and not later_old.exists()
+    assert built.path.exists()  # used within 30 days: kept
+
+
 def test_crosshost_cache_prune_empties_the_local_cache(tmp_path: Path) -> None:
     import subprocess
     import sys
