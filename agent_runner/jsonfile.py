@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import IO, Any, Iterator, Optional, Type
+from typing import IO, Any, Dict, Iterator, List, Optional, Type, Union
 
 from .errors import InputError
 
@@ -21,6 +21,12 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 100
 #: the longest line of a JSONL file (a trace record, a results row): 16 MiB; a longer one is damage
 MAX_LINE_BYTES = 16 * 1024 * 1024
+
+#: a JSON value as parsed: a reader narrows it with isinstance before it reads a field (a body crosshost
+#: forwards unchanged, a provider's answer, an agent's request: none of them is trusted to have a shape)
+JSONValue = Union[None, bool, int, float, str, List["JSONValue"], Dict[str, "JSONValue"]]
+#: a JSON object as parsed
+JSONObject = Dict[str, JSONValue]
 
 
 def _too_deep(value: Any) -> bool:

@@ -13,7 +13,6 @@ and reported like any other, its manifest naming every round (``rounds``), the a
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from orchestrator.commands.replay import ReplayOutcome, ReplayRequest, replay
 from orchestrator.errors import SuiteError
 from orchestrator.exit_policy import replay_exit
 from orchestrator.hosts.bundle import bundle_cache_dir, replay_bundle
+from orchestrator.model.hold import HoldSummary
 from orchestrator.report import analyse_and_write
 from orchestrator.store.rundir import Manifest, ResultRow, RunDir, iter_results, utc_now, write_bytes_atomic
 
@@ -66,7 +66,7 @@ def _assemble(main: RunDir, rounds: list[ReplayOutcome], manifest: Manifest) -> 
     """The run directory as one replay of every round: traces and fingerprints of each host, the
     results of every round, the held model's summary merged."""
     rows: list[ResultRow] = []
-    hold: dict[str, Any] = {}
+    holds: list[HoldSummary] = []
     for i, outcome in enumerate(rounds):
         src = outcome.run_dir
         if i == 0:
@@ -79,19 +79,13 @@ def _assemble(main: RunDir, rounds: list[ReplayOutcome], manifest: Manifest) -> 
                 _link_or_copy(path, main.host_dir(host) / "traces" / path.name)
         if src.results_path.is_file():
             rows += [row for _, row in iter_results(src.results_path)]
-        if src.model_hold_path.is_file():
-            data = json.loads(src.model_hold_path.read_text(encoding="utf-8"))
-            for key in ("mode", "reference"):
-                hold.setdefault(key, data.get(key))
-            for key in ("recorded",):
-                hold.setdefault(key, {}).update(data.get(key) or {})
-            for key in ("held", "live"):
-                for host, seen in (data.get(key) or {}).items():
-                    hold.setdefault(key, {}).setdefault(host, {}).update(seen or {})
-            hold.setdefault("divergences", []).extend(data.get("divergences") or [])
+        part = HoldSummary.read(src)
+        if part is not None:
+            holds.append(part)
     main.write_results(rows)
-    if hold:
-        write_bytes_atomic(main.model_hold_path, (json.dumps(hold, indent=2, sort_keys=True) + "\n").encode())
+    hold = HoldSummary.joined(holds)
+    if hold is not None:
+        hold.write(main.model_hold_path, write_bytes_atomic)
     main.write_manifest(manifest)
     return rows
 

@@ -14,17 +14,23 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
+
+from agent_runner.jsonfile import JSONObject, JSONValue
+from orchestrator.model.records import CallRecord
 
 if TYPE_CHECKING:
     from orchestrator.model.apis.base import WireApi
+
+#: what a request carries back of one tool call: (observation, error)
+ToolResult = tuple[str, "str | None"]
 
 
 @dataclass
 class Answer:
     """What one model answer asked for: tool calls (id, name, arguments) and tokens."""
 
-    calls: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    calls: list[tuple[str, str, JSONObject]] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model: str | None = None
@@ -33,21 +39,57 @@ class Answer:
 
 
 @dataclass
+class CallSlot:
+    """One tool call of a streamed answer as its pieces arrive: its arguments are JSON text gathered
+    piece by piece, or (Gemini) the object the provider sent whole."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str | JSONObject = ""
+
+
+class Turn(TypedDict):
+    """One tool call the model asked for, and what the agent sent back for it (a trace turn)."""
+
+    call_id: str
+    tool: str
+    args: JSONObject
+    observation: str | None  # None until the agent's next request carries the result
+    error: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    model: CallRecord | None  # the request's record, on its answer's first call
+
+
+class AttemptTurns(TypedDict):
+    """``/crosshost/turns``: an exec attempt's turns and records, as the runner writes them into its trace."""
+
+    turns: list[Turn]
+    requests: int
+    stopped: str | None
+    error: str | None
+    calls: list[CallRecord]
+    prompt_tokens: int
+    completion_tokens: int
+    text: str | None
+
+
+@dataclass
 class AttemptLog:
     """The turns of one attempt, as the proxy saw them; ``stopped``/``error`` say why the model stopped
     answering (a cap: ``budget_model``; the provider failed: its message)."""
 
-    turns: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
     requests: int = 0
     stopped: str | None = None
     error: str | None = None
     #: the proxy's record of each request, as the built-in agent keeps it (``model`` of its first turn)
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
     prompt_tokens: int = 0  # every answer's, also those without a tool call
     completion_tokens: int = 0
     text: str | None = None  # what the model said last (an exec agent's final answer)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AttemptTurns:
         return {"turns": self.turns, "requests": self.requests, "stopped": self.stopped, "error": self.error,
                 "calls": self.calls, "prompt_tokens": self.prompt_tokens,
                 "completion_tokens": self.completion_tokens, "text": self.text}
@@ -64,7 +106,7 @@ class ExchangeBook:
         with self._lock:
             return self._attempts.setdefault(attempt, AttemptLog())
 
-    def request(self, attempt: str, api: WireApi, body: dict[str, Any]) -> None:
+    def request(self, attempt: str, api: WireApi, body: JSONObject) -> None:
         """A request: its tool results complete the turns that asked for them."""
         results = api.tool_results(body)
         with self._lock:
@@ -74,12 +116,12 @@ class ExchangeBook:
                 if turn["observation"] is None and turn["call_id"] in results:
                     turn["observation"], turn["error"] = results[turn["call_id"]]
 
-    def call(self, attempt: str, record: dict[str, Any]) -> None:
+    def call(self, attempt: str, record: CallRecord) -> None:
         """The proxy's record of one request of ``attempt`` (answered, held, refused or failed)."""
         with self._lock:
             self._attempts.setdefault(attempt, AttemptLog()).calls.append(record)
 
-    def answer(self, attempt: str, answer: Answer, record: dict[str, Any] | None = None) -> None:
+    def answer(self, attempt: str, answer: Answer, record: CallRecord | None = None) -> None:
         with self._lock:
             log = self._attempts.setdefault(attempt, AttemptLog())
             log.prompt_tokens += answer.prompt_tokens
@@ -101,13 +143,14 @@ class ExchangeBook:
             log.stopped = log.stopped or stopped
             log.error = log.error or error
 
-    def snapshot(self, attempt: str) -> dict[str, Any]:
+    def snapshot(self, attempt: str) -> AttemptTurns:
         with self._lock:
             log = self._attempts.get(attempt, AttemptLog())
-            return json.loads(json.dumps(log.to_json()))
+            copy: AttemptTurns = json.loads(json.dumps(log.to_json()))  # the same shape, none of it shared
+            return copy
 
 
-def json_args(raw: Any) -> dict[str, Any]:
+def json_args(raw: JSONValue) -> JSONObject:
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, str) and raw.strip():
@@ -119,7 +162,7 @@ def json_args(raw: Any) -> dict[str, Any]:
     return {}
 
 
-def text_of(content: Any) -> str:
+def text_of(content: JSONValue) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -127,17 +170,22 @@ def text_of(content: Any) -> str:
     return "" if content is None else json.dumps(content)
 
 
-def mapping(value: Any) -> dict[str, Any]:
+def text_piece(value: JSONValue) -> str:
+    """A piece of streamed text: ``value`` when it is a string, else nothing."""
+    return value if isinstance(value, str) else ""
+
+
+def mapping(value: JSONValue) -> JSONObject:
     """``value`` when it is a JSON object, else an empty one (a provider's answer is not trusted)."""
     return value if isinstance(value, dict) else {}
 
 
-def listing(value: Any) -> list[Any]:
+def listing(value: JSONValue) -> list[JSONValue]:
     """``value`` when it is a JSON array, else an empty one."""
     return value if isinstance(value, list) else []
 
 
-def count(value: Any) -> int:
+def count(value: JSONValue) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
@@ -147,7 +195,7 @@ class StreamReader:
     def __init__(self, api: WireApi) -> None:
         self.api = api
         self.answer = Answer()
-        self._calls: dict[int, dict[str, Any]] = {}
+        self._calls: dict[int, CallSlot] = {}
         self.events = 0
 
     def line(self, raw: bytes) -> None:
@@ -167,6 +215,6 @@ class StreamReader:
 
     def finish(self) -> Answer:
         self.answer.calls = [
-            (str(c["id"]), str(c["name"]), json_args(c["arguments"])) for _, c in sorted(self._calls.items())
+            (slot.id, slot.name, json_args(slot.arguments)) for _, slot in sorted(self._calls.items())
         ]
         return self.answer

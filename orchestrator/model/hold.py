@@ -24,20 +24,22 @@ import difflib
 import json
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from agent_runner.jsonfile import JSONObject, JSONValue
 from agent_runner.jsonfile import loads as json_loads
+from orchestrator.model.apis.base import RequestView
 from orchestrator.model.apis.openai_chat import OpenAIChat
+from orchestrator.model.exchanges import listing, mapping
 from orchestrator.store.rundir import RunDir, iter_jsonl
 
 MAX_TEXT = 300
 MAX_DIFF_LINES = 12
-#: what of a request a held model compares (an API module's ``comparable``): its conversation under
-#: ``messages`` and its settings
-Comparable = Callable[[dict[str, Any]], dict[str, Any]]
+#: what of a request a held model compares (an API module's ``comparable``)
+Comparable = Callable[[JSONObject], RequestView]
 
 
 def hold_mode(agent: dict[str, Any] | None, override: bool | None) -> str | None:
@@ -53,7 +55,7 @@ def hold_mode(agent: dict[str, Any] | None, override: bool | None) -> str | None
     return "true" if value is True else None
 
 
-def _canonical(obj: Any) -> str:
+def _canonical(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -68,7 +70,7 @@ def _spellings(root: str | None) -> tuple[str, ...]:
     return (root, re.sub(r"[^A-Za-z0-9]", "-", root)) if root else ()
 
 
-def attempt_root(value: Any) -> str | None:
+def attempt_root(value: JSONValue) -> str | None:
     """An attempt directory a runner named, or None: an absolute path three directories deep or more,
     of characters JSON writes as they are (a replacement must keep a body JSON)."""
     if not isinstance(value, str) or not value.startswith("/") or len([p for p in value.split("/") if p]) < 3:
@@ -76,30 +78,31 @@ def attempt_root(value: Any) -> str | None:
     return value if all(c.isprintable() and c not in '"\\' for c in value) else None
 
 
-def _rewrite(obj: Any, old: tuple[str, ...], new: tuple[str, ...]) -> Any:
+def _rewrite(obj: JSONObject, old: tuple[str, ...], new: tuple[str, ...]) -> JSONObject:
     if not old or old == new:
         return obj
     text = _canonical(obj)
     for before, after in zip(old, new, strict=True):
         text = text.replace(before, after)
-    return json.loads(text)
+    # a replacement keeps the document JSON (attempt_root) and an object an object
+    result: JSONObject = json.loads(text)
+    return result
 
 
-def set_aside(body: Any, root: str | None) -> Any:
+def set_aside(body: JSONObject, root: str | None) -> JSONObject:
     """``body`` with the attempt's directory ``root`` replaced by a mark, in both spellings."""
     return _rewrite(body, _spellings(root), ROOT_MARKS if root else ())
 
 
-def moved(answer: dict[str, Any], reference_root: str | None, root: str | None) -> dict[str, Any]:
+def moved(answer: JSONObject, reference_root: str | None, root: str | None) -> JSONObject:
     """The reference's answer with its attempt directory replaced by this host's (a streamed answer's
     path split across two events keeps the reference's: the next request then differs)."""
     if not reference_root or not root:
         return answer
-    result: dict[str, Any] = _rewrite(answer, _spellings(reference_root), _spellings(root))
-    return result
+    return _rewrite(answer, _spellings(reference_root), _spellings(root))
 
 
-def _text(message: Any) -> str:
+def _text(message: JSONValue) -> str:
     """A message as text for a person: its content, else its tool calls."""
     if not isinstance(message, dict):
         return _canonical(message)
@@ -107,6 +110,47 @@ def _text(message: Any) -> str:
     if isinstance(content, str) and content:
         return content
     return _canonical({k: v for k, v in message.items() if k != "role"})
+
+
+class DivergenceJSON(TypedDict):
+    """A divergence as ``model_hold.json`` lists it."""
+
+    task: str
+    attempt: int
+    host: str
+    request: int
+    message: int | None
+    role: str | None
+    reference: str
+    other: str
+    diff: list[str]
+
+
+class HoldSummaryJSON(TypedDict):
+    """``model_hold.json`` as written."""
+
+    mode: str
+    reference: str
+    recorded: dict[str, int]
+    held: dict[str, dict[str, int]]
+    live: dict[str, dict[str, int]]
+    divergences: list[DivergenceJSON]
+
+
+class RecordedExchange(TypedDict):
+    """One line of ``model_record.jsonl``: the reference's request number ``request`` (from 0) of
+    attempt ``attempt``, its body and the answer it got (a streamed one: its event lines)."""
+
+    attempt: str
+    request: int
+    body: JSONObject
+    answer: JSONObject
+
+
+def recorded_exchange(row: JSONObject) -> RecordedExchange:
+    """A line of ``model_record.jsonl`` read back; a field of the wrong shape reads as empty."""
+    return {"attempt": str(row.get("attempt")), "request": _count_of(row.get("request")),
+            "body": mapping(row.get("body")), "answer": mapping(row.get("answer"))}
 
 
 @dataclass
@@ -121,7 +165,7 @@ class Divergence:
     other: str
     diff: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> DivergenceJSON:
         return {
             "task": self.task,
             "attempt": self.attempt,
@@ -135,26 +179,26 @@ class Divergence:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Divergence:
-        diff = data.get("diff")
+    def from_json(cls, data: JSONObject) -> Divergence:
+        diff, message, role = data.get("diff"), data.get("message"), data.get("role")
         return cls(
             task=str(data.get("task") or ""),
             attempt=_count_of(data.get("attempt")),
             host=str(data.get("host") or ""),
             request=_count_of(data.get("request")),
-            message=data["message"] if isinstance(data.get("message"), int) else None,
-            role=data["role"] if isinstance(data.get("role"), str) else None,
+            message=message if isinstance(message, int) else None,
+            role=role if isinstance(role, str) else None,
             reference=str(data.get("reference") or ""),
             other=str(data.get("other") or ""),
             diff=[str(line) for line in diff] if isinstance(diff, list) else [],
         )
 
 
-def _count_of(value: Any) -> int:
+def _count_of(value: JSONValue) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def _counts(value: Any) -> dict[str, int]:
+def _counts(value: JSONValue) -> dict[str, int]:
     """``{attempt key: requests}``; entries of another shape are left out."""
     return {k: _count_of(v) for k, v in value.items() if isinstance(k, str)} if isinstance(value, dict) else {}
 
@@ -174,7 +218,7 @@ class HoldSummary:
     live: dict[str, dict[str, int]] = field(default_factory=dict)
     divergences: list[Divergence] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> HoldSummaryJSON:
         return {
             "mode": self.mode,
             "reference": self.reference,
@@ -185,7 +229,7 @@ class HoldSummary:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> HoldSummary:
+    def from_json(cls, data: JSONObject) -> HoldSummary:
         per_host: dict[str, dict[str, dict[str, int]]] = {"held": {}, "live": {}}
         for table in per_host:
             value = data.get(table)
@@ -212,6 +256,24 @@ class HoldSummary:
             return None
         return cls.from_json(data) if isinstance(data, dict) else None
 
+    @classmethod
+    def joined(cls, parts: list[HoldSummary]) -> HoldSummary | None:
+        """One summary of several runs' whose attempts are disjoint (shards, rounds): the first one's
+        mode and reference, the tables joined, the divergences listed part by part."""
+        if not parts:
+            return None
+        merged = cls(parts[0].mode, parts[0].reference)
+        for part in parts:
+            merged.recorded.update(part.recorded)
+            for mine, theirs in ((merged.held, part.held), (merged.live, part.live)):
+                for host, counts in theirs.items():
+                    mine.setdefault(host, {}).update(counts)
+            merged.divergences += part.divergences
+        return merged
+
+    def write(self, path: Path, write: Callable[[Path, bytes], None]) -> None:
+        write(path, (json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n").encode())
+
     def recorded_requests(self, keys: list[str]) -> int:
         """The reference's requests in the attempts ``keys``."""
         return sum(self.recorded.get(k, 0) for k in keys)
@@ -222,20 +284,23 @@ class HoldSummary:
         return sum(mine.get(k, 0) for k in keys)
 
 
-def first_difference(reference: dict[str, Any], other: dict[str, Any]) -> tuple[int | None, str | None, str, str]:
+def first_difference(reference: RequestView, other: RequestView) -> tuple[int | None, str | None, str, str]:
     """(message index, role, reference text, other text) of the first difference of two requests'
     comparable views (``messages``, then each setting)."""
-    ref_msgs = reference.get("messages") or []
-    oth_msgs = other.get("messages") or []
+    ref_msgs, oth_msgs = listing(reference.messages), listing(other.messages)
     for i in range(max(len(ref_msgs), len(oth_msgs))):
         r = ref_msgs[i] if i < len(ref_msgs) else None
         o = oth_msgs[i] if i < len(oth_msgs) else None
         if _canonical(r) != _canonical(o):
-            role = (o or r or {}).get("role") if isinstance(o or r, dict) else None
-            return i, role, "" if r is None else _text(r), "" if o is None else _text(o)
-    for key in (k for k in {**reference, **other} if k != "messages"):
-        if _canonical(reference.get(key)) != _canonical(other.get(key)):
-            return None, None, f"{key}: {_canonical(reference.get(key))}", f"{key}: {_canonical(other.get(key))}"
+            role = mapping(o or r).get("role")
+            return (i, role if isinstance(role, str) else None, "" if r is None else _text(r),
+                    "" if o is None else _text(o))
+    if _canonical(reference.messages) != _canonical(other.messages):  # not a list on one side
+        return None, None, f"messages: {_canonical(reference.messages)}", f"messages: {_canonical(other.messages)}"
+    for key in {**reference.settings, **other.settings}:
+        ref, oth = reference.settings.get(key), other.settings.get(key)
+        if _canonical(ref) != _canonical(oth):
+            return None, None, f"{key}: {_canonical(ref)}", f"{key}: {_canonical(oth)}"
     return None, None, "", ""
 
 
@@ -252,7 +317,7 @@ class ModelHold:
         self.mode = mode  # "true" or "strict"
         self.reference_done = threading.Event()
         self._lock = threading.Lock()
-        self._record: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+        self._record: dict[str, list[tuple[JSONObject, JSONObject]]] = {}  # key -> (request, answer)
         self._roots: dict[str, str] = {}  # key -> the reference's attempt directory (exec agents)
         self._next: dict[tuple[str, str], int] = {}  # (host, key) -> index of its next request
         self._diverged: set[tuple[str, str]] = set()
@@ -262,7 +327,7 @@ class ModelHold:
 
     # -- the reference ------------------------------------------------------------------------
 
-    def record(self, key: str, request: dict[str, Any], answer: dict[str, Any], root: str | None = None) -> None:
+    def record(self, key: str, request: JSONObject, answer: JSONObject, root: str | None = None) -> None:
         """``root``: the attempt's directory on the reference (an exec agent's), set aside when compared."""
         with self._lock:
             self._record.setdefault(key, []).append((request, answer))
@@ -271,8 +336,8 @@ class ModelHold:
 
     # -- every other host ---------------------------------------------------------------------
 
-    def follow(self, host: str, key: str, request: dict[str, Any], root: str | None = None,
-               comparable: Comparable | None = None) -> dict[str, Any] | None:
+    def follow(self, host: str, key: str, request: JSONObject, root: str | None = None,
+               comparable: Comparable | None = None) -> JSONObject | None:
         """The recorded answer to ``host``'s next request of attempt ``key``, or None: answer it live
         (mode true) or end the attempt (``diverged(host, key)`` then says so, mode strict). ``root``:
         the attempt's directory on ``host`` (an exec agent's); ``comparable``: what of a request its
@@ -280,7 +345,6 @@ class ModelHold:
         view = comparable or OpenAIChat().comparable
         with self._lock:
             reference_root = self._roots.get(key)
-            request = set_aside(request, root)
             index = self._next.get((host, key), 0)
             self._next[(host, key)] = index + 1
             if (host, key) in self._diverged:
@@ -290,14 +354,14 @@ class ModelHold:
             if not recorded:  # the reference never asked the model in this attempt: nothing to hold
                 self._count(self.live, host, key)
                 return None
-            recorded = [(view(set_aside(req, reference_root)), answer) for req, answer in recorded]
-            request = view(request)
-            if index < len(recorded) and _canonical(recorded[index][0]) == _canonical(request):
+            views = [(view(set_aside(req, reference_root)), answer) for req, answer in recorded]
+            mine = view(set_aside(request, root))
+            if index < len(views) and _canonical(views[index][0].to_json()) == _canonical(mine.to_json()):
                 self._count(self.held, host, key)
-                return moved(recorded[index][1], reference_root, root)
+                return moved(views[index][1], reference_root, root)
             self._diverged.add((host, key))
             self._count(self.live, host, key)
-            self.divergences.append(self._divergence(host, key, index, request, recorded))
+            self.divergences.append(self._divergence(host, key, index, mine, views))
             return None
 
     def diverged(self, host: str, key: str) -> bool:
@@ -305,7 +369,7 @@ class ModelHold:
             return (host, key) in self._diverged
 
     def _divergence(
-        self, host: str, key: str, index: int, request: dict[str, Any], recorded: list[tuple[dict[str, Any], Any]]
+        self, host: str, key: str, index: int, request: RequestView, recorded: list[tuple[RequestView, JSONObject]]
     ) -> Divergence:
         task, attempt = _split_key(key)
         if index >= len(recorded):
@@ -339,14 +403,13 @@ class ModelHold:
     def write(self, run_dir: RunDir, write: Callable[[Path, bytes], None]) -> None:
         """``model_hold.json`` (the summary) and ``model_record.jsonl`` (the reference's exchanges)."""
         with self._lock:
-            lines = [
-                _canonical({"attempt": key, "request": i, "body": req, "answer": ans}) + "\n"
+            rows: list[RecordedExchange] = [
+                {"attempt": key, "request": i, "body": req, "answer": ans}
                 for key, exchanges in sorted(self._record.items())
                 for i, (req, ans) in enumerate(exchanges)
             ]
-        write(run_dir.model_record_path, "".join(lines).encode())
-        write(run_dir.model_hold_path, (json.dumps(self.summary().to_json(), indent=2, sort_keys=True) + "\n").encode())
-
+        write(run_dir.model_record_path, "".join(_canonical(row) + "\n" for row in rows).encode())
+        self.summary().write(run_dir.model_hold_path, write)
 
 
 def merge_hold(shards: list[RunDir], target: RunDir, write: Callable[[Path, bytes], None]) -> None:
@@ -355,20 +418,11 @@ def merge_hold(shards: list[RunDir], target: RunDir, write: Callable[[Path, byte
     exchanges, in the order a run writes them; the summary's tables are joined and the
     divergences listed shard by shard."""
     exchanges: list[tuple[str, int, str]] = []
-    merged: HoldSummary | None = None
     for shard in shards:
         for _, row in iter_jsonl(shard.model_record_path, missing_ok=True):
-            exchanges.append((str(row.get("attempt")), int(row.get("request") or 0), _canonical(row) + "\n"))
-        part = HoldSummary.read(shard)
-        if part is None:
-            continue
-        if merged is None:
-            merged = HoldSummary(part.mode, part.reference)
-        merged.recorded.update(part.recorded)
-        for mine, theirs in ((merged.held, part.held), (merged.live, part.live)):
-            for host, counts in theirs.items():
-                mine.setdefault(host, {}).update(counts)
-        merged.divergences += part.divergences
+            exchange = recorded_exchange(row)
+            exchanges.append((exchange["attempt"], exchange["request"], _canonical(exchange) + "\n"))
     write(target.model_record_path, "".join(line for _, _, line in sorted(exchanges)).encode())
+    merged = HoldSummary.joined([part for part in map(HoldSummary.read, shards) if part is not None])
     if merged is not None:
-        write(target.model_hold_path, (json.dumps(merged.to_json(), indent=2, sort_keys=True) + "\n").encode())
+        merged.write(target.model_hold_path, write)

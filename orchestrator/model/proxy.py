@@ -51,6 +51,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from agent_runner import jsonfile
+from agent_runner.jsonfile import JSONObject, JSONValue
 from agent_runner.suite import MODEL_KINDS
 from agent_runner.wire import (
     ERR_BAD_JSON,
@@ -74,7 +75,7 @@ from orchestrator.httpserver import PROXY_MAX_THREADS, BoundedServer
 from orchestrator.model.apis import APIS, family_api
 from orchestrator.model.apis.base import WireApi
 from orchestrator.model.apis.openai_chat import OpenAIChat
-from orchestrator.model.exchanges import ExchangeBook, StreamReader
+from orchestrator.model.exchanges import ExchangeBook, StreamReader, count, mapping
 from orchestrator.model.hold import ModelHold
 from orchestrator.model.records import ModelCall, call_record, error_body
 from orchestrator.model.server import Reply, handler_for
@@ -350,7 +351,7 @@ class ModelProxy:
 
     def _refused(
         self, call: ModelCall, status: int, kind: str, message: str
-    ) -> tuple[int, dict[str, Any], ModelCall]:
+    ) -> tuple[int, JSONObject, ModelCall]:
         call.status, call.error, call.message = status, kind, message
         self._record(call)
         code = FINISH_BUDGET_MODEL if kind == ERR_BUDGET else None
@@ -365,7 +366,7 @@ class ModelProxy:
         what = "unreachable" if exc.status is None else f"answered HTTP {exc.status}"
         return f"model provider {self.base_url} {what} after {len(call.attempts)} attempt(s): {exc}"
 
-    def handle_chat(self, raw: bytes, attempt_key: str | None = None) -> tuple[int, dict[str, Any], ModelCall]:
+    def handle_chat(self, raw: bytes, attempt_key: str | None = None) -> tuple[int, JSONObject, ModelCall]:
         """Answer one chat-completions request body: (status, JSON body, record). ``attempt_key``
         ("<task>.<attempt>") lets a held model record (the reference) or answer (every other host)."""
         started = time.monotonic()
@@ -408,14 +409,13 @@ class ModelProxy:
             self._record(call)
             return 502, error_body(call.error, call.message or ""), call
 
-        raw_usage = answer.get("usage")
-        usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+        usage = mapping(answer.get("usage"))
         call.status = 200
         call.model = _str_or_none(answer.get("model"))
         call.system_fingerprint = _str_or_none(answer.get("system_fingerprint"))
-        call.prompt_tokens = _int(usage.get("prompt_tokens"))
-        call.completion_tokens = _int(usage.get("completion_tokens"))
-        call.total_tokens = _int(usage.get("total_tokens")) or call.prompt_tokens + call.completion_tokens
+        call.prompt_tokens = count(usage.get("prompt_tokens"))
+        call.completion_tokens = count(usage.get("completion_tokens"))
+        call.total_tokens = count(usage.get("total_tokens")) or call.prompt_tokens + call.completion_tokens
         with self._lock:
             self._tokens += call.total_tokens
         self._record(call)
@@ -445,7 +445,7 @@ class ModelProxy:
                  or dict(urllib.parse.parse_qsl(query)).get("key", ""))
         return secrets.compare_digest(given.strip().encode(), self.attempt_token(attempt).encode())
 
-    def api_error(self, kind: str, message: str, *, code: str | None = None) -> dict[str, Any]:
+    def api_error(self, kind: str, message: str, *, code: str | None = None) -> JSONObject:
         """An error body in the format of the suite's ``api`` (so the agent's SDK raises it as such)."""
         return family_api(self.api).error_body(kind, message, code)
 
@@ -453,7 +453,7 @@ class ModelProxy:
         """The paths an exec agent of the suite's ``api`` may POST below its prefix, for a refusal."""
         return " or ".join(api.example_path for api in APIS if api.family == self.api)
 
-    def refuse_api(self, attempt: str, path: str, api: WireApi | None) -> tuple[dict[str, Any], ModelCall]:
+    def refuse_api(self, attempt: str, path: str, api: WireApi | None) -> tuple[JSONObject, ModelCall]:
         """An exec agent's request of an API the suite did not declare (or of none): a model call of
         its own, refused, and the attempt's error, the harness's (its verdict ``error``): the message
         names the API the agent spoke and the fix."""
@@ -530,7 +530,7 @@ class ModelProxy:
         upstream = api.upstream_headers(self.upstream.key, dict(headers), stream)
         url = api.upstream_url(self.base_url, path, query)
         recording = self.hold is not None and self.host == self.hold.reference
-        events: list[str] = []  # a streamed answer's lines, for a held model's record
+        events: list[JSONValue] = []  # a streamed answer's lines, for a held model's record
         try:
             resp = self.upstream.open(url, raw, upstream, call)
             with resp:
@@ -549,16 +549,16 @@ class ModelProxy:
                         if recording:
                             events.append(line.decode("utf-8", "replace"))
                     answer = reader.finish()
-                    answer_body: dict[str, Any] | None = None
+                    answer_body: JSONObject | None = None
                 else:
                     data = resp.read(MAX_RESPONSE_BYTES + 1)
                     try:
-                        answer_body = json.loads(data)
+                        parsed: JSONValue = json.loads(data)
                     except ValueError:
                         raise Final(ERR_BAD_JSON, 200, "answer is not JSON") from None
-                    if not api.is_answer(answer_body):
+                    if not api.is_answer(parsed) or not isinstance(parsed, dict):
                         raise Final(ERR_BAD_JSON, 200, f"answer is JSON but not an {self.api} answer")
-                    assert isinstance(answer_body, dict)
+                    answer_body = parsed
                     answer = api.parse_answer(answer_body)
         except (Transient, Final) as exc:
             message = self._provider_failure(exc, call)
@@ -605,7 +605,7 @@ class ModelProxy:
         self._record(call)
         reply.raw(status, data, call)
 
-    def _answer_held(self, attempt: str, held: dict[str, Any], call: ModelCall, started: float,
+    def _answer_held(self, attempt: str, held: JSONObject, call: ModelCall, started: float,
                      reply: Reply, api: WireApi) -> None:
         """Answer an exec agent's request from the reference's record: its events again when it was
         streamed, its body when not; the provider is not asked and no cap is spent."""
@@ -631,11 +631,7 @@ class ModelProxy:
             reply.chunk(str(line).encode())
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _str_or_none(value: Any) -> str | None:
+def _str_or_none(value: JSONValue) -> str | None:
     return value if isinstance(value, str) else None
 
 

@@ -6,8 +6,63 @@ each (no prompt, no key).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import NotRequired, TypedDict
+
+from agent_runner.jsonfile import JSONObject
+
+
+class AttemptJSON(TypedDict):
+    """One try at the provider, as ``model_calls.jsonl`` keeps it."""
+
+    attempt: int
+    status: int | None
+    latency_ms: int
+    error: str | None
+    wait_s: float | None
+
+
+class ModelCallJSON(TypedDict):
+    """One line of ``model_calls.jsonl`` (and the ``X-Crosshost-Call`` header): a ``ModelCall``."""
+
+    id: int
+    status: int
+    latency_ms: int
+    attempts: list[AttemptJSON]
+    error: str | None
+    message: str | None
+    model: str | None
+    system_fingerprint: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    held: bool
+    path: str | None
+    retries: int
+
+
+class TryRecord(TypedDict):
+    """One try at the provider, as an exec attempt's trace keeps it."""
+
+    status: int | None
+    latency_ms: int
+    error: str | None
+    wait_s: float | None
+
+
+class CallRecord(TypedDict):
+    """What an exec attempt's trace keeps about one request (``call_record``)."""
+
+    request: int
+    status: int
+    retries: int
+    attempts: list[TryRecord]
+    model: str | None
+    system_fingerprint: str | None
+    finish_reason: str | None
+    held: NotRequired[bool]  # only when answered from the reference's record
+    error: NotRequired[str]  # only when the call failed or was refused
+    message: NotRequired[str | None]
 
 
 @dataclass
@@ -43,16 +98,22 @@ class ModelCall:
     def retries(self) -> int:
         return max(0, len(self.attempts) - 1)
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["retries"] = self.retries
-        return out
+    def to_json(self) -> ModelCallJSON:
+        return {
+            "id": self.id, "status": self.status, "latency_ms": self.latency_ms,
+            "attempts": [{"attempt": a.attempt, "status": a.status, "latency_ms": a.latency_ms, "error": a.error,
+                          "wait_s": a.wait_s} for a in self.attempts],
+            "error": self.error, "message": self.message, "model": self.model,
+            "system_fingerprint": self.system_fingerprint, "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens, "held": self.held,
+            "path": self.path, "retries": self.retries,
+        }
 
 
-def call_record(call: ModelCall, finish_reason: str | None = None) -> dict[str, Any]:
+def call_record(call: ModelCall, finish_reason: str | None = None) -> CallRecord:
     """What an exec attempt's trace keeps about one request, as the built-in agent's turns do (no
     prompt, no key): the request id, status, each try, the provider's model, why the answer ended."""
-    record: dict[str, Any] = {
+    record: CallRecord = {
         "request": call.id, "status": call.status, "retries": call.retries,
         "attempts": [{"status": a.status, "latency_ms": a.latency_ms, "error": a.error, "wait_s": a.wait_s}
                      for a in call.attempts],
@@ -61,10 +122,10 @@ def call_record(call: ModelCall, finish_reason: str | None = None) -> dict[str, 
     if call.held:
         record["held"] = True
     if call.error is not None:
-        record.update(error=call.error, message=call.message)
+        record["error"], record["message"] = call.error, call.message
     return record
 
 
-def error_body(kind: str, message: str, *, code: str | None = None) -> dict[str, Any]:
+def error_body(kind: str, message: str, *, code: str | None = None) -> JSONObject:
     """A refusal or failure as the built-in agent (and OpenAI's SDKs) read it."""
     return {"error": {"type": kind, "code": code or kind, "message": message}}

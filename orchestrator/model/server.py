@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 from agent_runner import jsonfile
+from agent_runner.jsonfile import JSONObject
 from agent_runner.textguard import one_line
 from agent_runner.wire import (
     API_BASE_PATH,
@@ -32,6 +33,7 @@ from agent_runner.wire import (
 )
 from orchestrator.httpserver import READ_TIMEOUT_S
 from orchestrator.model.apis import api_for
+from orchestrator.model.exchanges import AttemptTurns
 from orchestrator.model.hold import attempt_root
 from orchestrator.model.records import ModelCall, error_body
 
@@ -58,7 +60,7 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
             body = proxy.api_error(ERR_REFUSED, message) if exec_api else error_body(ERR_REFUSED, message)
             self._send(status, body, call)
 
-        def _send(self, status: int, body: dict[str, Any], call: ModelCall | None) -> None:
+        def _send(self, status: int, body: JSONObject | AttemptTurns, call: ModelCall | None) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -173,11 +175,11 @@ class Reply:
     """How ``ModelProxy.exchange`` answers: one JSON body, or a stream relayed as it arrives."""
 
     def __init__(self, handler: BaseHTTPRequestHandler,
-                 send: Callable[[int, dict[str, Any], ModelCall | None], None]) -> None:
+                 send: Callable[[int, JSONObject, ModelCall | None], None]) -> None:
         self._handler = handler
         self._send = send
 
-    def json(self, status: int, body: dict[str, Any], call: ModelCall | None) -> None:
+    def json(self, status: int, body: JSONObject, call: ModelCall | None) -> None:
         self._send(status, body, call)
 
     def raw(self, status: int, data: bytes, call: ModelCall) -> None:

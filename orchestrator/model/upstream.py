@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
+from agent_runner.jsonfile import JSONObject, JSONValue
 from agent_runner.wire import CHAT_PATH, ERR_BAD_JSON, ERR_PROVIDER
 from orchestrator.model.records import Attempt, ModelCall
 
@@ -86,10 +87,10 @@ class Upstream:
 
         return self._retrying(call)(one_attempt)
 
-    def chat(self, raw: bytes, call: ModelCall) -> dict[str, Any]:
+    def chat(self, raw: bytes, call: ModelCall) -> JSONObject:
         """The built-in agent's chat completion: POST, read, check it is one; every try in ``call``."""
 
-        def one_attempt() -> dict[str, Any]:
+        def one_attempt() -> JSONObject:
             number = len(call.attempts) + 1
             t0 = time.monotonic()
             request = urllib.request.Request(
@@ -112,7 +113,7 @@ class Upstream:
             if len(data) > MAX_RESPONSE_BYTES:
                 raise Final(ERR_BAD_JSON, status, f"answer larger than {MAX_RESPONSE_BYTES} bytes")
             try:
-                answer = json.loads(data)
+                answer: JSONValue = json.loads(data)
             except ValueError:
                 raise Final(ERR_BAD_JSON, status, "answer is not JSON") from None
             if (
@@ -123,7 +124,7 @@ class Upstream:
                 raise Final(ERR_BAD_JSON, status, "answer is JSON but not a chat completion (no choices)")
             return answer
 
-        result: dict[str, Any] = self._retrying(call)(one_attempt)
+        result: JSONObject = self._retrying(call)(one_attempt)
         return result
 
     def _failed_attempt(self, exc: OSError, call: ModelCall, number: int, t0: float) -> NoReturn:

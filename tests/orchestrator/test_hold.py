@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from agent_runner.wire import ERR_DIVERGED, FINISH_MODEL_DIVERGED
-from orchestrator.model.hold import HoldSummary, ModelHold, first_difference, hold_mode
+from orchestrator.model.apis.openai_chat import OpenAIChat
+from orchestrator.model.hold import Divergence, HoldSummary, ModelHold, first_difference, hold_mode
 from orchestrator.model.proxy import ModelProxy
 from orchestrator.store.rundir import RunDir
 from tests.support.fake_provider import FakeProvider
@@ -69,8 +70,13 @@ def test_an_attempt_the_reference_never_asked_about_is_answered_live_unrecorded_
 
 
 def test_settings_differing_are_a_difference_too() -> None:
+    chat = OpenAIChat()
     ref = {"messages": [{"role": "user", "content": "go"}], "temperature": 0}
-    assert first_difference(ref, {**ref, "temperature": 1}) == (None, None, "temperature: 0", "temperature: 1")
+    assert first_difference(chat.comparable(ref), chat.comparable({**ref, "temperature": 1})) == (
+        None, None, "temperature: 0", "temperature: 1")
+    # the first differing message, by index and role
+    later = {**ref, "messages": [{"role": "user", "content": "go"}, {"role": "tool", "content": "x"}]}
+    assert first_difference(chat.comparable(ref), chat.comparable(later)) == (1, "tool", "", "x")
 
 
 def test_hold_mode_defaults_to_held_for_a_live_model_and_the_flag_wins() -> None:
@@ -123,3 +129,16 @@ def test_model_hold_json_is_read_back_as_it_was_written_and_damage_reads_as_not_
     assert damaged.held_requests("box-b", ["t.0"]) == 0 and [d.task for d in damaged.divergences] == ["7"]
     run.model_hold_path.write_text("[1, 2]")
     assert HoldSummary.read(run) is None
+
+
+def test_the_summaries_of_disjoint_runs_join_into_one() -> None:
+    # shards and --until-decided rounds each hold the model for their own attempts
+    first = HoldSummary("true", "local", {"t.0": 2}, {"box-b": {"t.0": 2}}, {},
+                        [Divergence("t", 0, "box-b", 1, 1, "tool", "a", "b")])
+    second = HoldSummary("true", "local", {"t.1": 1}, {"box-b": {"t.1": 0}}, {"box-b": {"t.1": 1}},
+                         [Divergence("t", 1, "box-b", 0, None, None, "", "")])
+    joined = HoldSummary.joined([first, second])
+    assert joined is not None and (joined.mode, joined.reference) == ("true", "local")
+    assert joined.recorded == {"t.0": 2, "t.1": 1} and joined.held == {"box-b": {"t.0": 2, "t.1": 0}}
+    assert joined.live == {"box-b": {"t.1": 1}} and [d.attempt for d in joined.divergences] == [0, 1]
+    assert HoldSummary.joined([]) is None

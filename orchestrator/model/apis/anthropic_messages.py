@@ -3,12 +3,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from agent_runner.jsonfile import JSONObject, JSONValue
 from agent_runner.wire import API_BASE_PATH, MESSAGES_PATH
-from orchestrator.model.apis.base import WireApi
+from orchestrator.model.apis.base import RequestView, WireApi
 from orchestrator.model.apis.openai_chat import SETTINGS
-from orchestrator.model.exchanges import Answer, count, json_args, listing, mapping, text_of
+from orchestrator.model.exchanges import (
+    Answer,
+    CallSlot,
+    ToolResult,
+    count,
+    json_args,
+    listing,
+    mapping,
+    text_of,
+    text_piece,
+)
 
 COUNT_TOKENS = "/count_tokens"  # below the messages path: what a request would cost, no answer
 
@@ -36,65 +45,66 @@ class AnthropicMessages(WireApi):
             out["anthropic-beta"] = str(headers.get("anthropic-beta"))
         return out
 
-    def error_body(self, kind: str, message: str, code: str | None = None) -> dict[str, Any]:
+    def error_body(self, kind: str, message: str, code: str | None = None) -> JSONObject:
         return {"type": "error", "error": {"type": kind, "code": code or kind, "message": message}}
 
-    def is_answer(self, answer: Any) -> bool:
+    def is_answer(self, answer: JSONValue) -> bool:
         return isinstance(answer, dict) and isinstance(answer.get("content"), list)
 
-    def parse_answer(self, answer: dict[str, Any]) -> Answer:
-        out = Answer(model=answer.get("model") if isinstance(answer.get("model"), str) else None)
+    def parse_answer(self, answer: JSONObject) -> Answer:
+        model, stop = answer.get("model"), answer.get("stop_reason")
+        out = Answer(model=model if isinstance(model, str) else None)
         usage = mapping(answer.get("usage"))
         out.prompt_tokens, out.completion_tokens = count(usage.get("input_tokens")), count(usage.get("output_tokens"))
-        out.finish_reason = answer["stop_reason"] if isinstance(answer.get("stop_reason"), str) else None
+        out.finish_reason = stop if isinstance(stop, str) else None
         texts = []
-        for block in answer.get("content") or []:
-            if isinstance(block, dict) and block.get("type") == "tool_use":
+        for block in map(mapping, listing(answer.get("content"))):
+            if block.get("type") == "tool_use":
                 out.calls.append((str(block.get("id", "")), str(block.get("name", "")), json_args(block.get("input"))))
-            elif isinstance(block, dict) and block.get("type") == "text":
+            elif block.get("type") == "text":
                 texts.append(str(block.get("text", "")))
         out.text = "".join(texts) or None
         return out
 
-    def stream_event(self, event: dict[str, Any], answer: Answer, calls: dict[int, dict[str, Any]]) -> None:
+    def stream_event(self, event: JSONObject, answer: Answer, calls: dict[int, CallSlot]) -> None:
         kind = event.get("type")
         if kind == "message_start":
-            message = event.get("message") or {}
-            answer.model = message.get("model") if isinstance(message.get("model"), str) else None
-            usage = message.get("usage") or {}
+            message = mapping(event.get("message"))
+            model = message.get("model")
+            answer.model = model if isinstance(model, str) else None
+            usage = mapping(message.get("usage"))
             answer.prompt_tokens = count(usage.get("input_tokens"))
             answer.completion_tokens = count(usage.get("output_tokens"))
         elif kind == "content_block_start":
-            block = event.get("content_block") or {}
+            block = mapping(event.get("content_block"))
             if block.get("type") == "tool_use":
-                calls[int(event.get("index", 0))] = {"id": block.get("id", ""), "name": block.get("name", ""),
-                                                     "arguments": ""}
+                calls[count(event.get("index"))] = CallSlot(str(block.get("id", "")), str(block.get("name", "")))
         elif kind == "content_block_delta":
-            delta = event.get("delta") or {}
-            slot = calls.get(int(event.get("index", 0)))
+            delta = mapping(event.get("delta"))
+            slot = calls.get(count(event.get("index")))
+            text = delta.get("text")
             if slot is not None and delta.get("type") == "input_json_delta":
-                slot["arguments"] += delta.get("partial_json") or ""
-            elif delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
-                answer.text = (answer.text or "") + delta["text"]
+                slot.arguments = text_piece(slot.arguments) + text_piece(delta.get("partial_json"))
+            elif delta.get("type") == "text_delta" and isinstance(text, str):
+                answer.text = (answer.text or "") + text
         elif kind == "message_delta":
-            delta = event.get("delta") or {}
-            if isinstance(delta.get("stop_reason"), str):
-                answer.finish_reason = delta["stop_reason"]
-            usage = event.get("usage") or {}
+            delta = mapping(event.get("delta"))
+            stop = delta.get("stop_reason")
+            if isinstance(stop, str):
+                answer.finish_reason = stop
+            usage = mapping(event.get("usage"))
             if "output_tokens" in usage:
                 answer.completion_tokens = count(usage.get("output_tokens"))
 
-    def tool_results(self, body: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
-        out: dict[str, tuple[str, str | None]] = {}
+    def tool_results(self, body: JSONObject) -> dict[str, ToolResult]:
+        out: dict[str, ToolResult] = {}
         for message in listing(body.get("messages")):
-            if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-                continue
-            for block in message["content"]:
+            for block in listing(mapping(message).get("content")):
                 if isinstance(block, dict) and block.get("type") == "tool_result":
                     text = text_of(block.get("content"))
                     out[str(block.get("tool_use_id", ""))] = (text, text if block.get("is_error") else None)
         return out
 
-    def comparable(self, body: dict[str, Any]) -> dict[str, Any]:
+    def comparable(self, body: JSONObject) -> RequestView:
         # "system": Anthropic's system prompt is not a message; SETTINGS has it
-        return {"messages": body.get("messages"), **{k: body.get(k) for k in SETTINGS}}
+        return RequestView(body.get("messages"), {k: body.get(k) for k in SETTINGS})

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from agent_runner.jsonfile import JSONObject, JSONValue
 
 if TYPE_CHECKING:
-    from orchestrator.model.exchanges import Answer
+    from orchestrator.model.exchanges import Answer, CallSlot, ToolResult
+
+
+@dataclass
+class RequestView:
+    """What of a request must be equal for a held answer to stand in: its conversation (a held model's
+    divergence names the first differing message) and the API's settings."""
+
+    messages: JSONValue
+    settings: dict[str, JSONValue] = field(default_factory=dict)
+
+    def to_json(self) -> JSONObject:
+        return {"messages": self.messages, **self.settings}
 
 
 class WireApi:
@@ -39,36 +54,35 @@ class WireApi:
         return {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json",
                 self.key_header: self.key_prefix + key}
 
-    def model_of(self, path: str, body: dict[str, Any]) -> Any:
+    def model_of(self, path: str, body: JSONObject) -> JSONValue:
         """The model a request asks for."""
         return body.get("model")
 
-    def streamed(self, path: str, query: str, body: dict[str, Any]) -> bool:
+    def streamed(self, path: str, query: str, body: JSONObject) -> bool:
         return body.get("stream") is True
 
-    def prepare(self, body: dict[str, Any], stream: bool) -> dict[str, Any] | None:
+    def prepare(self, body: JSONObject, stream: bool) -> JSONObject | None:
         """The body to send upstream when it differs from the agent's (None: send it as it came)."""
         return None
 
-    def error_body(self, kind: str, message: str, code: str | None = None) -> dict[str, Any]:
+    def error_body(self, kind: str, message: str, code: str | None = None) -> JSONObject:
         """An error in this API's format, so the agent's SDK raises it as such."""
         return {"error": {"type": kind, "code": code or kind, "message": message}}
 
-    def is_answer(self, answer: Any) -> bool:
+    def is_answer(self, answer: JSONValue) -> bool:
         raise NotImplementedError
 
-    def parse_answer(self, answer: dict[str, Any]) -> Answer:
+    def parse_answer(self, answer: JSONObject) -> Answer:
         raise NotImplementedError
 
-    def stream_event(self, event: dict[str, Any], answer: Answer, calls: dict[int, dict[str, Any]]) -> None:
+    def stream_event(self, event: JSONObject, answer: Answer, calls: dict[int, CallSlot]) -> None:
         """Fold one server-sent event into ``answer``; a tool call's pieces gather in ``calls`` by index."""
         raise NotImplementedError
 
-    def tool_results(self, body: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
+    def tool_results(self, body: JSONObject) -> dict[str, ToolResult]:
         """call id -> (observation, error) for every tool result a request carries."""
         raise NotImplementedError
 
-    def comparable(self, body: dict[str, Any]) -> dict[str, Any]:
-        """What of a request must be equal for a held answer to stand in: its conversation under
-        ``messages`` (a held model's divergence names the first differing one) and its settings."""
+    def comparable(self, body: JSONObject) -> RequestView:
+        """What of a request must be equal for a held answer to stand in."""
         raise NotImplementedError

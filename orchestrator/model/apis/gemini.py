@@ -13,24 +13,24 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
-from typing import Any
 
-from orchestrator.model.apis.base import WireApi
-from orchestrator.model.exchanges import Answer, count, listing, mapping
+from agent_runner.jsonfile import JSONObject, JSONValue
+from orchestrator.model.apis.base import RequestView, WireApi
+from orchestrator.model.exchanges import Answer, CallSlot, ToolResult, count, json_args, listing, mapping
 
 _PATH = re.compile(r"^/v1beta/models/([^/:]+):(generateContent|streamGenerateContent)$")
 SETTINGS = ("systemInstruction", "tools", "toolConfig", "generationConfig")
 
 
-def _without_ids(contents: Any) -> Any:
+def _without_ids(contents: JSONValue) -> JSONValue:
     if not isinstance(contents, list):
         return contents
-    out = []
+    out: list[JSONValue] = []
     for content in contents:
         if not isinstance(content, dict):
             out.append(content)
             continue
-        parts = []
+        parts: list[JSONValue] = []
         for part in listing(content.get("parts")):
             if isinstance(part, dict):
                 part = {k: ({kk: vv for kk, vv in v.items() if kk != "id"}
@@ -57,49 +57,51 @@ class Gemini(WireApi):
         kept = [(k, v) for k, v in urllib.parse.parse_qsl(query) if k != "key"]
         return base_url + path + ("?" + urllib.parse.urlencode(kept) if kept else "")
 
-    def model_of(self, path: str, body: dict[str, Any]) -> Any:
+    def model_of(self, path: str, body: JSONObject) -> JSONValue:
         found = _PATH.match(path)
         return urllib.parse.unquote(found.group(1)) if found else None
 
-    def streamed(self, path: str, query: str, body: dict[str, Any]) -> bool:
+    def streamed(self, path: str, query: str, body: JSONObject) -> bool:
         return path.endswith(":streamGenerateContent")
 
-    def error_body(self, kind: str, message: str, code: str | None = None) -> dict[str, Any]:
+    def error_body(self, kind: str, message: str, code: str | None = None) -> JSONObject:
         return {"error": {"status": kind, "message": message, "details": [{"reason": code or kind}]}}
 
-    def is_answer(self, answer: Any) -> bool:
+    def is_answer(self, answer: JSONValue) -> bool:
         return isinstance(answer, dict) and isinstance(answer.get("candidates"), list)
 
-    def parse_answer(self, answer: dict[str, Any]) -> Answer:
+    def parse_answer(self, answer: JSONObject) -> Answer:
         out = Answer()
-        calls: dict[int, dict[str, Any]] = {}
+        calls: dict[int, CallSlot] = {}
         self.stream_event(answer, out, calls)
-        out.calls = [(str(c["id"]), str(c["name"]), c["args"]) for _, c in sorted(calls.items())]
+        out.calls = [(slot.id, slot.name, json_args(slot.arguments)) for _, slot in sorted(calls.items())]
         return out
 
-    def stream_event(self, event: dict[str, Any], answer: Answer, calls: dict[int, dict[str, Any]]) -> None:
+    def stream_event(self, event: JSONObject, answer: Answer, calls: dict[int, CallSlot]) -> None:
         # a streamed chunk is a whole answer of its own: the parts it adds, and the last one's usage
-        if isinstance(event.get("modelVersion"), str):
-            answer.model = event["modelVersion"]
+        model = event.get("modelVersion")
+        if isinstance(model, str):
+            answer.model = model
         usage = mapping(event.get("usageMetadata"))
         if usage:
             answer.prompt_tokens = count(usage.get("promptTokenCount"))
             answer.completion_tokens = count(usage.get("candidatesTokenCount"))
-        candidate = mapping(listing(event.get("candidates"))[0]) if listing(event.get("candidates")) else {}
-        if isinstance(candidate.get("finishReason"), str):
-            answer.finish_reason = candidate["finishReason"]
-        for part in listing(mapping(candidate.get("content")).get("parts")):
-            call = mapping(mapping(part).get("functionCall"))
+        candidates = listing(event.get("candidates"))
+        candidate = mapping(candidates[0] if candidates else None)
+        finish = candidate.get("finishReason")
+        if isinstance(finish, str):
+            answer.finish_reason = finish
+        for part in map(mapping, listing(mapping(candidate.get("content")).get("parts"))):
+            call = mapping(part.get("functionCall"))
+            text = part.get("text")
             if call:
                 name = str(call.get("name", ""))
-                args = call.get("args") if isinstance(call.get("args"), dict) else {}
-                calls[len(calls)] = {"id": str(call.get("id") or name), "name": name, "args": args,
-                                     "arguments": args}
-            elif isinstance(mapping(part).get("text"), str) and not mapping(part).get("thought"):
-                answer.text = (answer.text or "") + part["text"]
+                calls[len(calls)] = CallSlot(str(call.get("id") or name), name, mapping(call.get("args")))
+            elif isinstance(text, str) and not part.get("thought"):
+                answer.text = (answer.text or "") + text
 
-    def tool_results(self, body: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
-        out: dict[str, tuple[str, str | None]] = {}
+    def tool_results(self, body: JSONObject) -> dict[str, ToolResult]:
+        out: dict[str, ToolResult] = {}
         for content in listing(body.get("contents")):
             for part in listing(mapping(content).get("parts")):
                 response = mapping(mapping(part).get("functionResponse"))
@@ -108,11 +110,11 @@ class Gemini(WireApi):
                 result = mapping(response.get("response"))
                 error = result.get("error")
                 text = str(result["output"]) if isinstance(result.get("output"), str) else json.dumps(result)
-                value: tuple[str, str | None] = (text, None) if error is None else (str(error), str(error))
+                value: ToolResult = (text, None) if error is None else (str(error), str(error))
                 out[str(response.get("name", ""))] = value  # a call the provider gave no id
                 if response.get("id"):
                     out[str(response["id"])] = value
         return out
 
-    def comparable(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {"messages": _without_ids(body.get("contents")), **{k: body.get(k) for k in SETTINGS}}
+    def comparable(self, body: JSONObject) -> RequestView:
+        return RequestView(_without_ids(body.get("contents")), {k: body.get(k) for k in SETTINGS})
