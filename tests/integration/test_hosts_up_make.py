@@ -21,9 +21,13 @@ from tools.testhosts import free_port, port_is_free
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# The venv this test runs in is the one the Makefile's targets use; named relative to the checkout,
+# since make cannot name a target whose path has a space in it (a clone at "/tmp/a b").
+VENV = os.path.relpath(Path(sys.executable).parent.parent, ROOT)
+
+
 def _make(target: str, *args: str) -> subprocess.CompletedProcess[str]:
-    # the venv this test runs in is the one the Makefile's targets use
-    venv = str(Path(sys.executable).parent.parent)
+    venv = VENV
     # -o: the venv is set up already (this test runs in it); never rebuilt from inside a test
     return subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "-o", f"{venv}/.installed", target,
                            f"VENV={venv}", *args], capture_output=True, text=True, timeout=120)
@@ -55,7 +59,7 @@ def test_hosts_up_starts_box_b_and_box_c_on_the_given_port_and_writes_an_invento
         inventory = load_inventory(out / "hosts.toml")
         assert [h.name for h in inventory.hosts] == ["local", "box-b", "box-c"]
         assert (inventory.get("box-b").port, inventory.get("box-c").port) == (port, port + 1)
-        assert f"try: {Path(sys.executable).parent}/crosshost hosts -i {out}/hosts.toml" in up.stdout
+        assert f"try: {VENV}/bin/crosshost hosts -i {out}/hosts.toml" in up.stdout
         crosshost = Path(sys.executable).parent / "crosshost"
         hosts = subprocess.run([str(crosshost), "hosts", "-i", str(out / "hosts.toml")],
                                capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
