@@ -22,9 +22,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, List, Optional
+from typing import IO, Callable, Dict, List, Optional, TypedDict
 
+from .checker import ContractTool
 from .errors import InputError
+from .jsonfile import JSONObject, JSONValue
+from .records import AgentFinish, CallRecord
 from .sandbox import NONE, Sandbox
 from .suite import AgentSpec, Task
 
@@ -56,12 +59,13 @@ class AgentStopped(Exception):
 class Action:
     kind: str  # "tool_call" or "final"
     name: str = ""
-    args: Dict[str, Any] = field(default_factory=dict)
+    #: the call's arguments: an object, unless a command agent sent something else (the tool refuses it)
+    args: JSONValue = field(default_factory=dict)
     content: str = ""
     finish: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    model: Optional[Dict[str, Any]] = None  # the model request behind this action (openai), for the trace
+    model: Optional[CallRecord] = None  # the model request behind this action (openai), for the trace
 
 
 @dataclass
@@ -74,7 +78,7 @@ class Observation:
 class AgentContext:
     task: Task
     prompt: str
-    tools: List[Dict[str, Any]]  # the contract's tool entries
+    tools: List[ContractTool]  # the contract's tool entries
     workspace: Path  # the agent's working directory
     env: Dict[str, str]  # the allowlisted environment (HOME points into the attempt)
     suite_dir: Path
@@ -94,7 +98,7 @@ class Agent:
     def abort(self, reason: str) -> None:
         """Tell the agent the runner stopped it (budget); best effort."""
 
-    def finish_record(self) -> Dict[str, Any]:
+    def finish_record(self) -> AgentFinish:
         """Extra fields for the attempt's finish record (the openai agent's per-request accounting)."""
         return {}
 
@@ -177,7 +181,19 @@ class ScriptedAgent(Agent):
 # --- command: the JSON-lines protocol (docs/agent-protocol.md) ---------------------------------------
 
 
-def _token_count(message: Dict[str, Any], key: str) -> int:
+class ProtocolMessage(TypedDict, total=False):
+    """A message the runner sends a command agent (docs/agent-protocol.md): ``task`` (prompt, tools),
+    ``observation`` (content, error) or ``abort`` (reason)."""
+
+    type: str
+    prompt: str
+    tools: List[ContractTool]
+    content: str
+    error: Optional[str]
+    reason: str
+
+
+def _token_count(message: JSONObject, key: str) -> int:
     """A usage message's count (absent or null: 0); anything but a non-negative integer breaks the protocol."""
     value = message.get(key)
     if value is None:
@@ -225,7 +241,7 @@ class CommandAgent(Agent):
             pass
         self._lines.put(None)
 
-    def _send(self, message: Dict[str, Any]) -> None:
+    def _send(self, message: ProtocolMessage) -> None:
         if self._proc is None or self._proc.stdin is None:
             raise AgentFailed("the agent is not running")
         try:

@@ -26,10 +26,13 @@ from typing import (
     TextIO,
     Tuple,
     Type,
+    TypedDict,
+    cast,
 )
 
 from .errors import ContractError, InputError
-from .jsonfile import read_json
+from .jsonfile import JSONObject, JSONValue, read_json
+from .records import TurnCall
 from .trace import read_trace
 from .words import is_generic_name
 
@@ -103,13 +106,41 @@ class Finding:
         return record
 
 
+class _ContractToolName(TypedDict):
+    name: str
+
+
+class ContractTool(_ContractToolName, total=False):
+    """One entry of the contract's ``tools`` (``validate_contract`` checked the keys named here; a
+    contract may hold others, passed on unread)."""
+
+    description: JSONValue  # shown to the model when it is a string
+    parameters: JSONObject  # the tool's JSON schema
+    required_args: List[str]
+    forbidden_args: List[str]
+    result_shape: List[str]
+
+
+class _ContractTools(TypedDict):
+    tools: List[ContractTool]
+
+
+class Contract(_ContractTools, total=False):
+    """``contract.json``, the tool-shape contract, as ``validate_contract`` passed it."""
+
+    contract_id: JSONValue  # named in messages
+    invariants: List[str]
+    allowed_paths: List[str]
+    host_paths: List[str]
+
+
 def _string_list(value: Any, where: str, error: Type[InputError]) -> List[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise error(f"{where} must be a list of strings")
     return list(value)
 
 
-def validate_contract(contract: Any, source: str, error: Type[InputError] = ContractError) -> Dict[str, Any]:
+def validate_contract(contract: Any, source: str, error: Type[InputError] = ContractError) -> Contract:
     """Check a parsed contract; ``source`` names the file in every message, ``error`` is raised (a
     contract embedded in a suite is the suite's error)."""
     if not isinstance(contract, dict):
@@ -141,10 +172,10 @@ def validate_contract(contract: Any, source: str, error: Type[InputError] = Cont
         for prefix in _string_list(contract.get(key, []), f"{source}: {key!r}", error):
             if not prefix.startswith("/") or prefix.rstrip("/") == "":
                 raise error(f"{source}: {key!r} entry {prefix!r} must be an absolute path prefix below /")
-    return contract
+    return cast(Contract, contract)  # every key Contract names was checked above
 
 
-def load_contract(path: "str | os.PathLike[str]") -> Dict[str, Any]:
+def load_contract(path: "str | os.PathLike[str]") -> Contract:
     """Read and validate ``contract.json``; ContractError names the file and what is wrong."""
     name = os.fspath(path)
     return validate_contract(read_json(name, "contract", ContractError), name)
@@ -251,7 +282,7 @@ class TurnChecker:
     ``check_turns`` always gave; only repeated work is skipped.
     """
 
-    def __init__(self, contract: Dict[str, Any], fingerprints: Sequence[Dict[str, Any]]) -> None:
+    def __init__(self, contract: Contract, fingerprints: Sequence[Dict[str, Any]]) -> None:
         self.contract_id = contract.get("contract_id", "?")
         self.tools = {t["name"]: t for t in contract.get("tools", []) if isinstance(t, dict) and "name" in t}
         self.invariants = set(contract.get("invariants", []))
@@ -267,13 +298,13 @@ class TurnChecker:
         self._hostnames = [(h.lower(), _word_re(h), h, generic_reason(h)) for h in hostnames] if check_hosts else []
         self._check_paths, self._check_homes = check_paths, check_homes
 
-        def prefixes(key: str) -> Tuple[str, ...]:
-            return tuple(p.rstrip("/") for p in contract.get(key, []) if isinstance(p, str) and p.rstrip("/"))
+        def prefixes(paths: List[str]) -> Tuple[str, ...]:
+            return tuple(p.rstrip("/") for p in paths if isinstance(p, str) and p.rstrip("/"))
 
         # paths the contract says are the same on every host (a shared mount, a tool's install dir),
         # and paths it says are this host's own (they are leaks like a home directory)
-        self._allowed = prefixes("allowed_paths")
-        self._host_paths = prefixes("host_paths")
+        self._allowed = prefixes(contract.get("allowed_paths", []))
+        self._host_paths = prefixes(contract.get("host_paths", []))
         self._leak_memo: Dict[str, Tuple[LeakMatch, ...]] = {}
         self._turn_memo: Dict[Any, Tuple[Hit, ...]] = {}
 
@@ -363,7 +394,7 @@ class TurnChecker:
                                         "where another host's arguments differ by their own hostname", match.start(),
                                         True)
 
-    def turn_findings(self, name: str, args: Dict[str, Any]) -> Tuple[Hit, ...]:
+    def turn_findings(self, name: str, args: JSONObject) -> Tuple[Hit, ...]:
         """Every finding of one turn, without its step; see ``check``."""
         try:
             key: Any = (name, tuple(args.items()))
@@ -380,7 +411,7 @@ class TurnChecker:
                 self._turn_memo[key] = found
         return found
 
-    def _turn_findings(self, name: str, args: Dict[str, Any]) -> Tuple[Hit, ...]:
+    def _turn_findings(self, name: str, args: JSONObject) -> Tuple[Hit, ...]:
         found: List[Hit] = []
         spec = self.tools.get(name)
         if spec is None:
@@ -401,19 +432,19 @@ class TurnChecker:
                     found.append(Hit(leak.kind, leak.message, leak.rule, evidence, leak.weak))
         return tuple(found)
 
-    def check(self, turns: Iterable[Dict[str, Any]]) -> List[Finding]:
+    def check(self, turns: Iterable[TurnCall]) -> List[Finding]:
         findings: List[Finding] = []
         for turn in turns:
             step = turn.get("step")
             name = str(turn.get("tool"))
             raw_args = turn.get("args")
-            args: Dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
+            args: JSONObject = raw_args if isinstance(raw_args, dict) else {}
             for hit in self.turn_findings(name, args):
                 findings.append(Finding(hit.kind, hit.message, step, name, hit.rule, hit.evidence, hit.weak))
         return findings
 
 
-def check_turns(contract: Dict[str, Any], turns: Iterable[Dict[str, Any]],
+def check_turns(contract: Contract, turns: Iterable[TurnCall],
                 fingerprints: Sequence[Dict[str, Any]]) -> List[Finding]:
     """Every contract violation, host leak and weak leak candidate in ``turns`` (dicts with "step",
     "tool", "args"). Only ``is_leak`` findings and contract findings fail an attempt; a weak one is
@@ -437,7 +468,7 @@ def check_files(contract_path: str, trace_path: str, fingerprint_path: str, out:
     contract = load_contract(contract_path)
     fingerprints = load_fingerprints(fingerprint_path)
     trace = read_trace(trace_path)
-    findings = check_turns(contract, trace.turns, fingerprints)
+    findings = check_turns(contract, [t.call() for t in trace.turns], fingerprints)
     reasons = [f.line() for f in findings if not f.weak] + [f"trace: {p}" for p in trace.problems]
     out.write(("FAIL" if reasons else "PASS") + "\n")
     for reason in reasons + [f"weak: {f.line()}" for f in findings if f.weak]:

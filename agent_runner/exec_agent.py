@@ -37,8 +37,10 @@ from typing import Any, Dict, List, Optional
 
 from .agents import Agent, AgentFailed, register
 from .capped import death
+from .jsonfile import JSONObject, JSONValue
 from .loop import MAX_FINAL_CHARS, LoopOutcome
 from .presets import PRESETS
+from .records import ModelUsage, call_record_of
 from .sandbox import NONE, Sandbox, reachable_by_others
 from .suite import AgentSpec, Task
 from .tools import kill_group
@@ -132,10 +134,12 @@ def contract_name(tool: str) -> str:
     return tool
 
 
-def merge_mcp_turns(turns: List[Dict[str, Any]], path: Path) -> List[Dict[str, Any]]:
-    """The proxy's turns with the MCP server's calls: a call the model asked for (same tool, same
-    arguments) takes the MCP result as its observation; any other MCP call is a turn of its own."""
-    merged = [{**t, "tool": contract_name(str(t.get("tool", "")))} for t in turns]
+def merge_mcp_turns(turns: JSONValue, path: Path) -> List[JSONObject]:
+    """The proxy's turns with the MCP server's calls (``mcp_server.McpTurn``): a call the model asked
+    for (same tool, same arguments) takes the MCP result as its observation; any other MCP call is a
+    turn of its own. Both are read as the JSON they are, each field narrowed where it is read."""
+    merged: List[JSONObject] = [{**t, "tool": contract_name(str(t.get("tool", "")))}
+                                for t in (turns if isinstance(turns, list) else []) if isinstance(t, dict)]
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
@@ -143,8 +147,10 @@ def merge_mcp_turns(turns: List[Dict[str, Any]], path: Path) -> List[Dict[str, A
     used: set = set()
     for line in lines:
         try:
-            call = json.loads(line)
+            call: JSONValue = json.loads(line)
         except ValueError:
+            continue
+        if not isinstance(call, dict):
             continue
         match = next((i for i, t in enumerate(merged) if i not in used and t.get("tool") == call.get("tool")
                       and t.get("args") == call.get("args")), None)
@@ -182,24 +188,32 @@ def _last_line(text: str) -> str:
     return text.splitlines()[-1] if text else ""
 
 
-def model_record(spec: AgentSpec, seen: Dict[str, Any]) -> Dict[str, Any]:
+def model_record(spec: AgentSpec, seen: JSONObject) -> ModelUsage:
     """The finish record's ``model``, as the built-in agent writes it: the pinned settings (the model
     and the wire format), requests, retries, tokens and each request's record from the proxy."""
-    calls = [c for c in seen.get("calls") or [] if isinstance(c, dict)]
-    return {"settings": {"model": spec.options.get("model"), "api": spec.options.get("api", "openai")},
-            "requests": int(seen.get("requests") or 0), "retries": sum(int(c.get("retries") or 0) for c in calls),
-            "prompt_tokens": int(seen.get("prompt_tokens") or 0),
-            "completion_tokens": int(seen.get("completion_tokens") or 0), "calls": calls}
+    found = seen.get("calls")
+    calls = [c for c in (call_record_of(v) for v in found) if c is not None] if isinstance(found, list) else []
+    model, api = spec.options.get("model"), spec.options.get("api", "openai")
+    return {"settings": {"model": model if isinstance(model, str) else None, "api": str(api)},
+            "requests": _count(seen.get("requests")), "retries": sum(c.get("retries", 0) for c in calls),
+            "prompt_tokens": _count(seen.get("prompt_tokens")),
+            "completion_tokens": _count(seen.get("completion_tokens")), "calls": calls}
 
 
-def _ask_proxy(root: str, path: str, token: str, body: Dict[str, Any], timeout_s: float) -> Any:
+def _count(value: JSONValue) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
+
+
+def _ask_proxy(root: str, path: str, token: str, body: Dict[str, str], timeout_s: float) -> JSONValue:
     request = urllib.request.Request(root + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - the proxy on loopback
         return json.loads(resp.read())
 
 
-def fetch_turns(root: str, token: str, key: str, timeout_s: float = 30.0) -> Dict[str, Any]:
+def fetch_turns(root: str, token: str, key: str, timeout_s: float = 30.0) -> JSONObject:
+    """The proxy's record of the attempt's turns (``TURNS_PATH``), read as the JSON it is: each field is
+    narrowed where it is read."""
     answer = _ask_proxy(root, TURNS_PATH, token, {"attempt": key}, timeout_s)
     if not isinstance(answer, dict) or not isinstance(answer.get("turns"), list):
         raise ValueError("the model proxy's turns answer has no 'turns' list")
@@ -288,12 +302,13 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
         if len(outcome.turns) >= task.budget.max_steps:
             outcome.reason = "budget_steps"
             break
-        observation = turn.get("observation")
+        observation, args, error = turn.get("observation"), turn.get("args"), turn.get("error")
         outcome.turns.append(writer.turn(
-            tool=str(turn.get("tool", "")), args=turn["args"] if isinstance(turn.get("args"), dict) else {},
-            observation=observation if isinstance(observation, str) else "", error=turn.get("error"),
-            prompt_tokens=int(turn.get("prompt_tokens") or 0), completion_tokens=int(turn.get("completion_tokens") or 0),
-            model=turn["model"] if isinstance(turn.get("model"), dict) else None))
+            tool=str(turn.get("tool", "")), args=args if isinstance(args, dict) else {},
+            observation=observation if isinstance(observation, str) else "",
+            error=None if error is None else str(error),
+            prompt_tokens=_count(turn.get("prompt_tokens")), completion_tokens=_count(turn.get("completion_tokens")),
+            model=call_record_of(turn.get("model"))))
     outcome.agent_record = {"model": model_record(task.agent, seen)}
     if seen.get("error"):
         outcome.reason, outcome.final, outcome.infra_error = "agent_error", str(seen["error"]), str(seen["error"])

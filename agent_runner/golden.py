@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Iterator, List, Optional
+from typing import Any, Iterable, Iterator, List, Optional
 
+from .records import TurnCall
 from .suite import Task
 
 
@@ -20,7 +21,7 @@ def _values(value: Any) -> Iterator[str]:
         yield str(value)
 
 
-def matches(spec: str, turn: Dict[str, Any]) -> bool:
+def matches(spec: str, turn: TurnCall) -> bool:
     """``spec`` is "tool" or "tool:<value>" (any argument, at any depth, equal to value)."""
     tool, sep, value = spec.partition(":")
     if turn.get("tool") != tool:
@@ -40,7 +41,7 @@ def missed_findings(task: Task, found: Iterable[Any]) -> List[str]:
             for spec in task.expect_findings if spec not in raised]
 
 
-def score(task: Task, turns: Iterable[Dict[str, Any]], finish_reason: Optional[str]) -> List[str]:
+def score(task: Task, turns: Iterable[TurnCall], finish_reason: Optional[str]) -> List[str]:
     """Why the attempt misses its golden expectations (empty: it meets them)."""
     turns = list(turns)
     reasons: List[str] = []

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import List, Optional
 
 from .agents import Agent, AgentFailed, AgentInfraError, AgentStopped, AgentTimeout, Observation
+from .records import AgentFinish, TraceTurnJSON
 from .suite import Budget
 from .tools import ToolBox
 from .trace import TraceWriter
@@ -18,10 +19,10 @@ MAX_FINAL_CHARS = 4000
 class LoopOutcome:
     reason: str  # stop | budget_steps | budget_bytes | timeout | agent_error
     final: str = ""
-    turns: List[Dict[str, Any]] = field(default_factory=list)
+    turns: List[TraceTurnJSON] = field(default_factory=list)  # as written (redacted)
     observation_bytes: int = 0
     infra_error: Optional[str] = None  # set when the failure is the harness's, not the agent's
-    agent_record: Dict[str, Any] = field(default_factory=dict)  # Agent.finish_record(), for the finish record
+    agent_record: AgentFinish = field(default_factory=AgentFinish)  # Agent.finish_record(), for the finish record
 
 
 def drive(agent: Agent, toolbox: ToolBox, budget: Budget, writer: TraceWriter, deadline: float) -> LoopOutcome:

@@ -16,9 +16,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, List, Optional, TypedDict
 
 from . import jsonfile
+from .checker import ContractTool
+from .jsonfile import JSONObject, JSONValue
 from .suite import load_suite
 from .tools import ToolBox
 
@@ -29,24 +31,49 @@ TOOL_TIMEOUT_S = 120.0
 MAX_MESSAGE_CHARS = 4 * 1024 * 1024
 
 
-def _schema(tool: Dict[str, Any]) -> Dict[str, Any]:
+def _schema(tool: ContractTool) -> JSONObject:
     from .openai_agent import BUILTIN_PARAMETERS  # one home for the built-ins' schemas
 
-    if isinstance(tool.get("parameters"), dict):
-        return dict(tool["parameters"])
-    if tool.get("name") in BUILTIN_PARAMETERS:
+    parameters = tool.get("parameters")
+    if isinstance(parameters, dict):
+        return dict(parameters)
+    if tool["name"] in BUILTIN_PARAMETERS:
         return dict(BUILTIN_PARAMETERS[tool["name"]])
-    required = [a for a in tool.get("required_args", []) if isinstance(a, str)]
-    return {"type": "object", "properties": {a: {} for a in required}, "required": required}
+    required: List[JSONValue] = [a for a in tool.get("required_args", []) if isinstance(a, str)]
+    properties: JSONObject = {str(a): {} for a in required}
+    return {"type": "object", "properties": properties, "required": required}
+
+
+class RpcError(TypedDict):
+    code: int
+    message: str
+
+
+class RpcAnswer(TypedDict, total=False):
+    """A JSON-RPC 2.0 response: ``result`` or ``error``, for the request ``id``."""
+
+    jsonrpc: str
+    id: JSONValue
+    result: JSONObject
+    error: RpcError
+
+
+class McpTurn(TypedDict):
+    """One line of ``--turns``: a tool call the agent made through this server, and its answer."""
+
+    tool: str
+    args: JSONObject
+    observation: str
+    error: Optional[str]
 
 
 class McpServer:
-    def __init__(self, toolbox: ToolBox, tools: List[Dict[str, Any]], turns: Optional[Path]) -> None:
+    def __init__(self, toolbox: ToolBox, tools: List[ContractTool], turns: Optional[Path]) -> None:
         self.toolbox = toolbox
         self.tools = tools
         self.turns = turns
 
-    def handle(self, message: Any) -> Optional[Dict[str, Any]]:
+    def handle(self, message: JSONValue) -> Optional[RpcAnswer]:
         """The answer to one JSON-RPC message (None for a notification)."""
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
             return _error(message.get("id") if isinstance(message, dict) else None, -32600, "invalid request")
@@ -65,9 +92,10 @@ class McpServer:
                 {"name": t["name"], "description": str(t.get("description") or f"contract tool {t['name']}"),
                  "inputSchema": _schema(t)} for t in self.tools]})
         if method == "tools/call":
-            if not isinstance(params, dict) or not isinstance(params.get("name"), str):
+            name = params.get("name") if isinstance(params, dict) else None
+            if not isinstance(params, dict) or not isinstance(name, str):
                 return _error(ident, -32602, "tools/call needs params.name")
-            name, args = params["name"], params.get("arguments") or {}
+            args = params.get("arguments") or {}
             result = self.toolbox.call(name, args, TOOL_TIMEOUT_S)
             self._log({"tool": name, "args": args if isinstance(args, dict) else {}, "observation": result.observation,
                        "error": result.error})
@@ -75,7 +103,7 @@ class McpServer:
             return _result(ident, {"content": [{"type": "text", "text": text}], "isError": result.error is not None})
         return _error(ident, -32601, f"method {method!r} not found")
 
-    def _log(self, turn: Dict[str, Any]) -> None:
+    def _log(self, turn: McpTurn) -> None:
         if self.turns is not None:
             with open(self.turns, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(turn) + "\n")
@@ -88,7 +116,7 @@ class McpServer:
             line = stdin.readline(MAX_MESSAGE_CHARS + 1)
             if not line:
                 return
-            answer: Optional[Dict[str, Any]]
+            answer: Optional[RpcAnswer]
             if len(line) > MAX_MESSAGE_CHARS and not line.endswith("\n"):
                 while line and not line.endswith("\n"):
                     line = stdin.readline(MAX_MESSAGE_CHARS)
@@ -107,11 +135,11 @@ class McpServer:
                 stdout.flush()
 
 
-def _result(ident: Any, result: Dict[str, Any]) -> Dict[str, Any]:
+def _result(ident: JSONValue, result: JSONObject) -> RpcAnswer:
     return {"jsonrpc": "2.0", "id": ident, "result": result}
 
 
-def _error(ident: Any, code: int, message: str) -> Dict[str, Any]:
+def _error(ident: JSONValue, code: int, message: str) -> RpcAnswer:
     return {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
 
 

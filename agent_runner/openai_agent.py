@@ -27,7 +27,8 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from email.message import Message
+from typing import Dict, List, Optional, Tuple, TypedDict
 
 from .agents import (
     Action,
@@ -39,6 +40,9 @@ from .agents import (
     Observation,
     register,
 )
+from .checker import ContractTool
+from .jsonfile import JSONObject, JSONValue
+from .records import AgentFinish, CallRecord, ModelSettings, TryRecord, try_record_of
 from .suite import AgentSpec
 from .wire import (
     ATTEMPT_HEADER,
@@ -57,8 +61,50 @@ FINISH_AGENT_ERROR = "agent_error"
 FINISH_TIMEOUT = "timeout"
 _MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
+
+
+class _FunctionBase(TypedDict):
+    name: str
+    parameters: JSONObject  # a JSON schema, passed on as the contract gives it
+
+
+class FunctionSchema(_FunctionBase, total=False):
+    description: str
+
+
+class ToolSchema(TypedDict):
+    """One entry of a chat request's ``tools``."""
+
+    type: str  # "function"
+    function: FunctionSchema
+
+
+class ChatMessage(TypedDict, total=False):
+    """One message of the conversation: the user's prompt, an assistant turn (its ``tool_calls`` passed
+    back as the model wrote them), or a ``tool`` message answering one call."""
+
+    role: str
+    content: JSONValue  # a string, or null for an assistant turn that only calls tools
+    tool_calls: JSONValue
+    tool_call_id: str
+
+
+class _ChatRequestBase(TypedDict):
+    model: str
+    messages: List[ChatMessage]
+
+
+class ChatRequest(_ChatRequestBase, total=False):
+    """The body POSTed to ``/chat/completions``."""
+
+    tools: List[ToolSchema]
+    temperature: float
+    seed: int
+    max_tokens: int
+
+
 # Schemas of the tools the runner provides itself, used when the contract gives no `parameters`.
-BUILTIN_PARAMETERS: Dict[str, Dict[str, Any]] = {
+BUILTIN_PARAMETERS: Dict[str, JSONObject] = {
     "shell": {
         "type": "object",
         "properties": {"argv": {"type": "array", "items": {"type": "string"},
@@ -87,7 +133,7 @@ BUILTIN_PARAMETERS: Dict[str, Dict[str, Any]] = {
 class ModelError(Exception):
     """The model could not give a turn. ``reason`` is the finish reason for the trace."""
 
-    def __init__(self, reason: str, message: str, *, verdict_error: bool, call: Optional[Dict[str, Any]] = None):
+    def __init__(self, reason: str, message: str, *, verdict_error: bool, call: Optional["ProxyCall"] = None):
         super().__init__(message)
         self.reason = reason
         self.verdict_error = verdict_error
@@ -105,23 +151,70 @@ class OpenAISettings:
     timeout_s: float = 300.0
 
     @classmethod
-    def from_agent(cls, agent: Dict[str, Any]) -> "OpenAISettings":
+    def from_agent(cls, agent: JSONObject) -> "OpenAISettings":
+        """From ``[agent]``'s options, which the suite validated (a number where a number belongs)."""
         model = agent.get("model")
         if not isinstance(model, str) or not model:
             raise ValueError("[agent] kind = \"openai\" needs model = \"<name>\"")
-        return cls(model=model, temperature=agent.get("temperature"), seed=agent.get("seed"),
-                   max_tokens=agent.get("max_tokens"), timeout_s=float(agent.get("request_timeout_s", 300.0)))
+        temperature, seed, max_tokens = agent.get("temperature"), agent.get("seed"), agent.get("max_tokens")
+        timeout = agent.get("request_timeout_s", 300.0)
+        return cls(model=model,
+                   temperature=temperature if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) else None,
+                   seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+                   max_tokens=max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None,
+                   timeout_s=float(timeout) if isinstance(timeout, (int, float)) else 300.0)
 
-    def pins(self) -> Dict[str, Any]:
+    def pins(self) -> ModelSettings:
         return {"model": self.model, "temperature": self.temperature, "seed": self.seed,
                 "max_tokens": self.max_tokens}
+
+
+@dataclass
+class ProxyCall:
+    """The proxy's record of one request (its ``X-Crosshost-Call`` header), fields of the wrong type
+    read as empty."""
+
+    id: Optional[int] = None
+    status: Optional[int] = None
+    retries: int = 0
+    attempts: List[TryRecord] = field(default_factory=list)
+    model: Optional[str] = None
+    system_fingerprint: Optional[str] = None
+    error: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, obj: JSONObject) -> "ProxyCall":
+        attempts = obj.get("attempts")
+        return cls(id=_int(obj.get("id")), status=_int(obj.get("status")), retries=_int(obj.get("retries")) or 0,
+                   attempts=[try_record_of(a) for a in attempts if isinstance(a, dict)]
+                   if isinstance(attempts, list) else [],
+                   model=_text(obj.get("model")), system_fingerprint=_text(obj.get("system_fingerprint")),
+                   error=_text(obj.get("error")))
+
+    def record(self, finish_reason: str) -> CallRecord:
+        """What a trace turn keeps about an answered request (no prompt, no key)."""
+        return {"request": self.id, "status": self.status, "retries": self.retries, "attempts": self.attempts,
+                "model": self.model, "system_fingerprint": self.system_fingerprint, "finish_reason": finish_reason}
+
+    def error_record(self, message: str) -> CallRecord:
+        """What the finish record keeps about a request the proxy refused or could not answer."""
+        return {"request": self.id, "status": self.status, "retries": self.retries, "attempts": self.attempts,
+                "error": self.error, "message": message}
+
+
+def _int(value: JSONValue) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: JSONValue) -> Optional[str]:
+    return value if isinstance(value, str) else None
 
 
 @dataclass
 class ToolCall:
     id: str
     name: str
-    args: Dict[str, Any]
+    args: JSONObject
     args_error: Optional[str] = None  # the model's arguments were not a JSON object
 
 
@@ -129,29 +222,23 @@ class ToolCall:
 class ModelTurn:
     """One chat completion as the agent loop needs it."""
 
-    message: Dict[str, Any]  # the assistant message, to be appended to the conversation as is
+    message: ChatMessage  # the assistant message, to be appended to the conversation as is
     tool_calls: List[ToolCall]
     content: str
     finish_reason: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_ms: int = 0
-    call: Optional[Dict[str, Any]] = None  # the proxy's record: status, attempts, model, fingerprint
+    call: Optional[ProxyCall] = None  # the proxy's record: status, attempts, model, fingerprint
 
-    def model_record(self) -> Dict[str, Any]:
+    def model_record(self) -> CallRecord:
         """What a trace turn keeps about the request (no prompt, no key)."""
-        call = self.call or {}
-        return {"request": call.get("id"), "status": call.get("status"), "retries": call.get("retries", 0),
-                "attempts": [{"status": a.get("status"), "latency_ms": a.get("latency_ms"),
-                              "error": a.get("error"), "wait_s": a.get("wait_s")}
-                             for a in call.get("attempts", []) if isinstance(a, dict)],
-                "model": call.get("model"), "system_fingerprint": call.get("system_fingerprint"),
-                "finish_reason": self.finish_reason}
+        return (self.call or ProxyCall()).record(self.finish_reason)
 
 
-def contract_tools(tools: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def contract_tools(tools: List[ContractTool]) -> List[ToolSchema]:
     """The chat-completions ``tools`` parameter for the contract's tools."""
-    out: List[Dict[str, Any]] = []
+    out: List[ToolSchema] = []
     for tool in tools:
         name = tool.get("name")
         if not isinstance(name, str) or not name:
@@ -159,7 +246,7 @@ def contract_tools(tools: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         parameters = tool.get("parameters")
         if not isinstance(parameters, dict) or not parameters:
             parameters = BUILTIN_PARAMETERS.get(name) or _derived_parameters(tool)
-        function: Dict[str, Any] = {"name": name, "parameters": parameters}
+        function: FunctionSchema = {"name": name, "parameters": parameters}
         description = tool.get("description")
         if isinstance(description, str) and description:
             function["description"] = description
@@ -167,10 +254,11 @@ def contract_tools(tools: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def _derived_parameters(tool: Dict[str, Any]) -> Dict[str, Any]:
-    required = [a for a in tool.get("required_args", []) if isinstance(a, str)]
+def _derived_parameters(tool: ContractTool) -> JSONObject:
+    required: List[JSONValue] = [a for a in tool.get("required_args", []) if isinstance(a, str)]
     # No type is known for a required arg, so none is claimed; the checker judges the values.
-    return {"type": "object", "properties": {a: {"description": a} for a in required}, "required": required}
+    properties: JSONObject = {str(a): {"description": a} for a in required}
+    return {"type": "object", "properties": properties, "required": required}
 
 
 class ChatClient:
@@ -184,17 +272,19 @@ class ChatClient:
         self.attempt_key = attempt_key  # "<task>.<attempt>": a held model answers by it
         self.token = token
 
-    def request_body(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]]) -> Dict[str, Any]:
-        body: Dict[str, Any] = {"model": self.settings.model, "messages": messages}
+    def request_body(self, messages: List[ChatMessage], tools: List[ToolSchema]) -> ChatRequest:
+        body: ChatRequest = {"model": self.settings.model, "messages": messages}
         if tools:
             body["tools"] = tools
-        for key in ("temperature", "seed", "max_tokens"):
-            value = getattr(self.settings, key)
-            if value is not None:
-                body[key] = value
+        if self.settings.temperature is not None:
+            body["temperature"] = self.settings.temperature
+        if self.settings.seed is not None:
+            body["seed"] = self.settings.seed
+        if self.settings.max_tokens is not None:
+            body["max_tokens"] = self.settings.max_tokens
         return body
 
-    def complete(self, messages: List[Dict[str, Any]], tools: List[Dict[str, Any]],
+    def complete(self, messages: List[ChatMessage], tools: List[ToolSchema],
                  timeout_s: Optional[float] = None) -> ModelTurn:
         timeout_s = self.settings.timeout_s if timeout_s is None else max(0.1, min(timeout_s, self.settings.timeout_s))
         data = json.dumps(self.request_body(messages, tools)).encode("utf-8")
@@ -221,15 +311,15 @@ class ChatClient:
         return parse_completion(raw, latency_ms, call)
 
 
-def _call_header(headers: Any) -> Optional[Dict[str, Any]]:
+def _call_header(headers: Optional["Message[str, str]"]) -> Optional[ProxyCall]:
     value = headers.get(CALL_HEADER) if headers is not None else None
     if not value:
         return None
     try:
-        call = json.loads(value)
+        call: JSONValue = json.loads(value)
     except ValueError:
         return None
-    return call if isinstance(call, dict) else None
+    return ProxyCall.from_json(call) if isinstance(call, dict) else None
 
 
 def _proxy_error(exc: urllib.error.HTTPError) -> ModelError:
@@ -249,13 +339,20 @@ def _proxy_error(exc: urllib.error.HTTPError) -> ModelError:
     return ModelError(FINISH_AGENT_ERROR, text, verdict_error=True, call=call)
 
 
-def parse_completion(raw: bytes, latency_ms: int = 0, call: Optional[Dict[str, Any]] = None) -> ModelTurn:
+def parse_completion(raw: bytes, latency_ms: int = 0, call: Optional[ProxyCall] = None) -> ModelTurn:
     """A chat completion body -> ModelTurn; anything that is not one raises ModelError (harness error)."""
     if len(raw) > _MAX_ANSWER_BYTES:
         raise ModelError(FINISH_AGENT_ERROR, "model answer too large", verdict_error=True, call=call)
     try:
-        body = json.loads(raw)
-        choice = body["choices"][0]
+        body: JSONValue = json.loads(raw)
+        if not isinstance(body, dict):
+            raise TypeError("the answer is not an object")
+        choices = body["choices"]
+        if not isinstance(choices, list):
+            raise TypeError("choices is not a list")
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            raise TypeError("choices[0] is not an object")
         message = choice["message"]
         if not isinstance(message, dict):
             raise TypeError("message is not an object")
@@ -263,18 +360,20 @@ def parse_completion(raw: bytes, latency_ms: int = 0, call: Optional[Dict[str, A
         raise ModelError(FINISH_AGENT_ERROR, f"model answer is not a chat completion ({exc})",
                          verdict_error=True, call=call) from None
     calls: List[ToolCall] = []
-    for index, item in enumerate(message.get("tool_calls") or []):
+    tool_calls = message.get("tool_calls") or []
+    for index, item in enumerate(tool_calls if isinstance(tool_calls, list) else []):
         function = item.get("function") if isinstance(item, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(function, dict) or not isinstance(name, str) or not isinstance(item, dict):
             raise ModelError(FINISH_AGENT_ERROR, f"model tool_calls[{index}] has no function name",
                              verdict_error=True, call=call)
         args, error = _parse_args(function.get("arguments"))
-        calls.append(ToolCall(id=str(item.get("id") or f"call_{index}"), name=function["name"], args=args,
-                              args_error=error))
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        calls.append(ToolCall(id=str(item.get("id") or f"call_{index}"), name=name, args=args, args_error=error))
+    found = body.get("usage")
+    usage: JSONObject = found if isinstance(found, dict) else {}
     content = message.get("content")
     # Keep only what the protocol needs in the history; providers add fields the next request rejects.
-    history: Dict[str, Any] = {"role": "assistant", "content": content}
+    history: ChatMessage = {"role": "assistant", "content": content}
     if message.get("tool_calls"):
         history["tool_calls"] = message["tool_calls"]
     return ModelTurn(message=history, tool_calls=calls, content=content if isinstance(content, str) else "",
@@ -284,21 +383,23 @@ def parse_completion(raw: bytes, latency_ms: int = 0, call: Optional[Dict[str, A
                      latency_ms=latency_ms, call=call)
 
 
-def _parse_args(arguments: Any) -> "tuple[Dict[str, Any], Optional[str]]":
+def _parse_args(arguments: JSONValue) -> Tuple[JSONObject, Optional[str]]:
     if isinstance(arguments, dict):
         return arguments, None
     if arguments in (None, ""):
         return {}, None
+    if not isinstance(arguments, str):
+        return {}, "the model's arguments are not valid JSON"
     try:
-        value = json.loads(arguments)
-    except (TypeError, ValueError):
+        value: JSONValue = json.loads(arguments)
+    except ValueError:
         return {}, "the model's arguments are not valid JSON"
     if not isinstance(value, dict):
         return {}, "the model's arguments are not a JSON object"
     return value, None
 
 
-def _count(value: Any) -> int:
+def _count(value: JSONValue) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
@@ -307,11 +408,11 @@ class Conversation:
     """The messages of one attempt: the prompt, then assistant turns and tool results."""
 
     client: ChatClient
-    tools: List[Dict[str, Any]]
-    messages: List[Dict[str, Any]] = field(default_factory=list)
+    tools: List[ToolSchema]
+    messages: List[ChatMessage] = field(default_factory=list)
 
     @classmethod
-    def start(cls, client: ChatClient, prompt: str, contract: List[Dict[str, Any]]) -> "Conversation":
+    def start(cls, client: ChatClient, prompt: str, contract: List[ContractTool]) -> "Conversation":
         return cls(client=client, tools=contract_tools(contract), messages=[{"role": "user", "content": prompt}])
 
     def next_turn(self, timeout_s: Optional[float] = None) -> ModelTurn:
@@ -338,7 +439,7 @@ class OpenAIAgent(Agent):
         self._conversation: Optional[Conversation] = None
         self._pending: List[ToolCall] = []
         self._asked: Optional[ToolCall] = None
-        self._requests: List[Dict[str, Any]] = []
+        self._requests: List[CallRecord] = []
         self._tokens = [0, 0]
 
     def start(self, ctx: AgentContext) -> None:
@@ -387,26 +488,23 @@ class OpenAIAgent(Agent):
 
     def _action(self, call: ToolCall, turn: Optional[ModelTurn]) -> Action:
         self._asked = call
-        model: Optional[Dict[str, Any]] = turn.model_record() if turn is not None else None
+        model: Optional[CallRecord] = turn.model_record() if turn is not None else None
         if call.args_error:
-            model = dict(model or {}, args_error=call.args_error)
+            model = {} if model is None else model
+            model["args_error"] = call.args_error
         return Action(kind="tool_call", name=call.name, args=call.args,
                       prompt_tokens=turn.prompt_tokens if turn is not None else 0,
                       completion_tokens=turn.completion_tokens if turn is not None else 0, model=model)
 
-    def finish_record(self) -> Dict[str, Any]:
-        retries = sum(int(r.get("retries") or 0) for r in self._requests)
+    def finish_record(self) -> AgentFinish:
+        retries = sum(r.get("retries", 0) for r in self._requests)
         return {"model": {"settings": self.settings.pins(), "requests": len(self._requests), "retries": retries,
                           "prompt_tokens": self._tokens[0], "completion_tokens": self._tokens[1],
                           "calls": self._requests}}
 
 
-def _error_record(exc: ModelError) -> Dict[str, Any]:
-    call = exc.call or {}
-    return {"request": call.get("id"), "status": call.get("status"), "retries": call.get("retries", 0),
-            "attempts": [{"status": a.get("status"), "latency_ms": a.get("latency_ms"), "error": a.get("error"),
-                          "wait_s": a.get("wait_s")} for a in call.get("attempts", []) if isinstance(a, dict)],
-            "error": call.get("error"), "message": str(exc)}
+def _error_record(exc: ModelError) -> CallRecord:
+    return (exc.call or ProxyCall()).error_record(str(exc))
 
 
 register("openai", OpenAIAgent)

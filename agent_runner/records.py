@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, TypedDict, Union
 
 from .errors import TraceError
+from .jsonfile import JSONObject, JSONValue
 
 TRACE_SCHEMA = "crosshost.trace/2"
 #: /1 named the runner's source digest ``pins.runner_sha``; /2 calls it ``pins.runner_source_sha``
@@ -132,6 +133,10 @@ def _int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _list(value: Any) -> List[JSONValue]:
+    return value if isinstance(value, list) else []
+
+
 def _extra(obj: Mapping[str, Any], known: Any) -> Dict[str, Any]:
     names = {f.name for f in fields(known)} | {"type"}
     return {k: v for k, v in obj.items() if k not in names}
@@ -141,7 +146,131 @@ def _where(where: str) -> str:
     return f"{where}: " if where else ""
 
 
+# --- a model request, as a trace keeps it ----------------------------------------------------------
+
+
+class TryRecord(TypedDict):
+    """One try at the provider of one model request (a retried request has several)."""
+
+    status: Optional[int]  # None: no HTTP answer
+    latency_ms: Optional[int]
+    error: Optional[str]
+    wait_s: Optional[float]  # backoff slept after this try before the next one
+
+
+class CallRecord(TypedDict, total=False):
+    """A trace turn's ``model`` (and an entry of the finish record's ``model.calls``): what the runner
+    keeps of one model request, never its prompt or key. A failed request has ``error`` and ``message``
+    instead of the answer's ``model``, ``system_fingerprint`` and ``finish_reason``; ``args_error`` says
+    the model's arguments of the turn's call were not a JSON object (alone on a turn's later calls)."""
+
+    request: Union[int, str, None]  # the proxy's id of the request (an int; other tools write strings)
+    status: Optional[int]
+    retries: int
+    attempts: List[TryRecord]
+    model: Optional[str]
+    system_fingerprint: Optional[str]
+    finish_reason: Optional[str]
+    held: bool
+    error: Optional[str]
+    message: Optional[str]
+    args_error: str
+
+
+class ModelSettings(TypedDict, total=False):
+    """The finish record's ``model.settings``: the sampling pins (built-in agent) or the model and wire
+    format (exec agent)."""
+
+    model: Optional[str]
+    temperature: Optional[float]
+    seed: Optional[int]
+    max_tokens: Optional[int]
+    api: str
+
+
+class ModelUsage(TypedDict):
+    """The finish record's ``model``: an attempt's model requests, tokens and each request's record."""
+
+    settings: ModelSettings
+    requests: int
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    calls: List[CallRecord]
+
+
+class AgentFinish(TypedDict, total=False):
+    """What an agent adds to its attempt's finish record (``Agent.finish_record``)."""
+
+    model: ModelUsage
+
+
+def call_record_of(value: JSONValue) -> Optional[CallRecord]:
+    """A trace's ``model`` record as read back: the fields of the wrong type read as empty."""
+    if not isinstance(value, dict):
+        return None
+    record: CallRecord = {}
+    if "request" in value:
+        request = value["request"]
+        record["request"] = request if isinstance(request, (int, str)) and not isinstance(request, bool) else None
+    if "status" in value:
+        record["status"] = _int(value["status"])
+    if "retries" in value:
+        record["retries"] = _int(value["retries"]) or 0
+    if "attempts" in value:
+        record["attempts"] = [try_record_of(a) for a in _list(value["attempts"]) if isinstance(a, dict)]
+    if "model" in value:
+        record["model"] = _str(value["model"])
+    if "system_fingerprint" in value:
+        record["system_fingerprint"] = _str(value["system_fingerprint"])
+    if "finish_reason" in value:
+        record["finish_reason"] = _str(value["finish_reason"])
+    if "error" in value:
+        record["error"] = _str(value["error"])
+    if "message" in value:
+        record["message"] = _str(value["message"])
+    if value.get("held") is True:
+        record["held"] = True
+    if isinstance(value.get("args_error"), str):
+        record["args_error"] = str(value["args_error"])
+    return record
+
+
+def try_record_of(value: JSONObject) -> TryRecord:
+    wait = value.get("wait_s")
+    return {"status": _int(value.get("status")), "latency_ms": _int(value.get("latency_ms")),
+            "error": _str(value.get("error")),
+            "wait_s": float(wait) if isinstance(wait, (int, float)) and not isinstance(wait, bool) else None}
+
+
 # --- trace records ---------------------------------------------------------------------------------
+
+
+class TurnCall(TypedDict):
+    """A trace turn's call, checked when read (``trace.read_trace``): what the contract checker and
+    golden scoring read of a turn."""
+
+    step: int
+    tool: str
+    args: JSONObject
+
+
+class _TurnJSONBase(TurnCall):
+    type: str  # "turn"
+    role: str
+    args_fp: str
+    obs_fp: str
+    error: Optional[str]
+    prompt_tokens: int
+    completion_tokens: int
+    latency_ms: int
+    reason: str
+
+
+class TraceTurnJSON(_TurnJSONBase, total=False):
+    """A turn record as written."""
+
+    model: CallRecord
 
 
 @dataclass
@@ -190,7 +319,7 @@ class TraceTurn:
 
     step: int
     tool: str
-    args: Dict[str, Any]
+    args: JSONObject
     args_fp: str
     obs_fp: str
     error: Optional[str] = None
@@ -199,10 +328,10 @@ class TraceTurn:
     latency_ms: int = 0
     reason: str = "tool_calls"
     role: str = "assistant"
-    model: Optional[Dict[str, Any]] = None
+    model: Optional[CallRecord] = None
 
-    def to_json(self) -> Dict[str, Any]:
-        record: Dict[str, Any] = {"type": "turn", "step": self.step, "role": self.role, "tool": self.tool,
+    def to_json(self) -> TraceTurnJSON:
+        record: TraceTurnJSON = {"type": "turn", "step": self.step, "role": self.role, "tool": self.tool,
                                   "args": self.args, "args_fp": self.args_fp, "obs_fp": self.obs_fp,
                                   "error": self.error, "prompt_tokens": self.prompt_tokens,
                                   "completion_tokens": self.completion_tokens,
@@ -210,6 +339,9 @@ class TraceTurn:
         if self.model is not None:
             record["model"] = self.model
         return record
+
+    def call(self) -> TurnCall:
+        return {"step": self.step, "tool": self.tool, "args": self.args}
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> "TraceTurn":
@@ -221,7 +353,7 @@ class TraceTurn:
                    prompt_tokens=_int(obj.get("prompt_tokens")) or 0,
                    completion_tokens=_int(obj.get("completion_tokens")) or 0,
                    latency_ms=_int(obj.get("latency_ms")) or 0, reason=str(obj.get("reason") or "tool_calls"),
-                   role=str(obj.get("role") or "assistant"), model=model if isinstance(model, dict) else None)
+                   role=str(obj.get("role") or "assistant"), model=call_record_of(model))
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Type
 
-from .checker import validate_contract
+from .checker import Contract, validate_contract
 from .errors import InputError, SuiteError
 from .jsonfile import decode_text, loads, read_regular
 from .presets import PRESETS
@@ -132,7 +132,7 @@ class Suite:
     agent: AgentSpec
     budget: Budget
     gate: Gate
-    contract: Dict[str, Any]
+    contract: Contract
     tools: Dict[str, List[List[str]]]
     tasks: List[Task]
     data: Dict[str, Any]  # the normalised dict (what suite.json holds)

@@ -19,18 +19,20 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, TypedDict, Union
 
 from .digests import HashingWriter
 from .errors import TraceError
-from .jsonfile import MAX_LINE_BYTES, bounded_lines, loads, open_regular, too_deep
+from .jsonfile import MAX_LINE_BYTES, JSONObject, bounded_lines, loads, open_regular, too_deep
 from .records import (
     FINISH_REASONS,
     TRACE_SCHEMA,
     VERDICTS,
+    CallRecord,
     TraceFinish,
     TraceHeader,
     TraceTurn,
+    TraceTurnJSON,
     migrate_tool_calls_document,
     migrate_trace_header,
 )
@@ -103,6 +105,15 @@ def iter_records(path: PathArg) -> Iterator[Tuple[int, Dict[str, Any]]]:
             yield number, record
 
 
+class ObsRecord(TypedDict):
+    """A record of the ``.obs.jsonl`` sidecar: one turn's raw observation (redacted)."""
+
+    type: str  # "obs"
+    step: int
+    tool: str
+    content: str
+
+
 @dataclass
 class CorruptLine:
     """A trace line that holds no record: not UTF-8, not JSON, not an object, or too long."""
@@ -134,7 +145,7 @@ def iter_trace(path: PathArg) -> Iterator[Tuple[int, TraceRecord]]:
 class Trace:
     path: str
     header: Optional[Dict[str, Any]] = None
-    turns: List[Dict[str, Any]] = field(default_factory=list)
+    turns: List[TraceTurn] = field(default_factory=list)
     finish: Optional[Dict[str, Any]] = None
     problems: List[str] = field(default_factory=list)
     form: str = "jsonl"  # "jsonl" (ours) or "seed" ({"tool_calls": [...]})
@@ -184,7 +195,7 @@ def read_trace(path: PathArg) -> Trace:
     seed = _looks_like_seed(name)
     if seed is not None:
         trace = Trace(path=name, form="seed")
-        trace.turns = migrate_tool_calls_document(seed, name, trace.problems)
+        trace.turns = [TraceTurn.from_json(t) for t in migrate_tool_calls_document(seed, name, trace.problems)]
         return trace
 
     trace = Trace(path=name)
@@ -217,7 +228,7 @@ def read_trace(path: PathArg) -> Trace:
             expected = len(trace.turns) + 1
             if record["step"] != expected:
                 trace.problems.append(f"{where}: step {record['step']}, expected {expected}")
-            trace.turns.append(record)
+            trace.turns.append(TraceTurn.from_json(record))
         elif kind == "finish":
             recognised += 1
             if trace.finish is not None:
@@ -259,7 +270,7 @@ class TraceWriter:
         self._obs: Optional[HashingWriter] = HashingWriter(out, Path(obs_path)) if obs_path else None
         self.steps = 0
 
-    def _write(self, handle: HashingWriter, record: Dict[str, Any]) -> None:
+    def _write(self, handle: HashingWriter, record: "Union[TraceTurnJSON, ObsRecord, Dict[str, Any]]") -> None:
         handle.write(json.dumps(redact(record), sort_keys=False, ensure_ascii=False) + "\n")
         handle.flush()
 
@@ -270,9 +281,9 @@ class TraceWriter:
                              pins=pins, env_sha=env_sha, agent=agent, extra=extra)
         self._write(self._handle, record.to_json())
 
-    def turn(self, *, tool: str, args: Dict[str, Any], observation: str, error: Optional[str],
+    def turn(self, *, tool: str, args: JSONObject, observation: str, error: Optional[str],
              prompt_tokens: int = 0, completion_tokens: int = 0, latency_ms: int = 0,
-             reason: str = "tool_calls", model: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+             reason: str = "tool_calls", model: Optional[CallRecord] = None) -> TraceTurnJSON:
         """Write one turn; returns the record as written (redacted), which is what the checker reads."""
         self.steps += 1
         safe_args = redact(args)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from agent_runner.checker import LEAK_KINDS, Hit, TurnChecker
+from agent_runner.checker import LEAK_KINDS, Contract, Hit, TurnChecker
 from agent_runner.errors import TraceError
 from agent_runner.records import TraceHeader
 from agent_runner.trace import fp, iter_records
@@ -103,7 +103,8 @@ class TraceSummariser:
         if self.contract is None:
             return None
         if self._checker is None:  # built at the first turn, as check_turns was
-            self._checker = TurnChecker(dict(self.contract), [dict(f) for f in self.fingerprints])
+            # the run's contract.json as stored: the checker reads each of its keys with isinstance
+            self._checker = TurnChecker(cast(Contract, dict(self.contract)), [dict(f) for f in self.fingerprints])
         return self._checker
 
     def _work_out(self, tool: str, args: dict[str, Any]) -> tuple[bytes, tuple[Hit, ...]]:

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_runner.records import Fingerprint
+from agent_runner.checker import Contract
+from agent_runner.records import Fingerprint, TraceTurn
 from agent_runner.redact import redact
 from agent_runner.trace import Trace, fp, iter_records, read_trace
 from orchestrator.analysis.attribution import fingerprint_differences
@@ -162,14 +163,14 @@ def build_suite(
     trace, observations = load_recorded(trace_path)
     task = _task_id(trace, trace_path)
     turns = trace.turns
-    names = list(dict.fromkeys(str(t["tool"]) for t in turns))
+    names = list(dict.fromkeys(t.tool for t in turns))
 
     if suite_dir is not None:
         # --suite: its contract and tools.json replace the ones derived from the trace
         from agent_runner.suite import load_suite
 
         given = load_suite(suite_dir)
-        contract: dict[str, Any] = given.contract
+        contract: Contract = given.contract
         tools_policy: dict[str, Any] = {
             "allow": given.tools.get("allow", []),
             "deny": given.tools.get("deny", []),
@@ -182,20 +183,17 @@ def build_suite(
         }
         allow: list[list[str]] = []
         for t in turns:
-            argv = t["args"].get("argv") if t["tool"] == "shell" else None
-            if (
-                isinstance(argv, list)
-                and argv
-                and all(isinstance(a, str) for a in argv)
-                and argv not in allow
-            ):
-                allow.append(argv)
+            argv = t.args.get("argv") if t.tool == "shell" else None
+            if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
+                command = [str(a) for a in argv]
+                if command not in allow:
+                    allow.append(command)
         tools_policy = {"allow": allow, "deny": []}
 
     answered = [
-        (str(t["tool"]), dict(t["args"]), observations.get(int(t["step"]), MISSING_OBS))
+        (t.tool, dict(t.args), observations.get(t.step, MISSING_OBS))
         for t in turns
-        if fixtures_from_trace or t["tool"] not in BUILTIN_TOOLS
+        if fixtures_from_trace or t.tool not in BUILTIN_TOOLS
     ]
     fixtures = _fixture_table(answered)
 
@@ -204,7 +202,7 @@ def build_suite(
     budget.setdefault("max_bytes", 1_048_576)
     budget.setdefault("timeout_s", 120)
 
-    script: list[dict[str, Any]] = [{"tool_calls": [{"name": t["tool"], "args": t["args"]}]} for t in turns]
+    script: list[dict[str, Any]] = [{"tool_calls": [{"name": t.tool, "args": t.args}]} for t in turns]
     final = (trace.finish or {}).get("final")
     script.append({"content": final if isinstance(final, str) else "", "finish": "stop"})
 
@@ -306,17 +304,16 @@ class Comparison:
         return {**asdict(self), "parted": self.parted}
 
 
-def _side(host: str, turn: dict[str, Any] | None, obs: dict[int, str]) -> Side:
+def _side(host: str, turn: TraceTurn | None, obs: dict[int, str]) -> Side:
     if turn is None:
         return Side(host, None, None, None, None, None)
-    step = int(turn["step"])
     return Side(
         host=host,
-        tool=turn.get("tool"),
-        args=turn.get("args"),
-        obs_fp=turn.get("obs_fp"),
-        error=turn.get("error"),
-        observation=shown(obs.get(step)),
+        tool=turn.tool,
+        args=turn.args,
+        obs_fp=turn.obs_fp or None,  # a {"tool_calls": [...]} trace keeps none
+        error=turn.error,
+        observation=shown(obs.get(turn.step)),
     )
 
 
@@ -339,14 +336,11 @@ def compare_traces(
         what = None
         if a is None or b is None:
             what = "length"
-        elif (a.get("tool"), a.get("args_fp") or fp(a.get("args"))) != (
-            b.get("tool"),
-            b.get("args_fp") or fp(b.get("args")),
-        ):
+        elif (a.tool, a.args_fp or fp(a.args)) != (b.tool, b.args_fp or fp(b.args)):
             what = "tool call"
-        elif a.get("obs_fp") != b.get("obs_fp"):
+        elif a.obs_fp != b.obs_fp:
             what = "observation"
-        elif a.get("error") != b.get("error"):
+        elif a.error != b.error:
             what = "error"
         if what:
             divergence = Divergence(i + 1, what, _side(host, a, oa), _side(against, b, ob))
@@ -367,12 +361,12 @@ def shell_commands(trace: Trace) -> list[str]:
 
     shown_commands: list[str] = []
     for turn in trace.turns:
-        if turn.get("tool") != "shell":
+        if turn.tool != "shell":
             continue
-        args = turn.get("args") or {}
-        argv = args.get("argv") if isinstance(args, dict) else None
+        args = turn.args
+        argv = args.get("argv")
         if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
-            text = shlex.join(argv)
+            text = shlex.join(str(a) for a in argv)
         else:
             text = json.dumps(args, sort_keys=True)
         if text not in shown_commands:
@@ -535,7 +529,7 @@ def repro(request: ReproRequest, *, opener: Any = None, on_event: Any = None) ->
         if div is not None:
             recorded, _ = load_recorded(request.trace)
             rec_turn = recorded.turns[div.step - 1] if div.step <= len(recorded.turns) else None
-            rec_fp = (rec_turn or {}).get("obs_fp")
+            rec_fp = rec_turn.obs_fp if rec_turn is not None else None
             outcome.recorded_match = [
                 s.host for s in (div.host, div.against) if rec_fp and s.obs_fp == rec_fp
             ]

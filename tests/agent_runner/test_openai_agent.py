@@ -98,7 +98,7 @@ def test_provider_failures_become_agent_error_with_error_verdict(case: str) -> N
             url = provider.base_url if case == "bad_json" else f"http://127.0.0.1:{unused_port()}/v1"
             with proxy(url, retry_attempts=2) as p, pytest.raises(ModelError) as got:
                 ChatClient(p.url, SETTINGS, "t.0", p.attempt_token("t.0")).complete([{"role": "user", "content": "x"}], [])
-        assert got.value.call is not None and got.value.call["status"] == 502
+        assert got.value.call is not None and got.value.call.status == 502
     assert got.value.reason == "agent_error" and got.value.verdict_error
     assert "\n" not in str(got.value)
 

@@ -33,8 +33,8 @@ def test_written_trace_reads_back(tmp_path: Path) -> None:
     trace = read_trace(path)
     assert trace.problems == []
     assert trace.header is not None and trace.header["schema"] == "crosshost.trace/2"
-    assert [(t["step"], t["args"]) for t in trace.turns] == [(1, {"q": "a"}), (2, {"q": "b"})]
-    assert trace.turns[0]["args_fp"] == fp({"q": "a"}) and trace.turns[0]["obs_fp"] == fp("found")
+    assert [(t.step, t.args) for t in trace.turns] == [(1, {"q": "a"}), (2, {"q": "b"})]
+    assert trace.turns[0].args_fp == fp({"q": "a"}) and trace.turns[0].obs_fp == fp("found")
     assert trace.finish is not None and trace.finish["verdict"] == "pass"
 
 
@@ -62,7 +62,7 @@ def test_seed_json_form_is_accepted(tmp_path: Path) -> None:
     ]}, indent=2))
     trace = read_trace(path)
     assert trace.form == "seed" and trace.problems == []
-    assert [(t["step"], t["tool"], t["args"]) for t in trace.turns] == [
+    assert [(t.step, t.tool, t.args) for t in trace.turns] == [
         (1, "add_label", {"repo": "r", "issue_id": 1, "label": "bug"}), (2, "open", {"x": 1})]
 
 
@@ -105,7 +105,7 @@ def test_writer_redacts_before_writing(tmp_path: Path) -> None:
     for secret in ("plain-value", "AKIAABCDEFGHIJKLMNOP", "abc\n", "BEGIN OPENSSH", "sk-ant-0123"):
         assert secret not in text
     turn = read_trace(path).turns[0]
-    assert turn["args"] == {"token": "[REDACTED]", "note": "[REDACTED]"} and turn["prompt_tokens"] == 5
+    assert turn.args == {"token": "[REDACTED]", "note": "[REDACTED]"} and turn.prompt_tokens == 5
 
 
 def test_a_schema_1_trace_reads_as_today(tmp_path: Path) -> None:
