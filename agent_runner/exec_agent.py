@@ -39,7 +39,7 @@ from .agents import Agent, AgentFailed, register
 from .capped import death
 from .jsonfile import JSONObject, JSONValue
 from .loop import MAX_FINAL_CHARS, LoopOutcome
-from .presets import PRESETS
+from .presets import PRESETS, McpServerConfig
 from .records import ModelUsage, call_record_of
 from .sandbox import NONE, Sandbox, reachable_by_others
 from .suite import AgentSpec, Task
@@ -100,7 +100,7 @@ def argv_of(spec: AgentSpec, prompt: str, prompt_file: Path, workspace: Path, su
     return [_PLACEHOLDER.sub(lambda m: values[m.group(1)], arg) for arg in spec.command or []]
 
 
-def mcp_server(task: Task, suite_dir: Path, work: Path, env: Dict[str, str], turns: Path) -> Dict[str, Any]:
+def mcp_server(task: Task, suite_dir: Path, work: Path, env: Dict[str, str], turns: Path) -> McpServerConfig:
     """This runner's ``mcp`` command serving the task's contract tools, with the attempt's allowlisted
     environment and nothing else (``command``, ``args``, ``env``)."""
     root = str(Path(__file__).resolve().parents[1])  # the zipapp, or the directory holding agent_runner
@@ -109,7 +109,7 @@ def mcp_server(task: Task, suite_dir: Path, work: Path, env: Dict[str, str], tur
     return {"type": "stdio", "command": _python_for_others(env), "args": args, "env": {**env, "PYTHONPATH": root}}
 
 
-def write_mcp_config(path: Path, server: Dict[str, Any]) -> None:
+def write_mcp_config(path: Path, server: McpServerConfig) -> None:
     """``.mcp.json`` (the layout agent CLIs read) with the one server ``crosshost``."""
     path.write_text(json.dumps({"mcpServers": {MCP_SERVER: server}}, indent=2) + "\n", encoding="utf-8")
 

@@ -14,20 +14,29 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Tuple
+from typing import Callable, Dict, List, Tuple, TypedDict
 
 #: writes the CLI's configuration under HOME; given HOME, the attempt's base on the proxy
 #: (``<proxy>/attempt/<task>.<attempt>``), the placeholder, the MCP server (``command``, ``args``,
 #: ``env``) and the model; returns the variables the CLI reads. A CLI is pointed at the proxy in its own
 #: API whatever the suite's ``api`` says: a mismatch is then the proxy's refusal, named, not silence.
-Configure = Callable[[Path, str, str, Dict[str, Any], str], Dict[str, str]]
+Configure = Callable[[Path, str, str, "McpServerConfig", str], Dict[str, str]]
 
 
-def _openai_env(home: Path, base: str, token: str, server: Dict[str, Any], model: str) -> Dict[str, str]:
+class McpServerConfig(TypedDict):
+    """The runner's MCP server as an agent CLI's configuration names it (``exec_agent.mcp_server``)."""
+
+    type: str  # "stdio"
+    command: str
+    args: List[str]
+    env: Dict[str, str]
+
+
+def _openai_env(home: Path, base: str, token: str, server: McpServerConfig, model: str) -> Dict[str, str]:
     return {"OPENAI_BASE_URL": base + "/v1", "OPENAI_API_KEY": token}
 
 
-def _anthropic_env(home: Path, base: str, token: str, server: Dict[str, Any], model: str) -> Dict[str, str]:
+def _anthropic_env(home: Path, base: str, token: str, server: McpServerConfig, model: str) -> Dict[str, str]:
     return {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": token}
 
 
@@ -41,7 +50,7 @@ def _toml(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _codex(home: Path, base: str, token: str, server: Dict[str, Any], model: str) -> Dict[str, str]:
+def _codex(home: Path, base: str, token: str, server: McpServerConfig, model: str) -> Dict[str, str]:
     # Codex speaks only the Responses API to a provider of its config (wire_api = "responses"), reads
     # the key from env_key, and shows the MCP server's tools to its model in the namespace mcp__crosshost
     lines = [
@@ -61,7 +70,7 @@ def _codex(home: Path, base: str, token: str, server: Dict[str, Any], model: str
 _BOOT = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('agent_runner', run_name='__main__', alter_sys=True)"
 
 
-def _gemini(home: Path, base: str, token: str, server: Dict[str, Any], model: str) -> Dict[str, str]:
+def _gemini(home: Path, base: str, token: str, server: McpServerConfig, model: str) -> Dict[str, str]:
     # without selectedType = gemini-api-key, Gemini CLI ignores GOOGLE_GEMINI_BASE_URL and asks for a
     # login; it refuses to set PYTHONPATH for an MCP server, so the server is told its path otherwise
     env = dict(server["env"])
@@ -75,7 +84,7 @@ def _gemini(home: Path, base: str, token: str, server: Dict[str, Any], model: st
     return {"GOOGLE_GEMINI_BASE_URL": base, "GEMINI_API_KEY": token, "GEMINI_CLI_TRUST_WORKSPACE": "true"}
 
 
-def _opencode(home: Path, base: str, token: str, server: Dict[str, Any], model: str) -> Dict[str, str]:
+def _opencode(home: Path, base: str, token: str, server: McpServerConfig, model: str) -> Dict[str, str]:
     # opencode ignores OPENAI_BASE_URL: the proxy is a provider of its config (chat completions); the
     # title agent is off, its request would race the first one
     config = {

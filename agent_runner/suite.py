@@ -14,11 +14,11 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Type
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypedDict, Union
 
 from .checker import Contract, validate_contract
 from .errors import InputError, SuiteError
-from .jsonfile import decode_text, loads, read_regular
+from .jsonfile import JSONObject, JSONValue, decode_text, loads, read_regular
 from .presets import PRESETS
 from .textguard import control_char
 from .trace import FINISH_REASONS
@@ -35,7 +35,17 @@ MODEL_KINDS = ("openai", "exec")
 #: the wire API families an exec agent may speak through the model proxy
 EXEC_APIS = ("openai", "anthropic", "gemini")
 TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
-DEFAULT_BUDGET = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
+
+
+class BudgetJSON(TypedDict):
+    """``[budget]`` as the pins hold it."""
+
+    max_steps: int
+    max_bytes: int
+    timeout_s: float
+
+
+DEFAULT_BUDGET: BudgetJSON = {"max_steps": 8, "max_bytes": 32768, "timeout_s": 120}
 #: the most attempts of one task a suite may ask for (and so the most a run directory may hold)
 MAX_REPEAT = 1000
 SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate", "network"}
@@ -55,6 +65,28 @@ GATE_KEYS = {"flip_rate", "alpha", "burn_invalidates", "correction", "undecided"
 CORRECTIONS = ("bh", "holm")
 
 Where = Callable[[Optional[str], str], str]  # (task id or None, part) -> "file: location"
+#: an ``[agent]`` key's rule: (required, check, what it must be)
+OptionRule = Tuple[bool, Callable[[JSONValue], bool], str]
+#: a task's ``[fixtures]`` entry: one observation, or observations keyed by an argument value ("*": any other)
+Fixture = Union[str, Dict[str, str]]
+
+
+class _ScriptCallName(TypedDict):
+    name: str
+
+
+class ScriptCall(_ScriptCallName, total=False):
+    """One tool call of a scripted turn."""
+
+    args: JSONObject
+
+
+class ScriptTurn(TypedDict, total=False):
+    """One turn of ``script.json``: tool calls, or the final answer (``content``, ``finish`` = "stop")."""
+
+    tool_calls: List[ScriptCall]
+    content: str
+    finish: str
 
 
 @dataclass
@@ -63,7 +95,7 @@ class Budget:
     max_bytes: int = 32768
     timeout_s: float = 120
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> BudgetJSON:
         return {"max_steps": self.max_steps, "max_bytes": self.max_bytes, "timeout_s": self.timeout_s}
 
 
@@ -78,23 +110,36 @@ class Gate:
     correction: str = "bh"  # one of CORRECTIONS: the error rate alpha bounds across the suite's tasks
     undecided: int = 0  # comparable tasks a run may leave undecided and still pass
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> "GateJSON":
         return {
             "flip_rate": self.flip_rate, "alpha": self.alpha, "burn_invalidates": self.burn_invalidates,
             "correction": self.correction, "undecided": self.undecided,
         }
 
 
+class GateJSON(TypedDict):
+    """``[gate]`` as written back (``Gate.to_dict``)."""
+
+    flip_rate: float
+    alpha: float
+    burn_invalidates: bool
+    correction: str
+    undecided: int
+
+
 @dataclass
 class AgentSpec:
     kind: str
     command: Optional[List[str]] = None
-    options: Dict[str, Any] = field(default_factory=dict)  # kind-specific keys (e.g. model, api_key_env)
+    #: kind-specific keys (e.g. model, api_key_env), each checked by its kind's rule (``_OPENAI_KEYS``)
+    options: JSONObject = field(default_factory=dict)
 
-    def to_dict(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"kind": self.kind}
+    def to_dict(self) -> JSONObject:
+        """``[agent]`` as the suite wrote it (its options are the kind's own)."""
+        out: JSONObject = {"kind": self.kind}
         if self.command is not None:
-            out["command"] = list(self.command)
+            command: List[JSONValue] = list(self.command)
+            out["command"] = command
         out.update(self.options)
         return out
 
@@ -105,8 +150,8 @@ class Task:
     prompt: str
     agent: AgentSpec
     budget: Budget
-    script: Optional[List[Dict[str, Any]]] = None
-    fixtures: Dict[str, Any] = field(default_factory=dict)
+    script: Optional[List[ScriptTurn]] = None
+    fixtures: Dict[str, Fixture] = field(default_factory=dict)
     expect_tools: List[str] = field(default_factory=list)
     forbid_tools: List[str] = field(default_factory=list)
     must_finish: Optional[str] = "stop"
@@ -135,7 +180,7 @@ class Suite:
     contract: Contract
     tools: Dict[str, List[List[str]]]
     tasks: List[Task]
-    data: Dict[str, Any]  # the normalised dict (what suite.json holds)
+    data: JSONObject  # the normalised document (what suite.json holds), as validated
     network: str = "isolated"  # one of NETWORK_MODES
 
     @property
@@ -176,7 +221,7 @@ def _read_json(path: Path, what: str) -> Any:
         raise SuiteError(f"{path}: not valid JSON: {exc}") from exc
 
 
-def _read_toml(path: Path) -> Dict[str, Any]:
+def _read_toml(path: Path) -> JSONObject:
     text = _read_text(path, "TOML")
     if _toml is None:
         raise SuiteError(f"{path}: reading TOML needs Python 3.11+ (tomllib); ship the suite normalised "
@@ -195,7 +240,7 @@ def _inside(root: Path, rel: Any, where: str) -> Path:
     return root / rel
 
 
-def normalise_suite(directory: "str | os.PathLike[str]") -> Dict[str, Any]:
+def normalise_suite(directory: "str | os.PathLike[str]") -> JSONObject:
     """Read a suite directory (TOML layout) into the normalised, JSON-able dict (validated)."""
     return read_suite(directory).data
 
@@ -218,18 +263,20 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
     tools_path = _inside(root, raw.get("tools", "tools.json"), f"{suite_toml}: tools")
     contract = _read_json(contract_path, "the tool-shape contract")
     validate_contract(contract, str(contract_path), SuiteError)
-    data: Dict[str, Any] = {
+    raw_agent = raw.get("agent")
+    tasks: List[JSONValue] = []
+    data: JSONObject = {
         "schema": SCHEMA,
         "name": raw.get("name", root.name),
         # A live model is sampled: three attempts per task unless the suite says otherwise.
-        "repeat": raw.get("repeat", 3 if isinstance(raw.get("agent"), dict) and raw["agent"].get("kind") in MODEL_KINDS
+        "repeat": raw.get("repeat", 3 if isinstance(raw_agent, dict) and raw_agent.get("kind") in MODEL_KINDS
                           else 1),
         "agent": raw.get("agent", {"kind": "scripted"}),
         "budget": raw.get("budget", {}),
         "gate": raw.get("gate", {}),
         "contract": contract,
         "tools": {},
-        "tasks": [],
+        "tasks": tasks,
     }
     if "description" in raw:
         data["description"] = raw["description"]
@@ -251,7 +298,7 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
         if unknown:
             raise SuiteError(f"{task_toml}: unknown key(s) {', '.join(unknown)} "
                              f"(known: {', '.join(sorted(TASK_KEYS))})")
-        task: Dict[str, Any] = {
+        task: JSONObject = {
             "id": task_id,
             "prompt": _read_text(task_dir / "prompt.md", "the task's prompt"),
             "script": None,
@@ -273,31 +320,37 @@ def read_suite(directory: "str | os.PathLike[str]") -> Suite:
         script_path = task_dir / "script.json"
         if kind == "scripted" or script_path.exists():
             task["script"] = _read_json(script_path, "the scripted agent's turns")
-        data["tasks"].append(task)
+        tasks.append(task)
     # tools.json is the shell's allow/deny list: needed when a task can call shell, or when named.
-    callers = shell_callers(data["tasks"], contract, data["agent"])
+    callers = shell_callers(tasks, contract, data["agent"])
     if tools_path.exists() or "tools" in raw or callers:
         why = f"task {callers[0]!r} can call shell" if callers else "the shell allow/deny list"
         data["tools"] = _read_json(tools_path, why)
     return suite_from_dict(data, root, _toml_where(root))
 
 
-def shell_callers(tasks: List[Dict[str, Any]], contract: Dict[str, Any], suite_agent: Any) -> List[str]:
+def shell_callers(tasks: List[JSONValue], contract: Contract, suite_agent: JSONValue) -> List[str]:
     """The ids of the tasks that can call ``shell``: a script that calls it, or an agent that picks
     its own calls (command, openai) under a contract that declares it."""
     declared = any(isinstance(t, dict) and t.get("name") == "shell" for t in contract.get("tools") or [])
     base_kind = suite_agent.get("kind", "scripted") if isinstance(suite_agent, dict) else "scripted"
     found: List[str] = []
     for task in tasks:
+        if not isinstance(task, dict):
+            continue
         agent = task.get("agent")
         kind = agent.get("kind", base_kind) if isinstance(agent, dict) else base_kind
         script = task.get("script")
         script = script if isinstance(script, list) else []
         calls = {c.get("name") for turn in script if isinstance(turn, dict)
-                 for c in (turn.get("tool_calls") or []) if isinstance(c, dict)}
+                 for c in _listed(turn.get("tool_calls")) if isinstance(c, dict)}
         if "shell" in calls or (declared and kind in ("command", "openai", "exec")):
             found.append(str(task.get("id")))
     return found
+
+
+def _listed(value: JSONValue) -> List[JSONValue]:
+    return value if isinstance(value, list) else []
 
 
 def _toml_where(root: Path) -> Where:
@@ -356,26 +409,30 @@ def _tags(value: Any, where: str) -> List[str]:
     return tags
 
 
-def _budget(raw: Any, base: Dict[str, Any], where: str) -> Dict[str, Any]:
+def _budget(raw: JSONValue, base: BudgetJSON, where: str) -> BudgetJSON:
     if not isinstance(raw, dict):
         raise SuiteError(f"{where} must be a table of {', '.join(sorted(BUDGET_KEYS))}")
     unknown = sorted(set(raw) - BUDGET_KEYS)
     if unknown:
         raise SuiteError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(BUDGET_KEYS))})")
-    merged = dict(base)
+    merged = base.copy()
     for key, value in raw.items():
         if key == "timeout_s":  # finite and at most a day: inf or NaN would break every attempt
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_TIMEOUT_S
-        else:
-            ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_BUDGET[key]
-        if not ok:
-            what = f"number of seconds up to {MAX_TIMEOUT_S}" if key == "timeout_s" else f"integer up to {MAX_BUDGET[key]}"
-            raise SuiteError(f"{where}.{key} must be a positive {what}, got {value!r}")
-        merged[key] = value
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_TIMEOUT_S:
+                merged["timeout_s"] = value
+                continue
+        elif isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_BUDGET[key]:
+            if key == "max_steps":
+                merged["max_steps"] = value
+            else:
+                merged["max_bytes"] = value
+            continue
+        what = f"number of seconds up to {MAX_TIMEOUT_S}" if key == "timeout_s" else f"integer up to {MAX_BUDGET[key]}"
+        raise SuiteError(f"{where}.{key} must be a positive {what}, got {value!r}")
     return merged
 
 
-def inherit_agent(own: Dict[str, Any], suite: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+def inherit_agent(own: JSONObject, suite: Optional[JSONObject]) -> JSONObject:
     """A task's ``[agent]`` over the suite's: the suite's keys, then the task's; a task that names
     another kind brings all its own options (none of the suite's)."""
     merged = dict(suite or {})
@@ -385,27 +442,31 @@ def inherit_agent(own: Dict[str, Any], suite: Optional[Dict[str, Any]]) -> Dict[
     return merged
 
 
-def _agent(raw: Any, base: Optional[Dict[str, Any]], where: str) -> AgentSpec:
+def _agent(raw: JSONValue, base: Optional[JSONObject], where: str) -> AgentSpec:
     if not isinstance(raw, dict):
         raise SuiteError(f"{where} must be a table with 'kind'")
     merged = inherit_agent(raw, base)
     kind = merged.get("kind")
-    if kind not in AGENT_KINDS:
+    if not isinstance(kind, str) or kind not in AGENT_KINDS:
         raise SuiteError(f"{where}.kind: unknown agent kind {kind!r} (known: {', '.join(AGENT_KINDS)})")
-    command = merged.pop("command", None)
+    raw_command = merged.pop("command", None)
     merged.pop("kind")
-    preset = PRESETS.get(merged["preset"]) if kind == "exec" and isinstance(merged.get("preset"), str) else None
+    named = merged.get("preset")
+    preset = PRESETS.get(named) if kind == "exec" and isinstance(named, str) else None
     if kind == "exec" and "preset" in merged and preset is None:
         raise SuiteError(f"{where}.preset must be one of {', '.join(repr(p) for p in PRESETS)}, "
                          f"got {merged['preset']!r}")
+    command: Optional[List[str]] = None
     if preset is not None:  # the CLI's own command and API unless the suite names its own
-        command = list(preset.command) if command is None else command
+        command = list(preset.command) if raw_command is None else None
         merged.setdefault("api", preset.api)
-    if kind in ("command", "exec"):
-        if not isinstance(command, list) or not command or not all(isinstance(a, str) and a for a in command):
+    if kind in ("command", "exec") and command is None:
+        items = raw_command if isinstance(raw_command, list) else []
+        command = [a for a in items if isinstance(a, str) and a]
+        if not command or len(command) != len(items):
             raise SuiteError(f"{where}.command must be a non-empty list of strings for kind = \"{kind}\""
                              + (f" (or a preset: {', '.join(PRESETS)})" if kind == "exec" else ""))
-    elif command is not None:
+    elif kind not in ("command", "exec") and raw_command is not None:
         raise SuiteError(f"{where}.command is only for kind = \"command\" or \"exec\" (kind is {kind!r})")
     if "sampled" in merged and (kind not in ("command", "openai", "exec") or not isinstance(merged["sampled"], bool)):
         raise SuiteError(f"{where}.sampled must be true or false, for kind = \"command\", \"openai\" or \"exec\" "
@@ -426,18 +487,18 @@ def is_sampled(agent: AgentSpec) -> bool:
 
 # [agent] keys of kind = "openai": name -> (required, check, what it must be). The caps are enforced by
 # the controller's model proxy; model/temperature/seed/max_tokens are sampling pins (in agent_sha).
-_OPENAI_KEYS: Dict[str, Any] = {
+_OPENAI_KEYS: Dict[str, OptionRule] = {
     "model": (True, lambda v: isinstance(v, str) and bool(v), "a model name"),
     "base_url": (True, lambda v: isinstance(v, str) and v.startswith(("http://", "https://")),
                  "an http:// or https:// URL"),
     "api_key_env": (True, lambda v: isinstance(v, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v) is not None,
                     "the NAME of an environment variable on the controller (never the key itself)"),
-    "temperature": (False, lambda v: _number(v) and 0 <= v <= 2, "a number from 0 to 2"),
+    "temperature": (False, lambda v: _number_in(v, 0, 2), "a number from 0 to 2"),
     "seed": (False, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "max_tokens": (False, lambda v: _positive_int(v), "a positive integer"),
     "max_requests": (False, lambda v: _positive_int(v), "a positive integer (model requests per run per host)"),
     "max_total_tokens": (False, lambda v: _positive_int(v), "a positive integer (tokens per run per host)"),
-    "request_timeout_s": (False, lambda v: _number(v) and 0 < v <= MAX_TIMEOUT_S,
+    "request_timeout_s": (False, lambda v: _number_in(v, 0, MAX_TIMEOUT_S) and v != 0,
                           f"a positive number of seconds up to {MAX_TIMEOUT_S}"),
     "sampled": (False, lambda v: isinstance(v, bool), "true or false (whether answers are draws)"),
     "hold_model": (False, lambda v: isinstance(v, bool) or v == "strict",
@@ -445,17 +506,17 @@ _OPENAI_KEYS: Dict[str, Any] = {
 }
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _number_in(v: JSONValue, low: float, high: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high
 
 
-def _positive_int(v: Any) -> bool:
+def _positive_int(v: JSONValue) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 # kind = "exec": the program picks its own sampling settings; the suite names the wire format, the
 # model it may ask for, the proxy's caps and whether the model is held.
-_EXEC_KEYS: Dict[str, Any] = {
+_EXEC_KEYS: Dict[str, OptionRule] = {
     "preset": (False, lambda v: v in PRESETS, "one of " + ", ".join(f'"{p}"' for p in PRESETS)),
     "api": (True, lambda v: v in EXEC_APIS,
             '"openai" (chat completions or Responses), "anthropic" (messages) or "gemini" (generateContent)'),
@@ -465,7 +526,7 @@ _EXEC_KEYS: Dict[str, Any] = {
 }
 
 
-def _openai_options(options: Dict[str, Any], where: str, keys: Optional[Dict[str, Any]] = None,
+def _openai_options(options: JSONObject, where: str, keys: Optional[Dict[str, OptionRule]] = None,
                     kind: str = "openai") -> None:
     keys = _OPENAI_KEYS if keys is None else keys
     unknown = sorted(set(options) - set(keys))
@@ -483,7 +544,8 @@ def _openai_options(options: Dict[str, Any], where: str, keys: Optional[Dict[str
             raise SuiteError(f"{where}.{key} must be {what}{shown}")
 
 
-def _script(raw: Any, where: str) -> List[Dict[str, Any]]:
+def _script(raw: Any, where: str) -> List[ScriptTurn]:
+    """``raw`` checked as script.json's turns (every key ``ScriptTurn`` names)."""
     if not isinstance(raw, list):
         raise SuiteError(f"{where} must be a JSON list of turns, got a {type(raw).__name__}")
     for index, turn in enumerate(raw):

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .capped import Captured, capture
 from .errors import ContractError
-from .jsonfile import read_json
+from .jsonfile import JSONObject, JSONValue, read_json
 from .sandbox import NONE, Sandbox
 from .suite import parse_tools_policy
 
@@ -95,7 +95,7 @@ class ToolBox:
         self.processes_started = 0
         self.sandbox = sandbox or Sandbox(NONE)
 
-    def call(self, name: str, args: Any, timeout_s: float) -> ToolResult:
+    def call(self, name: str, args: JSONValue, timeout_s: float) -> ToolResult:
         spec = self.tools.get(name)
         if spec is None:
             return _error(f"unknown tool {name!r}: it is not in contract {self.contract_id}")
@@ -121,7 +121,7 @@ class ToolBox:
 
     # --- fixtures ---
 
-    def _fixture(self, name: str, args: Dict[str, Any]) -> ToolResult:
+    def _fixture(self, name: str, args: JSONObject) -> ToolResult:
         value = self.fixtures[name]
         if isinstance(value, dict):  # keyed by an argument value, "*" = any other
             for arg in args.values():
@@ -140,7 +140,7 @@ class ToolBox:
 
     # --- built-ins ---
 
-    def _path(self, raw: Any) -> Path:
+    def _path(self, raw: JSONValue) -> Path:
         """A path inside the workspace, or ValueError saying why not."""
         if not isinstance(raw, str) or not raw:
             raise ValueError("'path' must be a non-empty string")
@@ -152,7 +152,7 @@ class ToolBox:
             raise ValueError(f"path {raw!r} is outside the workspace")
         return resolved
 
-    def _read_file(self, args: Dict[str, Any]) -> ToolResult:
+    def _read_file(self, args: JSONObject) -> ToolResult:
         try:
             path = self._path(args.get("path"))
             with open(path, "rb") as handle:
@@ -163,7 +163,7 @@ class ToolBox:
             return _error(f"read_file: {exc.strerror or exc}")
         return ToolResult(observation=_cap(data))
 
-    def _write_file(self, args: Dict[str, Any]) -> ToolResult:
+    def _write_file(self, args: JSONObject) -> ToolResult:
         content = args.get("content")
         if not isinstance(content, str):
             return _error("write_file: 'content' must be a string")
@@ -177,7 +177,7 @@ class ToolBox:
             return _error(f"write_file: {exc.strerror or exc}")
         return ToolResult(observation=f"wrote {len(content.encode('utf-8'))} bytes")
 
-    def _list_dir(self, args: Dict[str, Any]) -> ToolResult:
+    def _list_dir(self, args: JSONObject) -> ToolResult:
         try:
             path = self._path(args.get("path", "."))
             names = sorted(n + ("/" if (path / n).is_dir() else "") for n in os.listdir(path))
@@ -187,9 +187,11 @@ class ToolBox:
             return _error(f"list_dir: {exc.strerror or exc}")
         return ToolResult(observation="\n".join(names))
 
-    def _shell(self, args: Dict[str, Any], timeout_s: float) -> ToolResult:
-        argv = args.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and a for a in argv):
+    def _shell(self, args: JSONObject, timeout_s: float) -> ToolResult:
+        raw = args.get("argv")
+        items = raw if isinstance(raw, list) else []
+        argv = [a for a in items if isinstance(a, str) and a]
+        if not argv or len(argv) != len(items):
             return _error("shell: 'argv' must be a non-empty list of strings")
         refused = shell_verdict(argv, self.policy)
         if refused:
