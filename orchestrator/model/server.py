@@ -49,6 +49,9 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
         server_version = "crosshost-proxy"
         sys_version = ""
         timeout = READ_TIMEOUT_S  # a client that sends its request slowly holds a thread this long at most
+        # an answer's headers and body leave in one send, a stream's in one send per flush (``Reply``)
+        wbufsize = 8 * 1024
+        disable_nagle_algorithm = True  # every flush is a whole answer or what the provider sent: no trickle
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
             # Silence the default stderr log: the records are the log, and they hold no secrets.
@@ -70,6 +73,7 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             with contextlib.suppress(OSError):
                 self.wfile.write(data)
+                self.wfile.flush()
 
         def _body(self, exec_api: bool) -> bytes | None:
             try:
@@ -192,6 +196,7 @@ class Reply:
         handler.end_headers()
         with contextlib.suppress(OSError):
             handler.wfile.write(data)
+            handler.wfile.flush()
 
     def start_stream(self, content_type: str, call: ModelCall) -> None:
         # no Content-Length: the stream ends when the connection closes (HTTP/1.0 framing)
@@ -201,6 +206,8 @@ class Reply:
         # the record as of the first byte (tokens come with the last event; the runner's trace has them)
         self._handler.send_header(CALL_HEADER, json.dumps(call.to_json(), sort_keys=True))
         self._handler.end_headers()
+        with contextlib.suppress(OSError):
+            self._handler.wfile.flush()  # the agent has the headers before the first event
 
     def chunk(self, data: bytes) -> None:
         with contextlib.suppress(OSError):

@@ -166,3 +166,36 @@ def test_a_streamed_answer_carries_its_record_header_and_the_attempt_keeps_each_
     assert [(c["request"], c["status"], c["finish_reason"], c.get("error")) for c in seen["calls"]] == [
         (1, 200, "tool_calls" if api == "openai" else "tool_use", None), (2, 403, None, "crosshost_refused")]
     assert seen["turns"][0]["model"] == seen["calls"][0] and (seen["prompt_tokens"], seen["completion_tokens"]) == (11, 7)
+
+
+def test_a_stream_is_relayed_as_it_arrives_and_read_back_in_whole_lines() -> None:
+    """Whatever one read brings goes on in one write; the lines the trace is built from are whole,
+    however the reads cut them (mid-line, several lines at once, a line past the size bound)."""
+    from orchestrator.model import proxy as proxy_module
+
+    stream = b'data: {"a": 1}\n\ndata: {"b": 2}\n\nevent: x\ndata: [DONE]\n\ntail-without-newline'
+
+    class Resp:
+        def __init__(self, cuts: list[int]) -> None:
+            self.pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+
+        def read1(self, n: int) -> bytes:
+            assert n == proxy_module.RELAY_BYTES
+            return self.pieces.pop(0) if self.pieces else b""
+
+    class Sent:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        def chunk(self, data: bytes) -> None:
+            self.writes.append(data)
+
+    lines = stream.decode().splitlines(keepends=True)
+    for cuts in ([], [3, 5, 20, 21, 40], list(range(1, len(stream)))):
+        resp, sent = Resp(cuts), Sent()
+        got = list(proxy_module.relay_lines(resp, sent))  # type: ignore[arg-type]
+        assert [x.decode() for x in got] == lines
+        assert sent.writes == [p for p in Resp(cuts).pieces if p]  # one write a read, in order
+    big = Resp([])
+    big.pieces = [b"x" * proxy_module.MAX_RESPONSE_BYTES, b"yz\n"]
+    assert [len(x) for x in proxy_module.relay_lines(big, Sent())] == [proxy_module.MAX_RESPONSE_BYTES, 3]  # type: ignore[arg-type]
