@@ -32,7 +32,7 @@ from typing import (
 
 from .errors import ContractError, InputError
 from .jsonfile import JSONObject, JSONValue, read_json
-from .records import TurnCall
+from .records import FindingJSON, TurnCall
 from .trace import read_trace
 from .words import is_generic_name
 
@@ -99,10 +99,10 @@ class Finding:
             said += f" [{'weak, ' if self.weak else ''}{self.rule}: {self.evidence}]"
         return said
 
-    def to_dict(self) -> Dict[str, Any]:
-        record: Dict[str, Any] = {"kind": self.kind, "message": self.message, "step": self.step, "tool": self.tool}
+    def to_dict(self) -> FindingJSON:
+        record: FindingJSON = {"kind": self.kind, "message": self.message, "step": self.step, "tool": self.tool}
         if self.rule:
-            record.update(rule=self.rule, evidence=self.evidence, weak=self.weak)
+            record["rule"], record["evidence"], record["weak"] = self.rule, self.evidence, self.weak
         return record
 
 
@@ -236,7 +236,7 @@ def host_dir(value: Any) -> Optional[str]:
     return None
 
 
-def _host_facts(fingerprints: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[str], List[str]]:
+def _host_facts(fingerprints: Sequence[JSONObject]) -> Tuple[List[str], List[str], List[str]]:
     hostnames: List[str] = []
     homes: List[str] = []
     cwds: List[str] = []
@@ -282,7 +282,9 @@ class TurnChecker:
     ``check_turns`` always gave; only repeated work is skipped.
     """
 
-    def __init__(self, contract: Contract, fingerprints: Sequence[Dict[str, Any]]) -> None:
+    def __init__(self, contract: Contract, fingerprints: Sequence[JSONObject]) -> None:
+        """``fingerprints``: each host's fingerprint as JSON (``fingerprint.json``, or another tool's):
+        its ``hostname``, ``home`` and ``cwd`` are read, each when it is a string."""
         self.contract_id = contract.get("contract_id", "?")
         self.tools = {t["name"]: t for t in contract.get("tools", []) if isinstance(t, dict) and "name" in t}
         self.invariants = set(contract.get("invariants", []))
@@ -445,14 +447,14 @@ class TurnChecker:
 
 
 def check_turns(contract: Contract, turns: Iterable[TurnCall],
-                fingerprints: Sequence[Dict[str, Any]]) -> List[Finding]:
+                fingerprints: Sequence[JSONObject]) -> List[Finding]:
     """Every contract violation, host leak and weak leak candidate in ``turns`` (dicts with "step",
     "tool", "args"). Only ``is_leak`` findings and contract findings fail an attempt; a weak one is
     reported and left to the controller, which alone sees the other hosts' arguments."""
     return TurnChecker(contract, fingerprints).check(turns)
 
 
-def load_fingerprints(path: "str | os.PathLike[str]") -> List[Dict[str, Any]]:
+def load_fingerprints(path: "str | os.PathLike[str]") -> List[JSONObject]:
     """A fingerprint JSON object, or a list of them (e.g. one per host of a run)."""
     name = os.fspath(path)
     data = read_json(name, "fingerprint")

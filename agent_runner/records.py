@@ -255,6 +255,37 @@ class TurnCall(TypedDict):
     args: JSONObject
 
 
+class _FindingJSONBase(TypedDict):
+    kind: str
+    message: str
+    step: Optional[int]
+    tool: Optional[str]
+
+
+class FindingJSON(_FindingJSONBase, total=False):
+    """One of the finish record's ``findings`` (``checker.Finding``); a leak rule's carry ``rule``,
+    ``evidence`` and ``weak``."""
+
+    rule: str
+    evidence: str
+    weak: bool
+
+
+def finding_of(value: JSONValue) -> Optional[FindingJSON]:
+    """A finding as read back (None: not an object); fields of the wrong type read as empty."""
+    if not isinstance(value, dict):
+        return None
+    found: FindingJSON = {"kind": _str(value.get("kind")) or "", "message": _str(value.get("message")) or "",
+                          "step": _int(value.get("step")), "tool": _str(value.get("tool"))}
+    if "rule" in value:
+        found["rule"] = _str(value["rule"]) or ""
+    if "evidence" in value:
+        found["evidence"] = _str(value["evidence"]) or ""
+    if "weak" in value:
+        found["weak"] = value["weak"] is True
+    return found
+
+
 class _TurnJSONBase(TurnCall):
     type: str  # "turn"
     role: str
@@ -368,7 +399,7 @@ class TraceFinish:
     why: str
     wall_ms: int
     steps: Optional[int] = None
-    findings: Optional[List[Dict[str, Any]]] = None
+    findings: Optional[List[FindingJSON]] = None
     #: the predicate's output (its last bytes, capped by the runner), for a pass as for a fail
     predicate_output: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict)
@@ -392,11 +423,32 @@ class TraceFinish:
         return cls(reason=str(obj.get("reason") or ""), final=str(obj.get("final") or ""),
                    predicate_exit=_int(obj.get("predicate_exit")), verdict=str(obj.get("verdict") or ""),
                    why=str(obj.get("why") or ""), wall_ms=_int(obj.get("wall_ms")) or 0,
-                   steps=_int(obj.get("steps")), findings=findings if isinstance(findings, list) else None,
+                   steps=_int(obj.get("steps")),
+                   findings=[f for f in map(finding_of, findings) if f is not None] if isinstance(findings, list) else None,
                    predicate_output=_str(obj.get("predicate_output")), extra=_extra(obj, cls))
 
 
 # --- results.jsonl ---------------------------------------------------------------------------------
+
+
+class _ResultRowJSONBase(TypedDict):
+    run_id: Optional[str]
+    task: str
+    env: str
+    env_sha: Optional[str]
+    attempt: int
+    exit_code: Optional[int]
+    passed: bool
+    wall_ms: int
+    verdict: str
+    reason: str
+    fingerprint: Optional[str]
+
+
+class ResultRowJSON(_ResultRowJSONBase, total=False):
+    """A ``results.jsonl`` line as written."""
+
+    why: str
 
 
 @dataclass
@@ -422,8 +474,8 @@ class ResultRow:
     def passed(self) -> bool:
         return self.verdict == "pass"
 
-    def to_json(self) -> Dict[str, Any]:
-        row: Dict[str, Any] = {"run_id": self.run_id, "task": self.task, "env": self.env,
+    def to_json(self) -> "ResultRowJSON":
+        row: ResultRowJSON = {"run_id": self.run_id, "task": self.task, "env": self.env,
                                "env_sha": self.env_sha, "attempt": self.attempt, "exit_code": self.exit_code,
                                "passed": self.passed, "wall_ms": self.wall_ms, "verdict": self.verdict,
                                "reason": self.reason, "fingerprint": self.fingerprint}

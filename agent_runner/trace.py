@@ -29,6 +29,7 @@ from .records import (
     TRACE_SCHEMA,
     VERDICTS,
     CallRecord,
+    FindingJSON,
     TraceFinish,
     TraceHeader,
     TraceTurn,
@@ -298,7 +299,7 @@ class TraceWriter:
         return record  # args and observation fingerprints are already of the redacted values
 
     def finish(self, *, reason: str, final: str, predicate_exit: Optional[int], verdict: str, why: str,
-               wall_ms: int, steps: Optional[int] = None, findings: Optional[List[Dict[str, Any]]] = None,
+               wall_ms: int, steps: Optional[int] = None, findings: Optional[List[FindingJSON]] = None,
                predicate_output: Optional[str] = None, **extra: Any) -> Dict[str, Any]:
         """``extra``: the agent's own finish fields (``Agent.finish_record``)."""
         record = TraceFinish(reason=reason, final=final, predicate_exit=predicate_exit, verdict=verdict,

@@ -7,9 +7,10 @@ each (no prompt, no key).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NotRequired, TypedDict
+from typing import TypedDict
 
 from agent_runner.jsonfile import JSONObject
+from agent_runner.records import CallRecord
 
 
 class AttemptJSON(TypedDict):
@@ -39,30 +40,6 @@ class ModelCallJSON(TypedDict):
     held: bool
     path: str | None
     retries: int
-
-
-class TryRecord(TypedDict):
-    """One try at the provider, as an exec attempt's trace keeps it."""
-
-    status: int | None
-    latency_ms: int
-    error: str | None
-    wait_s: float | None
-
-
-class CallRecord(TypedDict):
-    """What an exec attempt's trace keeps about one request (``call_record``)."""
-
-    request: int
-    status: int
-    retries: int
-    attempts: list[TryRecord]
-    model: str | None
-    system_fingerprint: str | None
-    finish_reason: str | None
-    held: NotRequired[bool]  # only when answered from the reference's record
-    error: NotRequired[str]  # only when the call failed or was refused
-    message: NotRequired[str | None]
 
 
 @dataclass
