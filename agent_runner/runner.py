@@ -4,7 +4,8 @@ Per attempt: a fresh workspace (a copy of the task's repo/, or empty) under the 
 TMPDIR pointed at empty directories of the attempt, only the allowlisted environment, the agent under
 the runner's budget, the predicate run from a pristine copy of run_tests.sh, golden scoring and the
 contract check, one trace and one results.jsonl row. The attempt's directory is removed afterwards,
-whatever happened.
+whatever happened: beside the next attempts when its files are its own uid's (``Removals``), else before
+the next attempt starts; every one is gone before the run ends.
 
 Exit: 0 every attempt ran (verdicts are data), 2 bad input or a visible secret-shaped key, 3 the
 runner itself failed (an attempt raised, or a workspace could not be removed).
@@ -126,6 +127,51 @@ def _remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=retry)
 
 
+class Removals:
+    """Attempt directories removed beside the attempts that follow, on a few threads of their own.
+
+    A removal mostly waits on the disk, not the CPU: a file system that discards each block it frees at
+    once (ext4 mounted ``discard`` without a journal, as on some VMs) waits milliseconds per directory,
+    and an attempt has five. Only a directory whose every file is its attempt's own uid's is handed
+    here (``pidns+uid``): mode 700 to that uid, whose processes are all gone with its namespace, and
+    the uid is given to no other attempt until the directory is gone (``done``). Every removal has
+    ended before the run's leftovers are looked for (``wait``)."""
+
+    WORKERS = 8
+
+    def __init__(self) -> None:
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pending: List["Future[None]"] = []
+        self._lock = threading.Lock()
+
+    def remove(self, path: Path, done: Callable[[], None]) -> None:
+        def one() -> None:
+            try:
+                _remove_tree(path)
+            finally:
+                done()
+
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.WORKERS, thread_name_prefix="remove")
+            self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
+            self._pending.append(self._pool.submit(one))
+
+    def wait(self) -> None:
+        """Block until every removal handed over so far has ended; raise the first one's error."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        errors = [exc for exc in (f.exception() for f in pending) if exc is not None]
+        if errors:
+            raise RunnerError(f"an attempt's directory could not be removed: {errors[0]}")
+
+    def close(self) -> None:
+        with contextlib.suppress(RunnerError):
+            self.wait()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
 class Runner:
     def __init__(self, suite: Suite, options: RunOptions, out: Path, workspace_root: Path,
                  fingerprint: Fingerprint, host: str, run_id: str, env_allow: List[str]) -> None:
@@ -146,6 +192,7 @@ class Runner:
         self.suite_digests = part_digests(suite.root)
         # Only a uid of its own makes what an attempt left outside its workspace attributable to it.
         self.stray_watch = StrayWatch(self.home) if self.isolation == PIDNS_UID else None
+        self.removals = Removals()
 
     def bundle_check(self, task_id: str) -> None:
         """What an attempt of ``task_id`` is run from is as it was when the run started (an attempt may
@@ -250,9 +297,18 @@ class Runner:
         finally:
             if writer is not None:
                 writer.close()
-            _remove_tree(attempt_dir)
-            with self._lock:
-                self._uids.discard(uid)
+
+            def release() -> None:
+                with self._lock:
+                    self._uids.discard(uid)
+
+            if box.uid is not None:  # out of every other attempt's reach until gone: removed beside the next
+                self.removals.remove(attempt_dir, release)
+            else:  # a uid shared with the next attempt: gone before it starts
+                try:
+                    _remove_tree(attempt_dir)
+                finally:
+                    release()
 
     def _run_agent(self, task: Task, work: Path, env: Dict[str, str], scratch: Path, writer: TraceWriter,
                    started: float, box: Sandbox, attempt: int = 0) -> LoopOutcome:
@@ -444,6 +500,7 @@ def run_suite(options: RunOptions) -> int:
     workspace_root = workspace_root.resolve()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
+    runner: Optional[Runner] = None
     try:
         # The fingerprint describes where agents work: the configured workspace root (stable across runs).
         run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -481,6 +538,7 @@ def run_suite(options: RunOptions) -> int:
                     record(runner.run_attempt(task, attempt))
             else:
                 run_in_slots(runner, attempts, options.slots, record)
+        runner.removals.wait()
         leftovers = sorted(p.name for p in workspace_root.iterdir()) if workspace_root.exists() else []
         if leftovers and not own_root:
             raise RunnerError(f"{workspace_root}: attempt workspaces left behind: {', '.join(leftovers[:5])}")
@@ -489,6 +547,8 @@ def run_suite(options: RunOptions) -> int:
         print("terminated: workspaces removed", file=sys.stderr)
         return 143
     finally:
+        if runner is not None:
+            runner.removals.close()  # also when terminated: every attempt's directory is gone first
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
         if own_root:

@@ -1,0 +1,118 @@
+"""An attempt's directory removed beside the attempts that follow (``runner.Removals``) leaves what the
+plain removal before the next attempt left: the same results, nothing in the workspace root, and no
+attempt ever given the uid of a directory still there."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_runner import runner
+from agent_runner.errors import RunnerError
+from agent_runner.runner import RunOptions, run_suite
+from tests.support.runner import records, write_suite
+
+#: an agent that leaves a tree behind in every directory of its own: files, a read-only directory, depth
+LEAVES = [{"tool_calls": [{"name": "shell", "args": {"argv": ["sh", "leave.sh"]}}]},
+          {"content": "left it all", "finish": "stop"}]
+LEAVE_SH = ('for d in . "$HOME" "$TMPDIR"; do mkdir -p "$d/a/b/c" "$d/ro" && echo x > "$d/a/b/c/f" '
+            '&& touch "$d/ro/g" && chmod 500 "$d/ro"; done\n')
+
+
+def _suite(tmp_path: Path) -> Path:
+    for d in (tmp_path, *tmp_path.parents):
+        if d != Path("/"):
+            d.chmod(d.stat().st_mode | 0o001)  # the attempts' own uid reaches its workspace (pidns+uid)
+    return write_suite(tmp_path / "suite", {
+        "leaves": {"script": LEAVES, "repo": {"run_tests.sh": "test -f a/b/c/f\n", "leave.sh": LEAVE_SH}},
+        "fails": {"script": [{"content": "nothing", "finish": "stop"}], "repo": {"run_tests.sh": "exit 3\n"}},
+    }, tools={"allow": ["sh"], "deny": []}, suite_toml=(
+        'name = "t"\nrepeat = 3\n[agent]\nkind = "scripted"\n[budget]\nmax_steps = 8\ntimeout_s = 20\n'))
+
+
+def _run(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+    ws = tmp_path / f"ws-{name}"
+    code = run_suite(RunOptions(suite=str(tmp_path / "suite"), out=str(tmp_path / f"out-{name}"),
+                                workspace_root=str(ws), run_id="r", host="h"))
+    assert code == 0
+    assert list(ws.iterdir()) == []
+    return [{k: v for k, v in row.items() if k != "wall_ms"} for row in records(tmp_path / f"out-{name}" / "results.jsonl")]
+
+
+@contextlib.contextmanager
+def _plain(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The removal this replaces: the attempt's directory gone before the next attempt starts."""
+    with monkeypatch.context() as m:
+        m.setattr(runner.Removals, "remove", lambda self, path, done: (runner._remove_tree(path), done()))
+        yield
+
+
+def _slowed(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    real = runner._remove_tree
+
+    def slow(path: Path) -> None:
+        if path.parent.name.startswith("ws-"):  # an attempt's directory, not a file inside it
+            time.sleep(seconds)
+        real(path)
+
+    monkeypatch.setattr(runner, "_remove_tree", slow)
+
+
+@pytest.mark.root
+def test_deferred_removal_gives_the_results_and_the_empty_root_of_the_plain_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _suite(tmp_path)
+    with _plain(monkeypatch):
+        plain = _run(tmp_path, "plain")
+    _slowed(monkeypatch, 0.2)  # removals still running while the next attempts run
+    deferred = _run(tmp_path, "deferred")
+    assert deferred == plain
+    assert [r["verdict"] for r in plain] == ["fail"] * 3 + ["pass"] * 3, plain
+
+
+@pytest.mark.root
+def test_no_attempt_gets_the_uid_of_a_directory_still_being_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _suite(tmp_path)
+    _slowed(monkeypatch, 0.3)
+    ws = tmp_path / "ws-uids"
+    pending: list[int] = []
+    wrong: list[str] = []
+    real: Callable[[set[int]], int] = runner.attempt_uid
+
+    def checked(taken: set[int]) -> int:
+        owners = set()
+        for d in ws.iterdir() if ws.exists() else []:
+            with contextlib.suppress(OSError):
+                owners.add((d / "home").stat().st_uid)
+        pending.append(len(owners))
+        wrong.extend(f"uid {u} free while its directory exists" for u in owners - taken)
+        return real(taken)
+
+    monkeypatch.setattr(runner, "attempt_uid", checked)
+    _run(tmp_path, "uids")
+    assert max(pending) >= 1, "no removal was still running when an attempt started: nothing was checked"
+    assert wrong == []
+
+
+@pytest.mark.root
+def test_a_directory_that_cannot_be_removed_is_the_runners_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _suite(tmp_path)
+    real = runner._remove_tree
+
+    def refuse(path: Path) -> None:
+        if path.name.startswith("fails.1."):
+            raise PermissionError(13, os.strerror(13), str(path))
+        real(path)
+
+    monkeypatch.setattr(runner, "_remove_tree", refuse)
+    with pytest.raises(RunnerError, match="could not be removed.*fails.1"):
+        run_suite(RunOptions(suite=str(tmp_path / "suite"), out=str(tmp_path / "out"),
+                             workspace_root=str(tmp_path / "ws-err"), run_id="r", host="h"))
