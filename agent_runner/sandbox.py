@@ -14,11 +14,13 @@ Every process an attempt starts (the command agent, a shell tool, the predicate)
   each attempt is run from, and the controller the bundle before each run).
 - ``none``: neither works; the fingerprint carries a ``burn`` finding.
 
-The namespace is also the process tracker: when its first process ends (or the holder outside it is
-killed, or the runner dies: parent-death signals), the kernel kills every process in it, even those
-that started their own session. No program is started for that: a fork of the runner enters the
-namespaces and a fork of that is the namespace's init (``_Enter``), so an attempt costs its own
-programs and three forks, not an interpreter's start. The attempt is the init's child, because a
+The namespace is also the process tracker: when its first process ends (or is killed, or the runner
+dies: parent-death signals), the kernel kills every process in it, even those that started their own
+session. No program is started for that: as root the runner's own fork is the namespace's init
+(``_PidNamespace``, ``_Enter``); at ``pidns`` a fork of the runner enters the namespaces (through a
+user namespace, which a process with threads cannot make) and a fork of that is the init. So an
+attempt costs its own programs and two forks (three at ``pidns``), not an interpreter's start. The
+attempt is the init's child, because a
 namespace's init ignores every signal it has no handler for, and the init tells the runner how the
 attempt ended on a pipe of its own, because its exit code alone could not (a signal death is 128+N
 there, the same as ``exit 137``). Standard library only, Python 3.9.
@@ -129,9 +131,11 @@ class _Enter:
     --kill-child`` and a small init did as programs, done by forks of the runner, with no program or
     interpreter started for them.
 
-    The child ``subprocess`` forked (the holder: outside the namespaces, the process the runner waits
-    for and kills) enters new PID and mount namespaces (through a user namespace at ``pidns``), forks
-    the namespace's first process (the init) and exits as it does, or dies of the same signal. The
+    As root (``direct``) the child ``subprocess`` forked is the init itself: it was forked into its new
+    PID namespace (``_PidNamespace``), enters its new mount namespace and goes on as the init below.
+    Otherwise that child (the holder: outside the namespaces, the process the runner waits for and
+    kills) enters new PID and mount namespaces through a user namespace, forks the namespace's first
+    process (the init) and exits as it does, or dies of the same signal. The
     init mounts a fresh /proc, forks the attempt, reaps every process of the namespace until the
     attempt has ended, writes the attempt's raw wait status to the status pipe and exits as a shell
     would (128+N for a signal): its exit code alone could not say a signal death from ``exit 137``.
@@ -145,8 +149,11 @@ class _Enter:
     memory or ``/proc`` entries) and drop the runner's signal handlers."""
 
     def __init__(self, level: str, status_fd: int, net: bool = False,
-                 relay: Optional[Tuple[int, str]] = None, uid: Optional[int] = None) -> None:
-        self.flags = (_CLONE_NEWPID | _CLONE_NEWNS | (_CLONE_NEWUSER if level == PIDNS else 0)
+                 relay: Optional[Tuple[int, str]] = None, uid: Optional[int] = None, direct: bool = False) -> None:
+        # direct: forked into its new PID namespace already (``_PidNamespace``), this process is the
+        # init: no holder
+        self.direct = direct
+        self.flags = ((0 if direct else _CLONE_NEWPID) | _CLONE_NEWNS | (_CLONE_NEWUSER if level == PIDNS else 0)
                       | (_CLONE_NEWNET if net else 0))
         self.status_fd = status_fd
         self.net = net
@@ -164,11 +171,12 @@ class _Enter:
         # listed now: once the init has mounted the namespace's /proc, the holder (not in it) has no
         # /proc/self
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
-        init = os.fork()
-        if init != 0:
-            _hold(init, fds)
+        if not self.direct:
+            init = os.fork()
+            if init != 0:
+                _hold(init, fds)
         try:
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the init dies with the holder
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the init dies with its parent (the holder, or the runner)
             _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
             _check(libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "mount /proc")
             listener = _loopback(self.relay[0] if self.relay else None) if self.net else None
@@ -540,6 +548,45 @@ class Sandbox:
                         os.lchown(name, self.uid, self.uid)
 
 
+class _NoNamespace(Exception):
+    """The PID namespace could not be made (the kernel refused it)."""
+
+
+class _PidNamespace:
+    """The calling thread's next child forked as the first process (the init) of a new PID namespace:
+    what the holder's fork after its ``unshare`` did, without the holder. Root only (no user namespace
+    is needed, and one could not be made in a process with threads), and only where the runner may
+    come back to its own PID namespace (``usable``: root of a user namespace of its own may not, and
+    a thread whose children's namespace has lost its init could fork nothing any more)."""
+
+    _own: Optional[int] = None  # the runner's own PID namespace, kept open to come back to
+    _usable: Optional[bool] = None
+
+    @classmethod
+    def usable(cls) -> bool:
+        if cls._usable is None:
+            try:
+                cls._own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+                cls._usable = _libc().setns(cls._own, _CLONE_NEWPID) == 0  # to where it is: nothing changes
+            except OSError:
+                cls._usable = False
+        return cls._usable
+
+    @classmethod
+    @contextlib.contextmanager
+    def for_children(cls) -> Iterator[None]:
+        libc = _libc()
+        if libc.unshare(_CLONE_NEWPID) != 0:  # this thread's children only (the namespaces are per thread)
+            err = ctypes.get_errno()
+            raise _NoNamespace(f"unshare: {os.strerror(err)}")
+        try:
+            yield
+        finally:
+            # back to its own: every later child of this thread (another attempt's, a tool's) forks
+            # where the runner is
+            _check(libc.setns(cls._own or -1, _CLONE_NEWPID), "setns back to the runner's PID namespace")
+
+
 def _until_exit(pid: int, timeout: float, args: Any) -> None:
     """Block until ``pid`` (a child) has ended, or raise ``TimeoutExpired`` after ``timeout`` seconds:
     one wait on a pidfd, where ``Popen.wait(timeout)`` sleeps and polls (up to 50 ms late). Where
@@ -573,12 +620,15 @@ class Started(subprocess.Popen[bytes]):
         if os.name == "posix":
             _libc()  # loaded here, never first in the child
             preexec = _pdeathsig
+        direct = write_end is not None and box.level == PIDNS_UID and _PidNamespace.usable()
         if write_end is not None:
-            preexec = _Enter(box.level, write_end, box.net, box._relay, box.uid if tracer is None else None)
+            preexec = _Enter(box.level, write_end, box.net, box._relay, box.uid if tracer is None else None,
+                             direct=direct)
         try:
-            super().__init__(full, start_new_session=True, preexec_fn=preexec,
-                             pass_fds=() if write_end is None else (write_end,), **kwargs)
-        except subprocess.SubprocessError as exc:  # the namespaces could not be entered: nothing started
+            with _PidNamespace.for_children() if direct else contextlib.nullcontext():
+                super().__init__(full, start_new_session=True, preexec_fn=preexec,
+                                 pass_fds=() if write_end is None else (write_end,), **kwargs)
+        except (subprocess.SubprocessError, _NoNamespace) as exc:  # the namespaces could not be entered: nothing started
             self._close_status()
             raise OSError(f"cannot enter the sandbox: {exc}") from exc
         except BaseException:

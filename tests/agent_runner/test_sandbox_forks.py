@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -208,3 +209,49 @@ def test_a_timed_wait_ends_as_the_polling_wait_it_replaces(tmp_path: Path, scrip
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert said[0] == said[1]
+
+
+def test_every_child_after_a_sandboxed_start_is_in_the_runners_pid_namespace(tmp_path: Path) -> None:
+    """As root the namespace's init is forked straight from the runner's thread (no holder): that
+    thread's children go to a new PID namespace for that one fork only. After a start, a failed start
+    and a start from another thread, every child of every thread is where the runner is."""
+    cwd = _attempt_dir(tmp_path)
+    own = os.readlink("/proc/self/ns/pid")
+    assert forked_run(PIDNS_UID, ["true"], {"PATH": os.defpath}, cwd) == (0, b"")
+    with pytest.raises(OSError):
+        Sandbox(PIDNS_UID, UID).popen(["/nonexistent/program"], cwd=cwd)
+    seen: list[str] = []
+
+    def in_a_thread() -> None:
+        forked_run(PIDNS_UID, ["true"], {"PATH": os.defpath}, cwd)
+        seen.append(os.readlink("/proc/thread-self/ns/pid_for_children"))
+
+    worker = threading.Thread(target=in_a_thread)
+    worker.start()
+    worker.join()
+    assert seen == [own]
+    assert os.readlink("/proc/thread-self/ns/pid_for_children") == own
+    child = subprocess.Popen(["sleep", "5"])
+    try:
+        assert os.readlink(f"/proc/{child.pid}/ns/pid") == own
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_runner_that_cannot_come_back_to_its_pid_namespace_starts_through_the_holder() -> None:
+    """Root of a user namespace of its own (as a host's runner in a container may be) may make a PID
+    namespace but not set its own again: it starts through the holder, and a start that fails there
+    leaves every later child of the runner startable (a thread whose children's PID namespace lost its
+    init could fork nothing any more)."""
+    code = ("import subprocess\n"
+            "from agent_runner.sandbox import PIDNS_UID, Sandbox, _PidNamespace\n"
+            "print('direct' if _PidNamespace.usable() else 'holder')\n"
+            f"try:\n    Sandbox(PIDNS_UID, {UID}).popen(['true']).wait()\nexcept OSError as exc:\n"
+            "    print('refused:', exc)\n"  # its root cannot become another uid: no uid is mapped
+            "print(subprocess.run(['echo', 'forked'], capture_output=True, text=True).stdout.strip())\n")
+    done = subprocess.run(["unshare", "--user", "--map-root-user", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=60, cwd=str(Path(__file__).resolve().parents[2]))
+    lines = done.stdout.splitlines()
+    assert lines[0] == "holder" and lines[1].startswith("refused: cannot enter the sandbox"), done
+    assert lines[-1] == "forked", done
