@@ -4,8 +4,10 @@ An agent is driven by the runner's loop (``loop.py``), never the other way round
 ``next_action(observation, timeout_s)`` and enforces every budget itself. A factory takes the
 ``AgentSpec`` (the suite's ``[agent]`` merged with the task's) and returns an ``Agent``.
 
-Plugging in a kind: ``register("openai", factory)`` from ``agent_runner/openai_agent.py``; this module
-imports that file when it exists. Until then ``openai`` is refused with a clear message.
+Plugging in a kind: ``register("openai", factory)`` from ``agent_runner/openai_agent.py`` (``exec``
+from ``exec_agent.py``); this module imports those files when a kind it does not know is asked for,
+so a run of built-in kinds never pays for their imports. Without the file ``openai`` is refused with
+a clear message.
 """
 
 from __future__ import annotations
@@ -120,8 +122,9 @@ def _load_plugins() -> None:
     if _PLUGINS_LOADED:
         return
     _PLUGINS_LOADED = True
-    if importlib.util.find_spec(f"{__package__}.openai_agent") is not None:
-        importlib.import_module(f"{__package__}.openai_agent")
+    for name in ("exec_agent", "openai_agent"):  # imported when a suite names their kind, never before
+        if importlib.util.find_spec(f"{__package__}.{name}") is not None:
+            importlib.import_module(f"{__package__}.{name}")
 
 
 def check_available(kind: str, where: str = "") -> None:

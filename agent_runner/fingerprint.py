@@ -149,7 +149,7 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
     getuid = getattr(os, "getuid", None)
     uid = getuid() if getuid else None
     now = time.localtime()
-    isolation = sandbox.detect()
+    isolation = sandbox.detect(network=not open_network)
     if isolation == sandbox.PIDNS_UID and not sandbox.reachable_by_others(os.path.join(cwd, "x")):
         isolation = sandbox.PIDNS  # attempts under cwd cannot be reached by another uid (what they get)
     isolation = sandbox.level_name(isolation, not open_network and sandbox.detect_network(isolation))

@@ -39,7 +39,6 @@ from .checker import check_turns
 from .digests import HashingWriter, write_announced
 from .envkeys import ATTEMPT_ENV_KEYS
 from .errors import InputError, RunnerError, SecretVisible, SuiteError
-from .exec_agent import run_exec
 from .fingerprint import collect, commands_of
 from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
@@ -314,6 +313,8 @@ class Runner:
                    started: float, box: Sandbox, attempt: int = 0) -> LoopOutcome:
         deadline = started + task.budget.timeout_s
         if task.agent.kind == "exec":  # its own program runs its tools; the proxy saw its turns
+            from .exec_agent import run_exec  # its urllib costs a start that runs no exec agent ~15 ms
+
             return run_exec(task, attempt, work, env, scratch, self.suite.root, writer, deadline, box)
         agent = agents.make_agent(task.agent)
         toolbox = ToolBox(self.suite.contract, self.suite.tools, task.fixtures, work, env, box)

@@ -383,16 +383,25 @@ def oom_kills() -> Optional[int]:
 _detected: Optional[str] = None
 
 
-def detect() -> str:
-    """The strongest level this host gives a runner of this uid (tried once per process)."""
+def detect(network: bool = False) -> str:
+    """The strongest level this host gives a runner of this uid (tried once per process). ``network``:
+    the level is tried with a network namespace first, so a host that gives both is tried once (and
+    ``detect_network`` knows without trying again); without one, as before."""
     global _detected
     if _detected is None:
         _detected = NONE
         if sys.platform.startswith("linux"):
-            if os.geteuid() == 0 and system_tool("setpriv") and _works(PIDNS_UID):
-                _detected = PIDNS_UID
-            elif _works(PIDNS):
-                _detected = PIDNS
+            root = os.geteuid() == 0 and system_tool("setpriv") is not None
+            for level in ([PIDNS_UID] if root else []) + [PIDNS]:
+                if network and _works(level, net=True):
+                    _net_works[level] = True
+                    _detected = level
+                    break
+                if _works(level):
+                    if network:
+                        _net_works[level] = False  # as detect_network would have found it
+                    _detected = level
+                    break
     return _detected
 
 
