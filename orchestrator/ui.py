@@ -513,7 +513,7 @@ def render_history(
 # ------------------------------------------------------------------------------------------- hosts
 
 
-def _findings_text(findings: list[dict[str, Any]]) -> str:
+def _findings_text(findings: list[dict[str, str]]) -> str:
     if not findings:
         return "none"
     return "\n".join(

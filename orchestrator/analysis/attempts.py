@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from agent_runner.checker import LEAK_KINDS, Contract, Hit, TurnChecker
 from agent_runner.errors import TraceError
-from agent_runner.records import TraceHeader
+from agent_runner.records import VERDICTS, TraceFinish, TraceHeader
 from agent_runner.trace import fp, iter_records
 from orchestrator.analysis.shapes import ShapeHasher, Step, shape_line, step_of
 
@@ -117,7 +117,7 @@ class TraceSummariser:
         hasher = ShapeHasher()
         add_line = hasher.add_line
         memo = self._memo
-        finish: dict[str, Any] | None = None
+        finish: TraceFinish | None = None
         try:
             for lineno, record in iter_records(path):
                 kind = record.get("type")
@@ -161,7 +161,7 @@ class TraceSummariser:
                     if isinstance(dirs, dict):
                         summary.dirs = {k: v for k, v in dirs.items() if isinstance(k, str) and isinstance(v, str)}
                 elif kind == "finish":
-                    finish = record
+                    finish = TraceFinish.from_json(record)
                 else:
                     summary.problem(f"{path}:{lineno}: unknown record type {kind!r}")
         except (TraceError, OSError) as exc:  # an unreadable file is a problem of this attempt
@@ -201,11 +201,10 @@ def record_finding(summary: AttemptSummary, finding: CheckFinding) -> None:
         summary.findings.append(finding)
 
 
-def _runner_leaks(summary: AttemptSummary, finish: dict[str, Any]) -> None:
+def _runner_leaks(summary: AttemptSummary, finish: TraceFinish) -> None:
     """The runner's own leaks from the finish record, for a trace the controller found none in: the
     runner also knew the attempt's own directories, which no fingerprint holds."""
-    found = finish.get("findings")
-    for f in found if isinstance(found, list) else []:
+    for f in finish.findings or []:
         if isinstance(f, dict) and f.get("kind") in LEAK_KINDS and f.get("weak") is not True:
             step, tool = f.get("step"), f.get("tool")
             record_finding(summary, CheckFinding(
@@ -216,22 +215,20 @@ def _runner_leaks(summary: AttemptSummary, finish: dict[str, Any]) -> None:
 
 
 def _settle_verdict(
-    summary: AttemptSummary, path: Path, finish: dict[str, Any] | None, expected: Sequence[str] = ()
+    summary: AttemptSummary, path: Path, finish: TraceFinish | None, expected: Sequence[str] = ()
 ) -> None:
     if summary.n_problems:
         summary.verdict, summary.why = "error", f"damaged trace: {summary.problems[0]}"
     elif finish is None:
         summary.verdict, summary.why = "error", f"{path}: no finish record (the attempt was cut short)"
-    elif finish.get("verdict") not in ("pass", "fail", "error"):
+    elif finish.verdict not in VERDICTS:
         summary.verdict = "error"
-        summary.why = f"{path}: finish verdict {finish.get('verdict')!r} is not pass, fail or error"
+        summary.why = f"{path}: finish verdict {finish.verdict!r} is not pass, fail or error"
     else:
-        summary.verdict = str(finish["verdict"])
-        why = finish.get("why")
-        summary.why = why if isinstance(why, str) else ""
-        said = finish.get("predicate_output")
-        summary.predicate_output = said if isinstance(said, str) else None
-        strays = finish.get("outside_workspace")
+        summary.verdict = finish.verdict
+        summary.why = finish.why
+        summary.predicate_output = finish.predicate_output
+        strays = finish.extra.get("outside_workspace")  # the runner's sandbox adds it
         if isinstance(strays, list):
             paths = [p for p in strays if isinstance(p, str)]
             summary.outside_workspace, summary.n_outside_workspace = paths[:KEEP_STRAYS], len(paths)

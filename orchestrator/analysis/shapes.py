@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from agent_runner.records import TraceTurn
 from agent_runner.redact import redact
 from agent_runner.trace import fp
 
@@ -54,21 +55,21 @@ class Step(NamedTuple):
 
 
 def step_of(turn: Mapping[str, object]) -> Step | None:
+    """The shape step of a trace turn as read from its line, or None for a turn without a tool call."""
+    return turn_step(TraceTurn.from_json(turn))
+
+
+def turn_step(turn: TraceTurn) -> Step | None:
     """The shape step of a trace turn, or None for a turn without a tool call."""
-    tool = turn.get("tool")
-    if not isinstance(tool, str) or not tool:
+    if not turn.tool:
         return None
-    raw_args = turn.get("args")
-    args: Mapping[str, object] = raw_args if isinstance(raw_args, dict) else {}
-    keys = tuple(sorted(args))
-    args_fp = turn.get("args_fp")
-    step = turn.get("step")
+    keys = tuple(sorted(turn.args))
     return Step(
-        step=step if isinstance(step, int) else 0,
-        tool=tool,
+        step=turn.step,
+        tool=turn.tool,
         keys=keys,
-        types=tuple(json_type(args[k]) for k in keys),
-        args_fp=args_fp if isinstance(args_fp, str) else fp(dict(args)),
+        types=tuple(json_type(turn.args[k]) for k in keys),
+        args_fp=turn.args_fp or fp(turn.args),
     )
 
 

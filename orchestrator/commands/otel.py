@@ -77,9 +77,13 @@ def _text(value: object) -> str:
     return text if len(text) <= MAX_ATTRIBUTE else text[:MAX_ATTRIBUTE] + "…"
 
 
-def _attrs(raw: Mapping[str, object]) -> dict[str, Any]:
+#: an attribute value as the export sets it (a subset of what OTel takes)
+Attribute = bool | int | float | str | list[str]
+
+
+def _attrs(raw: Mapping[str, object]) -> dict[str, Attribute]:
     """OTel attributes: None dropped, strings redacted and cut, other values as OTel takes them."""
-    out: dict[str, Any] = {}
+    out: dict[str, Attribute] = {}
     for key, value in raw.items():
         if value is None:
             continue

@@ -29,7 +29,7 @@ from orchestrator.errors import (
 from orchestrator.hosts.fanout import default_jobs, fan_out
 from orchestrator.hosts.fingerprint import take_fingerprint
 from orchestrator.hosts.transport import Opener, default_opener
-from orchestrator.hosts.transport.base import Host
+from orchestrator.hosts.transport.base import ConnectRetry, Host
 from orchestrator.hosts.workspace import Workspace
 
 #: failures that mean the host was never connected
@@ -44,7 +44,7 @@ class ProbeResult:
     python: str | None = None
     fingerprint: str | None = None
     hostname: str | None = None
-    findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, str]] = field(default_factory=list)  # the fingerprint's (Fingerprint.findings)
     retries: int = 0
     cleaned: bool | None = None
     error: str | None = None
@@ -57,7 +57,7 @@ def probe_host(
 ) -> ProbeResult:
     result = ProbeResult(cfg.name, cfg.transport)
 
-    def on_retry(_info: dict[str, Any]) -> None:
+    def on_retry(_info: ConnectRetry) -> None:
         result.retries += 1
 
     host: Host = opener(cfg, accept_new=accept_new, on_retry=on_retry)

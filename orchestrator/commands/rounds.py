@@ -31,7 +31,15 @@ from orchestrator.exit_policy import replay_exit
 from orchestrator.hosts.bundle import bundle_cache_dir, replay_bundle
 from orchestrator.model.hold import HoldSummary
 from orchestrator.report import analyse_and_write
-from orchestrator.store.rundir import Manifest, ResultRow, RunDir, iter_results, utc_now, write_bytes_atomic
+from orchestrator.store.rundir import (
+    Manifest,
+    ResultRow,
+    RoundRecord,
+    RunDir,
+    iter_results,
+    utc_now,
+    write_bytes_atomic,
+)
 
 ROUNDS_DIR = "rounds"
 
@@ -132,12 +140,7 @@ def replay_until_decided(request: ReplayRequest, **kwargs: Any) -> ReplayOutcome
         manifest.looks = len(looks)
         manifest.task_repeat = dict(task_repeat)
         manifest.rounds.append(
-            {
-                "round": number,
-                "run_id": outcome.manifest.run_id,
-                "repeat": target,
-                "tasks": list(outcome.manifest.tasks),
-            }
+            RoundRecord(round=number, run_id=outcome.manifest.run_id, repeat=target, tasks=list(outcome.manifest.tasks))
         )
         for host, rec in outcome.manifest.hosts.items():
             mine = manifest.hosts.get(host)

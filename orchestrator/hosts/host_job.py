@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from orchestrator.errors import (
     AuthenticationFailed,
@@ -33,7 +33,7 @@ from orchestrator.hosts.fingerprint import fingerprint_script, tail
 from orchestrator.hosts.integrity import verify_host_output
 from orchestrator.hosts.inventory import HostConfig
 from orchestrator.hosts.transport import Opener
-from orchestrator.hosts.transport.base import ExecResult, Host
+from orchestrator.hosts.transport.base import ConnectRetry, ExecResult, Host
 from orchestrator.hosts.workspace import ABANDON_AFTER_S, Running, Workspace
 from orchestrator.model.hold import ModelHold
 from orchestrator.model.proxy import model_route
@@ -64,13 +64,21 @@ class HostPlan:
     #: the held model (orchestrator/model/hold.py): the reference runs first, the others answered from it
     hold: ModelHold | None = None
     running: Running = field(default_factory=Running)  # the runs in flight (Ctrl-C kills them)
-    retries: list[dict[str, Any]] = field(default_factory=list)  # every connect retry, for the manifest
+    retries: list[ConnectRetry] = field(default_factory=list)  # every connect retry, for the manifest
     #: --slots: attempts at once on every host, over the inventory's slots
     slots: int | None = None
     #: run each predicate under strace where the host has it (``explain``'s file evidence)
     trace_files: bool = False
     #: the number of the first attempt (a later round of ``replay --until-decided`` goes on numbering)
     first_attempt: int = 0
+
+
+class _Connecting(TypedDict, total=False):
+    """What the connecting thread left: the host, or the error, or that the job gave up on it."""
+
+    host: Host
+    error: BaseException
+    given_up: bool
 
 
 class HostJob:
@@ -152,8 +160,12 @@ class HostJob:
     def _connect(self) -> Host:
         name = self.cfg.name
 
-        def on_retry(info: dict[str, Any]) -> None:
-            entry = {"host": name, "at": utc_now(), **info}
+        def on_retry(info: ConnectRetry) -> None:
+            # the name and the time are the controller's where an opener left them out
+            entry = ConnectRetry(
+                host=info.get("host") or name, at=info.get("at") or utc_now(), attempt=info["attempt"],
+                error=info["error"], wait_s=info["wait_s"],
+            )  # fmt: skip
             with self.plan.running.lock:
                 self.plan.retries.append(entry)
             self.plan.emit(name, "retry", str(info.get("error") or info))
@@ -168,7 +180,7 @@ class HostJob:
         connection that completes after that is closed at once."""
         done = threading.Event()
         lock = threading.Lock()
-        got: dict[str, Any] = {}
+        got: _Connecting = {}
 
         def attempt() -> None:
             try:

@@ -12,7 +12,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -21,6 +21,9 @@ from agent_runner.jsonfile import decode_text, read_regular
 from agent_runner.redact import is_secret_env_key, looks_like_credential
 from agent_runner.textguard import control_char
 from orchestrator.errors import InventoryError
+
+if TYPE_CHECKING:  # at run time the transport package imports this module
+    from orchestrator.hosts.transport.sshconfig import SshKey, SshSettings
 
 DEFAULT_ENV_ALLOWLIST = ["PATH", "LANG", "LC_ALL", "TZ"]
 MAX_TIMEOUT_S = 86_400.0
@@ -232,8 +235,12 @@ _NOT_A_DEFAULT = {"name", "ssh"}
 #: HostConfig fields load_inventory fills; the file cannot set them
 _INTERNAL = {"jump", "notes"}
 #: ssh_config may give these; a key written in the inventory wins
-_FROM_SSH_CONFIG = ("address", "port", "user", "identity_file", "identities_only", "proxy_jump", "connect_timeout_s")
+_FROM_SSH_CONFIG: tuple[SshKey, ...] = (
+    "address", "port", "user", "identity_file", "identities_only", "proxy_jump", "connect_timeout_s",
+)
 _PATH_KEYS = ("identity_file", "known_hosts")
+#: what a ``[user@]host[:port]`` jump host takes from ssh_config (its keys are the target's)
+_HOP_FROM_SSH_CONFIG: tuple[SshKey, ...] = ("address", "port", "user", "identity_file")
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -398,11 +405,13 @@ def _hop_chain(
             f"{where}: key 'proxy_jump': {spec!r} is neither an inventory host nor [user@]host[:port]"
         )
     user, address, port = m.group("user"), m.group("host"), m.group("port")
-    hop_fields: dict[str, Any] = {"address": address, "port": 22}
+    hop_fields: SshSettings = {"address": address, "port": 22}
     cfg = ssh_config.file() if ssh_config.path is not None else None
     if cfg is not None:
         found, _notes = cfg.settings(address)
-        hop_fields.update({k: v for k, v in found.items() if k in ("address", "port", "user", "identity_file")})
+        for key in _HOP_FROM_SSH_CONFIG:
+            if key in found:
+                hop_fields[key] = found[key]
         if found.get("proxy_jump") and len(path) < 8:
             before = []
             for inner in [s.strip() for s in found["proxy_jump"].split(",") if s.strip()]:
@@ -411,7 +420,7 @@ def _hop_chain(
     return [_hop(target, spec, hop_fields, user, port)]
 
 
-def _hop(target: HostConfig, spec: str, fields: dict[str, Any], user: str | None, port: str | None) -> HostConfig:
+def _hop(target: HostConfig, spec: str, fields: SshSettings, user: str | None, port: str | None) -> HostConfig:
     """A jump host given as ``[user@]host[:port]``: the target's keys and known_hosts, its own address."""
     update = {**fields, "name": spec, "jump": [], "notes": [], "proxy_jump": None}
     if user:

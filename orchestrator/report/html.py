@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from importlib import resources
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 from urllib.parse import quote
 
-from agent_runner.trace import iter_records
+from agent_runner.records import TraceFinish, TraceTurn
+from agent_runner.trace import CorruptLine, iter_records, iter_trace
 from orchestrator.analysis.attribution import again_line, path_line, trial_line
 from orchestrator.analysis.flips import flipped_attempts
 from orchestrator.analysis.models import RunReport, TaskReport
-from orchestrator.analysis.shapes import Step, align_steps, step_of
+from orchestrator.analysis.shapes import Step, align_steps, turn_step
 from orchestrator.errors import InputError, TraceError
 from orchestrator.exit_policy import undecided_line
 from orchestrator.store.rundir import RunDir
@@ -61,21 +62,111 @@ _TASK_FIELDS = (
 _KNOWN = {*_TASK_FIELDS, "comparable", "errors", "evidence", "sampled", "rates", "needed_repeat", "cause", "explain"}
 
 
-def _explain_view(task: TaskReport, reference: str) -> dict[str, Any] | None:
+# --- the page's data: what its script reads (assets/report.js) -----------------------------------
+
+
+class CounterfactualView(TypedDict):
+    line: str
+    reproduces: bool | None
+
+
+class PathView(TypedDict):
+    line: str
+    path: str
+    by: list[str]
+    state: dict[str, str]
+
+
+class ExplainView(TypedDict):
+    again: str
+    counterfactuals: list[CounterfactualView]
+    paths: list[PathView]
+    not_collected: list[str]
+
+
+class FinishView(TypedDict):
+    verdict: str
+    why: str
+    predicate_exit: int | None
+    reason: str
+    final: str
+
+
+class TraceView(TypedDict):
+    path: str
+    obs_path: str | None
+    steps: list[list[Any]]  # STEP_FIELDS each: a row of mixed values (an argument value is any JSON)
+    more: int
+    problems: list[str]
+    finish: FinishView | None
+
+
+class PairView(TypedDict):
+    """Two traces of the same shapes: ``same`` and ``values``; otherwise the aligned ``rows``."""
+
+    first: int | None
+    same: NotRequired[int]
+    values: NotRequired[list[int]]
+    rows: NotRequired[list[list[Any]]]  # [reference index, other index, op]
+
+
+class TaskTraces(TypedDict):
+    """Per task: per host the trace ids of its attempts, per other host the pairs with the reference."""
+
+    traces: dict[str, list[int | None]]
+    pairs: dict[str, list[PairView | None]]
+    embedded: bool
+
+
+class RunView(TypedDict):
+    run_id: str
+    suite: str | None
+    reference: str
+    valid: bool
+    invalid_reasons: list[str]
+    flip_rate: float
+    gate: float
+    within_gate: bool
+    flipped: int
+    comparable: int
+    explain: str | None
+
+
+class HostView(TypedDict):
+    name: str
+    reference: bool
+    fingerprint: str | None
+    reachable: bool
+    error: str | None
+    pass_rate: float | None
+    passed: int
+    failed: int
+    errors: int
+    pass_k: dict[str, float]
+    leaks: int
+    findings: int
+
+
+class PageData(TypedDict):
+    run: RunView
+    hosts: list[HostView]
+    tasks: list[dict[str, Any]]  # a TaskReport's fields as dumped (_TASK_FIELDS), the views beside them
+    traces: list[TraceView]
+
+
+def _explain_view(task: TaskReport, reference: str) -> ExplainView | None:
     """``crosshost explain``'s evidence for the task as the sentences report.md has (one home for them)."""
     entry = task.explain
     if entry is None:
         return None
-    return {
-        "again": again_line(entry),
-        "counterfactuals": [
-            {"line": trial_line(cf, reference), "reproduces": cf.reproduces} for cf in entry.counterfactuals
+    return ExplainView(
+        again=again_line(entry),
+        counterfactuals=[
+            CounterfactualView(line=trial_line(cf, reference), reproduces=cf.reproduces) for cf in entry.counterfactuals
         ],
-        "paths": [
-            {"line": path_line(p), "path": p.path, "by": p.by, "state": p.state} for p in entry.paths
-        ],
-        "not_collected": entry.not_collected,
-    }
+        paths=[PathView(line=path_line(p), path=p.path, by=p.by, state=p.state) for p in entry.paths],
+        not_collected=entry.not_collected,
+    )
 
 
 def esc(value: object) -> str:
@@ -111,29 +202,26 @@ class _Trace:
     path: str  # relative to the run directory
     steps: list[list[Any]]  # STEP_FIELDS each
     shape: list[Step]
-    finish: dict[str, Any] | None
+    finish: TraceFinish | None
     more: int  # 1 when steps were left out (over the trace's budget); the raw file has them
     problems: list[str]
     obs_path: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        finish = self.finish or {}
-        return {
-            "path": self.path,
-            "obs_path": self.obs_path,
-            "steps": self.steps,
-            "more": self.more,
-            "problems": self.problems,
-            "finish": None
-            if self.finish is None
-            else {
-                "verdict": finish.get("verdict"),
-                "why": _cut(str(finish.get("why") or "")),
-                "predicate_exit": finish.get("predicate_exit"),
-                "reason": finish.get("reason"),
-                "final": _cut(str(finish.get("final") or "")),
-            },
-        }
+    def to_json(self) -> TraceView:
+        finish = self.finish
+        return TraceView(
+            path=self.path,
+            obs_path=self.obs_path,
+            steps=self.steps,
+            more=self.more,
+            problems=self.problems,
+            finish=None
+            if finish is None
+            else FinishView(
+                verdict=finish.verdict, why=_cut(finish.why), predicate_exit=finish.predicate_exit,
+                reason=finish.reason, final=_cut(finish.final),
+            ),  # fmt: skip
+        )
 
 
 def _observations(path: Path, limit: int) -> dict[int, str]:
@@ -153,7 +241,7 @@ def _observations(path: Path, limit: int) -> dict[int, str]:
     return out
 
 
-def _finish_at_end(path: Path) -> dict[str, Any] | None:
+def _finish_at_end(path: Path) -> TraceFinish | None:
     """The finish record from the end of a trace not read to the end (the last line, when it is one)."""
     try:
         with path.open("rb") as handle:
@@ -164,43 +252,42 @@ def _finish_at_end(path: Path) -> dict[str, Any] | None:
         record = json.loads(tail[-1]) if tail else None
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and record.get("type") == "finish" else None
+    # the trace's own record type, from its last line: what iter_trace makes of a finish
+    return TraceFinish.from_json(record) if isinstance(record, dict) and record.get("type") == "finish" else None
 
 
 def _load_trace(path: Path, budget: int) -> _Trace:
     steps: list[list[Any]] = []
     shape: list[Step] = []
-    finish: dict[str, Any] | None = None
+    finish: TraceFinish | None = None
     problems: list[str] = []
     more = 0
     obs_file = path.with_name(path.name[: -len(".jsonl")] + ".obs.jsonl")
     try:
-        for lineno, record in iter_records(path):
-            kind = record.get("type")
-            if kind == "turn":
-                step = step_of(record)
+        for lineno, record in iter_trace(path):
+            if isinstance(record, TraceTurn):
+                step = turn_step(record)
                 if step is None:
                     continue
                 if len(steps) >= budget:
                     more = 1  # at least: the rest of a long trace is not read
                     break
                 shape.append(step)
-                args = record.get("args")
                 steps.append(
                     [  # STEP_FIELDS, as a list: a long run embeds tens of thousands of steps
                         step.step,
                         step.tool,
-                        _shown(args if isinstance(args, dict) else {}),
+                        _shown(record.args),
                         step.args_fp,
-                        record.get("obs_fp") if isinstance(record.get("obs_fp"), str) else None,
-                        _cut(str(record["error"])) if record.get("error") else None,
+                        record.obs_fp or None,
+                        _cut(record.error) if record.error else None,
                         None,
                     ]
                 )
-            elif kind == "finish":
+            elif isinstance(record, TraceFinish):
                 finish = record
-            elif kind == "corrupt":
-                problems.append(f"line {lineno}: {record.get('error', 'corrupt line')}")
+            elif isinstance(record, CorruptLine):
+                problems.append(f"line {lineno}: {record.error or 'corrupt line'}")
     except (TraceError, OSError) as exc:
         problems.append(str(exc))
     if more:
@@ -235,7 +322,7 @@ def _trace_files(run_dir: Path) -> dict[tuple[str, str, int], Path]:
     return dict(RunDir(run_dir).trace_files())
 
 
-def _pair(ref: _Trace, other: _Trace) -> dict[str, Any]:
+def _pair(ref: _Trace, other: _Trace) -> PairView:
     """The aligned rows of two traces and the first row where they part.
 
     Traces of the same shapes come as ``{"same": n, "values": [rows whose values differ]}``, the
@@ -248,7 +335,7 @@ def _pair(ref: _Trace, other: _Trace) -> dict[str, Any]:
         values = [
             i for i, (a, b) in enumerate(zip(ref.shape, other.shape, strict=True)) if a.args_fp != b.args_fp
         ]
-        return {"same": len(ref.shape), "values": values, "first": values[0] if values else None}
+        return PairView(same=len(ref.shape), values=values, first=values[0] if values else None)
     ref_index = {id(s): i for i, s in enumerate(ref.shape)}
     other_index = {id(s): i for i, s in enumerate(other.shape)}
     rows: list[list[Any]] = []
@@ -274,7 +361,7 @@ def _pair(ref: _Trace, other: _Trace) -> dict[str, Any]:
             ]
         )
     first = first_shape if first_shape is not None else first_values
-    return {"rows": rows, "first": first}
+    return PairView(rows=rows, first=first)
 
 
 def _task_order(report: RunReport) -> list[TaskReport]:
@@ -293,16 +380,16 @@ def _task_order(report: RunReport) -> list[TaskReport]:
 # --- the data the script renders ------------------------------------------------------------------
 
 
-def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
+def build_data(report: RunReport, run_dir: Path) -> PageData:
     """Everything the page's script shows, as plain JSON-able data."""
     hosts = report.host_names()
     reference = report.reference or (hosts[0] if hosts else "")
     files = _trace_files(run_dir)
-    traces: list[dict[str, Any]] = []
-    per_task: dict[str, dict[str, Any]] = {}
+    traces: list[TraceView] = []
+    per_task: dict[str, TaskTraces] = {}
     budget = MAX_EMBEDDED_STEPS
     for task in _task_order(report):
-        entry: dict[str, Any] = {"traces": {}, "pairs": {}, "embedded": True}
+        entry = TaskTraces(traces={}, pairs={}, embedded=True)
         loaded: dict[tuple[str, int], _Trace] = {}
         n_attempts = max((len(v) for v in task.verdicts.values()), default=0)
         for host in hosts:
@@ -339,20 +426,20 @@ def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
         entry_h = next((h for h in report.hosts if h.name == name), None)
         s = stats.get(name)
         host_rows.append(
-            {
-                "name": name,
-                "reference": name == reference,
-                "fingerprint": entry_h.fingerprint if entry_h else None,
-                "reachable": entry_h.reachable if entry_h else True,
-                "error": entry_h.error if entry_h else None,
-                "pass_rate": s.pass_rate if s else None,
-                "passed": s.passed if s else 0,
-                "failed": s.failed if s else 0,
-                "errors": s.errors if s else 0,
-                "pass_k": s.pass_k if s else {},
-                "leaks": sum(1 for t in report.tasks for leak in t.leaks if leak.host == name),
-                "findings": sum(1 for t in report.tasks for f in t.findings if f.host == name),
-            }
+            HostView(
+                name=name,
+                reference=name == reference,
+                fingerprint=entry_h.fingerprint if entry_h else None,
+                reachable=entry_h.reachable if entry_h else True,
+                error=entry_h.error if entry_h else None,
+                pass_rate=s.pass_rate if s else None,
+                passed=s.passed if s else 0,
+                failed=s.failed if s else 0,
+                errors=s.errors if s else 0,
+                pass_k=s.pass_k if s else {},
+                leaks=sum(1 for t in report.tasks for leak in t.leaks if leak.host == name),
+                findings=sum(1 for t in report.tasks for f in t.findings if f.host == name),
+            )
         )
 
     tasks = []
@@ -373,24 +460,24 @@ def build_data(report: RunReport, run_dir: Path) -> dict[str, Any]:
         row.update(per_task.get(task.task, {}))
         tasks.append(row)
 
-    return {
-        "run": {
-            "run_id": report.run_id,
-            "suite": report.suite,
-            "reference": reference,
-            "valid": report.valid,
-            "invalid_reasons": report.invalid_reasons,
-            "flip_rate": report.flip_rate,
-            "gate": report.gate,
-            "within_gate": report.within_gate,
-            "flipped": report.flipped,
-            "comparable": report.comparable,
-            "explain": report.explain,
-        },
-        "hosts": host_rows,
-        "tasks": tasks,
-        "traces": traces,
-    }
+    return PageData(
+        run=RunView(
+            run_id=report.run_id,
+            suite=report.suite,
+            reference=reference,
+            valid=report.valid,
+            invalid_reasons=report.invalid_reasons,
+            flip_rate=report.flip_rate,
+            gate=report.gate,
+            within_gate=report.within_gate,
+            flipped=report.flipped,
+            comparable=report.comparable,
+            explain=report.explain,
+        ),
+        hosts=host_rows,
+        tasks=tasks,
+        traces=traces,
+    )
 
 
 def embed_json(data: Any) -> str:

@@ -33,7 +33,9 @@ from agent_runner.jsonfile import MAX_LINE_BYTES, bounded_lines, decode_text, op
 from agent_runner.jsonfile import loads as json_loads
 from agent_runner.records import Fingerprint, ResultRow, TraceHeader, migrate_pins
 from agent_runner.suite import MAX_REPEAT
+from agent_runner.trace import iter_trace
 from orchestrator.errors import CrosshostError, InputError, TraceError
+from orchestrator.hosts.transport.base import ConnectRetry, ContainerFacts
 
 MANIFEST_SCHEMA = "crosshost.manifest/2"
 REPRO_SCHEMA = "crosshost.repro/1"
@@ -108,7 +110,7 @@ class HostRecord(BaseModel):
     workspace_removed: bool | None = None
     stages: dict[str, float] = Field(default_factory=dict)  # stage -> seconds
     #: what the transport says of a container host (image id and digests, daemon, runtime); None elsewhere
-    container: dict[str, Any] | None = None
+    container: ContainerFacts | None = None
 
 
 class ReproRecord(BaseModel):
@@ -152,6 +154,17 @@ class ShardRecord(BaseModel):
         return f"shard {self.index}/{self.count}"
 
 
+class RoundRecord(BaseModel):
+    """One round of ``replay --until-decided``: its run directory under ``rounds/``, the attempts per
+    host it aimed for, the tasks it ran."""
+
+    model_config = ConfigDict(extra="ignore")
+    round: int
+    run_id: str
+    repeat: int
+    tasks: list[str] = Field(default_factory=list)
+
+
 class Manifest(BaseModel):
     """``manifest.json``. Fields a replay always writes may be absent in a run another tool made;
     readers treat an absent one as unknown. Unknown keys are ignored (a newer crosshost's)."""
@@ -176,7 +189,7 @@ class Manifest(BaseModel):
     task_repeat: dict[str, int] = Field(default_factory=dict)
     #: --until-decided: per round, its run directory under rounds/, the attempts per host it aimed
     #: for and the tasks it ran
-    rounds: list[dict[str, Any]] = Field(default_factory=list)
+    rounds: list[RoundRecord] = Field(default_factory=list)
     #: negative golden tasks: task -> the contract findings ("kind:tool") its task.toml expects
     expect_findings: dict[str, list[str]] = Field(default_factory=dict)
     sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
@@ -188,7 +201,7 @@ class Manifest(BaseModel):
     inventory: dict[str, Any] = Field(default_factory=dict)
     reference: str | None = None
     crosshost_version: str | None = None
-    retries: list[dict[str, Any]] = Field(default_factory=list)
+    retries: list[ConnectRetry] = Field(default_factory=list)
     hosts: dict[str, HostRecord] = Field(default_factory=dict)
     interrupted: bool = False
     #: said once per run (summary, report.json): inventory values crosshost replaced or ignored
@@ -523,14 +536,20 @@ class RunDir:
         for (host, task, _), path in sorted(self.trace_files(), key=lambda kv: order.get(kv[0][0], len(order))):
             if host not in order or task in pins:
                 continue
-            try:
-                with path.open(encoding="utf-8") as fh:
-                    record = json_loads(fh.readline() or "{}")
-            except (OSError, ValueError):
-                continue
-            if isinstance(record, dict) and isinstance(record.get("pins"), dict):
-                pins[task] = TraceHeader.from_json(record).pins
+            header = _trace_header(path)
+            if header is not None and header.pins:
+                pins[task] = header.pins
         return pins
+
+
+def _trace_header(path: Path) -> TraceHeader | None:
+    """A trace's header (its first record, an older schema's migrated), or None without one."""
+    try:
+        for _, record in iter_trace(path):
+            return record if isinstance(record, TraceHeader) else None
+    except (TraceError, OSError):
+        pass
+    return None
 
 
 # --- a run, read for analysis -------------------------------------------------------------------------

@@ -12,13 +12,12 @@ import datetime as _dt
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 import tenacity
 
 from orchestrator.errors import HostUnreachable
 from orchestrator.hosts.inventory import HostConfig
-from orchestrator.hosts.transport.base import ExecResult, Host
+from orchestrator.hosts.transport.base import ConnectRetry, ExecResult, Host
 from orchestrator.hosts.transport.command import CommandHost
 from orchestrator.hosts.transport.local import LocalHost
 
@@ -42,7 +41,7 @@ CONNECT_ATTEMPTS = 5
 #: the whole retry sequence (attempts + waits) stays within this many connect timeouts
 _BUDGET_CONNECT_TIMEOUTS = 2.0
 
-RetryCallback = Callable[[dict[str, Any]], None]
+RetryCallback = Callable[[ConnectRetry], None]
 #: how a command gets a Host for an inventory entry: ``opener(cfg, accept_new=..., on_retry=...)``;
 #: ``default_opener`` in use, another one in tests (a LocalHost per name, a counting host, ...)
 Opener = Callable[..., Host]
@@ -80,13 +79,13 @@ def open_host(
         wait_s = state.next_action.sleep if state.next_action is not None else 0.0
         if on_retry is not None:
             on_retry(
-                {
-                    "host": cfg.name,
-                    "attempt": state.attempt_number,
-                    "error": exc.one_line() if isinstance(exc, HostUnreachable) else repr(exc),
-                    "wait_s": round(float(wait_s), 3),
-                    "at": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
-                }
+                ConnectRetry(
+                    host=cfg.name,
+                    attempt=state.attempt_number,
+                    error=exc.one_line() if isinstance(exc, HostUnreachable) else repr(exc),
+                    wait_s=round(float(wait_s), 3),
+                    at=_dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds"),
+                )
             )
 
     retrying = tenacity.Retrying(

@@ -19,9 +19,45 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import NotRequired
+
+from typing_extensions import TypedDict
 
 from orchestrator.errors import HostError, TransferError
+
+
+# typing_extensions' TypedDict: the manifest's pydantic models hold these (pydantic needs it before 3.12)
+class ContainerFacts(TypedDict, total=False):
+    """What a container transport says of its host (``docker inspect``/``version``/``info``); the
+    manifest keeps it beside the host's fingerprint (docs/run-directory.md). A key Docker did not
+    answer is absent."""
+
+    transport: str
+    container: str
+    started: bool  # crosshost started the container for the run (an ``image`` host)
+    image: str | None
+    image_id: str | None
+    runtime: str | None
+    network: str | None
+    privileged: bool | None
+    repo_digests: list[str]
+    server_version: str | None
+    server_os: str
+    kernel: str | None
+    storage_driver: str
+    cgroup_driver: str
+    cgroup_version: str
+
+
+class ConnectRetry(TypedDict):
+    """One retried connect (transient errors only), as the manifest lists it: a hidden retry is a
+    hidden measurement."""
+
+    host: str
+    at: NotRequired[str]  # ISO-8601 UTC; a manifest written before it was kept has none
+    attempt: int
+    error: str
+    wait_s: float
 
 #: one read of a capped copy
 COPY_CHUNK = 1 << 16
@@ -92,10 +128,10 @@ class Host(abc.ABC):
         """Give up on the host at once (Ctrl-C, a silent host): every call waiting on it ends."""
         self.close()
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> ContainerFacts:
         """What the transport knows of the host that its runner cannot see (a container's image id and
         digests, the daemon's runtime): recorded beside the fingerprint. Nothing by default."""
-        return {}
+        return ContainerFacts()
 
     # Optional capabilities: refused unless a backend has them ------------------------------------
 

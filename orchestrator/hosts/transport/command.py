@@ -15,6 +15,7 @@ the host's failure (``HostUnreachable``), never a command's exit code.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import shlex
 import signal
@@ -68,11 +69,23 @@ while True:
 out.flush()
 """
 
+def deliver(kind: bytes, sock: socket.socket, data: bytes) -> bool:
+    """Apply a frame from the other end to its connection: D (bytes) is sent on, E (that side sent
+    EOF) shuts the writing side; False for any other kind (C: closed there). Both ends of the relay
+    run this one function: its source is part of ``RELAY_PY``, for the host's Python of any 3.x."""
+    if kind == b"D":
+        sock.sendall(data)
+    elif kind == b"E":
+        sock.shutdown(socket.SHUT_WR)
+    else:
+        return False
+    return True
+
+
 #: run by the host's Python: listens on 127.0.0.1 (a port the kernel picks, printed first), and
 #: carries each connection to it as frames (kind, id, length, bytes) on stdout; frames for it come on
 #: stdin. O: a new connection; D: bytes; E: that side sent EOF; C: closed. Ends when stdin ends.
-RELAY_PY = r"""
-import os, select, socket, struct, sys
+RELAY_PY = "import os, select, socket, struct, sys\n" + inspect.getsource(deliver) + r"""
 F = struct.Struct(">cII")
 ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 ls.bind(("127.0.0.1", 0))
@@ -111,11 +124,7 @@ while True:
             if s is None:
                 continue
             try:
-                if kind == b"D":
-                    s.sendall(data)
-                elif kind == b"E":
-                    s.shutdown(socket.SHUT_WR)
-                else:
+                if not deliver(kind, s, data):
                     drop(cid)
             except OSError:
                 drop(cid)
@@ -370,13 +379,10 @@ class _Relay:
                 if sock is None:
                     continue
                 try:
-                    if kind == b"D":
-                        sock.sendall(data)
-                    elif kind == b"E":
-                        sock.shutdown(socket.SHUT_WR)
-                        self._ended(cid, "in")
-                    else:
+                    if not deliver(kind, sock, data):
                         self._drop(cid)
+                    elif kind == b"E":
+                        self._ended(cid, "in")
                 except OSError:
                     self._drop(cid)
                     self._send(b"C", cid)

@@ -18,10 +18,10 @@ import contextlib
 import json
 import secrets
 import subprocess
-from typing import Any
 
 from orchestrator.errors import HostUnreachable
 from orchestrator.hosts.inventory import HostConfig
+from orchestrator.hosts.transport.base import ContainerFacts
 from orchestrator.hosts.transport.command import CommandHost, tool_env
 
 #: docker CLI calls of the lifecycle (inspect, run, rm); a pull has its own bound (pull_timeout_s)
@@ -114,8 +114,8 @@ class DockerHost(CommandHost):
         return False
 
     # -- what the container is -----------------------------------------------------------------------
-    def facts(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"transport": "docker", "container": self.container, "started": self.started is not None}
+    def facts(self) -> ContainerFacts:
+        facts = ContainerFacts(transport="docker", container=self.container, started=self.started is not None)
         res = self._docker("inspect", "--type", "container", "-f", "{{json .}}", self.container)
         if res.returncode == 0:
             with contextlib.suppress(ValueError, AttributeError):

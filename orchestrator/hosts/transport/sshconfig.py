@@ -16,7 +16,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import paramiko
 
@@ -31,6 +31,22 @@ def _runs_a_command(criteria: str) -> bool:
     return any(word.strip("\"'").lstrip("!").lower() == "exec" for word in re.split(r"[\s=]+", criteria))
 
 
+#: the inventory keys ssh_config can give a host
+SshKey = Literal["address", "port", "user", "identity_file", "identities_only", "proxy_jump", "connect_timeout_s"]
+
+
+class SshSettings(TypedDict, total=False):
+    """What ssh_config says of one alias, as inventory keys (``HostName`` is the address, always there)."""
+
+    address: str
+    port: int
+    connect_timeout_s: float
+    user: str
+    identity_file: Path
+    identities_only: bool
+    proxy_jump: str
+
+
 @dataclass(frozen=True)
 class SshConfigFile:
     path: Path
@@ -43,11 +59,11 @@ class SshConfigFile:
         patterns = [p for p in names if p != "*" and not p.startswith("!")]
         return any(fnmatch.fnmatch(alias, p) for p in patterns)
 
-    def settings(self, alias: str) -> tuple[dict[str, Any], list[str]]:
+    def settings(self, alias: str) -> tuple[SshSettings, list[str]]:
         """The inventory keys ssh_config gives ``alias``, and what it says that is not followed."""
         opts = self.config.lookup(alias)
         where = f"{self.path} (Host {alias})"
-        out: dict[str, Any] = {"address": opts["hostname"]}
+        out = SshSettings(address=opts["hostname"])
         try:
             if "port" in opts:
                 out["port"] = int(opts["port"])
