@@ -51,8 +51,9 @@ STREAMS = (64, 128, 256, 512)
 #: the targets: what the proxy may add per request (median), and the streams it must relay at once
 TARGET_ADDED_MS = 2.0
 TARGET_STREAMS = 256
-#: how long the provider holds a stream after its first event for the others of its wave
-HOLD_S = 60.0
+#: how long the provider holds a stream after its first event for the others of its wave: less than
+#: ``stall_s``, so when some never come (lost) the rest go on and are counted, not stalled by the hold
+HOLD_S = 15.0
 KINDS = ("chat", "exec", "exec_stream")
 
 
