@@ -34,7 +34,7 @@ RUNNER_SOURCE_PIN = "runner_source_sha"
 _DIGEST_ALIASES = ("fingerprint", "id", "digest", "sha", "env_sha")
 
 
-def migrate_pins(pins: Mapping[str, Any]) -> Dict[str, Any]:
+def migrate_pins(pins: Mapping[str, JSONValue]) -> JSONObject:
     """A task's pins as written today: ``runner_sha`` (trace /1) is ``runner_source_sha``."""
     out = dict(pins)
     if "runner_sha" in out and RUNNER_SOURCE_PIN not in out:
@@ -42,13 +42,14 @@ def migrate_pins(pins: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def migrate_trace_header(record: Mapping[str, Any]) -> Dict[str, Any]:
+def migrate_trace_header(record: Mapping[str, JSONValue]) -> JSONObject:
     """A header of an older trace schema as today's (a header of an unknown schema is left as is)."""
     out = dict(record)
     if out.get("schema") in OLD_TRACE_SCHEMAS:
         out["schema"] = TRACE_SCHEMA
-        if isinstance(out.get("pins"), dict):
-            out["pins"] = migrate_pins(out["pins"])
+        pins = out.get("pins")
+        if isinstance(pins, dict):
+            out["pins"] = migrate_pins(pins)
     return out
 
 
@@ -92,14 +93,14 @@ def migrate_fingerprint(data: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def migrate_tool_calls_document(doc: Mapping[str, Any], path: str, problems: List[str]) -> List[Dict[str, Any]]:
+def migrate_tool_calls_document(doc: Mapping[str, JSONValue], path: str, problems: List[str]) -> List[TurnCall]:
     """A single-document trace ``{"tool_calls": [{"name", "args"}]}`` as turn records
     (steps 1..n). OpenAI-style ``arguments`` (a JSON string) and ``tool`` for ``name`` are accepted;
     a call that cannot be read is a problem ``<file>:tool_calls[i]: ...`` and is left out."""
     calls = doc.get("tool_calls")
     if not isinstance(calls, list):
         raise TraceError(f"{path}: 'tool_calls' is not a list")
-    turns: List[Dict[str, Any]] = []
+    turns: List[TurnCall] = []
     for index, call in enumerate(calls):
         if not isinstance(call, dict):
             problems.append(f"{path}:tool_calls[{index}]: not an object")
@@ -118,7 +119,7 @@ def migrate_tool_calls_document(doc: Mapping[str, Any], path: str, problems: Lis
         if not isinstance(args, dict):
             problems.append(f"{path}:tool_calls[{index}]: args is not an object")
             args = {}
-        turns.append({"type": "turn", "step": len(turns) + 1, "tool": name, "args": args})
+        turns.append({"step": len(turns) + 1, "tool": name, "args": args})
     return turns
 
 
@@ -137,7 +138,7 @@ def _list(value: Any) -> List[JSONValue]:
     return value if isinstance(value, list) else []
 
 
-def _extra(obj: Mapping[str, Any], known: Any) -> Dict[str, Any]:
+def _extra(obj: Mapping[str, JSONValue], known: Any) -> JSONObject:
     names = {f.name for f in fields(known)} | {"type"}
     return {k: v for k, v in obj.items() if k not in names}
 
@@ -317,10 +318,12 @@ class TraceHeader:
     env_sha: Optional[str] = None
     agent: Optional[str] = None
     schema: str = TRACE_SCHEMA
-    extra: Dict[str, Any] = field(default_factory=dict)
+    #: the runner's ``dirs`` (the attempt's directories) and any field another tool's header holds
+    extra: JSONObject = field(default_factory=dict)
 
-    def to_json(self) -> Dict[str, Any]:
-        record: Dict[str, Any] = {"type": "header", "schema": self.schema, "run_id": self.run_id,
+    def to_json(self) -> JSONObject:
+        """The header as written: its fields, then ``extra``'s."""
+        record: JSONObject = {"type": "header", "schema": self.schema, "run_id": self.run_id,
                                   "host": self.host, "task": self.task, "attempt": self.attempt,
                                   "fingerprint": self.fingerprint, "pins": self.pins}
         if self.env_sha is not None:

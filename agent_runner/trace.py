@@ -23,7 +23,7 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Typ
 
 from .digests import HashingWriter
 from .errors import TraceError
-from .jsonfile import MAX_LINE_BYTES, JSONObject, bounded_lines, loads, open_regular, too_deep
+from .jsonfile import MAX_LINE_BYTES, JSONObject, JSONValue, bounded_lines, loads, open_regular, too_deep
 from .records import (
     FINISH_REASONS,
     TRACE_SCHEMA,
@@ -152,7 +152,8 @@ class Trace:
     form: str = "jsonl"  # "jsonl" (ours) or "seed" ({"tool_calls": [...]})
 
 
-def _turn_problem(record: Dict[str, Any]) -> Optional[str]:
+def _turn_problem(record: JSONObject) -> Optional[str]:
+    """Why a turn record as read (JSON, not yet a ``TraceTurn``) is not one, or None."""
     step = record.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
         return "turn without a positive integer 'step'"
@@ -163,7 +164,7 @@ def _turn_problem(record: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def _looks_like_seed(path: str) -> Optional[Dict[str, Any]]:
+def _looks_like_seed(path: str) -> Optional[JSONObject]:
     """The ``{"tool_calls": [...]}`` JSON form, if that is what the file holds (it may span many lines)."""
     with _open(path) as handle:
         first = handle.readline()
@@ -271,13 +272,13 @@ class TraceWriter:
         self._obs: Optional[HashingWriter] = HashingWriter(out, Path(obs_path)) if obs_path else None
         self.steps = 0
 
-    def _write(self, handle: HashingWriter, record: "Union[TraceTurnJSON, ObsRecord, Dict[str, Any]]") -> None:
+    def _write(self, handle: HashingWriter, record: "Union[JSONObject, TraceTurnJSON, ObsRecord, Dict[str, Any]]") -> None:
         handle.write(json.dumps(redact(record), sort_keys=False, ensure_ascii=False) + "\n")
         handle.flush()
 
     def header(self, *, run_id: str, host: str, task: str, attempt: int, fingerprint: str,
                pins: Dict[str, Any], env_sha: Optional[str] = None, agent: Optional[str] = None,
-               **extra: Any) -> None:
+               **extra: JSONValue) -> None:
         record = TraceHeader(run_id=run_id, host=host, task=task, attempt=attempt, fingerprint=fingerprint,
                              pins=pins, env_sha=env_sha, agent=agent, extra=extra)
         self._write(self._handle, record.to_json())
