@@ -88,10 +88,9 @@ def serve_provider(bytes_: int, pieces: int, delay_s: float, hold: int, out: Tex
 def serve_proxy(base_url: str, out: TextIO, record_dir: Path) -> None:
     """The proxy as a replay starts it for one host: ``model_route`` with an exec agent's settings."""
     from orchestrator.hosts.transport.local import LocalHost
-    from orchestrator.model.proxy import model_route
+    from orchestrator.model.proxy import ProxyConfig, model_route
 
-    agent = {"kind": "exec", "base_url": base_url, "api_key_env": KEY_ENV, "model": MODEL,
-             "max_requests": None, "max_total_tokens": None, "api": "openai"}
+    agent = ProxyConfig(base_url, KEY_ENV, api="openai", kind="exec", model=MODEL)
     with model_route(LocalHost("bench"), agent, record_dir, None, "bench") as env:
         out.write(json.dumps(env) + "\n")
         out.flush()

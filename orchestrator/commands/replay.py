@@ -259,7 +259,7 @@ def replay(
         tasks, all_tasks = shard_tasks(request.shard, tasks, request.out), False
     model = openai_agent_config(bundle.suite, tasks)
     if model is not None:  # an unset api_key_env stops the run here, before any host is touched
-        require_api_key(str(model.get("api_key_env", "")), where=str(bundle.suite_dir / "suite.toml"))
+        require_api_key(model.api_key_env, where=str(bundle.suite_dir / "suite.toml"))
     repeat = request.repeat or bundle.suite.repeat
     gate = request.gate if request.gate is not None else bundle.suite.gate.flip_rate
     names = [h.name for h in selected]

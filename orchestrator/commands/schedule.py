@@ -190,8 +190,8 @@ def credentials_needed(inventory: Path, suite: object, environ: Mapping[str, str
                 key = cfg.passphrase_env
                 needed.setdefault(key, Credential(key, f"{where}: key 'passphrase_env'"))
     model = openai_agent_config(suite)  # type: ignore[arg-type]
-    if model and model.get("api_key_env"):
-        key = str(model["api_key_env"])
+    if model and model.api_key_env:
+        key = model.api_key_env
         why = f"suite {getattr(suite, 'name', '?')}: agent.api_key_env"
         try:
             require_api_key(key, environ, where=f"suite {getattr(suite, 'name', '?')}")

@@ -36,7 +36,7 @@ from orchestrator.hosts.transport import Opener
 from orchestrator.hosts.transport.base import ConnectRetry, ExecResult, Host
 from orchestrator.hosts.workspace import ABANDON_AFTER_S, Running, Workspace
 from orchestrator.model.hold import ModelHold
-from orchestrator.model.proxy import model_route
+from orchestrator.model.proxy import ProxyConfig, model_route
 from orchestrator.store.rundir import HostRecord, RunDir, utc_now
 
 #: on top of timeout_s x attempts: start-up, fingerprint, writing out/ and packing it
@@ -60,7 +60,7 @@ class HostPlan:
     accept_new: bool
     emit: EventSink
     #: the model proxy's settings when a task uses agent.kind = "openai" (orchestrator/model/proxy.py)
-    model: dict[str, Any] | None = None
+    model: ProxyConfig | None = None
     #: the held model (orchestrator/model/hold.py): the reference runs first, the others answered from it
     hold: ModelHold | None = None
     running: Running = field(default_factory=Running)  # the runs in flight (Ctrl-C kills them)

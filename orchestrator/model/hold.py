@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from agent_runner.jsonfile import JSONObject, JSONValue
 from agent_runner.jsonfile import loads as json_loads
@@ -36,20 +36,23 @@ from orchestrator.model.apis.openai_chat import OpenAIChat
 from orchestrator.model.exchanges import listing, mapping
 from orchestrator.store.rundir import RunDir, iter_jsonl
 
+if TYPE_CHECKING:
+    from orchestrator.model.proxy import ProxyConfig
+
 MAX_TEXT = 300
 MAX_DIFF_LINES = 12
 #: what of a request a held model compares (an API module's ``comparable``)
 Comparable = Callable[[JSONObject], RequestView]
 
 
-def hold_mode(agent: dict[str, Any] | None, override: bool | None) -> str | None:
+def hold_mode(config: ProxyConfig | None, override: bool | None) -> str | None:
     """``"true"``, ``"strict"`` or None (not held): the suite's ``hold_model`` (default true for a live
-    model), ``--hold-model``/``--no-hold-model`` over it."""
-    if agent is None:
+    model), ``--hold-model``/``--no-hold-model`` over it; ``config`` None: no live model."""
+    if config is None:
         return None
     if override is not None:
         return "true" if override else None
-    value = agent.get("hold_model", True)
+    value = config.hold_model
     if value == "strict":
         return "strict"
     return "true" if value is True else None

@@ -46,9 +46,10 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from agent_runner import jsonfile
 from agent_runner.jsonfile import JSONObject, JSONValue
@@ -95,7 +96,46 @@ RELAY_BYTES = 2 * 1024
 #: refused requests kept in the record (past it they are counted)
 MAX_REFUSALS_RECORDED = 1000
 
-def openai_agent_config(suite: Suite, tasks: list[str] | None = None) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class ProxyConfig:
+    """The model proxy's settings: what every live-model task of a run agrees on (``openai_agent_config``)."""
+
+    base_url: str
+    api_key_env: str
+    api: str = "openai"  # the wire API family (orchestrator/model/apis/)
+    kind: str = "openai"  # "exec" when a task runs its own program (the placeholder is for it)
+    model: str | None = None  # pinned only when every task names the same model
+    max_requests: int | None = None
+    max_total_tokens: int | None = None
+    hold_model: bool | str = True  # the suite's ``hold_model``: true, false or "strict"
+
+
+class Caps(TypedDict):
+    max_requests: int | None
+    max_total_tokens: int | None
+
+
+class ProxySummary(TypedDict):
+    """A proxy's totals (``ModelProxy.summary``): no key, no prompts."""
+
+    base_url: str
+    model: str | None
+    requests: int
+    retries: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    errors: list[str]
+    refused_paths: list[str]
+    refusals: int
+    caps: Caps
+
+
+def _whole(value: JSONValue) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def openai_agent_config(suite: Suite, tasks: list[str] | None = None) -> ProxyConfig | None:
     """The proxy's settings for a suite whose (selected) tasks use ``kind = "openai"`` or ``"exec"``.
 
     None when no selected task talks to a model. Each task's agent is the validated one (the suite's
@@ -109,15 +149,22 @@ def openai_agent_config(suite: Suite, tasks: list[str] | None = None) -> dict[st
     ]
     if not agents:
         return None
-    config = dict(agents[0])
     for key in ("base_url", "api_key_env", "max_requests", "max_total_tokens", "api"):
         if len({json.dumps(a.get(key)) for a in agents}) > 1:
             raise SuiteError(f"[agent] {key}: every live-model task of a suite must use the same {key}")
-    if any(a["kind"] == "exec" for a in agents):
-        config["kind"] = "exec"  # the placeholder for its program
-    if len({a.get("model") for a in agents}) > 1:
-        config["model"] = None
-    return config
+    first = agents[0]
+    models = {json.dumps(a.get("model")) for a in agents}
+    model, hold = first.get("model"), first.get("hold_model", True)
+    return ProxyConfig(
+        base_url=str(first.get("base_url", "")),
+        api_key_env=str(first.get("api_key_env", "")),
+        api=str(first.get("api", "openai")),
+        kind="exec" if any(a.get("kind") == "exec" for a in agents) else str(first.get("kind")),
+        model=model if isinstance(model, str) and len(models) == 1 else None,
+        max_requests=_whole(first.get("max_requests")),
+        max_total_tokens=_whole(first.get("max_total_tokens")),
+        hold_model=hold if isinstance(hold, (bool, str)) else True,
+    )
 
 
 def require_api_key(
@@ -201,22 +248,22 @@ class ModelProxy:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def from_agent(
+    def from_config(
         cls,
-        agent: Mapping[str, Any],
+        config: ProxyConfig,
         *,
         where: str = "suite.toml",
         environ: Mapping[str, str] | None = None,
         **kw: Any,
     ) -> ModelProxy:
-        """A proxy for a validated ``[agent]`` of ``kind = "openai"`` (``AgentSpec.to_dict()``; not started)."""
+        """A proxy with a run's settings (``openai_agent_config``; not started)."""
         return cls(
-            str(agent.get("base_url", "")),
-            str(agent.get("api_key_env", "")),
-            model=agent.get("model"),
-            max_requests=agent.get("max_requests"),
-            max_total_tokens=agent.get("max_total_tokens"),
-            api=str(agent.get("api", "openai")),
+            config.base_url,
+            config.api_key_env,
+            model=config.model,
+            max_requests=config.max_requests,
+            max_total_tokens=config.max_total_tokens,
+            api=config.api,
             environ=environ,
             where=where,
             **kw,
@@ -285,7 +332,7 @@ class ModelProxy:
         with self._lock:
             return self._tokens
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> ProxySummary:
         """Totals for the run record (manifest): no key, no prompts."""
         with self._lock:
             calls = list(self.calls)
@@ -661,7 +708,7 @@ def _str_or_none(value: JSONValue) -> str | None:
 @contextlib.contextmanager
 def model_route(
     host: Host,
-    agent: Mapping[str, Any] | None,
+    agent: ProxyConfig | None,
     record_dir: Path | None = None,
     hold: ModelHold | None = None,
     name: str = "",
@@ -677,7 +724,7 @@ def model_route(
     if agent is None:
         yield {}
         return
-    proxy = ModelProxy.from_agent(agent, hold=hold, host=name)
+    proxy = ModelProxy.from_config(agent, hold=hold, host=name)
     with proxy:
         port: int | None = None
         try:

@@ -5,6 +5,7 @@ record while its requests match, and at the first difference it is answered live
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from agent_runner.wire import ERR_DIVERGED, FINISH_MODEL_DIVERGED
 from orchestrator.model.apis.openai_chat import OpenAIChat
 from orchestrator.model.hold import Divergence, HoldSummary, ModelHold, first_difference, hold_mode
-from orchestrator.model.proxy import ModelProxy
+from orchestrator.model.proxy import ModelProxy, ProxyConfig
 from orchestrator.store.rundir import RunDir
 from tests.support.fake_provider import FakeProvider
 
@@ -81,11 +82,12 @@ def test_settings_differing_are_a_difference_too() -> None:
 
 def test_hold_mode_defaults_to_held_for_a_live_model_and_the_flag_wins() -> None:
     assert hold_mode(None, True) is None  # no live model: nothing to hold
-    assert hold_mode({"kind": "openai"}, None) == "true"
-    assert hold_mode({"kind": "openai", "hold_model": "strict"}, None) == "strict"
-    assert hold_mode({"kind": "openai", "hold_model": False}, None) is None
-    assert hold_mode({"kind": "openai", "hold_model": False}, True) == "true"
-    assert hold_mode({"kind": "openai"}, False) is None
+    live = ProxyConfig("http://127.0.0.1:9/v1", "K")
+    assert hold_mode(live, None) == "true"
+    assert hold_mode(replace(live, hold_model="strict"), None) == "strict"
+    assert hold_mode(replace(live, hold_model=False), None) is None
+    assert hold_mode(replace(live, hold_model=False), True) == "true"
+    assert hold_mode(live, False) is None
 
 
 def test_an_exec_attempts_own_directory_is_set_aside_in_both_spellings_and_the_answer_gets_the_hosts() -> None:

@@ -14,7 +14,7 @@ from agent_runner.suite import Suite, suite_from_dict
 from agent_runner.wire import ATTEMPT_HEADER, CALL_HEADER, MODEL_PASS_ENV, attempt_token
 from orchestrator.errors import ApiKeyMissing, SuiteError
 from orchestrator.hosts.transport.local import LocalHost
-from orchestrator.model.proxy import ModelProxy, model_route, openai_agent_config
+from orchestrator.model.proxy import ModelProxy, ProxyConfig, model_route, openai_agent_config
 from tests.support.fake_provider import FakeProvider, redirecting_provider, unused_port
 
 KEY = "sk-test-key-0123456789abcdef"
@@ -213,9 +213,11 @@ def test_openai_agent_config_merges_suite_and_tasks_and_selects_only_model_tasks
         ],
     )
     both = openai_agent_config(three)
-    assert both is not None and both["max_requests"] == 5 and both["model"] is None  # two models: no pin
+    assert both is not None and both.max_requests == 5 and both.model is None  # two models: no pin
+    assert (both.base_url, both.api_key_env, both.api, both.kind, both.hold_model) == ("http://x/v1", "K", "openai",
+                                                                                      "openai", True)
     only_a = openai_agent_config(three, ["a", "p"])
-    assert only_a is not None and only_a["model"] == "m1"
+    assert only_a is not None and only_a.model == "m1"
     assert openai_agent_config(three, ["p"]) is None
     assert openai_agent_config(suite({"kind": "none"}, [{"id": "a", "prompt": "p"}])) is None
     split = suite(agent, [{"id": "a", "prompt": "p"}, {"id": "b", "prompt": "p", "agent": {"base_url": "http://y/v1"}}])
@@ -227,9 +229,8 @@ def test_model_route_serves_the_local_host_directly_and_records_calls(
     tmp_path: Any, monkeypatch: Any
 ) -> None:
     monkeypatch.setenv("TEST_MODEL_KEY", KEY)
-    agent = {"kind": "openai", "model": "m1", "api_key_env": "TEST_MODEL_KEY"}
     with FakeProvider(key=KEY) as provider:
-        agent["base_url"] = provider.base_url
+        agent = ProxyConfig(provider.base_url, "TEST_MODEL_KEY", model="m1")
         with model_route(LocalHost(), agent, tmp_path) as env:
             token = attempt_token(env[MODEL_PASS_ENV], "t.0")
             status, _, _ = post(env["CROSSHOST_MODEL_URL"], chat(),

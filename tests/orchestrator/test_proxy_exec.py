@@ -17,7 +17,7 @@ from agent_runner.suite import read_suite
 from agent_runner.wire import CALL_HEADER, EXEC_PREFIX, MODEL_PASS_ENV
 from orchestrator.hosts.testing import FakeHost
 from orchestrator.model.hold import ModelHold
-from orchestrator.model.proxy import ModelProxy, model_route
+from orchestrator.model.proxy import ModelProxy, ProxyConfig, model_route
 from tests.support.fake_provider import FakeProvider
 
 KEY = "sk-unit-" + "k" * 24
@@ -80,7 +80,7 @@ def test_the_request_cap_is_a_budget_model_stop_of_the_attempt() -> None:
 
 
 def test_model_route_gives_an_exec_run_the_placeholder_and_never_the_key() -> None:
-    agent = {"kind": "exec", "api": "openai", "base_url": "http://127.0.0.1:9/v1", "api_key_env": "K"}
+    agent = ProxyConfig("http://127.0.0.1:9/v1", "K", api="openai", kind="exec")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("K", KEY)
         with model_route(FakeHost("h"), agent) as env:

@@ -18,7 +18,7 @@ from orchestrator.hosts.inventory import HostConfig
 from orchestrator.hosts.testing import FakeHost
 from orchestrator.hosts.transport import Host, LocalHost, conformance, open_host
 from orchestrator.hosts.transport.base import ExecResult
-from orchestrator.model.proxy import model_route
+from orchestrator.model.proxy import ProxyConfig, model_route
 
 SSH = pytest.param("ssh", marks=pytest.mark.sshd)
 #: a container from a test image (started and removed by the host), the session's box reached as an
@@ -117,6 +117,6 @@ def test_a_backend_without_port_forwarding_refuses_it_by_name() -> None:
 
 def test_model_route_refuses_a_host_that_cannot_reach_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_MODEL_KEY", "sk-test")
-    agent = {"kind": "openai", "model": "m", "api_key_env": "TEST_MODEL_KEY", "base_url": "http://127.0.0.1:9/v1"}
+    agent = ProxyConfig("http://127.0.0.1:9/v1", "TEST_MODEL_KEY", model="m")
     with pytest.raises(HostError, match="cannot forward a port"), model_route(_Bare("box-z"), agent):
         pytest.fail("the run must not start")
