@@ -296,8 +296,10 @@ class TurnChecker:
         self._cwds = [(c, _path_re(c), c) for c in cwds] if check_paths else []
         self._homes = [(h, _path_re(h), h) for h in homes] if check_homes else []
         self._home_dirs = homes  # where an absolute path points into a home, whichever invariant is on
-        # (needle, pattern, name, why it is generic or None)
-        self._hostnames = [(h.lower(), _word_re(h), h, generic_reason(h)) for h in hostnames] if check_hosts else []
+        # (needle, name, why it is generic or None); a name's pattern is compiled the first time its
+        # needle is found (``_word``): a fleet's hundreds of names mostly never are
+        self._hostnames = [(h.lower(), h, generic_reason(h)) for h in hostnames] if check_hosts else []
+        self._words: Dict[str, "re.Pattern[str]"] = {}
         self._check_paths, self._check_homes = check_paths, check_homes
 
         def prefixes(paths: List[str]) -> Tuple[str, ...]:
@@ -319,6 +321,12 @@ class TurnChecker:
                 self._leak_memo.clear()
             self._leak_memo[text] = found
         return found
+
+    def _word(self, name: str) -> "re.Pattern[str]":
+        pattern = self._words.get(name)
+        if pattern is None:
+            pattern = self._words[name] = _word_re(name)
+        return pattern
 
     def _allowed_path(self, path: str) -> bool:
         return any(_under(path, p) for p in self._allowed)
@@ -380,9 +388,9 @@ class TurnChecker:
                                 "home_shorthand" if shorthand else "user_home", f"{said} {why}", match.start())
         if self._hostnames:
             lowered = text.lower()  # once per string, not once per host
-            for needle, pattern, hostname, generic in self._hostnames:
+            for needle, hostname, generic in self._hostnames:
                 if needle in lowered:
-                    match = next((m for m in pattern.finditer(text)
+                    match = next((m for m in self._word(hostname).finditer(text)
                                   if not any(a <= m.start() and m.end() <= b for a, b in spans)), None)
                     if match is None:
                         continue

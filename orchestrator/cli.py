@@ -190,9 +190,9 @@ def replay_cmd(
         ReplayRequest,
         planned_hosts,
         replay_command,
+        rounds_of,
         until_decided_budget,
     )
-    from orchestrator.commands.rounds import rounds_of
     from orchestrator.commands.shards import parse_shard
     from orchestrator.errors import InputError
     from orchestrator.selection import split_list

@@ -4,6 +4,9 @@ The commands compute; this module renders what they return. Text that comes from
 inventory, a suite or a trace (host names, task ids, stderr, errors) is never read as Rich markup:
 table cells are ``Text`` objects, lines are printed with ``markup=False``, so a ``[`` in it can
 neither crash the output nor style it.
+
+The analysis and report modules are imported by the functions that draw a report, not here: a
+replay's progress view starts without them, and they load while its hosts run.
 """
 
 from __future__ import annotations
@@ -24,20 +27,8 @@ from rich.table import Table
 from rich.text import Text
 
 from agent_runner.textguard import printable
-from orchestrator.analysis.attribution import cut_words, path_line, trial_line
-from orchestrator.analysis.flips import flipped_attempts
 from orchestrator.exit_policy import undecided_line
 from orchestrator.hosts.fingerprint import run_workspace
-from orchestrator.report import (
-    burn_lines,
-    errors_line,
-    gate_verdict,
-    outside_workspace_lines,
-    rate_text,
-    rates_legend,
-    validity_line,
-    weak_line,
-)
 
 if TYPE_CHECKING:
     from orchestrator.analysis.models import RunReport
@@ -273,6 +264,19 @@ CAUSE_WIDTH = 160  # characters of a flipped task's cause line under the report 
 def report_table(report: RunReport, *, causes: bool = True) -> RenderableType:
     """Tasks × hosts with flips marked, classification and action; then validity and the gate, and
     each flipped task's cause unless ``causes`` is False."""
+    from orchestrator.analysis.attribution import cut_words
+    from orchestrator.analysis.flips import flipped_attempts
+    from orchestrator.report import (
+        burn_lines,
+        errors_line,
+        gate_verdict,
+        outside_workspace_lines,
+        rate_text,
+        rates_legend,
+        validity_line,
+        weak_line,
+    )
+
     hosts = report.host_names()
     table = Table(title=escape(f"crosshost run {report.run_id}" + (f" · suite {report.suite}" if report.suite else "")))
     table.add_column("task")
@@ -640,6 +644,8 @@ def render_export(summary: ExportSummary) -> None:
 
 def render_explain(outcome: ExplainOutcome, console: Console | None = None) -> None:
     """Per flipped task its cause (explain's evidence first), then what explain spent."""
+    from orchestrator.analysis.attribution import path_line, trial_line
+
     console = console or out_console()
 
     def line(text: str) -> None:

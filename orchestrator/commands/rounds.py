@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -96,11 +95,6 @@ def _assemble(main: RunDir, rounds: list[ReplayOutcome], manifest: Manifest) -> 
         hold.write(main.model_hold_path, write_bytes_atomic)
     main.write_manifest(manifest)
     return rows
-
-
-def rounds_of(request: ReplayRequest) -> Callable[..., ReplayOutcome] | None:
-    """What runs ``request`` in ``replay_command``: the rounds of --until-decided, or None (one replay)."""
-    return replay_until_decided if request.until_decided is not None else None
 
 
 def replay_until_decided(request: ReplayRequest, **kwargs: Any) -> ReplayOutcome:
