@@ -190,7 +190,6 @@ def replay_cmd(
         ReplayRequest,
         planned_hosts,
         replay_command,
-        rounds_of,
         until_decided_budget,
     )
     from orchestrator.commands.shards import parse_shard
@@ -213,9 +212,14 @@ def replay_cmd(
         until_decided=until_decided_budget(until_decided, max_repeat),
         shard=parse_shard(shard, run_id, os.environ) if shard is not None else None,
     )  # fmt: skip
+    rounds = None
+    if request.until_decided is not None:  # the rounds' module (and the analysis it needs) loads only then
+        from orchestrator.commands.rounds import replay_until_decided
+
+        rounds = replay_until_decided
     try:
         with ui.ProgressView(planned_hosts(request)) as view:
-            outcome = replay_command(request, on_event=view, rounds=rounds_of(request))
+            outcome = replay_command(request, on_event=view, rounds=rounds)
     except CrosshostError as exc:
         if scheduled:  # no run directory holds it: the one line goes where `history` shows it
             from orchestrator.store.history import record_failure

@@ -397,16 +397,6 @@ def _quick_exit_gc() -> None:
     gc.freeze()
 
 
-def rounds_of(request: ReplayRequest) -> Callable[..., ReplayOutcome] | None:
-    """What runs ``request`` in ``replay_command``: the rounds of --until-decided, or None (one
-    replay). The rounds' module (and the analysis it needs up front) loads only when asked for."""
-    if request.until_decided is None:
-        return None
-    from orchestrator.commands.rounds import replay_until_decided
-
-    return replay_until_decided
-
-
 def planned_hosts(request: ReplayRequest) -> list[str]:
     """The names of the hosts ``request`` replays on, in inventory order (for the progress view)."""
     return [h.name for h in _resolve_hosts(request)]
