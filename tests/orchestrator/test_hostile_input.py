@@ -630,14 +630,14 @@ def test_compare_last_that_cannot_compare_is_not_a_pass(tmp_path: Path) -> None:
 def test_ctrl_c_during_the_analysis_is_recorded_as_an_interruption(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orchestrator.commands.replay as replay_mod
+    import orchestrator.report as report_mod
     from orchestrator.commands.replay import ReplayRequest, replay
     from orchestrator.store.rundir import load_run
 
     def interrupted(*_a: object, **_k: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(replay_mod, "analyse_and_write", interrupted)
+    monkeypatch.setattr(report_mod, "analyse_and_write", interrupted)  # the replay looks it up when its hosts are done
     inv = tmp_path / "hosts.toml"
     inv.write_text('[[hosts]]\nname = "a"\ntransport = "local"\n[[hosts]]\nname = "b"\ntransport = "local"\n')
     outcome = replay(
