@@ -124,14 +124,17 @@ class ProgressView:
 
     def __enter__(self) -> ProgressView:
         if self.console.is_terminal:
-            self.live = Live(self._table(), console=self.console, refresh_per_second=8, transient=False)
+            # The table is built when the display refreshes, from the state then: an event only
+            # records its stage (a table per event is hosts x events of work, all under the lock the
+            # hosts' workers wait on).
+            self.live = Live(console=self.console, get_renderable=self._locked_table, refresh_per_second=8,
+                             transient=False)
             self.live.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.live is not None:
-            self.live.update(self._table())
-            self.live.__exit__(None, None, None)
+            self.live.__exit__(None, None, None)  # its last refresh draws the final state
 
     def __call__(self, host: str, stage: str, detail: str) -> None:
         with self.lock:
@@ -142,9 +145,13 @@ class ProgressView:
                     self.failed_at[host] = stage  # where a failure reported later happened
                 self.state[host] = (stage, detail)
             if self.live is not None:
-                self.live.update(self._table())
-            else:
-                say(self.console, f"{host:>12}  {stage}" + (f": {detail}" if detail else ""))
+                return
+        # printed outside the lock: a host's next stage never waits for another host's line
+        say(self.console, f"{host:>12}  {stage}" + (f": {detail}" if detail else ""))
+
+    def _locked_table(self) -> Table:
+        with self.lock:
+            return self._table()
 
     def _table(self) -> Table:
         table = Table(title="replay", show_edge=False)
