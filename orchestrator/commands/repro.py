@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from agent_runner.checker import Contract
+from agent_runner.jsonfile import JSONObject
 from agent_runner.records import Fingerprint, TraceTurn
 from agent_runner.redact import redact
+from agent_runner.suite import ScriptCall, ScriptTurn
 from agent_runner.trace import Trace, fp, iter_records, read_trace
 from orchestrator.analysis.attribution import fingerprint_differences
 from orchestrator.errors import InputError, TraceError
@@ -89,14 +91,14 @@ def _task_id(trace: Trace, trace_path: Path) -> str:
 
 
 def _fixture_table(
-    calls: list[tuple[str, dict[str, Any], str]],
+    calls: list[tuple[str, JSONObject, str]],
 ) -> dict[str, str | dict[str, str]]:
     """tool -> observation, or tool -> {argument value -> observation} when the calls differ in an arg.
 
     The runner's fixtures key on one argument value; the first argument whose values tell every
     distinct observation apart is used. If none does, the first observation answers every call.
     """
-    by_tool: dict[str, list[tuple[dict[str, Any], str]]] = {}
+    by_tool: dict[str, list[tuple[JSONObject, str]]] = {}
     for tool, args, obs in calls:
         by_tool.setdefault(tool, []).append((args, obs))
     table: dict[str, str | dict[str, str]] = {}
@@ -171,7 +173,7 @@ def build_suite(
 
         given = load_suite(suite_dir)
         contract: Contract = given.contract
-        tools_policy: dict[str, Any] = {
+        tools_policy: dict[str, list[list[str]]] = {  # tools.json, as Suite.tools holds it
             "allow": given.tools.get("allow", []),
             "deny": given.tools.get("deny", []),
         }
@@ -202,9 +204,9 @@ def build_suite(
     budget.setdefault("max_bytes", 1_048_576)
     budget.setdefault("timeout_s", 120)
 
-    script: list[dict[str, Any]] = [{"tool_calls": [{"name": t.tool, "args": t.args}]} for t in turns]
+    script = [ScriptTurn(tool_calls=[ScriptCall(name=t.tool, args=t.args)]) for t in turns]
     final = (trace.finish or {}).get("final")
-    script.append({"content": final if isinstance(final, str) else "", "finish": "stop"})
+    script.append(ScriptTurn(content=final if isinstance(final, str) else "", finish="stop"))
 
     name = f"repro-{task}"
     if out_dir.exists():
@@ -273,7 +275,7 @@ def fingerprint_diff(a: Fingerprint | None, b: Fingerprint | None) -> dict[str, 
 class Side:
     host: str
     tool: str | None
-    args: dict[str, Any] | None
+    args: JSONObject | None
     obs_fp: str | None
     error: str | None
     observation: str | None  # redacted, truncated

@@ -25,10 +25,11 @@ import shlex
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from agent_runner.jsonfile import JSONObject
 from agent_runner.pins import is_cache_name
 from orchestrator.errors import InputError, RunnerCrashed, SuiteError, TransferError
 from orchestrator.hosts.transport.base import Host
@@ -102,7 +103,7 @@ def _check_no_suite_json(suite_dir: Path) -> None:
         raise SuiteError(f"{suite_dir / SUITE_JSON}: reserved name (crosshost writes the normalised suite there)")
 
 
-def _suite_tar_bytes(entries: list[tuple[str, bytes, bool]], normalised: dict[str, Any]) -> bytes:
+def _suite_tar_bytes(entries: list[tuple[str, bytes, bool]], normalised: JSONObject) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for rel, data, executable in entries:
@@ -121,7 +122,7 @@ def _store_tar(out_dir: Path, prefix: str, data: bytes) -> tuple[Path, str]:
     return path, sha
 
 
-def build_suite_tar(suite_dir: Path, normalised: dict[str, Any], out_dir: Path) -> tuple[Path, str]:
+def build_suite_tar(suite_dir: Path, normalised: JSONObject, out_dir: Path) -> tuple[Path, str]:
     """``suite-<sha>.tar``: the suite's files with ``suite.json`` in place of ``suite.toml``.
 
     The same input gives the same bytes (and so the same sha)."""
@@ -172,7 +173,7 @@ def read_suite(suite_dir: Path) -> Suite:
 _CACHE_KEY_FORMAT = b"crosshost bundle cache v2\0"
 
 
-def _inputs_key(zipapp_sha: str, entries: list[tuple[str, bytes, bool]], normalised: dict[str, Any]) -> str:
+def _inputs_key(zipapp_sha: str, entries: list[tuple[str, bytes, bool]], normalised: JSONObject) -> str:
     """The sha of everything a bundle's bytes depend on (the runner, every file, the normalised suite)."""
     h = hashlib.sha256(_CACHE_KEY_FORMAT)
     h.update(zipapp_sha.encode() + b"\0")
@@ -184,19 +185,49 @@ def _inputs_key(zipapp_sha: str, entries: list[tuple[str, bytes, bool]], normali
     return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class CacheEntry:
+    """``index-<inputs sha>.json`` in the bundle cache: the bundle and suite tar the inputs built, and
+    with which runner zipapp."""
+
+    bundle_sha: str
+    suite_sha: str
+    zipapp_sha: str
+
+    @staticmethod
+    def path(out_dir: Path, key: str) -> Path:
+        return out_dir / f"index-{key}.json"
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(asdict(self), sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def read(cls, path: Path) -> CacheEntry | None:
+        """The entry, or None when it is missing or not one (the bundle is then built again)."""
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict):
+            return None
+        bundle_sha, suite_sha, zipapp_sha = data.get("bundle_sha"), data.get("suite_sha"), data.get("zipapp_sha")
+        if isinstance(bundle_sha, str) and isinstance(suite_sha, str) and isinstance(zipapp_sha, str):
+            return cls(bundle_sha, suite_sha, zipapp_sha)
+        return None
+
+
 def _cached_bundle(out_dir: Path, key: str, zipapp_sha: str) -> tuple[Path, str, str] | None:
     """(path, bundle sha, suite sha) of the bundle built earlier from the same inputs, if it is intact."""
-    try:
-        entry = json.loads((out_dir / f"index-{key}.json").read_text())
-        bundle_sha, suite_sha = str(entry["bundle_sha"]), str(entry["suite_sha"])
-        if entry["zipapp_sha"] != zipapp_sha:
-            return None
-        path = out_dir / f"bundle-{bundle_sha}.tar"
-        if sha256_file(path) != bundle_sha:  # damaged or replaced: rebuilt, never pushed
-            return None
-    except (OSError, ValueError, KeyError, TypeError):
+    entry = CacheEntry.read(CacheEntry.path(out_dir, key))
+    if entry is None or entry.zipapp_sha != zipapp_sha:
         return None
-    return path, bundle_sha, suite_sha
+    path = out_dir / f"bundle-{entry.bundle_sha}.tar"
+    try:
+        if sha256_file(path) != entry.bundle_sha:  # damaged or replaced: rebuilt, never pushed
+            return None
+    except OSError:
+        return None
+    return path, entry.bundle_sha, entry.suite_sha
 
 
 def user_bundle_cache() -> Path:
@@ -258,8 +289,7 @@ def build_bundle(suite_dir: Path, out_dir: Path, *, runner: Path | None = None, 
         for member, data in (("runner.pyz", runner_bytes or runner.read_bytes()), ("suite.tar", suite_tar.read_bytes())):
             tar.addfile(_info(member, size=len(data)), io.BytesIO(data))
     path, sha = _store_tar(out_dir, "bundle", buf.getvalue())
-    index = {"bundle_sha": sha, "suite_sha": suite_sha, "zipapp_sha": zipapp_sha}
-    _write_once(out_dir / f"index-{key}.json", (json.dumps(index, sort_keys=True) + "\n").encode())
+    _write_once(CacheEntry.path(out_dir, key), CacheEntry(sha, suite_sha, zipapp_sha).to_bytes())
     return Bundle(path, sha, zipapp_sha, suite_sha, suite_dir, suite, built=True)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 
 from agent_runner.digests import MARKER
-from agent_runner.records import ResultRow
+from agent_runner.records import ResultRow, TraceFinish
 from agent_runner.trace import read_trace
 from orchestrator.errors import OutputTampered
 from orchestrator.store.rundir import iter_results
@@ -79,9 +79,10 @@ def verdict_disagreements(
         if not (host_dir / rel).is_file():
             said.append((rel, f"results row {where} has no trace"))
             continue
-        finish = read_trace(host_dir / rel).finish or {}
+        record = read_trace(host_dir / rel).finish or {}
         declared = (expected or {}).get(row.task, ())
-        said += [(rel, f"results row {where}: {why}") for why in _disagreement(row, finish, declared)]
+        whys = _forged_fields(record) or _disagreement(row, TraceFinish.from_json(record), declared)
+        said += [(rel, f"results row {where}: {why}") for why in whys]
     return said
 
 
@@ -89,29 +90,36 @@ def _skip(where: str, why: str) -> None:
     return None
 
 
-def _disagreement(row: ResultRow, finish: dict[str, object], declared: Sequence[str] = ()) -> list[str]:
+#: the types the runner writes in a finish record's fields that a verdict rests on
+_FINISH_TYPES: dict[str, tuple[type, ...]] = {
+    "verdict": (str,), "predicate_exit": (int, type(None)), "findings": (list, type(None)),
+}  # fmt: skip
+
+
+def _forged_fields(record: Mapping[str, object]) -> list[str]:
+    """A finish record's fields of a type the runner never writes: forged, never read leniently (the
+    typed record would read them as absent)."""
+    return [
+        f"its trace's finish record has {key} {record[key]!r}, which the runner never writes"
+        for key, types in _FINISH_TYPES.items()
+        if key in record and (isinstance(record[key], bool) or not isinstance(record[key], types))
+    ]
+
+
+def _disagreement(row: ResultRow, finish: TraceFinish, declared: Sequence[str] = ()) -> list[str]:
     why: list[str] = []
-    if finish.get("verdict") != row.verdict:
-        why.append(f"verdict {row.verdict} but its trace says {finish.get('verdict')}")
-    if finish.get("predicate_exit") != row.exit_code:
-        why.append(
-            f"exit_code {row.exit_code} but its trace's predicate exited {finish.get('predicate_exit')}"
-        )
+    if finish.verdict != row.verdict:
+        why.append(f"verdict {row.verdict} but its trace says {finish.verdict or None}")
+    if finish.predicate_exit != row.exit_code:
+        why.append(f"exit_code {row.exit_code} but its trace's predicate exited {finish.predicate_exit}")
     if row.verdict == "pass":
-        if finish.get("predicate_exit") not in (None, 0):
-            why.append(f"pass although the predicate exited {finish.get('predicate_exit')}")
-        found = finish.get("findings")
+        if finish.predicate_exit not in (None, 0):
+            why.append(f"pass although the predicate exited {finish.predicate_exit}")
         # a weak finding is reported and does not fail an attempt (docs/verdicts.md), nor does a
         # negative golden task's declared one
-        if found and (
-            not isinstance(found, list)
-            or any(
-                not (
-                    isinstance(f, dict)
-                    and (f.get("weak") is True or f"{f.get('kind')}:{f.get('tool')}" in declared)
-                )
-                for f in found
-            )
+        if any(
+            not (isinstance(f, dict) and (f.get("weak") is True or f"{f.get('kind')}:{f.get('tool')}" in declared))
+            for f in finish.findings or []
         ):
             why.append("pass although its trace has contract findings")
     return why

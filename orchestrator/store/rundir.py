@@ -29,7 +29,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent_runner.jsonfile import MAX_LINE_BYTES, bounded_lines, decode_text, open_regular, read_regular
+from agent_runner.jsonfile import (
+    MAX_LINE_BYTES,
+    JSONObject,
+    bounded_lines,
+    decode_text,
+    open_regular,
+    read_regular,
+)
 from agent_runner.jsonfile import loads as json_loads
 from agent_runner.records import Fingerprint, ResultRow, TraceHeader, migrate_pins
 from agent_runner.suite import MAX_REPEAT
@@ -283,7 +290,7 @@ def migrate_manifest(data: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return out
 
 
-def _read_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _read_json_object(path: Path) -> tuple[JSONObject | None, str | None]:
     """(object, None) or (None, why) — why names the file."""
     try:
         text = decode_text(read_regular(path, follow_links=False))
@@ -307,7 +314,7 @@ def _read_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 def iter_jsonl(
     path: Path, *, missing_ok: bool = False, on_bad_line: Callable[[str, str], None] | None = None
-) -> Iterator[tuple[str, dict[str, Any]]]:
+) -> Iterator[tuple[str, JSONObject]]:
     """The JSON objects of a JSONL file, streamed as (``file:line``, object); blank lines are skipped.
 
     A line that is not UTF-8, not JSON or not an object is a TraceError naming file and line, unless
@@ -336,7 +343,7 @@ def iter_jsonl(
                 on_bad_line(where, why)
 
 
-def _jsonl_row(raw: bytes | None) -> tuple[dict[str, Any] | None, str]:
+def _jsonl_row(raw: bytes | None) -> tuple[JSONObject | None, str]:
     """One JSONL line as (object, "") or (None, why it is not one); (None, "") for a blank line."""
     if raw is None:
         return None, f"a line longer than {MAX_LINE_BYTES} bytes"
@@ -353,7 +360,7 @@ def _jsonl_row(raw: bytes | None) -> tuple[dict[str, Any] | None, str]:
     return (row, "") if isinstance(row, dict) else (None, "expected a JSON object")
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[JSONObject]:
     """Rows of a JSONL file (none when it is missing); a bad line is a TraceError naming file:line."""
     return [row for _, row in iter_jsonl(path, missing_ok=True)]
 
@@ -499,7 +506,7 @@ class RunDir:
             where = ".".join(str(p) for p in first["loc"])
             raise InputError(f"{self.repro_path}: {where}: {first['msg']}") from exc
 
-    def read_contract(self) -> tuple[dict[str, Any] | None, str | None]:
+    def read_contract(self) -> tuple[JSONObject | None, str | None]:
         """(contract, None) or (None, why it is not usable)."""
         return _read_json_object(self.contract_path)
 
@@ -563,7 +570,7 @@ class Run:
     manifest: Manifest
     hosts: list[str]
     reference: str | None
-    contract: dict[str, Any] | None
+    contract: JSONObject | None  # contract.json as stored: the checker narrows each key it reads
     contract_problem: str | None
     fingerprints: dict[str, Fingerprint] = field(default_factory=dict)
     fingerprint_problems: dict[str, str] = field(default_factory=dict)

@@ -18,6 +18,10 @@ FINISH = {"type": "finish", "reason": "stop", "final": "", "predicate_exit": 1, 
           "why": "predicate exited 1", "wall_ms": 1, "steps": 0, "findings": []}  # fmt: skip
 
 
+PASS_ROW = {**ROW, "verdict": "pass", "exit_code": 0, "why": "ok"}
+PASS = {**FINISH, "verdict": "pass", "predicate_exit": 0, "why": "ok"}
+
+
 def _host_dir(tmp_path: Path, row: dict, finish: dict) -> tuple[Path, list[PurePosixPath], str]:
     """A pulled host directory and the stdout of a runner that announced exactly these files."""
     files = {
@@ -51,6 +55,11 @@ def test_a_changed_or_unannounced_file_is_the_hosts_error_and_set_aside(tmp_path
         ({**ROW, "verdict": "pass"}, FINISH, "verdict pass but its trace says fail"),
         ({**ROW, "verdict": "pass", "exit_code": 1}, {**FINISH, "verdict": "pass"}, "pass although the predicate exited 1"),
         ({**ROW, "exit_code": 0}, FINISH, "exit_code 0 but its trace's predicate exited 1"),
+        (PASS_ROW, {**PASS, "findings": [{"kind": "host_path", "tool": "shell"}]}, "pass although its trace has contract findings"),
+        # a field of a type the runner never writes is forged: never read as absent
+        (PASS_ROW, {**PASS, "findings": "host_path"}, "has findings 'host_path', which the runner never writes"),
+        ({**PASS_ROW, "exit_code": None}, {**PASS, "predicate_exit": "1"}, "has predicate_exit '1', which the runner"),
+        ({**PASS_ROW, "exit_code": 1}, {**PASS, "predicate_exit": True}, "has predicate_exit True, which the runner"),
     ],
 )
 def test_a_row_its_trace_does_not_bear_out_is_an_error_never_a_pass(
