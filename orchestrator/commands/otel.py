@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from agent_runner.records import TraceFinish, TraceHeader, TraceTurn
+from agent_runner.records import CallRecord, TraceFinish, TraceHeader, TraceTurn, call_record_of
 from agent_runner.redact import redact, redact_text
 from agent_runner.trace import iter_trace
 from orchestrator.errors import ExportFailed, InputError, TraceError
@@ -143,10 +143,6 @@ def _obj(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _list(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def _ms(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
@@ -155,7 +151,7 @@ def _ms(value: object) -> int:
 class _Chat:
     """One model request of an attempt: the record the runner kept and the tokens it used."""
 
-    record: dict[str, Any]
+    record: CallRecord
     input_tokens: int | None = None
     output_tokens: int | None = None
     turn_step: int | None = None  # the first tool call this request produced
@@ -171,11 +167,12 @@ def _chats(turns: Sequence[TraceTurn], finish: TraceFinish) -> list[_Chat]:
         if turn.model is not None and turn.model.get("request") is not None:
             by_request.setdefault(turn.model["request"], turn)
     chats: list[_Chat] = []
-    if not isinstance(calls, list):
-        calls = [t.model for t in by_request.values()]
-    for call in calls:
-        if not isinstance(call, dict):
-            continue
+    records = (
+        [r for r in map(call_record_of, calls) if r is not None]
+        if isinstance(calls, list)
+        else [t.model for t in by_request.values() if t.model is not None]
+    )
+    for call in records:
         carrier = by_request.get(call.get("request"))
         chat = _Chat(call)
         if carrier is not None:
@@ -326,7 +323,7 @@ class _Emitter:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
         record = chat.record
-        took = sum(_ms(_obj(x).get("latency_ms")) for x in _list(record.get("attempts")))
+        took = sum(_ms(x.get("latency_ms")) for x in record.get("attempts", []))
         requested = settings.get("model")
         model = requested if isinstance(requested, str) else record.get("model")
         finish_reason = record.get("finish_reason")
@@ -370,7 +367,7 @@ class _Emitter:
         tool = turn.tool
         took = _ms(turn.latency_ms)
         if chat is not None:  # the turn's latency holds the model request as well
-            took -= sum(_ms(_obj(x).get("latency_ms")) for x in _list(chat.record.get("attempts")))
+            took -= sum(_ms(x.get("latency_ms")) for x in chat.record.get("attempts", []))
         attrs: dict[str, object] = {
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": tool,
