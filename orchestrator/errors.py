@@ -22,6 +22,9 @@ A CLI error is one line: ``box-b: HostKeyRejected: ...`` (host prefix only for H
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from agent_runner.errors import (
     ContractError,
     CrosshostError,
@@ -52,6 +55,7 @@ __all__ = [
     "TraceError",
     "TransferError",
     "WorkspaceLeft",
+    "not_the_record",
     "one_line",
 ]
 
@@ -125,3 +129,14 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, CrosshostError):
         return exc.one_line()
     return f"{type(exc).__name__}: {exc}"
+
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+
+def not_the_record(path: Path, exc: ValidationError) -> InputError:
+    """A file that holds JSON but not the record it should: the file and its first wrong key, one line."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return InputError(f"{path}: {where}: {first['msg']}")

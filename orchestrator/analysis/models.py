@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError
 
 from agent_runner.jsonfile import loads as json_loads
-from orchestrator.errors import InputError
+from orchestrator.errors import InputError, not_the_record
 
 REPORT_NAME = "report.json"
 
@@ -323,9 +323,7 @@ class RunReport(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise InputError(f"{path}: {where}: {first['msg']}") from exc
+            raise not_the_record(path, exc) from exc
 
     def host_names(self) -> list[str]:
         """Every host's name, the reference's order first; a host only traces know of still gets one."""

@@ -41,7 +41,7 @@ from agent_runner.jsonfile import loads as json_loads
 from agent_runner.records import Fingerprint, ResultRow, TraceHeader, migrate_pins
 from agent_runner.suite import MAX_REPEAT
 from agent_runner.trace import iter_trace
-from orchestrator.errors import CrosshostError, InputError, TraceError
+from orchestrator.errors import CrosshostError, InputError, TraceError, not_the_record
 from orchestrator.hosts.transport.base import ConnectRetry, ContainerFacts
 
 MANIFEST_SCHEMA = "crosshost.manifest/2"
@@ -483,9 +483,7 @@ class RunDir:
         try:
             return Manifest.model_validate(migrate_manifest(data, self.path))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise InputError(f"{self.manifest_path}: {where}: {first['msg']}") from exc
+            raise not_the_record(self.manifest_path, exc) from exc
 
     @property
     def repro_path(self) -> Path:
@@ -502,9 +500,7 @@ class RunDir:
         try:
             return ReproRecord.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise InputError(f"{self.repro_path}: {where}: {first['msg']}") from exc
+            raise not_the_record(self.repro_path, exc) from exc
 
     def read_contract(self) -> tuple[JSONObject | None, str | None]:
         """(contract, None) or (None, why it is not usable)."""
