@@ -40,7 +40,7 @@ class ContainerFacts(TypedDict, total=False):
     runtime: str | None
     network: str | None
     privileged: bool | None
-    repo_digests: list[str]
+    repo_digests: list[str] | None  # what `docker image inspect` says (null for none)
     server_version: str | None
     server_os: str
     kernel: str | None
