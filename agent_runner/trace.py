@@ -42,7 +42,7 @@ from .redact import redact
 PathArg = Union[str, "os.PathLike[str]"]
 SCHEMA = TRACE_SCHEMA
 __all__ = ["FINISH_REASONS", "SCHEMA", "VERDICTS", "CorruptLine", "Trace", "TraceRecord", "TraceWriter", "fp",
-           "iter_records", "iter_trace", "read_trace"]
+           "iter_observations", "iter_records", "iter_trace", "read_trace"]
 # A {"tool_calls": [...]} JSON document is loaded whole; JSONL is streamed. Bigger JSON documents are refused.
 _MAX_JSON_DOCUMENT = 64 * 1024 * 1024
 
@@ -140,6 +140,21 @@ def iter_trace(path: PathArg) -> Iterator[Tuple[int, TraceRecord]]:
             yield number, TraceFinish.from_json(record)
         elif kind == "corrupt":
             yield number, CorruptLine(str(record.get("error") or ""), str(record.get("text") or ""))
+
+
+def iter_observations(path: PathArg) -> Iterator[Tuple[int, Union[ObsRecord, CorruptLine]]]:
+    """The ``.obs.jsonl`` sidecar typed: ``(line_number, record)``, each observation an ``ObsRecord``
+    (a content that is not text as its JSON) and a damaged line a ``CorruptLine``. A record of another
+    type, or without an integer step, is left out."""
+    for number, record in iter_records(path):
+        kind = record.get("type", "obs")
+        step = record.get("step")
+        if kind == "corrupt":
+            yield number, CorruptLine(str(record.get("error") or ""), str(record.get("text") or ""))
+        elif kind == "obs" and isinstance(step, int) and not isinstance(step, bool):
+            content = record.get("content")
+            yield number, ObsRecord(type="obs", step=step, tool=str(record.get("tool") or ""),
+                                    content=content if isinstance(content, str) else json.dumps(content, sort_keys=True))
 
 
 @dataclass

@@ -26,7 +26,7 @@ from agent_runner.jsonfile import JSONObject
 from agent_runner.records import Fingerprint, TraceTurn
 from agent_runner.redact import redact
 from agent_runner.suite import ScriptCall, ScriptTurn
-from agent_runner.trace import Trace, fp, iter_records, read_trace
+from agent_runner.trace import CorruptLine, Trace, fp, iter_observations, read_trace
 from orchestrator.analysis.attribution import fingerprint_differences
 from orchestrator.errors import InputError, TraceError
 from orchestrator.exit_policy import repro_exit
@@ -56,13 +56,10 @@ def recorded_observations(trace_path: Path) -> dict[int, str]:
     if side is None:
         return {}
     obs: dict[int, str] = {}
-    for number, rec in iter_records(side):
-        if rec.get("type") == "corrupt":
-            raise TraceError(f"{side}:{number}: {rec['error']}")
-        step = rec.get("step")
-        if isinstance(step, int) and rec.get("type", "obs") == "obs":
-            content = rec.get("content")
-            obs[step] = content if isinstance(content, str) else json.dumps(content, sort_keys=True)
+    for number, rec in iter_observations(side):
+        if isinstance(rec, CorruptLine):
+            raise TraceError(f"{side}:{number}: {rec.error}")
+        obs[rec["step"]] = rec["content"]
     return obs
 
 

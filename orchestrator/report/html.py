@@ -23,7 +23,7 @@ from typing import Any, NotRequired, TypedDict
 from urllib.parse import quote
 
 from agent_runner.records import TraceFinish, TraceTurn
-from agent_runner.trace import CorruptLine, iter_records, iter_trace
+from agent_runner.trace import CorruptLine, iter_observations, iter_trace
 from orchestrator.analysis.attribution import again_line, path_line, trial_line
 from orchestrator.analysis.flips import flipped_attempts
 from orchestrator.analysis.models import RunReport, TaskReport
@@ -230,12 +230,12 @@ def _observations(path: Path, limit: int) -> dict[int, str]:
     if not path.is_file():
         return out
     try:
-        for _, record in iter_records(path):
-            step, content = record.get("step"), record.get("content")
-            if isinstance(step, int) and isinstance(content, str):
-                if step > limit:
-                    break
-                out[step] = _cut(content)
+        for _, record in iter_observations(path):
+            if isinstance(record, CorruptLine):
+                continue  # a damaged line shows no observation; the raw file is linked
+            if record["step"] > limit:
+                break
+            out[record["step"]] = _cut(record["content"])
     except (TraceError, OSError):
         pass
     return out

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent_runner.errors import TraceError
-from agent_runner.trace import TraceWriter, fp, iter_records, read_trace
+from agent_runner.trace import CorruptLine, TraceWriter, fp, iter_observations, iter_records, read_trace
 
 
 def _write_trace(path: Path) -> None:
@@ -143,3 +143,20 @@ def test_records_read_back_what_they_write(tmp_path: Path) -> None:
     assert ResultRow.from_json(row.to_json()) == row
     fingerprint = Fingerprint(fingerprint="a" * 16, hostname="h", python="CPython 3.11.2", extra={"new": 1})
     assert Fingerprint.from_json(fingerprint.to_json()) == fingerprint
+
+
+def test_the_observation_sidecar_reads_back_typed(tmp_path: Path) -> None:
+    trace, obs = tmp_path / "t.0.jsonl", tmp_path / "t.0.obs.jsonl"
+    with TraceWriter(trace, obs) as w:
+        w.header(run_id="r", host="h", task="t", attempt=0, fingerprint="f" * 16, pins={})
+        w.turn(tool="read", args={"path": "a"}, observation="hello", error=None)
+        w.finish(reason="stop", final="", predicate_exit=0, verdict="pass", why="ok", wall_ms=1)
+    with obs.open("a") as f:  # what another tool may add: a non-text content, another type, damage
+        f.write(json.dumps({"type": "obs", "step": 2, "tool": "ls", "content": ["a", "b"]}) + "\n")
+        f.write(json.dumps({"type": "note", "step": 3}) + "\n{not json\n")
+    got = list(iter_observations(obs))
+    assert [r for _, r in got[:2]] == [
+        {"type": "obs", "step": 1, "tool": "read", "content": "hello"},
+        {"type": "obs", "step": 2, "tool": "ls", "content": '["a", "b"]'},
+    ]
+    assert len(got) == 3 and got[2][0] == 4 and isinstance(got[2][1], CorruptLine)  # line 4: the damage
