@@ -120,12 +120,14 @@ def test_an_attempt_sees_and_ends_as_under_the_plain_launcher(tmp_path: Path, le
     assert forked == plain
 
 
-def _alive(token: str) -> list[int]:
+def _alive(token: str, named: bool = False) -> list[int]:
+    """The processes whose command line holds ``token`` (``named``: whose argv[0] is ``token``)."""
     alive = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             with contextlib.suppress(OSError):
-                if token.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if (cmdline.split(b"\0", 1)[0] == token.encode()) if named else token.encode() in cmdline:
                     alive.append(int(pid))
     return alive
 
@@ -155,9 +157,11 @@ def test_the_namespace_dies_with_the_runner(tmp_path: Path) -> None:
         "time.sleep(60)\n"), PIDNS_UID], cwd=str(Path(__file__).resolve().parents[2]))
     try:
         deadline = time.monotonic() + 10
-        while not _alive(token) and time.monotonic() < deadline:
+        # the attempt's own sleep, not the runner (whose command line holds the token too): killed
+        # once the namespace holds it
+        while not _alive(token, named=True) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _alive(token)
+        assert _alive(token, named=True)
         runner.send_signal(signal.SIGKILL)
         runner.wait()
         deadline = time.monotonic() + 5
