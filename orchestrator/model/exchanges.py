@@ -155,7 +155,7 @@ def json_args(raw: JSONValue) -> JSONObject:
         return raw
     if isinstance(raw, str) and raw.strip():
         try:
-            value = json.loads(raw)
+            value: JSONValue = json.loads(raw)
         except ValueError:
             return {"_unparsed": raw[:2000]}
         return value if isinstance(value, dict) else {"_value": value}
@@ -206,7 +206,7 @@ class StreamReader:
         if not data or data == "[DONE]":
             return
         try:
-            event = json.loads(data)
+            event: JSONValue = json.loads(data)
         except ValueError:
             return
         if isinstance(event, dict):

@@ -254,7 +254,7 @@ class HoldSummary:
     def read(cls, run_dir: RunDir) -> HoldSummary | None:
         """The run's summary, or None when the run did not hold its model (or the file is unreadable)."""
         try:
-            data = json_loads(run_dir.model_hold_path.read_text(encoding="utf-8"))
+            data: JSONValue = json_loads(run_dir.model_hold_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         return cls.from_json(data) if isinstance(data, dict) else None

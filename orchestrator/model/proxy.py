@@ -422,7 +422,7 @@ class ModelProxy:
         started = time.monotonic()
         call = self._new_call()
         try:
-            body = jsonfile.loads(raw)
+            body: JSONValue = jsonfile.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
@@ -541,7 +541,7 @@ class ModelProxy:
             reply.json(status, api.error_body(kind, message, code), call)
 
         try:
-            body = jsonfile.loads(raw)
+            body: JSONValue = jsonfile.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 from agent_runner import jsonfile
-from agent_runner.jsonfile import JSONObject
+from agent_runner.jsonfile import JSONObject, JSONValue
 from agent_runner.textguard import one_line
 from agent_runner.wire import (
     API_BASE_PATH,
@@ -100,7 +100,9 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
             if raw is None:
                 return
             try:
-                given = jsonfile.loads(raw)
+                given: JSONValue = jsonfile.loads(raw)
+                if not isinstance(given, dict):
+                    raise TypeError("not a JSON object")
                 attempt = str(given["attempt"])
                 root = attempt_root(given["root"]) if path == ATTEMPT_PATH else None
             except (ValueError, KeyError, TypeError):

@@ -182,7 +182,7 @@ class Upstream:
 
 def _provider_message(data: bytes) -> str:
     try:
-        body = json.loads(data)
+        body: JSONValue = json.loads(data)
     except ValueError:
         return data[:200].decode("utf-8", "replace").strip()
     if isinstance(body, dict):
