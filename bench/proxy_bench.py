@@ -298,8 +298,9 @@ def wave(proxy: Target, pid: int, k: int, expected: str, stall_s: float, deadlin
     failed = [r for r in results if isinstance(r, str) and r]
     lost = [r for r in failed if not r.startswith("stalled")]
     stalled = sum(1 for t in threads if t.is_alive()) + len(late) + len(failed) - len(lost)
-    # how many streams were being relayed at the same moment (first byte to last)
-    edges = sorted([(r[1], 1) for r in finished] + [(r[2], -1) for r in finished])
+    # how many streams were open at the same moment (requested to last byte; not from the first byte:
+    # a busy client may read a first byte that waited in its socket after another stream ended)
+    edges = sorted([(r[0], 1) for r in finished] + [(r[2], -1) for r in finished])
     overlap = high = 0
     for _, step in edges:
         overlap += step
