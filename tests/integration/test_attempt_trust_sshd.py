@@ -319,6 +319,8 @@ def _live_suite(root: Path, base_url: str, predicate: str) -> Path:
     return suite
 
 
+# serial: it posts to every loopback listener on the machine, the other workers' scripted providers too
+@pytest.mark.serial
 def test_a_predicate_that_posts_to_every_loopback_listener_spends_nothing(
     sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -225,6 +225,8 @@ class CommandHost(Host):
         duration = time.monotonic() - started
         reached, stderr = _marked(err.decode("utf-8", "replace"))
         if not reached:
+            # a backend that can tell why (a container that stopped under the run) says so first
+            self.check_exec(proc.returncode, duration, timeout)
             raise self._unreached(argv[0], proc.returncode, stderr)
         self.check_exec(proc.returncode, duration, timeout)
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
