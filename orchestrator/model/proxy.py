@@ -75,7 +75,6 @@ from orchestrator.hosts.transport.base import Host
 from orchestrator.httpserver import PROXY_MAX_THREADS, BoundedServer
 from orchestrator.model.apis import APIS, family_api
 from orchestrator.model.apis.base import WireApi
-from orchestrator.model.apis.openai_chat import OpenAIChat
 from orchestrator.model.exchanges import ExchangeBook, StreamReader, count, mapping
 from orchestrator.model.hold import ModelHold
 from orchestrator.model.records import ModelCall, call_record, error_body
@@ -87,7 +86,6 @@ if TYPE_CHECKING:
 
 #: a held streamed answer: the reference's server-sent event lines, as the provider sent them
 HELD_EVENTS = "crosshost_events"
-_CHAT = OpenAIChat()  # the built-in agent's API
 
 
 #: the most a streamed answer's relay reads at once: a burst of events is one send, and a stream waiting
