@@ -222,7 +222,7 @@ def replay_cmd(
             outcome = replay_command(request, on_event=view, rounds=rounds)
     except CrosshostError as exc:
         if scheduled:  # no run directory holds it: the one line goes where `history` shows it
-            from orchestrator.store.history import record_failure
+            from orchestrator.store.failures import record_failure
 
             record_failure(out, suite, exc)
         raise
