@@ -69,20 +69,27 @@ class StrayWatch:
             while stack and seen <= MAX_ENTRIES:
                 directory, depth = stack.pop()
                 try:
-                    entries = list(os.scandir(directory))
+                    with os.scandir(directory) as listing:
+                        entries = list(listing)
                 except OSError:
                     continue
                 seen += len(entries)
-                if depth >= DEPTH:
-                    continue
+                below = depth + 1
                 for entry in entries:
-                    with contextlib.suppress(OSError):
-                        if entry.is_dir(follow_symlinks=False):
-                            sub = entry.stat(follow_symlinks=False)
-                            if _others_may(sub, stat.S_IXOTH):
-                                if _others_may(sub, stat.S_IWOTH):
-                                    self.depth.setdefault(entry.path, depth + 1)
-                                stack.append((entry.path, depth + 1))
+                    # try/except, not contextlib.suppress: this loop sees every entry of the roots
+                    try:
+                        if not entry.is_dir(follow_symlinks=False):
+                            continue
+                        mode = entry.stat(follow_symlinks=False).st_mode
+                    except OSError:
+                        continue
+                    if mode & stat.S_IXOTH:
+                        if mode & stat.S_IWOTH:
+                            self.depth.setdefault(entry.path, below)
+                        # a directory at DEPTH is watched but never listed here: what it holds is
+                        # below DEPTH (its entries are what ``since`` looks at)
+                        if below < DEPTH:
+                            stack.append((entry.path, below))
 
     def mark(self) -> Mark:
         """Before an attempt starts: the time and every watched directory's inode and times."""

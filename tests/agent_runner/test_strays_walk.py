@@ -8,12 +8,13 @@ import contextlib
 import os
 import random
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
 
 from agent_runner.sandbox import UID_BASE
-from agent_runner.strays import StrayWatch
+from agent_runner.strays import DEPTH, StrayWatch
 
 UID = UID_BASE + 4242
 OTHER = UID_BASE + 4343
@@ -40,7 +41,32 @@ def plain_strays(uid: int, roots: list[str], own: str) -> list[str]:
     return sorted(found)
 
 
-MODES = [0o755, 0o700, 0o711, 0o1777, 0o777, 0o555, 0o733]
+def plain_watched(roots: list[str]) -> dict[str, int]:
+    """The directories the watch must look in, by a plain walk of every directory: a root anyone may
+    write, and every directory anyone may write within DEPTH levels, reached through directories
+    anyone may pass (never through a link); the first root that reaches one names its depth."""
+    watched: dict[str, int] = {}
+    for top in roots:
+        with contextlib.suppress(OSError):
+            if os.stat(top).st_mode & 0o002:
+                watched.setdefault(top, 0)
+        base = top.rstrip("/").count("/")
+        for root, dirs, _files in os.walk(top):
+            below = root.rstrip("/").count("/") - base + 1
+            passable = []
+            for name in dirs:
+                path = os.path.join(root, name)
+                with contextlib.suppress(OSError):
+                    st = os.lstat(path)
+                    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o001:
+                        if st.st_mode & 0o002:
+                            watched.setdefault(path, below)
+                        passable.append(name)
+            dirs[:] = passable if below < DEPTH else []
+    return watched
+
+
+MODES = [0o755, 0o700, 0o711, 0o1777, 0o777, 0o555, 0o733, 0o770, 0o703]
 
 
 def _host_tree(top: Path, rng: random.Random, depth: int = 0) -> None:
@@ -149,3 +175,27 @@ def test_a_world_writable_directory_made_during_the_run_is_watched_from_then_on(
     (shared / "later").write_text("x")
     os.lchown(shared / "later", UID, UID)
     assert watch.since(mark, UID, str(tmp_path / "own")) == [str(shared / "later"), str(shared / "left")]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_watch_starts_with_what_a_plain_walk_of_every_directory_finds(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    roots = []
+    for name in ("tmp", "vartmp", "shm"):
+        top = tmp_path / name
+        top.mkdir()
+        _host_tree(top, rng)
+        top.chmod(rng.choice([0o1777, 0o755, 0o711]))
+        roots.append(str(top))
+    home = rng.choice([str(tmp_path / "home"), os.path.join(roots[0], "home")])  # a HOME under /tmp too
+    os.makedirs(home, exist_ok=True)
+    _host_tree(Path(home), rng)
+    chain = Path(roots[2], *[f"d{i}" for i in range(DEPTH + 1)])  # anyone may write past DEPTH
+    chain.mkdir(parents=True)
+    for part in [chain, *chain.parents][: DEPTH + 1]:
+        part.chmod(0o777)
+    (tmp_path / "link").symlink_to(roots[1])  # a root that is a link (/tmp -> private/tmp)
+    roots[1] = str(tmp_path / "link")
+    watch = StrayWatch(home, roots=roots)
+    assert watch.depth == plain_watched([*roots, home])
+    assert watch.depth[str(chain.parent)] == DEPTH and str(chain) not in watch.depth
