@@ -340,7 +340,8 @@ class Bench:
         print(f"  runner: per-attempt overhead on no-op suites of {sizes} tasks ...", flush=True)
         out = runner_bench.measure(sizes, reps=3)
         print(f"  runner: {', '.join(f'{t} tasks {ms} ms' for t, ms in out['per_attempt_ms'].items())} per attempt "
-              f"({out['isolation']}; target <= {out['target_ms']} ms, flat)", flush=True)
+              f"({out['isolation']}; target <= {out['target_ms']} ms, flat); start-up {out['start_ms']['source']} ms "
+              f"(from runner.pyz {out['start_ms']['zipapp']} ms)", flush=True)
         return out
 
     def run_analysis(self) -> dict[str, Any]:
@@ -516,6 +517,10 @@ def render_table(result: dict[str, Any]) -> str:
             "|---|" + "---|" * len(sizes) + "---|",
             f"| (wall(T) - wall(1)) / (T - 1), median of {r['reps']} | "
             + " | ".join(f"{r['per_attempt_ms'][t]:.2f}" for t in sizes) + f" | {_mark(r['met'])} |",
+            "",
+            "| runner start-up (a 1-task run, wall) | from the source tree ms | from runner.pyz, as on a host ms |",
+            "|---|---|---|",
+            f"| median of {r['reps']} | {r['start_ms']['source']:.1f} | {r['start_ms']['zipapp']:.1f} |",
         ]
     e = result.get("explain")
     if e:

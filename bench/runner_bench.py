@@ -8,6 +8,10 @@ root), and the whole command is timed. Per attempt = (wall(T) - wall(1)) / (T - 
 start, the isolation probe and the fingerprint are paid once per run and cancel out. Medians of
 ``reps`` runs, interleaved so both sizes see the same load.
 
+The start-up is wall(1) itself, the median of a 1-task run: once from the source tree (its bytecode
+cached, as in a checkout) and once from ``runner.pyz``, the zipapp a host is sent and runs
+(``python3 runner.pyz run ...``, nothing on PYTHONPATH).
+
 ``--network open`` runs the suites with ``network = "open"`` (no network namespace per attempt), so
 the two runs side by side give what the attempt's own network costs.
 
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gen_suite import generate_suite
+from orchestrator.hosts.runner_zipapp import build_runner_zipapp
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 5.0
@@ -36,12 +41,16 @@ TARGET_MS = 5.0
 FLAT_FACTOR = 1.25
 
 
-def _run(suite: Path, scratch: Path) -> float:
+def _run(suite: Path, scratch: Path, zipapp: Path | None = None) -> float:
+    """Wall seconds of one run of ``suite``: from the source tree, or from ``zipapp`` as a host runs it."""
     out, ws = scratch / "out", scratch / "ws"
     shutil.rmtree(out, ignore_errors=True)
-    env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": str(REPO)}
+    env = {"PATH": os.environ.get("PATH", os.defpath)}
+    if zipapp is None:
+        env["PYTHONPATH"] = str(REPO)
+    runner = [sys.executable, str(zipapp)] if zipapp is not None else [sys.executable, "-m", "agent_runner"]
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out", str(out),
+    done = subprocess.run([*runner, "run", "--suite", str(suite), "--out", str(out),
                            "--workspace-root", str(ws), "--host", "bench"],
                           env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - started
@@ -63,10 +72,13 @@ def measure(sizes: tuple[int, ...] = (100, 1000), reps: int = 3, network: str = 
             for suite in suites.values():  # a top-level key: before the first table
                 toml = suite / "suite.toml"
                 toml.write_text('network = "open"\n' + toml.read_text())
+        zipapp = build_runner_zipapp(scratch / "zipapp")
         walls: dict[int, list[float]] = {t: [] for t in suites}
+        zipapp_walls: list[float] = []
         for _ in range(reps):
             for t, suite in suites.items():
                 walls[t].append(_run(suite, scratch / "run"))
+            zipapp_walls.append(_run(suites[1], scratch / "run", zipapp))
         isolation = json.loads((scratch / "run" / "out" / "fingerprint.json").read_text()).get("isolation")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -77,6 +89,8 @@ def measure(sizes: tuple[int, ...] = (100, 1000), reps: int = 3, network: str = 
     return {
         "sizes": list(sizes), "reps": reps, "isolation": isolation,
         "wall_s": {str(t): w for t, w in walls.items()},
+        # the runner's fixed cost per run (interpreter, imports, isolation probe, fingerprint, stray walk)
+        "start_ms": {"source": round(base * 1000, 1), "zipapp": round(statistics.median(zipapp_walls) * 1000, 1)},
         "per_attempt_ms": {str(t): round(v, 2) for t, v in per.items()},
         "target_ms": TARGET_MS, "flat": flat,
         "met": all(v <= TARGET_MS for v in per.values()) and flat,

@@ -1,3 +1,4 @@
+import statistics
 from typing import Any
 
 from bench.run import Cell, ratios, render_table, targets
@@ -42,9 +43,12 @@ def test_the_runner_row_measures_a_real_runner_on_no_op_suites_and_shows_each_si
     assert split_level(out["isolation"])[0] in ("pidns+uid", "pidns", "none")  # netns+ where the host allows
     assert set(out["per_attempt_ms"]) == {"3", "5"} and isinstance(out["met"], bool)
     table = render_table({"points": [], "analysis": None, "runner": out})
-    row = table.splitlines()[-1]
+    lines = table.splitlines()
+    row = lines[lines.index(next(line for line in lines if "3 tasks ms | 5 tasks ms" in line)) + 2]
     assert f"| {out['per_attempt_ms']['3']:.2f} | {out['per_attempt_ms']['5']:.2f} |" in row
-    assert "3 tasks ms | 5 tasks ms" in table
+    start = out["start_ms"]
+    assert start["source"] == round(statistics.median(out["wall_s"]["1"]) * 1000, 1) and start["zipapp"] > 0
+    assert table.splitlines()[-1] == f"| median of 1 | {start['source']:.1f} | {start['zipapp']:.1f} |"
 
 
 def test_the_smallest_point_has_its_tighter_bound_beside_the_first() -> None:
