@@ -1,0 +1,86 @@
+"""The cleanup's process scan (remote._SURVIVORS_PY) finds the same processes as its plain version,
+which read every process's cmdline, cwd and environ before asking whether it belongs to this host."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.hosts import remote
+
+#: the scan as it was before it asked "this host's?" first (the reference for the one now used)
+PLAIN_SCAN = r"""
+def scan():
+    found = []
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    except OSError:
+        return found
+    for p in pids:
+        d = "/proc/" + p
+        try:
+            with open(d + "/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            continue
+        if marker in cmd:
+            continue
+        try:
+            cwd = os.readlink(d + "/cwd")
+        except OSError:
+            cwd = ""
+        hit = cwd == ws or cwd.startswith(ws + "/") or inside in cmd
+        if not hit:
+            try:
+                with open(d + "/environ", "rb") as fh:
+                    hit = inside in fh.read()
+            except OSError:
+                pass
+        if hit and this_host(p):
+            found.append(int(p))
+    return found
+"""
+
+
+def _listing(script: str, ws: Path, marker: str) -> set[int]:
+    """The pids ``script``'s scan finds (nothing killed: the script stops before its kill loop)."""
+    head = script.split("left = scan()")[0]
+    proc = subprocess.run([sys.executable, "-I", "-B", "-c", head + "\nprint(' '.join(map(str, scan())))", str(ws), marker],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return {int(x) for x in proc.stdout.split()}
+
+
+def _plain(ws: Path, marker: str) -> set[int]:
+    return _listing(remote._SURVIVORS_PY.split("def scan():")[0] + PLAIN_SCAN + "\nleft = scan()", ws, marker)
+
+
+def test_the_scan_finds_what_the_plain_scan_finds(tmp_path: Path) -> None:
+    ws = tmp_path / "runs" / "r1-box"
+    (ws / "work" / "t").mkdir(parents=True)
+    marker = "crosshost-clean-0123456789abcdef"
+    sleep = ["sleep", "300"]
+    started = {
+        "cwd": subprocess.Popen(sleep, cwd=ws),
+        "cwd below": subprocess.Popen(sleep, cwd=ws / "work" / "t"),
+        "named": subprocess.Popen(["sh", "-c", f"sleep 300; : {ws}/work"], cwd=tmp_path),
+        "environ": subprocess.Popen(sleep, cwd=tmp_path, env={**os.environ, "WHERE": f"{ws}/work"}),
+        "the scan's own": subprocess.Popen(["sh", "-c", f"sleep 300; : {marker}"], cwd=ws),
+        "elsewhere": subprocess.Popen(sleep, cwd=tmp_path),
+    }
+    try:
+        time.sleep(0.3)  # the shells' cwd and command lines are in /proc
+        want = {p.pid for name, p in started.items() if name not in ("the scan's own", "elsewhere")}
+        for where in (ws, tmp_path / "gone"):  # the workspace there, and gone (told by ancestry then)
+            found, plain = _listing(remote._SURVIVORS_PY, where, marker), _plain(where, marker)
+            assert found == plain
+            mine = {p.pid for p in started.values()}
+            if where == ws:
+                assert found & mine == want
+    finally:
+        for p in started.values():
+            p.kill()
+            p.wait()
