@@ -74,9 +74,12 @@ _libc_handle: Optional[ctypes.CDLL] = None
 
 def _libc() -> ctypes.CDLL:
     """libc, loaded by the runner before it forks (a child must not be the first to load it)."""
-    global _libc_handle
+    global _libc_handle, _pylibc
     if _libc_handle is None:
         _libc_handle = ctypes.CDLL(None, use_errno=True)
+        # the same library, called with the interpreter's lock held (``_fork``: a child whose lock
+        # another thread held could never run Python)
+        _pylibc = ctypes.PyDLL(None, use_errno=True)
     return _libc_handle
 
 
@@ -161,18 +164,23 @@ class _Enter:
         self.libc = _libc()
         self.uid = uid  # the attempt's own, taken in its process before its exec (None: it keeps the runner's)
         self.last_cap = _last_cap() if uid is not None else 0
+        self.handled = _handled_signals()
+        _close_range_works()  # found out here, never first in the fork
 
     def __call__(self) -> None:
+        # Only the least Python here: this is a copy of the runner, and every page it touches is
+        # copied (what could be prepared was, by the runner in ``__init__``).
         libc = self.libc
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         _check(libc.unshare(self.flags), "unshare")  # raised here: Popen raises, nothing was started
-        _default_handlers()
-        # listed now: once the init has mounted the namespace's /proc, the holder (not in it) has no
-        # /proc/self
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        for sig in self.handled:
+            signal.signal(sig, signal.SIG_DFL)
+        # listed now where descriptors cannot be closed by range: once the init has mounted the
+        # namespace's /proc, the holder (not in it) has no /proc/self
+        fds = None if _close_range_works() else [int(name) for name in os.listdir("/proc/self/fd")]
         if not self.direct:
-            init = os.fork()
+            init = _fork()
             if init != 0:
                 _hold(init, fds)
         try:
@@ -180,7 +188,7 @@ class _Enter:
             _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
             _check(libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "mount /proc")
             listener = _loopback(self.relay[0] if self.relay else None) if self.net else None
-            attempt = os.fork()
+            attempt = _fork()
         except BaseException as exc:
             with contextlib.suppress(BaseException):
                 os.write(2, f"crosshost sandbox: {exc}\n".encode())
@@ -197,27 +205,69 @@ class _Enter:
         _init(attempt, self.status_fd, fds)
 
 
-def _default_handlers() -> None:
-    """Every signal the runner handles in Python back to its default (an init ignores it)."""
-    for sig in signal.valid_signals():
-        with contextlib.suppress(OSError, ValueError, TypeError):
+def _handled_signals() -> List[int]:
+    """The signals this process handles in Python (the runner's), to be set back to their default in
+    its forks: an init ignores every signal it has no handler for, and a copy of the runner's handler
+    would run the runner's code. Read by number (``valid_signals`` builds an enum per signal)."""
+    handled = []
+    for sig in range(1, signal.NSIG):
+        with contextlib.suppress(OSError, ValueError):
             if callable(signal.getsignal(sig)):
-                signal.signal(sig, signal.SIG_DFL)
+                handled.append(sig)
+    return handled
 
 
-def _close_all_but(fds: List[int], keep: int) -> None:
+_close_range_ok: Optional[bool] = None
+_SYS_CLOSE_RANGE = 436  # the same number on every Linux architecture (5.9+)
+
+
+def _close_range_works() -> bool:
+    """Whether the kernel closes descriptors by range (``close_range``, Linux 5.9), tried once by the
+    runner on a range with nothing in it; where it does not, a fork lists ``/proc/self/fd``."""
+    global _close_range_ok
+    if _close_range_ok is None:
+        _close_range_ok = sys.platform.startswith("linux") and _libc().syscall(
+            _SYS_CLOSE_RANGE, ctypes.c_uint(0xFFFFFFFE), ctypes.c_uint(0xFFFFFFFF), ctypes.c_uint(0)) == 0
+    return _close_range_ok
+
+
+_pylibc: Optional[ctypes.PyDLL] = None
+
+
+def _fork() -> int:
+    """``fork`` in a fork of the runner (which has one thread): the raw system call, without the
+    Python at-fork callbacks ``os.fork`` runs in both processes (threading's, logging's, random's
+    reseed: a copy-on-write fault for every page they touch). The child only sets itself up and
+    execs, or waits and exits."""
+    pid = _pylibc.fork() if _pylibc is not None else -1
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), f"fork: {os.strerror(ctypes.get_errno())}")
+    return pid
+
+
+def _close_all_but(fds: Optional[List[int]], *keep: int) -> None:
+    """Close every descriptor but those of ``keep``: by range (``fds`` None), else those of ``fds``
+    (every one this process had, listed before)."""
+    if fds is None:
+        low = 0
+        for fd in sorted(k for k in keep if k >= 0):
+            if fd > low:
+                _libc().syscall(_SYS_CLOSE_RANGE, ctypes.c_uint(low), ctypes.c_uint(fd - 1), ctypes.c_uint(0))
+            low = fd + 1
+        _libc().syscall(_SYS_CLOSE_RANGE, ctypes.c_uint(low), ctypes.c_uint(0xFFFFFFFF), ctypes.c_uint(0))
+        return
     for fd in fds:
-        if fd != keep:
+        if fd not in keep:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
-def _hold(init: int, fds: List[int]) -> None:
+def _hold(init: int, fds: Optional[List[int]]) -> None:
     """The holder: close ``fds`` (every descriptor it had), wait for the init, end as it did. Never
     returns."""
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        _close_all_but(fds, -1)
+        _close_all_but(fds)
         while True:
             try:
                 status = os.waitpid(init, 0)[1]
@@ -235,7 +285,7 @@ def _hold(init: int, fds: List[int]) -> None:
         os._exit(1)
 
 
-def _init(attempt: int, status_fd: int, fds: List[int]) -> None:
+def _init(attempt: int, status_fd: int, fds: Optional[List[int]]) -> None:
     """The namespace's init: close ``fds`` but the status pipe, reap until the attempt has ended, then
     say how. Never returns."""
     try:
@@ -270,15 +320,16 @@ def _loopback(port: Optional[int]) -> Optional[socket.socket]:
     return listener
 
 
-def _forwarding_init(attempt: int, status_fd: int, fds: List[int], listener: socket.socket, path: str) -> None:
+def _forwarding_init(attempt: int, status_fd: int, fds: Optional[List[int]], listener: socket.socket,
+                     path: str) -> None:
     """The init of a namespace whose attempt reaches its model proxy: as ``_init``, and meanwhile every
     connection to ``listener`` is relayed to the Unix socket ``path`` (the runner's relay to the proxy).
     One thread, one ``select``: the attempt's end is a pidfd becoming readable (never a poll). Never
     returns."""
     try:
-        # ``fds`` was listed before the listener existed: its number may be one listed then (the
-        # listing's own descriptor), so it is kept by number
-        _close_all_but([fd for fd in fds if fd != listener.fileno()], status_fd)
+        # ``fds`` (when listed) was listed before the listener existed: its number may be one listed
+        # then (the listing's own descriptor), so it is kept by number
+        _close_all_but(fds, status_fd, listener.fileno())
         # after the attempt's fork: a long socket path is reached from its directory, the init's own cwd
         directory, name = os.path.split(path)
         os.chdir(directory)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -259,3 +260,43 @@ def test_a_runner_that_cannot_come_back_to_its_pid_namespace_starts_through_the_
     lines = done.stdout.splitlines()
     assert lines[0] == "holder" and lines[1].startswith("refused: cannot enter the sandbox"), done
     assert lines[-1] == "forked", done
+
+
+@pytest.mark.parametrize("level", [PIDNS_UID, PIDNS])
+def test_descriptors_closed_by_range_or_by_listing_leave_the_attempt_the_same(
+        tmp_path: Path, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forks close every descriptor they inherited by range (``close_range``); where the kernel
+    cannot, by the list of ``/proc/self/fd`` taken before /proc is remounted, as before. The attempt
+    sees and ends the same either way."""
+    cwd = _attempt_dir(tmp_path)
+    env = {"PATH": os.defpath, "LANG": "C", "HOME": cwd}
+    cases = [PROBE, "exit 3", "kill -KILL $$"]
+    assert sandbox._close_range_works()  # this machine's kernel: the range is what runs by default
+    by_range = [forked_run(level, ["sh", "-c", s], env, cwd) for s in cases]
+    monkeypatch.setattr(sandbox, "_close_range_ok", False)
+    listed = [forked_run(level, ["sh", "-c", s], env, cwd) for s in cases]
+    assert listed == by_range
+
+
+@pytest.mark.parametrize("by_range", [True, False])
+@pytest.mark.parametrize("level", [PIDNS_UID, PIDNS])
+def test_no_process_of_the_sandbox_keeps_a_descriptor_the_runner_left_open(
+        tmp_path: Path, level: str, by_range: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder and the init close every descriptor they were forked with (but the status pipe):
+    a pipe the runner left open to children reaches its end while the attempt still runs (the
+    attempt's own copy is closed before its exec), not only once the namespace is gone."""
+    monkeypatch.setattr(sandbox, "_close_range_ok", None if by_range else False)
+    cwd = _attempt_dir(tmp_path)
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    proc = Sandbox(level, UID).popen(["sleep", "30"], cwd=cwd, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        os.close(write_end)
+        assert select.select([read_end], [], [], 10)[0], "a process of the sandbox still holds the pipe"
+        assert os.read(read_end, 1) == b""
+        assert proc.poll() is None  # the attempt still runs
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        os.close(read_end)
