@@ -123,7 +123,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/vermin -q --no-tips --violations -t=3.9- agent_runner
+	$(VENV)/bin/vermin -q --no-tips --violations -t=3.9- agent_runner orchestrator/hosts/runner_boot.py
 
 # The demo: the triage suite on this machine (local, the reference) and box-b, a real sshd host in its
 # own UTS + mount namespace on 127.0.0.1 whose private /opt holds a feature flag this machine lacks,

@@ -9,8 +9,10 @@ start, the isolation probe and the fingerprint are paid once per run and cancel 
 ``reps`` runs, interleaved so both sizes see the same load.
 
 The start-up is wall(1) itself, the median of a 1-task run: once from the source tree (its bytecode
-cached, as in a checkout) and once from ``runner.pyz``, the zipapp a host is sent and runs
-(``python3 runner.pyz run ...``, nothing on PYTHONPATH).
+cached, as in a checkout) and once from ``runner.pyz`` where a host keeps a pushed bundle
+(``bundles/<sha>/runner.pyz``), run as there (``python3 runner.pyz run ...``, nothing on PYTHONPATH),
+after one run that leaves the compiled copy a later run of the same bundle finds
+(``orchestrator/hosts/runner_boot.py``; as root only).
 
 ``--network open`` runs the suites with ``network = "open"`` (no network namespace per attempt), so
 the two runs side by side give what the attempt's own network costs.
@@ -21,6 +23,7 @@ Usage: ``python -m bench.runner_bench [--tasks 100,1000] [--reps 3] [--network i
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.gen_suite import generate_suite
-from orchestrator.hosts.runner_zipapp import build_runner_zipapp
+from orchestrator.hosts.runner_zipapp import runner_zipapp_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_MS = 5.0
@@ -72,7 +75,12 @@ def measure(sizes: tuple[int, ...] = (100, 1000), reps: int = 3, network: str = 
             for suite in suites.values():  # a top-level key: before the first table
                 toml = suite / "suite.toml"
                 toml.write_text('network = "open"\n' + toml.read_text())
-        zipapp = build_runner_zipapp(scratch / "zipapp")
+        data = runner_zipapp_bytes()
+        bundle = scratch / "bundles" / hashlib.sha256(data).hexdigest()
+        bundle.mkdir(parents=True)
+        zipapp = bundle / "runner.pyz"
+        zipapp.write_bytes(data)
+        _run(suites[1], scratch / "run", zipapp)  # the first run of a pushed bundle on a host
         walls: dict[int, list[float]] = {t: [] for t in suites}
         zipapp_walls: list[float] = []
         for _ in range(reps):

@@ -15,7 +15,8 @@ import agent_runner
 RUNNER_PACKAGE = Path(agent_runner.__file__).resolve().parent
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 _SHEBANG = b"#!/usr/bin/env python3\n"
-_BOOT = b"import sys\nfrom agent_runner.__main__ import main\nsys.exit(main())\n"
+#: the zipapp's ``__main__.py``: runs the runner, from bytecode an earlier run kept where that is safe
+_BOOT = Path(__file__).with_name("runner_boot.py").read_bytes()
 
 
 def _entry(name: str, data: bytes) -> tuple[zipfile.ZipInfo, bytes]:
