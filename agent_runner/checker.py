@@ -292,9 +292,12 @@ class TurnChecker:
         check_paths = "no_absolute_local_paths" in self.invariants
         check_homes = "no_home_directory_strings" in self.invariants
         check_hosts = "no_hostname_in_tool_args" in self.invariants
-        # (needle for the substring fast path, whole-path pattern, original) per host path
-        self._cwds = [(c, _path_re(c), c) for c in cwds] if check_paths else []
-        self._homes = [(h, _path_re(h), h) for h in homes] if check_homes else []
+        # (needle for the substring fast path, original) per host path; its whole-path pattern is
+        # compiled the first time its needle is found (``_path``): an attempt's own directories are
+        # new paths each time, and most of its turns never name them
+        self._cwds = [(c, c) for c in cwds] if check_paths else []
+        self._homes = [(h, h) for h in homes] if check_homes else []
+        self._paths: Dict[str, "re.Pattern[str]"] = {}
         self._home_dirs = homes  # where an absolute path points into a home, whichever invariant is on
         # (needle, name, why it is generic or None); a name's pattern is compiled the first time its
         # needle is found (``_word``): a fleet's hundreds of names mostly never are
@@ -321,6 +324,12 @@ class TurnChecker:
                 self._leak_memo.clear()
             self._leak_memo[text] = found
         return found
+
+    def _path(self, path: str) -> "re.Pattern[str]":
+        pattern = self._paths.get(path)
+        if pattern is None:
+            pattern = self._paths[path] = _path_re(path)
+        return pattern
 
     def _word(self, name: str) -> "re.Pattern[str]":
         pattern = self._words.get(name)
@@ -356,8 +365,9 @@ class TurnChecker:
         spans: List[Tuple[int, int]] = []
         if self._check_paths:
             workspaces: List[str] = []
-            for needle, pattern, cwd in self._cwds:
+            for needle, cwd in self._cwds:
                 if needle in text and not self._allowed_path(cwd):
+                    pattern = self._path(cwd)
                     match = pattern.search(text)
                     if match is not None:
                         workspaces.append(cwd)
@@ -373,8 +383,9 @@ class TurnChecker:
                     yield LeakMatch("absolute_local_path", path, f"absolute local path {path!r}", specific[0],
                                     specific[1], match.start())
         if self._check_homes:
-            for needle, pattern, home in self._homes:
+            for needle, home in self._homes:
                 if needle in text:
+                    pattern = self._path(home)
                     match = pattern.search(text)
                     if match is not None:
                         spans += [m.span() for m in pattern.finditer(text)]

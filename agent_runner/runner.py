@@ -183,6 +183,7 @@ class Runner:
         self.run_id = run_id
         self.env_allow = env_allow
         self.isolation, self.net = split_level(fingerprint.isolation or NONE)
+        self.fingerprint_json = fingerprint.to_json()  # what every attempt's turns are checked against
         self.home = os.environ.get("HOME")
         self._uids: Set[int] = set()  # the uids of attempts running now (each has its own)
         self._lock = threading.Lock()
@@ -260,7 +261,7 @@ class Runner:
             strays: List[str] = []
             if mark is not None and box.uid is not None:  # its uid is its own: what it owns is its own
                 strays = mark.watch.since(mark, box.uid, str(attempt_dir))
-            checked = [self.fingerprint.to_json(), {"cwd": str(attempt_dir), "home": str(home)}]
+            checked = [self.fingerprint_json, {"cwd": str(attempt_dir), "home": str(home)}]
             # No turns, no findings: skip compiling this attempt's path patterns (a predicate-only task)
             findings = check_turns(self.suite.contract, outcome.turns, checked) if outcome.turns else []
             reasons = golden.score(task, outcome.turns, outcome.reason)

@@ -57,6 +57,7 @@ class StrayWatch:
     def __init__(self, home: Optional[str] = None, roots: Sequence[str] = STRAY_ROOTS) -> None:
         self._lock = threading.Lock()
         self.depth: Dict[str, int] = {}  # watched directory -> its depth below its root
+        self._latest: Optional[Mark] = None  # the last look at every watched directory (``since``)
         seen = 0
         for top in [*roots, *([home] if home else [])]:
             try:
@@ -92,8 +93,13 @@ class StrayWatch:
                             stack.append((entry.path, below))
 
     def mark(self) -> Mark:
-        """Before an attempt starts: the time and every watched directory's inode and times."""
+        """Before an attempt starts: the time and every watched directory's inode and times. The
+        last ``since`` of the run looked at every one of them already: its look is the mark (taken
+        before this attempt started, it can only make ``since`` look in more directories, never in
+        fewer), and only the run's first attempt looks itself."""
         with self._lock:
+            if self._latest is not None:
+                return self._latest
             watched = list(self.depth)
         at = time.time_ns()
         sigs: Dict[str, _Sig] = {}
@@ -110,11 +116,14 @@ class StrayWatch:
         inodes: Set[Tuple[int, int]] = set()
         with self._lock:
             todo = list(self.depth.items())
+        at = time.time_ns()
+        seen: Dict[str, _Sig] = {}
         for directory, depth in todo:  # in the roots' order: a file seen twice is named as under the first
             try:
                 st = os.stat(directory)
             except OSError:
                 continue
+            seen[directory] = _sig(st)
             before = mark.sigs.get(directory)
             if before is not None and before == _sig(st) and before[1] < mark.at_ns - _RACY_NS:
                 continue
@@ -138,5 +147,8 @@ class StrayWatch:
                             self.depth.setdefault(entry.path, depth + 1)
                         if new:
                             todo.append((entry.path, depth + 1))
+        with self._lock:  # the next attempt's mark (the latest look wins)
+            if self._latest is None or at > self._latest.at_ns:
+                self._latest = Mark(self, at, seen)
         found = [p for p in found if not p.startswith(own + "/")]
         return sorted(p for p in found if not any(p.startswith(f + "/") for f in found))  # top-most only

@@ -199,3 +199,43 @@ def test_the_watch_starts_with_what_a_plain_walk_of_every_directory_finds(tmp_pa
     watch = StrayWatch(home, roots=roots)
     assert watch.depth == plain_watched([*roots, home])
     assert watch.depth[str(chain.parent)] == DEPTH and str(chain) not in watch.depth
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_mark_taken_from_the_last_look_finds_what_a_fresh_mark_finds(tmp_path: Path, seed: int) -> None:
+    """An attempt's mark is the last ``since`` of the run (every watched directory was looked at
+    then, before the attempt started), not a look of its own: with attempts overlapping as slots run
+    them, and files of other users made between them, each attempt's strays are those a fresh mark
+    finds."""
+    rng = random.Random(seed)
+    roots = []
+    for name in ("tmp", "vartmp"):
+        top = tmp_path / name
+        top.mkdir()
+        _host_tree(top, rng)
+        top.chmod(0o1777)
+        roots.append(top)
+    own = tmp_path / "own"
+    reused = StrayWatch(roots=[str(r) for r in roots])
+    fresh = StrayWatch(roots=[str(r) for r in roots])
+
+    def fresh_mark() -> object:
+        fresh._latest = None  # as before: every attempt looked itself
+        return fresh.mark()
+
+    uids = [UID_BASE + 5000 + i for i in range(6)]
+    running: list[tuple[int, object, object]] = []
+    for uid in uids:
+        running.append((uid, reused.mark(), fresh_mark()))
+        for _ in range(rng.randrange(1, 4)):  # the running attempts write, and so does someone else
+            writer = rng.choice([u for u, _, _ in running] + [OTHER])
+            where = rng.choice(_writable_by_the_uid(roots))
+            path = where / f"w{rng.randrange(10**9)}"
+            path.write_text("x")
+            os.lchown(path, writer, writer)
+        if len(running) > 1 or uid == uids[-1]:  # up to two at once; the oldest ends first
+            done, mark_reused, mark_fresh = running.pop(0)
+            got = reused.since(mark_reused, done, str(own))  # type: ignore[arg-type]
+            assert got == fresh.since(mark_fresh, done, str(own))  # type: ignore[arg-type]
+            assert got == plain_strays(done, [str(r) for r in roots], str(own))
+    assert reused._latest is not None
