@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
 from typing import List, Optional
 
 from . import __version__
@@ -132,6 +131,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # the last line of defence: one line plus the traceback on stderr
+        import traceback  # here: every run would pay its imports (tokenize, linecache, textwrap)
+
         traceback.print_exc(file=sys.stderr)
         print(f"runner internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import stat
-import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -72,6 +71,8 @@ def runner_sources() -> List[Tuple[str, bytes]]:
     prefix = getattr(loader, "prefix", "agent_runner/")
     if not archive:
         raise RunnerError(f"{package_dir}: cannot locate the runner's own sources")
+    import zipfile  # only a runner imported from its zipapp reads it
+
     with zipfile.ZipFile(archive) as bundle:
         return sorted(
             (n[len(prefix):], bundle.read(n))

@@ -26,7 +26,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,7 +172,8 @@ class Removals:
 
 class Runner:
     def __init__(self, suite: Suite, options: RunOptions, out: Path, workspace_root: Path,
-                 fingerprint: Fingerprint, host: str, run_id: str, env_allow: List[str]) -> None:
+                 fingerprint: Fingerprint, host: str, run_id: str, env_allow: List[str],
+                 stray_walk: Optional["Future[StrayWatch]"] = None) -> None:
         self.suite = suite
         self.options = options
         self.out = out
@@ -191,7 +191,9 @@ class Runner:
         self.predicates = {t.id: t.predicate.read_bytes() for t in suite.tasks if t.predicate is not None}
         self.suite_digests = part_digests(suite.root)
         # Only a uid of its own makes what an attempt left outside its workspace attributable to it.
-        self.stray_watch = StrayWatch(self.home) if self.isolation == PIDNS_UID else None
+        self.stray_watch: Optional[StrayWatch] = None
+        if self.isolation == PIDNS_UID:
+            self.stray_watch = stray_walk.result() if stray_walk is not None else StrayWatch(self.home)
         self.removals = Removals()
 
     def bundle_check(self, task_id: str) -> None:
@@ -505,13 +507,14 @@ def run_suite(options: RunOptions) -> int:
     runner: Optional[Runner] = None
     try:
         # The fingerprint describes where agents work: the configured workspace root (stable across runs).
-        run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(3).hex()  # as uuid4().hex[:6]
+        stray_walk = _stray_walk_beside()
         fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
                               allowed_commands=commands_of(suite.tools), open_network=suite.network == "open")
         write_announced(out, out / "fingerprint.json",
                         json.dumps(redact(fingerprint.to_json()), indent=2, sort_keys=True) + "\n")
         host = options.host or fingerprint.hostname or default_host()
-        runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow)
+        runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow, stray_walk)
         failed = False
         first = options.first_attempt
         attempts = [(task, attempt) for task in tasks for attempt in range(first, first + repeat)]
@@ -555,6 +558,18 @@ def run_suite(options: RunOptions) -> int:
             signal.signal(signal.SIGTERM, previous)
         if own_root:
             _remove_tree(workspace_root)
+
+
+def _stray_walk_beside() -> Optional["Future[StrayWatch]"]:
+    """The stray watch's walk (``StrayWatch``) on a thread of its own, while the fingerprint's isolation
+    probe waits on the processes it starts; only where its attempts may get uids of their own (root)."""
+    if os.geteuid() != 0:
+        return None
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strays")
+    try:
+        return pool.submit(StrayWatch, os.environ.get("HOME"))
+    finally:
+        pool.shutdown(wait=False)  # the walk goes on; the pool's thread ends with it
 
 
 def run_in_slots(runner: Runner, attempts: List[Tuple[Task, int]], slots: int,

@@ -23,11 +23,6 @@ from .presets import PRESETS
 from .textguard import control_char
 from .trace import FINISH_REASONS
 
-try:  # Python 3.11+; on a host the suite arrives as suite.json and TOML is never read.
-    import tomllib as _toml  # novm (guarded: falls back below)
-except ImportError:  # pragma: no cover - only on Python < 3.11
-    _toml = None  # type: ignore[assignment]
-
 SCHEMA = "crosshost.suite/1"
 AGENT_KINDS = ("scripted", "command", "openai", "exec", "none")
 #: kinds that talk to a live model through the controller's proxy
@@ -223,9 +218,11 @@ def _read_json(path: Path, what: str) -> Any:
 
 def _read_toml(path: Path) -> JSONObject:
     text = _read_text(path, "TOML")
-    if _toml is None:
+    try:  # Python 3.11+; imported here: on a host the suite arrives as suite.json and TOML is never read
+        import tomllib as _toml  # novm (guarded: falls back below)
+    except ImportError:  # pragma: no cover - only on Python < 3.11
         raise SuiteError(f"{path}: reading TOML needs Python 3.11+ (tomllib); ship the suite normalised "
-                         f"as suite.json (crosshost does this in the bundle)")
+                         f"as suite.json (crosshost does this in the bundle)") from None
     try:
         return _toml.loads(text)
     except _toml.TOMLDecodeError as exc:

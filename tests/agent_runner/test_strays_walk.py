@@ -5,16 +5,19 @@ found (run as root: the trees hold files of another uid)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from agent_runner.sandbox import UID_BASE
 from agent_runner.strays import DEPTH, StrayWatch
+from tests.support.runner import predicate_suite, records, run_runner
 
 UID = UID_BASE + 4242
 OTHER = UID_BASE + 4343
@@ -239,3 +242,30 @@ def test_a_mark_taken_from_the_last_look_finds_what_a_fresh_mark_finds(tmp_path:
             assert got == fresh.since(mark_fresh, done, str(own))  # type: ignore[arg-type]
             assert got == plain_strays(done, [str(r) for r in roots], str(own))
     assert reused._latest is not None
+
+
+@pytest.mark.root
+def test_a_run_reports_what_its_attempt_left_in_a_shared_directory_of_tmp(tmp_path: Path) -> None:
+    """The whole path: the run's walk (beside the isolation probe) finds a world-writable directory
+    below /tmp made before the run inside one only root may write (so only that walk can find it), and
+    the attempt's file there is in its trace's finish record."""
+    assert os.geteuid() == 0, "needs root: only attempts of a uid of their own have their strays found"
+    token = f"crosshost-strays-{os.getpid()}-{random.randrange(10**9)}"
+    shared = Path("/tmp") / token / "shared"
+    scratch = Path(tempfile.mkdtemp(prefix="crosshost-strays-", dir="/var/tmp"))
+    try:
+        shared.mkdir(parents=True)
+        shared.parent.chmod(0o755)
+        shared.chmod(0o1777)
+        scratch.chmod(0o755)  # the attempt's uid reaches its workspace: pidns+uid
+        suite = predicate_suite(scratch, f"touch {shared}/left && exit 0", tasks=1)
+        done = run_runner("run", "--suite", str(suite), "--out", str(scratch / "out"),
+                          "--workspace-root", str(scratch / "ws"), "--host", "h")
+        assert done.returncode == 0, done.stderr
+        assert json.loads((scratch / "out" / "fingerprint.json").read_text())["isolation"].endswith("pidns+uid")
+        finish = records(scratch / "out" / "traces" / "t-0.0.jsonl")[-1]
+        assert finish["outside_workspace"] == [f"{shared}/left"]
+        assert f"wrote outside its workspace: {shared}/left" in done.stderr
+    finally:
+        shutil.rmtree(shared.parent, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
