@@ -39,8 +39,7 @@ from orchestrator.hosts.fanout import FanoutResult, Interrupted, default_jobs, f
 from orchestrator.hosts.host_job import UNREACHABLE, EventSink, HostJob, HostPlan
 from orchestrator.hosts.inventory import HostConfig, load_inventory
 from orchestrator.hosts.transport import Opener, default_opener
-from orchestrator.model.hold import ModelHold, hold_mode
-from orchestrator.model.proxy import openai_agent_config, require_api_key
+from orchestrator.model.settings import openai_agent_config, require_api_key
 from orchestrator.selection import TaskSelection
 from orchestrator.store.rundir import (
     HostRecord,
@@ -304,9 +303,12 @@ def replay(
     plan.slots = request.slots
     plan.trace_files = request.trace_files
     plan.first_attempt = request.first_attempt
-    mode = hold_mode(model, request.hold_model)
     reference = manifest.reference or names[0]
-    plan.hold = ModelHold(reference, mode) if mode is not None and len(names) > 1 else None
+    if model is not None:  # a live model: the held model's module (and the proxy's) load only then
+        from orchestrator.model.hold import ModelHold, hold_mode
+
+        mode = hold_mode(model, request.hold_model)
+        plan.hold = ModelHold(reference, mode) if mode is not None and len(names) > 1 else None
     manifest.hold_model = plan.hold.mode if plan.hold is not None else None
     jobs = {h.name: HostJob(h, plan) for h in selected}
     fan: FanoutResult[HostRecord] = FanoutResult()

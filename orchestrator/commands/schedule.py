@@ -178,7 +178,7 @@ def credentials_needed(inventory: Path, suite: object, environ: Mapping[str, str
     the inventory refuses one that is not set here (exit 2), as the replay would; so does an unset
     ``api_key_env``."""
     from orchestrator.hosts.inventory import load_inventory
-    from orchestrator.model.proxy import openai_agent_config, require_api_key
+    from orchestrator.model.settings import openai_agent_config, require_api_key
 
     needed: dict[str, Credential] = {}
     for host in load_inventory(inventory).hosts:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from orchestrator.errors import (
     AuthenticationFailed,
@@ -35,9 +35,11 @@ from orchestrator.hosts.inventory import HostConfig
 from orchestrator.hosts.transport import Opener
 from orchestrator.hosts.transport.base import ConnectRetry, ExecResult, Host
 from orchestrator.hosts.workspace import ABANDON_AFTER_S, Running, Workspace
-from orchestrator.model.hold import ModelHold
-from orchestrator.model.proxy import ProxyConfig, model_route
 from orchestrator.store.rundir import HostRecord, RunDir, utc_now
+
+if TYPE_CHECKING:
+    from orchestrator.model.hold import ModelHold
+    from orchestrator.model.settings import ProxyConfig
 
 #: on top of timeout_s x attempts: start-up, fingerprint, writing out/ and packing it
 RUN_MARGIN_S = 60
@@ -248,7 +250,7 @@ class HostJob:
         runner = [self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), *args]
         # A live model: the controller's proxy (key added there), reached through a reverse forward on
         # an SSH host; the runner itself gets CROSSHOST_MODEL_URL only (not in --env-allow: tools never see it).
-        with model_route(ws.host, self.plan.model, self.host_dir, self.plan.hold, self.cfg.name) as model_env:
+        with self._model_route(ws) as model_env:
             pinned = {**self.cfg.env, **model_env}
             ws.put_pins(pinned)  # never on the command line: `ps` on the host shows that to every user
             script = remote.run_script(
@@ -260,6 +262,15 @@ class HostJob:
                 fingerprint=self._fingerprint_script(ws),
             )
             return ws.run(script, self.kill_after_s() + 30, self.plan.running)
+
+    def _model_route(self, ws: Workspace) -> contextlib.AbstractContextManager[dict[str, str]]:
+        """``model.proxy.model_route`` for this host's run; no live model: nothing added, and the proxy's
+        module (its HTTP server, wire APIs, held model) is not loaded."""
+        if self.plan.model is None:
+            return contextlib.nullcontext({})
+        from orchestrator.model.proxy import model_route
+
+        return model_route(ws.host, self.plan.model, self.host_dir, self.plan.hold, self.cfg.name)
 
     def _pull(self, ws: Workspace, size: str | None = None, *, within_s: float | None = None) -> int:
         """Pull ``out/`` home; Ctrl-C during it stops it. The partial results of a run already stopped

@@ -37,7 +37,7 @@ from orchestrator.model.exchanges import listing, mapping
 from orchestrator.store.rundir import RunDir, iter_jsonl
 
 if TYPE_CHECKING:
-    from orchestrator.model.proxy import ProxyConfig
+    from orchestrator.model.settings import ProxyConfig
 
 MAX_TEXT = 300
 MAX_DIFF_LINES = 12

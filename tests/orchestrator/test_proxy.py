@@ -14,7 +14,8 @@ from agent_runner.suite import Suite, suite_from_dict
 from agent_runner.wire import ATTEMPT_HEADER, CALL_HEADER, MODEL_PASS_ENV, attempt_token
 from orchestrator.errors import ApiKeyMissing, SuiteError
 from orchestrator.hosts.transport.local import LocalHost
-from orchestrator.model.proxy import ModelProxy, ProxyConfig, model_route, openai_agent_config
+from orchestrator.model.proxy import ModelProxy, ProxyConfig, model_route
+from orchestrator.model.settings import openai_agent_config
 from tests.support.fake_provider import FakeProvider, redirecting_provider, unused_port
 
 KEY = "sk-test-key-0123456789abcdef"
