@@ -59,6 +59,8 @@ class AgentStopped(Exception):
 
 @dataclass
 class Action:
+    """What an agent does next: call a tool, or answer and stop."""
+
     kind: str  # "tool_call" or "final"
     name: str = ""
     #: the call's arguments: an object, unless a command agent sent something else (the tool refuses it)
@@ -72,12 +74,16 @@ class Action:
 
 @dataclass
 class Observation:
+    """What a tool call gave the agent back (its error, if it failed)."""
+
     content: str
     error: Optional[str] = None
 
 
 @dataclass
 class AgentContext:
+    """What an agent of an attempt is given: its task, prompt, tools and workspace."""
+
     task: Task
     prompt: str
     tools: List[ContractTool]  # the contract's tool entries

@@ -24,6 +24,8 @@ DRAIN_S = 2.0
 
 @dataclass
 class Captured:
+    """A child's output, of which only the last bytes are kept, and how it ended."""
+
     kept: bytes
     total: int  # every byte the child printed, kept or not
     returncode: Optional[int]

@@ -79,6 +79,8 @@ class Hit(NamedTuple):
 
 @dataclass
 class Finding:
+    """One broken rule of the contract, found in a trace."""
+
     kind: str
     message: str
     step: Optional[int] = None

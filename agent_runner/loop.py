@@ -17,6 +17,8 @@ MAX_FINAL_CHARS = 4000
 
 @dataclass
 class LoopOutcome:
+    """How an agent's loop ended and the turns it wrote."""
+
     reason: str  # stop | budget_steps | budget_bytes | timeout | agent_error
     final: str = ""
     turns: List[TraceTurnJSON] = field(default_factory=list)  # as written (redacted)

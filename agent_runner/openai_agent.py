@@ -212,6 +212,8 @@ def _text(value: JSONValue) -> Optional[str]:
 
 @dataclass
 class ToolCall:
+    """One tool call a model asked for."""
+
     id: str
     name: str
     args: JSONObject

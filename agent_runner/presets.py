@@ -103,6 +103,8 @@ def _opencode(home: Path, base: str, token: str, server: McpServerConfig, model:
 
 @dataclass(frozen=True)
 class Preset:
+    """An agent CLI crosshost knows how to start and point at the model proxy."""
+
     name: str
     api: str  # the wire API family it speaks
     command: Tuple[str, ...]

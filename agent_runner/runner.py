@@ -57,6 +57,8 @@ PREDICATE_OUTPUT_CAP = 2000
 
 @dataclass
 class RunOptions:
+    """What ``agent_runner run`` was asked to do."""
+
     suite: str
     out: str
     host: Optional[str] = None
@@ -75,6 +77,8 @@ class RunOptions:
 
 @dataclass
 class AttemptResult:
+    """One attempt's outcome, as the run records it."""
+
     task: str
     attempt: int
     verdict: str

@@ -86,6 +86,8 @@ class ScriptTurn(TypedDict, total=False):
 
 @dataclass
 class Budget:
+    """What an attempt may spend: steps, bytes and seconds."""
+
     max_steps: int = 8
     max_bytes: int = 32768
     timeout_s: float = 120
@@ -124,6 +126,8 @@ class GateJSON(TypedDict):
 
 @dataclass
 class AgentSpec:
+    """Which agent a task runs and its kind's options."""
+
     kind: str
     command: Optional[List[str]] = None
     #: kind-specific keys (e.g. model, api_key_env), each checked by its kind's rule (``_OPENAI_KEYS``)
@@ -141,6 +145,8 @@ class AgentSpec:
 
 @dataclass
 class Task:
+    """One task of a suite, validated."""
+
     id: str
     prompt: str
     agent: AgentSpec
@@ -166,6 +172,8 @@ class Task:
 
 @dataclass
 class Suite:
+    """A suite, validated: its tasks, contract, tools and defaults."""
+
     name: str
     root: Path
     repeat: int

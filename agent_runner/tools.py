@@ -28,6 +28,8 @@ MAX_OUTPUT_BYTES = 64 * 1024  # per tool call; the budget's max_bytes caps the t
 
 @dataclass
 class ToolResult:
+    """What a tool call returned to the agent (its error, if it failed)."""
+
     observation: str
     error: Optional[str] = None
 

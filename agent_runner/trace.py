@@ -159,6 +159,8 @@ def iter_observations(path: PathArg) -> Iterator[Tuple[int, Union[ObsRecord, Cor
 
 @dataclass
 class Trace:
+    """A trace file read back: header, turns and finish record."""
+
     path: str
     header: Optional[Dict[str, Any]] = None
     turns: List[TraceTurn] = field(default_factory=list)
