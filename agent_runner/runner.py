@@ -26,11 +26,10 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 from . import agents, filetrace, golden
 from .capped import capture
@@ -48,6 +47,9 @@ from .strays import StrayWatch
 from .suite import Suite, Task, load_suite
 from .tools import ToolBox, kill_group
 from .trace import TraceWriter
+
+if TYPE_CHECKING:  # imported where used: a run at pidns or none never needs a pool (~7 ms of imports)
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
 PREDICATE = "run_tests.sh"
@@ -155,6 +157,8 @@ class Removals:
 
         with self._lock:
             if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
                 self._pool = ThreadPoolExecutor(max_workers=self.WORKERS, thread_name_prefix="remove")
             self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
             self._pending.append(self._pool.submit(one))
@@ -569,6 +573,8 @@ def _stray_walk_beside() -> Optional["Future[StrayWatch]"]:
     probe waits on the processes it starts; only where its attempts may get uids of their own (root)."""
     if os.geteuid() != 0:
         return None
+    from concurrent.futures import ThreadPoolExecutor
+
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strays")
     try:
         return pool.submit(StrayWatch, os.environ.get("HOME"))
@@ -590,6 +596,8 @@ def run_in_slots(runner: Runner, attempts: List[Tuple[Task, int]], slots: int,
             return None
         task, attempt = attempts[index]
         return runner.run_attempt(task, attempt)
+
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="slot")
     futures: Dict["Future[Optional[AttemptResult]]", int] = {}
