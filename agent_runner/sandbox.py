@@ -422,13 +422,18 @@ def oom_kills() -> Optional[int]:
     """How many processes the kernel's OOM killer has killed since boot (any memory cgroup too), or
     None where the kernel does not say (not Linux, before 4.13)."""
     try:
-        with open("/proc/vmstat", "rb") as f:
-            for line in f:
-                if line.startswith(b"oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+        fd = os.open("/proc/vmstat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = b"\n" + os.read(fd, 1 << 16)  # the whole file (about 5 KiB) in one read
+        finally:
+            os.close(fd)
+        at = data.find(b"\noom_kill ")
+        if at < 0:
+            return None
+        end = data.find(b"\n", at + 1)
+        return int(data[at + 10:end if end >= 0 else len(data)])
+    except (OSError, ValueError):
+        return None
 
 
 _detected: Optional[str] = None

@@ -5,8 +5,9 @@ can create a file are directories anyone may write (``/tmp``, ``/var/tmp``, ``/d
 world-writable directory below them or below the runner's HOME, within ``DEPTH`` levels) and
 directories it made itself (which are then strays already). The run walks those roots once, when it
 starts, to find the world-writable directories (``StrayWatch``); each attempt then only looks again in
-the ones whose modification time moved since it started (``Mark``), so its cost follows what the
-attempt changed, not how much the host's ``/tmp`` holds or how many attempts came before.
+the ones in which an entry was made or moved since it started, as the kernel tells it (inotify,
+``_Changes``), or where it cannot, whose modification time moved (``Mark``). So its cost follows what
+changed, not how much the host's ``/tmp`` holds or how many attempts came before.
 
 What the whole-tree walk found and this does not: a file of the uid in a directory it can neither
 write nor enter (only root could have put it there), and a world-writable directory that someone
@@ -16,8 +17,11 @@ else makes during the run inside a directory the attempt cannot write. Standard 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import stat
+import struct
+import sys
 import threading
 import time
 from typing import Dict, List, Optional, Sequence, Set, Tuple
@@ -43,12 +47,95 @@ def _others_may(st: os.stat_result, bit: int) -> bool:
 
 
 class Mark:
-    """The watched directories as they were when an attempt started."""
+    """The watched directories as they were when an attempt started: their inodes and times, or
+    (``seq``) how far the kernel's notices of changes had been read."""
 
-    def __init__(self, watch: "StrayWatch", at_ns: int, sigs: Dict[str, _Sig]) -> None:
+    def __init__(self, watch: "StrayWatch", at_ns: int, sigs: Dict[str, _Sig], seq: int = -1) -> None:
         self.watch = watch
         self.at_ns = at_ns
         self.sigs = sigs
+        self.seq = seq
+
+
+#: the kernel says which watched directories changed (inotify) where it can; off: every directory's
+#: inode and times are looked at again after each attempt
+USE_INOTIFY = True
+_IN_MOVED_TO, _IN_CREATE, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x80, 0x100, 0x400, 0x800
+_IN_Q_OVERFLOW, _IN_IGNORED, _IN_ONLYDIR = 0x4000, 0x8000, 0x01000000
+_IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, length of the name that follows
+
+
+class _Changes:
+    """Which watched directories had an entry made or moved in, as the kernel tells it (inotify),
+    numbered by when this process read it: a directory changed after a mark when its number is
+    larger than the mark's. Its watch follows the directory's inode: a directory deleted or moved
+    away is looked in at its path again (and watched again) until something is there."""
+
+    _MASK = _IN_CREATE | _IN_MOVED_TO | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+
+    def __init__(self) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        fd = self._libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self.fd = fd
+        self.seq = 0
+        self._wds: Dict[int, Set[str]] = {}  # one inode may be watched under two paths
+        self._changed: Dict[str, int] = {}  # directory -> the number of its last change
+        self._overflow = -1  # the number of the last lost notices: every directory changed then
+        self.lost: Set[str] = set()  # directories whose watch ended: looked in at every ``since``
+
+    def watch(self, path: str) -> bool:
+        """Watch ``path`` from now on; it counts as changed now (what it holds was never told)."""
+        wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), self._MASK)
+        self.seq += 1
+        self._changed[path] = self.seq
+        if wd < 0:
+            self.lost.add(path)  # looked in at every ``since`` until it can be watched
+            return False
+        self._wds.setdefault(wd, set()).add(path)
+        self.lost.discard(path)
+        return True
+
+    def read(self) -> int:
+        """Take in every notice queued so far; the number a mark taken now has."""
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return self.seq
+            if not data:
+                return self.seq
+            self.seq += 1
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size + length
+                if mask & _IN_Q_OVERFLOW:
+                    self._overflow = self.seq
+                paths = self._wds.get(wd, ())
+                for path in paths:
+                    self._changed[path] = self.seq
+                if paths and mask & (_IN_DELETE_SELF | _IN_MOVE_SELF | _IN_IGNORED):
+                    # the inode is gone or elsewhere: its paths are looked in, and watched again, at once
+                    del self._wds[wd]
+                    if not mask & _IN_IGNORED:
+                        self._libc.inotify_rm_watch(self.fd, wd)
+                    self.lost.update(paths)
+
+    def since(self, path: str, seq: int) -> bool:
+        """Whether ``path`` may have changed after the mark numbered ``seq``."""
+        return self._changed.get(path, 0) > seq or self._overflow > seq or path in self.lost
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            self.close()
 
 
 class StrayWatch:
@@ -58,6 +145,9 @@ class StrayWatch:
         self._lock = threading.Lock()
         self.depth: Dict[str, int] = {}  # watched directory -> its depth below its root
         self._latest: Optional[Mark] = None  # the last look at every watched directory (``since``)
+        self._changes: Optional[_Changes] = None
+        self._tried_changes = False
+        self._start = -1
         seen = 0
         for top in [*roots, *([home] if home else [])]:
             try:
@@ -91,13 +181,43 @@ class StrayWatch:
                         # below DEPTH (its entries are what ``since`` looks at)
                         if below < DEPTH:
                             stack.append((entry.path, below))
+        self._start = 0  # the notices' number when the walk ended: the first mark's
+        with self._lock:
+            self._notices()  # from the end of the walk: a directory changed before the first attempt counts
+
+    def _notices(self) -> Optional[_Changes]:
+        """The kernel's notices of changes to every watched directory (under the lock), made at the
+        run's first mark; None where they cannot be had (not Linux, no inotify instance or watch
+        left for this user), and every directory is looked at again after each attempt."""
+        if not self._tried_changes:
+            self._tried_changes = True
+            if USE_INOTIFY and sys.platform.startswith("linux"):
+                try:
+                    changes = _Changes()
+                except (OSError, AttributeError):
+                    return None
+                # a directory that cannot be watched (no watch left for this user) turns them off;
+                # one that is not there is looked for at every ``since``
+                if all(changes.watch(d) or not os.path.isdir(d) for d in self.depth):
+                    self._changes = changes
+                    self._start = changes.seq
+                else:
+                    changes.close()
+        return self._changes
 
     def mark(self) -> Mark:
-        """Before an attempt starts: the time and every watched directory's inode and times. The
-        last ``since`` of the run looked at every one of them already: its look is the mark (taken
-        before this attempt started, it can only make ``since`` look in more directories, never in
-        fewer), and only the run's first attempt looks itself."""
+        """Before an attempt starts: how far the kernel's notices of changes have been read; where
+        there are none, every watched directory's inode and times. The last ``since`` of the run
+        looked at every one of them already: its look is the mark (taken before this attempt started,
+        it can only make ``since`` look in more directories, never in fewer), and only the run's
+        first attempt looks itself."""
         with self._lock:
+            changes = self._notices()
+            if changes is not None:
+                seq = changes.read()
+                if self._start >= 0:  # the run's first: what changed since the walk is looked at
+                    seq, self._start = self._start, -1
+                return Mark(self, time.time_ns(), {}, seq)
             if self._latest is not None:
                 return self._latest
             watched = list(self.depth)
@@ -115,18 +235,26 @@ class StrayWatch:
         found: List[str] = []
         inodes: Set[Tuple[int, int]] = set()
         with self._lock:
-            todo = list(self.depth.items())
+            changes = self._changes if mark.seq >= 0 else None
+            if changes is not None:
+                changes.read()
+                for path in list(changes.lost):  # looked in below; watched again where it is back
+                    changes.watch(path)
+                todo = [(d, depth) for d, depth in self.depth.items() if changes.since(d, mark.seq)]
+            else:
+                todo = list(self.depth.items())
         at = time.time_ns()
         seen: Dict[str, _Sig] = {}
         for directory, depth in todo:  # in the roots' order: a file seen twice is named as under the first
-            try:
-                st = os.stat(directory)
-            except OSError:
-                continue
-            seen[directory] = _sig(st)
-            before = mark.sigs.get(directory)
-            if before is not None and before == _sig(st) and before[1] < mark.at_ns - _RACY_NS:
-                continue
+            if changes is None:
+                try:
+                    st = os.stat(directory)
+                except OSError:
+                    continue
+                seen[directory] = _sig(st)
+                before = mark.sigs.get(directory)
+                if before is not None and before == _sig(st) and before[1] < mark.at_ns - _RACY_NS:
+                    continue
             try:
                 entries = list(os.scandir(directory))
             except OSError:
@@ -145,10 +273,13 @@ class StrayWatch:
                         with self._lock:  # made by someone else during the run: watched from now on
                             new = entry.path not in self.depth
                             self.depth.setdefault(entry.path, depth + 1)
+                            if new and self._changes is not None:
+                                self._changes.watch(entry.path)  # no watch left: looked in every time
                         if new:
                             todo.append((entry.path, depth + 1))
-        with self._lock:  # the next attempt's mark (the latest look wins)
-            if self._latest is None or at > self._latest.at_ns:
-                self._latest = Mark(self, at, seen)
+        if changes is None:
+            with self._lock:  # the next attempt's mark (the latest look wins)
+                if self._latest is None or at > self._latest.at_ns:
+                    self._latest = Mark(self, at, seen)
         found = [p for p in found if not p.startswith(own + "/")]
         return sorted(p for p in found if not any(p.startswith(f + "/") for f in found))  # top-most only

@@ -300,3 +300,11 @@ def test_no_process_of_the_sandbox_keeps_a_descriptor_the_runner_left_open(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         os.close(read_end)
+
+
+def test_the_oom_kill_count_is_the_one_a_plain_read_of_vmstat_gives() -> None:
+    """Read in one go and found by search, as the line-by-line read it replaces found it."""
+    with open("/proc/vmstat", "rb") as f:
+        plain = next((int(line.split()[1]) for line in f if line.startswith(b"oom_kill ")), None)
+    assert plain is not None  # this machine's kernel counts them
+    assert sandbox.oom_kills() == plain

@@ -15,12 +15,21 @@ from pathlib import Path
 
 import pytest
 
+from agent_runner import strays
 from agent_runner.sandbox import UID_BASE
 from agent_runner.strays import DEPTH, StrayWatch
 from tests.support.runner import predicate_suite, records, run_runner
 
 UID = UID_BASE + 4242
 OTHER = UID_BASE + 4343
+
+
+@pytest.fixture(params=[True, False], ids=["notified", "looked-at"], autouse=True)
+def notices(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Every test runs with the kernel's notices of changes (inotify) and without them (every
+    watched directory's inode and times looked at again after each attempt)."""
+    monkeypatch.setattr(strays, "USE_INOTIFY", request.param)
+    return bool(request.param)
 
 
 def plain_strays(uid: int, roots: list[str], own: str) -> list[str]:
@@ -205,11 +214,12 @@ def test_the_watch_starts_with_what_a_plain_walk_of_every_directory_finds(tmp_pa
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_a_mark_taken_from_the_last_look_finds_what_a_fresh_mark_finds(tmp_path: Path, seed: int) -> None:
-    """An attempt's mark is the last ``since`` of the run (every watched directory was looked at
-    then, before the attempt started), not a look of its own: with attempts overlapping as slots run
-    them, and files of other users made between them, each attempt's strays are those a fresh mark
-    finds."""
+def test_a_mark_taken_from_the_last_look_finds_what_a_fresh_mark_finds(
+        tmp_path: Path, seed: int, notices: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt's mark is how far the kernel's notices were read, or else the last ``since`` of
+    the run (every watched directory was looked at then, before the attempt started), never a look
+    of its own: with attempts overlapping as slots run them, and files of other users made between
+    them, each attempt's strays are those a fresh look at every directory finds."""
     rng = random.Random(seed)
     roots = []
     for name in ("tmp", "vartmp"):
@@ -220,7 +230,9 @@ def test_a_mark_taken_from_the_last_look_finds_what_a_fresh_mark_finds(tmp_path:
         roots.append(top)
     own = tmp_path / "own"
     reused = StrayWatch(roots=[str(r) for r in roots])
+    monkeypatch.setattr(strays, "USE_INOTIFY", False)
     fresh = StrayWatch(roots=[str(r) for r in roots])
+    assert (reused._changes is not None) == notices
 
     def fresh_mark() -> object:
         fresh._latest = None  # as before: every attempt looked itself
@@ -241,7 +253,7 @@ def test_a_mark_taken_from_the_last_look_finds_what_a_fresh_mark_finds(tmp_path:
             got = reused.since(mark_reused, done, str(own))  # type: ignore[arg-type]
             assert got == fresh.since(mark_fresh, done, str(own))  # type: ignore[arg-type]
             assert got == plain_strays(done, [str(r) for r in roots], str(own))
-    assert reused._latest is not None
+    assert (reused._latest is None) == notices
 
 
 @pytest.mark.root
@@ -269,3 +281,54 @@ def test_a_run_reports_what_its_attempt_left_in_a_shared_directory_of_tmp(tmp_pa
     finally:
         shutil.rmtree(shared.parent, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_watched_directory_made_again_is_looked_in_and_watched_again(tmp_path: Path) -> None:
+    """A directory's watch follows its inode: one removed (or moved away) and made again at its path
+    is looked in at the next attempt, and watched from then on."""
+    top = tmp_path / "tmp"
+    top.mkdir()
+    top.chmod(0o755)  # only the directory below is anyone's: what changes in top is never told
+    shared = top / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    watch = StrayWatch(roots=[str(top)])
+    own = str(tmp_path / "own")
+    shutil.rmtree(shared)
+    mark = watch.mark()
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "first").write_text("x")
+    os.lchown(shared / "first", UID, UID)
+    assert watch.since(mark, UID, own) == [str(shared / "first")]
+    mark = watch.mark()
+    (shared / "second").write_text("x")
+    os.lchown(shared / "second", OTHER, OTHER)
+    assert watch.since(mark, OTHER, own) == [str(shared / "second")]
+    shared.rename(top / "away")  # and a directory moved away: its path is looked in again
+    mark = watch.mark()
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "third").write_text("x")
+    os.lchown(shared / "third", OTHER, OTHER)
+    assert watch.since(mark, OTHER, own) == [str(shared / "third")]
+
+
+def test_without_the_kernels_notices_every_directory_is_looked_at(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """No inotify instance left for this user (or none at all): the watch looks at every directory's
+    inode and times after each attempt, and finds the same."""
+
+    def refused(self: object) -> None:
+        raise OSError(24, "inotify_init1")
+
+    monkeypatch.setattr(strays._Changes, "__init__", refused)
+    top = tmp_path / "tmp"
+    top.mkdir()
+    top.chmod(0o1777)
+    watch = StrayWatch(roots=[str(top)])
+    assert watch._changes is None
+    mark = watch.mark()
+    (top / "left").write_text("x")
+    os.lchown(top / "left", UID, UID)
+    assert watch.since(mark, UID, str(tmp_path / "own")) == [str(top / "left")]
