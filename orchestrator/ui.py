@@ -2,8 +2,8 @@
 
 The commands compute; this module renders what they return. Text that comes from a host, an
 inventory, a suite or a trace (host names, task ids, stderr, errors) is never read as Rich markup:
-table cells are ``Text`` objects, lines are printed with ``markup=False``, so a ``[`` in it can
-neither crash the output nor style it.
+table cells are ``Text`` objects, lines are printed with ``markup=False`` and ``emoji=False``, so a
+``[`` in it can neither crash the output nor style it, and ``:warning:`` stays those characters.
 
 The analysis and report modules are imported by the functions that draw a report, not here: a
 replay's progress view starts without them, and they load while its hosts run.
@@ -62,8 +62,8 @@ def err_console() -> Console:
 
 
 def say(console: Console, text: str) -> None:
-    """One line of untrusted text, as it is: no markup, no highlighting, never cut."""
-    console.print(printable(text), markup=False, highlight=False, soft_wrap=True)
+    """One line of untrusted text, as it is: no markup, no emoji codes, no highlighting, never cut."""
+    console.print(printable(text), markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
 class WholeColumn:
@@ -250,7 +250,7 @@ def render_replay(
         if line != "interrupted":
             say(err, line)
     if outcome.manifest.interrupted:
-        err.print(interrupted_line(outcome.manifest), markup=False)
+        err.print(interrupted_line(outcome.manifest), markup=False, emoji=False)
     for note in outcome.notes:
         say(err, note)
     why = f": {outcome.exit_reason}" if outcome.exit_reason else ""
@@ -569,7 +569,7 @@ def render_repro(outcome: ReproOutcome, console: Console | None = None) -> None:
     console = console or out_console()
 
     def line(text: str) -> None:
-        console.print(printable(text), markup=False, highlight=False)
+        console.print(printable(text), markup=False, emoji=False, highlight=False)
 
     for h, error in outcome.errors.items():
         line(f"{h}: {error}")

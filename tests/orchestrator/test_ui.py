@@ -54,6 +54,18 @@ def test_progress_shows_a_hosts_stderr_as_text_live_and_line_by_line() -> None:
         assert f"RunnerCrashed: {HOSTILE}" in console.export_text(), terminal
 
 
+def test_a_hosts_emoji_codes_stay_text_in_progress_lines_and_errors(tmp_path: Path) -> None:
+    said = "box-b: RunnerCrashed: :smile: :warning: exit 1"
+    console = _console()
+    with ui.ProgressView(["box-b"], console) as view:
+        view("box-b", "failed", said)
+    outcome = _outcome(tmp_path)
+    outcome.errors = {"box-b": said}
+    err = _console()
+    ui.render_replay(outcome, out=_console(), err=err)
+    assert said in console.export_text() and said in err.export_text()
+
+
 def test_report_table_shows_task_ids_as_text(tmp_path: Path) -> None:
     attempts = {
         ("local", "t1", 0): Attempt("pass"),
