@@ -299,7 +299,16 @@ def replay(
     )
     run_dir.write_manifest(manifest)  # a crash from here on still leaves a readable record
 
-    plan = HostPlan(run_dir, bundle, tasks, all_tasks, repeat, opener or default_opener, request.accept_new, emit, model)
+    load_after_the_hosts = _loader(with_analysis)
+
+    def emit_and_load(host: str, stage: str, detail: str) -> None:
+        if stage == "run":
+            load_after_the_hosts()
+        emit(host, stage, detail)
+
+    plan = HostPlan(
+        run_dir, bundle, tasks, all_tasks, repeat, opener or default_opener, request.accept_new, emit_and_load, model
+    )
     plan.slots = request.slots
     plan.trace_files = request.trace_files
     plan.first_attempt = request.first_attempt
@@ -312,7 +321,6 @@ def replay(
     manifest.hold_model = plan.hold.mode if plan.hold is not None else None
     jobs = {h.name: HostJob(h, plan) for h in selected}
     fan: FanoutResult[HostRecord] = FanoutResult()
-    _load_while_hosts_run(with_analysis)
     try:
         # a held model: the reference starts first (the others wait for its record, never it for theirs)
         order = [reference, *(n for n in names if n != reference)] if plan.hold else names
@@ -371,19 +379,24 @@ def replay(
 _AFTER_THE_HOSTS = ("orchestrator.report", "orchestrator.store.history")
 
 
-def _load_while_hosts_run(with_analysis: bool) -> None:
-    """Import what the replay needs after its hosts in a thread of its own, while the main thread
-    only waits for them: their import (a tenth of a second and more) is off the replay's wall time.
-    A module that fails to load here fails again, and is reported, where it is used."""
-    if not with_analysis:
-        return
+def _loader(with_analysis: bool) -> Callable[[], None]:
+    """What starts, once, the import of what the replay needs after its hosts, in a thread of its own:
+    their import (a tenth of a second and more) is off the replay's wall time. The first host's run
+    stage starts it: the runners work then and the controller only waits, while connecting and
+    pushing are the controller's own CPU, which the import's hold on the interpreter would slow. A
+    module that fails to load here fails again, and is reported, where it is used."""
+    once = threading.Lock()
 
     def load() -> None:
         for name in _AFTER_THE_HOSTS:
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
 
-    threading.Thread(target=load, daemon=True, name="crosshost-load").start()
+    def start() -> None:
+        if with_analysis and once.acquire(blocking=False):  # never released: the first call only
+            threading.Thread(target=load, daemon=True, name="crosshost-load").start()
+
+    return start
 
 
 def outcome_interrupted(fan: FanoutResult[HostRecord]) -> bool:
