@@ -23,6 +23,8 @@ import sys
 from typing import Dict, List, Optional
 
 PACKAGE = "agent_runner"
+#: the zipapp's list of the runner's ``*.py`` (one name a line), written by ``runner_zipapp``
+SOURCES = "agent_runner.sources"
 _SUFFIX = ".pyc-"
 
 
@@ -57,13 +59,13 @@ def only_root_writes(path: str) -> bool:
 
 
 def zipped_sources(pyz: str) -> Dict[str, bytes]:
-    """The runner's ``*.py`` in the zipapp, by file name."""
-    import zipfile
+    """The runner's ``*.py`` in the zipapp, by file name (read by the importer that runs this file:
+    ``zipfile`` alone would cost more than a run saves)."""
+    import zipimport
 
-    prefix = PACKAGE + "/"
-    with zipfile.ZipFile(pyz) as archive:
-        return {n[len(prefix):]: archive.read(n) for n in archive.namelist()
-                if n.startswith(prefix) and n.endswith(".py") and "/" not in n[len(prefix):]}
+    archive = zipimport.zipimporter(pyz)
+    names = archive.get_data(SOURCES).decode().split()
+    return {name: archive.get_data(f"{PACKAGE}/{name}") for name in names}
 
 
 def _same_sources(package: str, sources: Dict[str, bytes]) -> bool:
@@ -110,7 +112,10 @@ def compiled_path(pyz: str) -> Optional[str]:
     cache = cache_dir(pyz)
     if cache is None or os.geteuid() != 0 or sys.dont_write_bytecode or not only_root_writes(os.path.dirname(cache)):
         return None
-    sources = zipped_sources(pyz)
+    try:
+        sources = zipped_sources(pyz)
+    except (OSError, ImportError, UnicodeDecodeError):
+        return None
     if not os.path.isdir(cache):
         _make(cache, sources)
     package = os.path.join(cache, PACKAGE)

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import agent_runner
+from orchestrator.hosts.runner_boot import SOURCES
 
 RUNNER_PACKAGE = Path(agent_runner.__file__).resolve().parent
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
@@ -28,9 +29,12 @@ def _entry(name: str, data: bytes) -> tuple[zipfile.ZipInfo, bytes]:
 
 
 def runner_zipapp_bytes(package_dir: Path = RUNNER_PACKAGE) -> bytes:
-    """The zipapp's bytes: ``__main__.py`` plus every ``agent_runner/*.py``, in name order."""
-    entries = [_entry("__main__.py", _BOOT)]
-    for path in sorted(package_dir.glob("*.py"), key=lambda p: p.name):
+    """The zipapp's bytes: ``__main__.py``, the list of the runner's sources (``SOURCES``, one file name
+    a line, what ``__main__.py`` checks a compiled copy against) and every ``agent_runner/*.py``, in
+    name order."""
+    sources = sorted(package_dir.glob("*.py"), key=lambda p: p.name)
+    entries = [_entry("__main__.py", _BOOT), _entry(SOURCES, "".join(f"{p.name}\n" for p in sources).encode())]
+    for path in sources:
         entries.append(_entry(f"agent_runner/{path.name}", path.read_bytes()))
     buffer = io.BytesIO()
     buffer.write(_SHEBANG)
