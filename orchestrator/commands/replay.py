@@ -451,6 +451,11 @@ def replay_command(
     findings = lint_suite(request.suite_dir, request.selection) if lint else None
     if findings is not None:
         findings.raise_on_errors()
+    # What is loaded by now (modules, classes, the suite) lives as long as the process: out of the
+    # cyclic collector's sight, its full passes while the hosts run and the one at exit walk only what
+    # the replay makes (the one at exit, 2 hosts: 23-32 -> 2-3 ms). Frozen garbage is never freed:
+    # one command's worth at most.
+    gc.freeze()
     outcome = (rounds or replay)(request, **kwargs)
     outcome.notes[:0] = [f.line() for f in findings.warnings] if findings is not None else []
     if request.shard is not None:  # not a run of its own: the merged run is recorded and judged
