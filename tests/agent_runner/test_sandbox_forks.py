@@ -308,3 +308,66 @@ def test_the_oom_kill_count_is_the_one_a_plain_read_of_vmstat_gives() -> None:
         plain = next((int(line.split()[1]) for line in f if line.startswith(b"oom_kill ")), None)
     assert plain is not None  # this machine's kernel counts them
     assert sandbox.oom_kills() == plain
+
+
+def _start_as(own: bool, level: str, argv: list[str], cwd: str, monkeypatch: pytest.MonkeyPatch,
+              **kwargs: object) -> tuple[object, ...]:
+    """(return code, output, error) of a start through the sandbox's own fork or ``subprocess``'s."""
+    monkeypatch.setattr(sandbox, "OWN_START", own)
+    try:
+        proc = Sandbox(level, UID).popen(argv, cwd=cwd, **kwargs)  # type: ignore[arg-type]
+    except OSError as exc:
+        return ("raised", type(exc).__name__, exc.errno, exc.strerror, exc.filename, str(exc))
+    out, err = proc.communicate(b"fed\n" if kwargs.get("stdin") == subprocess.PIPE else None, timeout=60)
+    return proc.returncode, out, err
+
+
+STREAMS = [
+    {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT},
+    {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE},
+    {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.DEVNULL},
+]
+
+
+@pytest.mark.parametrize("level", [PIDNS_UID, PIDNS])
+@pytest.mark.parametrize("streams", range(len(STREAMS)))
+def test_a_start_by_the_sandboxs_own_fork_is_the_one_subprocess_made(
+        tmp_path: Path, level: str, streams: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first process of a start in namespaces is forked by the sandbox itself, set up as
+    ``subprocess`` set up its child: the same streams, directory, session, signals, environment and
+    end, and for a start that cannot happen the same exception."""
+    cwd = _attempt_dir(tmp_path)
+    env = {"PATH": os.defpath, "LANG": "C", "ODD": "a b\tc"}
+    script = (PROBE + "\ncat; echo to-err >&2; ps -o sid=,pgid=,pid= -p $$ | "
+              "awk '{print ($1 == $3 && $2 == $3) ? \"own session\" : \"shared session\"}'; exit 7")
+    cases: list[tuple[list[str], str, dict[str, object]]] = [
+        (["sh", "-c", script], cwd, {"env": env}),
+        (["sh", "-c", "kill -TERM $$"], cwd, {"env": env}),
+        (["true"], cwd, {}),  # the runner's own environment
+        (["no-such-program-here"], cwd, {"env": env}),
+        ([str(tmp_path / "missing" / "prog")], cwd, {"env": env}),
+        (["/etc/passwd"], cwd, {"env": env}),  # not executable
+        (["true"], str(tmp_path / "no-such-directory"), {"env": env}),
+    ]
+    for argv, where, extra in cases:
+        plain = _start_as(False, level, argv, where, monkeypatch, **STREAMS[streams], **extra)
+        own = _start_as(True, level, argv, where, monkeypatch, **STREAMS[streams], **extra)
+        assert own == plain, argv
+
+
+def test_a_start_from_another_thread_forks_as_one_from_the_main_thread(tmp_path: Path) -> None:
+    """A raw fork of a thread other than the main one is not the main thread to Python (``signal``
+    refuses it there): the sandbox's forks set signals back through the C library, so a start from a
+    slot's thread ends as one from the main thread, a signal death included."""
+    cwd = _attempt_dir(tmp_path)
+    results: dict[str, object] = {}
+
+    def start(name: str) -> None:
+        results[name] = [forked_run(level, ["sh", "-c", s], {"PATH": os.defpath}, cwd)
+                         for level in (PIDNS_UID, PIDNS) for s in ("kill -TERM $$", "exit 4", PROBE)]
+
+    worker = threading.Thread(target=start, args=("thread",))
+    worker.start()
+    worker.join()
+    start("main")
+    assert results["thread"] == results["main"]
