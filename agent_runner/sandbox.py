@@ -175,7 +175,7 @@ class _Enter:
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         _check(libc.unshare(self.flags), "unshare")  # raised here: Popen raises, nothing was started
         for sig in self.handled:
-            _default(sig)
+            signal.signal(sig, signal.SIG_DFL)
         # listed now where descriptors cannot be closed by range: once the init has mounted the
         # namespace's /proc, the holder (not in it) has no /proc/self
         fds = None if _close_range_works() else [int(name) for name in os.listdir("/proc/self/fd")]
@@ -203,13 +203,6 @@ class _Enter:
         if listener is not None and self.relay is not None:
             _forwarding_init(attempt, self.status_fd, fds, listener, self.relay[1])
         _init(attempt, self.status_fd, fds)
-
-
-def _default(sig: int) -> None:
-    """``sig`` back to its default disposition, in a fork of the runner: by the C library, because
-    ``signal.signal`` works only in the main thread, and a raw fork (``_fork``) of another thread
-    is not one to Python."""
-    _libc().signal(sig, ctypes.c_void_p(0))  # SIG_DFL
 
 
 def _handled_signals() -> List[int]:
@@ -283,7 +276,7 @@ def _hold(init: int, fds: Optional[List[int]]) -> None:
                 continue
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            _default(sig)
+            signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
             os.kill(os.getpid(), sig)
             os._exit(128 + sig)
@@ -674,10 +667,6 @@ def _until_exit(pid: int, timeout: float, args: Any) -> None:
         os.close(fd)
 
 
-#: a start in namespaces forks by itself (``Started._execute_child``); off: through ``subprocess``
-OWN_START = True
-
-
 class Started(subprocess.Popen[bytes]):
     """A process started in a sandbox: its ``returncode`` is the attempt's own (``-9`` for a SIGKILL
     death, as ``subprocess`` says it), read from the init's status pipe; ``oom_killed`` says whether
@@ -713,59 +702,6 @@ class Started(subprocess.Popen[bytes]):
         finally:
             if write_end is not None:
                 os.close(write_end)  # the init holds the only other copy: its end is the pipe's end
-
-    def _execute_child(self, args: Any, executable: Any, preexec_fn: Any, close_fds: bool, pass_fds: Any,
-                       cwd: Any, env: Any, startupinfo: Any, creationflags: int, shell: bool,
-                       p2cread: int, p2cwrite: int, c2pread: int, c2pwrite: int, errread: int, errwrite: int,
-                       *rest: Any) -> None:
-        """``Popen``'s own start, except for a start in namespaces: its first process is forked by
-        the raw system call (``_fork``) and set up here as ``subprocess`` sets up its child (the
-        standard streams, the directory, a session of its own, signals back to their defaults,
-        ``preexec_fn``, every other descriptor closed, the exec along PATH, an error said on a
-        pipe), without the Python at-fork callbacks ``subprocess`` runs in a child that runs
-        Python (in a copy of the runner, each page they touch is copied). The same exceptions."""
-        if not (OWN_START and isinstance(preexec_fn, _Enter)):
-            super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env,  # type: ignore[misc]
-                                   startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite,
-                                   errread, errwrite, *rest)
-            return
-        argv = [os.fsencode(a) for a in args]
-        program = os.fsencode(executable if executable is not None else args[0])
-        programs = [program] if os.path.dirname(program) else \
-            [os.path.join(os.fsencode(d), program) for d in os.get_exec_path(env)]
-        environ = os.environ if env is None else {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
-        directory = None if cwd is None else os.fsencode(cwd)
-        said_read, said_write = os.pipe()
-        try:
-            try:
-                self.pid = _fork()
-                if self.pid == 0:
-                    _child(preexec_fn, argv, programs, environ, directory, (p2cread, c2pwrite, errwrite),
-                           (p2cwrite, c2pread, errread, said_read), said_write)
-                self._child_created = True
-            finally:
-                os.close(said_write)
-            self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
-            said = bytearray()
-            while True:  # until the exec (its copy closes on exec) or the child's end
-                part = os.read(said_read, 50000)
-                said += part
-                if not part or len(said) > 50000:
-                    break
-        finally:
-            os.close(said_read)
-        if not said:
-            return
-        with contextlib.suppress(ChildProcessError):
-            pid, status = os.waitpid(self.pid, 0)
-            if pid == self.pid:
-                self._handle_exitstatus(status)  # type: ignore[attr-defined]
-        name, _, number = bytes(said).partition(b":")
-        if name == b"OSError" and number:
-            errno_number = int(number.split(b":")[0], 16)
-            raise OSError(errno_number, os.strerror(errno_number),
-                          cwd if number.endswith(b":noexec") else (executable or args[0]))
-        raise subprocess.SubprocessError("Exception occurred in preexec_fn.")
 
     def _close_status(self) -> None:
         if self._status is not None:
@@ -811,53 +747,6 @@ class Started(subprocess.Popen[bytes]):
         if self._oom_before is None or self._oom_after is None:
             return None
         return self._oom_after > self._oom_before
-
-
-def _child(enter: "_Enter", argv: List[bytes], programs: List[bytes], environ: Any, directory: Optional[bytes],
-           ends: Tuple[int, int, int], parents: Tuple[int, ...], said: int) -> None:
-    """In the first process of a start in namespaces, as ``subprocess``'s child does it; returns
-    only in the attempt's process, by its exec, or says why not on ``said``. Never returns."""
-    step = b"noexec"
-    try:
-        for fd in parents:
-            if fd != -1:
-                os.close(fd)
-        # a stream's descriptor may be 0, 1 or 2 already: moved above them first (as subprocess)
-        ends = tuple(os.dup(fd) if 0 <= fd < 3 and fd != i else fd for i, fd in enumerate(ends))  # type: ignore[assignment]
-        for i, fd in enumerate(ends):
-            if fd == i:
-                os.set_inheritable(fd, True)
-            elif fd != -1:
-                os.dup2(fd, i)
-        if directory is not None:
-            os.chdir(directory)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # what Python ignores, back to the default
-            _default(sig)
-        os.setsid()
-        try:
-            enter()  # the namespaces; only the attempt's process comes back
-        except BaseException:  # as subprocess says an exception of its preexec_fn
-            os.write(said, b"SubprocessError:0:")
-            os._exit(255)
-        _close_all_but(None if _close_range_works() else [int(n) for n in os.listdir("/proc/self/fd")],
-                       0, 1, 2, said)
-        step = b""
-        failed: Optional[OSError] = None
-        for program in programs:
-            try:
-                os.execve(program, argv, environ)
-            except OSError as exc:  # as exec along PATH: the first error other than "not there" wins
-                if failed is None or failed.errno in (2, 20):
-                    failed = exc
-        raise failed or OSError(2, os.strerror(2))
-    except OSError as exc:
-        with contextlib.suppress(BaseException):
-            os.write(said, b"OSError:%x:%s" % (exc.errno or 0, step))
-    except BaseException:
-        with contextlib.suppress(BaseException):
-            os.write(said, b"SubprocessError:0:")
-    finally:
-        os._exit(255)
 
 
 class ModelRelay:
