@@ -101,7 +101,11 @@ def _make(cache: str, sources: Dict[str, bytes]) -> None:
         shutil.rmtree(work, ignore_errors=True)
         return
     bundles = os.path.dirname(cache)
-    for name in os.listdir(bundles):  # the compiled copies of bundles pruned from this host
+    try:
+        names = os.listdir(bundles)
+    except OSError:
+        return
+    for name in names:  # the compiled copies of bundles pruned from this host
         sha, sep, _tag = name.partition(_SUFFIX)
         if sep and _hex64(sha) and not os.path.isdir(os.path.join(bundles, sha)):
             shutil.rmtree(os.path.join(bundles, name), ignore_errors=True)
