@@ -24,6 +24,7 @@ import secrets
 import shlex
 import tarfile
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -415,13 +416,16 @@ print(hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest())
 
 
 _UNPACKED: dict[str, str] = {}
+#: every host's push asks at once (up to 64 workers): the bundle is read and hashed by one of them
+_UNPACKED_LOCK = threading.Lock()
 
 
 def unpacked_digest(bundle: Bundle) -> str:
     """What ``_TREE_DIGEST_PY`` prints for this bundle unpacked intact (read-only) on a host."""
-    if bundle.sha not in _UNPACKED:
-        _UNPACKED[bundle.sha] = _unpacked_digest(bundle.path)
-    return _UNPACKED[bundle.sha]
+    with _UNPACKED_LOCK:
+        if bundle.sha not in _UNPACKED:
+            _UNPACKED[bundle.sha] = _unpacked_digest(bundle.path)
+        return _UNPACKED[bundle.sha]
 
 
 def _unpacked_digest(path: Path) -> str:

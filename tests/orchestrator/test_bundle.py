@@ -229,3 +229,32 @@ def test_crosshost_cache_prune_empties_the_local_cache(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"removed 2 file(s), 2.0 MB, from {cache}"
     assert list(cache.iterdir()) == []
+
+
+def test_the_unpacked_digest_is_computed_once_for_every_host_asking_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from orchestrator.hosts import bundle as bundle_module
+
+    calls: list[Path] = []
+    real = bundle_module._unpacked_digest
+
+    def counted(path: Path) -> str:
+        calls.append(path)
+        time.sleep(0.05)  # a bundle read and hashed while the other hosts' pushes ask too
+        return real(path)
+
+    monkeypatch.setattr(bundle_module, "_unpacked_digest", counted)
+    monkeypatch.setattr(bundle_module, "_UNPACKED", {})
+    s = _suite(tmp_path)
+    b = build_bundle(s, tmp_path / "cache", runner=_runner(tmp_path), suite=suite_from_dict(NORMALISED, s))
+    got: list[str] = []
+    workers = [threading.Thread(target=lambda: got.append(bundle_module.unpacked_digest(b))) for _ in range(16)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert len(calls) == 1 and got == [real(b.path)] * 16
