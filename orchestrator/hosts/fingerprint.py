@@ -50,7 +50,7 @@ def fingerprint_script(
     if suite:
         args += ["--suite", suite]
     cmd = remote.clean_env_command(
-        cfg.env_allowlist, [cfg.python, runner, *args], pinned=list(cfg.env), pins_file=remote.pins_path(workspace)
+        cfg.env_allowlist, remote.runner_argv(cfg.python, runner, args), pinned=list(cfg.env), pins_file=remote.pins_path(workspace)
     )
     return f"cd {remote.q(work_dir(workspace))} && exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"
 

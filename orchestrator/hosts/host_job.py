@@ -247,7 +247,7 @@ class HostJob:
             args.append("--trace-files")
         if self.slots() > 1:
             args += ["--slots", str(self.slots())]
-        runner = [self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), *args]
+        runner = remote.runner_argv(self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), args)
         # A live model: the controller's proxy (key added there), reached through a reverse forward on
         # an SSH host; the runner itself gets CROSSHOST_MODEL_URL only (not in --env-allow: tools never see it).
         with self._model_route(ws) as model_env:

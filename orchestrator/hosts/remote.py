@@ -45,6 +45,12 @@ _SOURCE_PINS = (
 )
 
 
+def runner_argv(python: str, runner: str, args: Sequence[str]) -> list[str]:
+    """The runner's own command line on a host: ``-I``, so nothing its uid's attempts could have left
+    (a user site-packages, ``PYTHON*`` variables, the working directory) is imported by the next run."""
+    return [python, "-I", runner, *args]
+
+
 def clean_env_command(
     allowlist: Sequence[str], argv: Sequence[str], *, pinned: Collection[str] = (), pins_file: str | None = None
 ) -> str:
