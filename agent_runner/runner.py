@@ -197,7 +197,11 @@ class Runner:
         self._lock = threading.Lock()
         # Read once, when the run starts: the bundle as the controller verified it just before.
         self.predicates = {t.id: t.predicate.read_bytes() for t in suite.tasks if t.predicate is not None}
-        self.suite_digests = part_digests(suite.root)
+        self.suite_digests, sealed = suite_state(suite.root)
+        # An attempt with a uid of its own and no capability (pidns+uid) cannot write a suite that only
+        # root or the runner may write: the check before each attempt is then not needed (it is
+        # again from the first attempt run without a uid of its own, see ``run_attempt``).
+        self.bundle_sealed = sealed and self.isolation == PIDNS_UID
         # Only a uid of its own makes what an attempt left outside its workspace attributable to it.
         self.stray_watch: Optional[StrayWatch] = None
         if self.isolation == PIDNS_UID:
@@ -239,7 +243,10 @@ class Runner:
         mark = self.stray_watch.mark() if self.stray_watch is not None and box.uid is not None else None
         try:
             work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))
-            self.bundle_check(task.id)
+            if box.uid is None:
+                self.bundle_sealed = False  # this attempt could change what the next ones run from
+            if not self.bundle_sealed:
+                self.bundle_check(task.id)
             if task.repo_dir is not None:
                 shutil.copytree(str(task.repo_dir), str(work), symlinks=True)
                 _owner_writable(work)  # the bundle's copy is read-only; the attempt's own is not
@@ -444,12 +451,38 @@ def _walk(root: str, top: str, shared_only: bool) -> Iterator[Tuple[str, str, os
 
 def part_digests(root: Path) -> Dict[str, str]:
     """The digest of every part of the suite at ``root`` (see ``SHARED_PART``), in one walk."""
+    return suite_state(root)[0]
+
+
+def _only_ours(st: os.stat_result, me: int, sticky_ok: bool = False) -> bool:
+    """Only root or ``me`` may change it: owned by one of them, writable by neither its group nor
+    others (a link's own mode means nothing: its target is never followed; with ``sticky_ok``, a
+    sticky directory anyone may write, whose entries only their owners may rename or remove)."""
+    if st.st_uid not in (0, me):
+        return False
+    if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o022:
+        return True
+    return sticky_ok and stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX)
+
+
+def suite_state(root: Path) -> Tuple[Dict[str, str], bool]:
+    """``part_digests``, and whether only root or this process's user may change the suite: every
+    path in it, the directory itself, and every directory above it (there a sticky one anyone may
+    write will do: only an entry's owner may move it). From the same walk."""
+    me = os.geteuid()
     hashes: Dict[str, Any] = {SHARED_PART: hashlib.sha256()}
+    named, real = Path(os.path.abspath(str(root))), Path(os.path.realpath(str(root)))
+    try:  # the directory as named (a link?) and as it is, and every directory above either
+        sealed = _only_ours(os.lstat(named), me) and _only_ours(os.stat(real), me) and all(
+            _only_ours(os.stat(above), me, sticky_ok=True) for above in {*named.parents, *real.parents})
+    except OSError:
+        sealed = False
     for rel, path, st in _walk(str(root), str(root), shared_only=False):
         first, _, rest = rel.partition("/")
         part = task_part(rest.split("/", 1)[0]) if first == _TASKS and rest else SHARED_PART
         _feed(hashes.setdefault(part, hashlib.sha256()), rel, path, st)
-    return {part: h.hexdigest() for part, h in hashes.items()}
+        sealed = sealed and _only_ours(st, me)
+    return {part: h.hexdigest() for part, h in hashes.items()}, sealed
 
 
 def part_digest(root: Path, part: str) -> str:

@@ -9,7 +9,10 @@ import random
 import stat
 from pathlib import Path
 
-from agent_runner.runner import SHARED_PART, part_digest, part_digests, task_part
+import pytest
+
+from agent_runner.runner import SHARED_PART, part_digest, part_digests, suite_state, task_part
+from agent_runner.sandbox import UID_BASE
 from tests.support.runner import clean_env, records, run_runner, write_suite
 
 
@@ -131,3 +134,93 @@ def test_an_attempt_that_changes_the_suites_shared_files_makes_every_later_attem
     rows = {r["task"]: r for r in records(tmp_path / "out" / "results.jsonl")}
     assert (rows["a"]["verdict"], rows["b"]["verdict"], rows["c"]["verdict"]) == ("pass", "error", "error")
     assert all("the bundle changed during the run (its shared files)" in rows[t]["why"] for t in "bc")
+
+
+def plain_sealed(root: Path) -> bool:
+    """Whether anyone but root or this user may change the suite, path by path: every entry (a link
+    by its owner), the directory itself, and every directory above it (there a sticky one will do)."""
+    me = os.geteuid()
+
+    def ours(st: os.stat_result) -> bool:
+        return st.st_uid in (0, me) and (stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o022)
+
+    for base, dirs, files in os.walk(str(root)):
+        for name in dirs + files:
+            if not ours(os.lstat(os.path.join(base, name))):
+                return False
+    if not ours(os.stat(root)):
+        return False
+    for above in Path(os.path.realpath(root)).parents:
+        st = os.stat(above)
+        if not ours(st) and not (st.st_uid in (0, me) and st.st_mode & stat.S_ISVTX):
+            return False
+    return True
+
+
+SPOILS = [None, "a file anyone may write", "a directory its group may write", "a file of another user",
+          "a link of another user", "the suite's directory anyone may write", "a directory above anyone may write",
+          "a sticky directory above anyone may write"]
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("spoil", SPOILS)
+def test_a_suite_is_sealed_exactly_when_only_root_or_the_runner_may_change_it(tmp_path: Path, spoil: str) -> None:
+    """The seal that spares attempts with a uid of their own the check (``suite_state``) is the plain
+    path-by-path look, from the walk that digests the suite; its digests are ``part_digests``'."""
+    above = tmp_path / "above"
+    root = write_suite(above / "s", {"a": {"toml": '[agent]\nkind = "none"\n', "repo": {"run_tests.sh": "exit 0\n"}}},
+                       agent_files={"shared.py": "x = 1\n"})
+    (root / "tasks" / "a" / "repo" / "link").symlink_to("run_tests.sh")
+    for d in (root, *root.rglob("*")):
+        if not d.is_symlink():
+            d.chmod(0o755 if d.is_dir() else 0o644)
+    above.chmod(0o755)
+    other = UID_BASE + 999
+    if spoil == "a file anyone may write":
+        (root / "agent" / "shared.py").chmod(0o666)
+    elif spoil == "a directory its group may write":
+        (root / "tasks" / "a").chmod(0o775)
+    elif spoil == "a file of another user":
+        os.lchown(root / "tasks" / "a" / "repo" / "run_tests.sh", other, other)
+    elif spoil == "a link of another user":
+        os.lchown(root / "tasks" / "a" / "repo" / "link", other, other)
+    elif spoil == "the suite's directory anyone may write":
+        root.chmod(0o1777)
+    elif spoil == "a directory above anyone may write":
+        above.chmod(0o777)
+    elif spoil == "a sticky directory above anyone may write":
+        above.chmod(0o1777)
+    digests, sealed = suite_state(root)
+    assert digests == part_digests(root)
+    assert sealed == plain_sealed(root)
+    assert sealed == (spoil in (None, "a sticky directory above anyone may write"))
+
+
+@pytest.mark.root
+def test_an_attempt_with_a_uid_of_its_own_cannot_change_a_sealed_suite(tmp_path: Path) -> None:
+    """A suite only root may write, run at pidns+uid (the check before each attempt not needed): an
+    attempt that tries to change the next task's files and the shared ones cannot, and every later
+    attempt runs from the files as they were."""
+    assert os.geteuid() == 0, "needs root: only a root runner gives attempts a uid of their own"
+    scratch = tmp_path / "pass"
+    scratch.mkdir()
+    for d in (scratch, *scratch.parents):
+        d.chmod(d.stat().st_mode | 0o005)  # the attempts' uid reaches the suite and its workspace
+    root = scratch / "s"
+    targets = [root / "tasks" / "b" / "repo" / "data.txt", root / "agent" / "shared.py"]
+    attack = "".join(f"echo tampered >> '{t}' 2>/dev/null; " for t in targets) + f"rm -f '{targets[0]}'; exit 0\n"
+
+    def predicate(script: str) -> dict[str, object]:
+        return {"toml": '[agent]\nkind = "none"\n', "repo": {"run_tests.sh": script, "data.txt": "d\n"}}
+
+    write_suite(root, {"a": predicate(attack), "b": predicate("grep -qx d data.txt\n"), "c": predicate("exit 0\n")},
+                agent_files={"shared.py": "x = 1\n"})
+    assert suite_state(root)[1]
+    done = run_runner("run", "--suite", str(root), "--out", str(scratch / "out"), "--workspace-root",
+                      str(scratch / "ws"), env=clean_env())
+    assert done.returncode == 0, done.stderr
+    assert '"isolation": "netns+pidns+uid"' in (scratch / "out" / "fingerprint.json").read_text() or \
+        '"isolation": "pidns+uid"' in (scratch / "out" / "fingerprint.json").read_text()
+    rows = {r["task"]: r for r in records(scratch / "out" / "results.jsonl")}
+    assert [rows[t]["verdict"] for t in "abc"] == ["pass", "pass", "pass"], rows
+    assert targets[0].read_text() == "d\n" and targets[1].read_text() == "x = 1\n"
