@@ -109,14 +109,15 @@ def test_each_cli_passes_a_two_tool_task_on_every_host_held_with_the_key_at_home
     # held: the provider answered the reference's requests only, each with the real key
     paths = {"codex": {"/v1/responses"}, "gemini-cli": {"/v1beta/models/m1:streamGenerateContent"}}
     assert {r.path for r in provider.requests} == paths.get(preset, {"/v1/chat/completions"})
+    # every follower's request answered from the reference's record (else: where it diverged)
+    hold = json.loads((run_dir / "model_hold.json").read_text())
+    assert hold["held"] == {h: {"answer.0": len(script)} for h in HOSTS}, hold["divergences"]
     # one request per scripted turn; a CLI that resent a request (its own retry, as under heavy load)
     # sent the same body again, which the provider answers alike: counted once
     bodies = {json.dumps(r.body, sort_keys=True) for r in provider.requests}
     assert len(bodies) == len(script), [r.path for r in provider.requests]
     assert {r.headers.get("x-goog-api-key") or r.headers.get("authorization") for r in provider.requests} == {
         key if preset == "gemini-cli" else f"Bearer {key}"}
-    hold = json.loads((run_dir / "model_hold.json").read_text())
-    assert hold["held"] == {h: {"answer.0": len(script)} for h in HOSTS}, hold["divergences"]
     for host in ("local", *HOSTS):
         trace = read_jsonl(run_dir / "hosts" / host / "traces" / "answer.0.jsonl")
         assert [(t["tool"], t["args"]) for t in trace if t.get("type") == "turn"] == turns, host
