@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.analysis import analyse_run
 from orchestrator.report import write_reports
-from orchestrator.report.html import TrendPoint, trend_svg
+from orchestrator.report.trend import TrendPoint, trend_svg
 from tests.support.html_run import build_known_run
 from tools.headless import find_chromium
 

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from orchestrator.analysis import analyse_run
 from orchestrator.cli import app
 from orchestrator.commands.view import ensure_report, serving
-from orchestrator.report import html as report_html
-from orchestrator.report import write_reports
+from orchestrator.report import page_data, write_reports
+from orchestrator.report.page_traces import STEP_FIELDS
 from orchestrator.store.history import index_path, record_run
 from tests.support.html_run import HOSTILE_TASK, HOSTILE_VALUE, OBSERVATION, build_known_run
 
@@ -30,7 +30,7 @@ def _written(tmp_path: Path) -> tuple[Path, str]:
 
 
 def _step(trace: dict, i: int) -> dict:
-    return dict(zip(report_html.STEP_FIELDS, trace["steps"][i], strict=True))
+    return dict(zip(STEP_FIELDS, trace["steps"][i], strict=True))
 
 
 def _data(page: str) -> dict:
@@ -97,7 +97,7 @@ def test_links_to_raw_traces_are_percent_encoded(tmp_path):
 
 
 def test_a_large_run_keeps_the_traces_of_flips_first(tmp_path, monkeypatch):
-    monkeypatch.setattr(report_html, "MAX_EMBEDDED_STEPS", 12)
+    monkeypatch.setattr(page_data, "MAX_EMBEDDED_STEPS", 12)
     _, page = _written(tmp_path)
     tasks = {t["task"]: t for t in _data(page)["tasks"]}
     assert tasks["flip-task"]["embedded"] and tasks["flip-task"]["pairs"]["box-b"][0] is not None
@@ -184,7 +184,7 @@ def test_an_unreadable_trace_is_a_problem_on_the_page_not_a_crash(tmp_path):
 
 
 def test_a_long_trace_is_cut_and_its_finish_still_shown(tmp_path, monkeypatch):
-    monkeypatch.setattr(report_html, "MAX_STEPS_PER_TRACE", 1)
+    monkeypatch.setattr(page_data, "MAX_STEPS_PER_TRACE", 1)
     _, page = _written(tmp_path)
     data = _data(page)
     flip = next(t for t in data["tasks"] if t["task"] == "flip-task")

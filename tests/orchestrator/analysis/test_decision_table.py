@@ -201,7 +201,7 @@ def test_report_markdown_shows_rates_intervals_and_p_values(tmp_path):
 
 def test_attempt_marks_only_where_the_same_attempt_is_the_evidence(tmp_path):
     from orchestrator.analysis.flips import flipped_attempts
-    from orchestrator.report.html import build_data
+    from orchestrator.report.page_data import build_data
 
     report, task = _sampled_run(tmp_path, ["pass", "fail"] * 4, ["fail", "pass"] * 4)
     assert task.evidence == "statistical" and flipped_attempts(task, "box-b", "local") == set()
