@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from orchestrator.commands.probe import ProbeResult
     from orchestrator.commands.replay import ReplayOutcome
     from orchestrator.commands.repro import ReproOutcome
-    from orchestrator.store.history import Changes, FieldChange, HistoryEntry, HistoryListing
+    from orchestrator.store.history import HistoryEntry, HistoryListing
+    from orchestrator.store.run_changes import Changes, FieldChange
     from orchestrator.store.rundir import Manifest
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator import ui
 from orchestrator.errors import InputError
-from orchestrator.store import history
+from orchestrator.store import history, run_changes, run_row
 from orchestrator.store.rundir import HostRecord, Manifest, SuiteRef
 from tests.support.runner import own_machine_python
 
@@ -118,7 +118,7 @@ def test_flip_appears_then_disappears(tmp_path: Path) -> None:
     rows = history.history(runs, "triage")
     assert [r.run_id for r in rows] == ["r1", "r2", "r3"]
     assert [sorted(r.flipping) for r in rows] == [[], ["t2"], []]
-    c12, c23 = history.changes(rows[0], rows[1]), history.changes(rows[1], rows[2])
+    c12, c23 = run_changes.changes(rows[0], rows[1]), run_changes.changes(rows[1], rows[2])
     assert (c12.newly_flipping, c12.stopped_flipping) == (["t2"], [])
     assert (c23.newly_flipping, c23.stopped_flipping) == ([], ["t2"])
     assert c12.pins_moved == [] and c23.pins_moved == []
@@ -171,16 +171,16 @@ def test_previous_is_same_suite_and_pins_moved(tmp_path: Path) -> None:
         flips=("t1",),
     )
     history.rebuild(runs)
-    prev = history.previous_run(runs, history.read_run(b))
+    prev = history.previous_run(runs, run_row.read_run(b))
     assert prev is not None and prev.run_id == "a"
-    ch = history.changes(prev, history.read_run(b))
+    ch = run_changes.changes(prev, run_row.read_run(b))
     assert ch.newly_flipping == ["t1"]
     assert {m["pin"]: (m["old"], m["new"]) for m in ch.pins_moved} == {
         "suite_sha": ("s" * 16, "t" * 16),
         "t1.runner_source_sha": ("r1", "r2"),
         "t1.budget.max_steps": (8, 4),
     }
-    assert history.previous_run(runs, history.read_run(a)) is None
+    assert history.previous_run(runs, run_row.read_run(a)) is None
 
 
 def test_rebuild_equals_incremental(tmp_path: Path) -> None:
@@ -487,7 +487,7 @@ def test_a_subset_run_is_compared_on_the_tasks_both_runs_replayed(tmp_path: Path
     history.rebuild(runs)
     prev, cur = history.history(runs)[-2:]
     assert (prev.run_id, cur.run_id) == ("r1", "r2")
-    ch = history.changes(prev, cur)
+    ch = run_changes.changes(prev, cur)
     assert ch.newly_flipping == ["t1"]
     assert ch.stopped_flipping == []
     assert [m["pin"] for m in ch.pins_moved] == ["t1.prompt_sha"]

@@ -136,7 +136,7 @@ def test_one_jsonl_reader_strict_and_tolerant(tmp_path: Path) -> None:
 
 def test_history_names_a_damaged_results_file(tmp_path: Path) -> None:
     from orchestrator.errors import InputError
-    from orchestrator.store import history
+    from orchestrator.store import run_row
 
     run = tmp_path / "runs" / "r1"
     run.mkdir(parents=True)
@@ -145,7 +145,7 @@ def test_history_names_a_damaged_results_file(tmp_path: Path) -> None:
     (run / "report.json").write_text(json.dumps(report))  # no verdicts: results count
     (run / "results.jsonl").write_bytes(_DAMAGED.replace(b"\xff\xfe", b""))
     with pytest.raises(InputError, match=r"results\.jsonl:4: expected a JSON object"):
-        history.read_run(run)
+        run_row.read_run(run)
 
 
 # --- the one migration step: shapes other tools and earlier versions wrote ------------------------------
