@@ -45,7 +45,8 @@ def _turn_line(step: int, tool: str, args: dict[str, object]) -> str:
 
 def make_run_dir(root: Path, lines: int, shape: RunShape = RunShape()) -> Path:
     """Write ``root/<run_id>/`` holding exactly ``lines`` trace lines; return the run directory."""
-    from orchestrator.store.rundir import HostRecord, Manifest, RunDir, SuiteRef, utc_now
+    from orchestrator.store.records import HostRecord, Manifest, SuiteRef
+    from orchestrator.store.rundir import RunDir, utc_now
 
     per_trace = lines // shape.traces
     if per_trace < 3:

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from orchestrator.commands.replay import ReplayOutcome
     from orchestrator.commands.repro import ReproOutcome
     from orchestrator.store.history import HistoryEntry, HistoryListing
+    from orchestrator.store.records import Manifest
     from orchestrator.store.run_changes import Changes, FieldChange
-    from orchestrator.store.rundir import Manifest
 
 
 def plain(text: object, style: str = "") -> Text:

@@ -32,7 +32,7 @@ from orchestrator.analysis.stats import (
     pass_counts,
 )
 from orchestrator.errors import TraceError
-from orchestrator.store.rundir import iter_results
+from orchestrator.store.jsonl import iter_results
 
 #: the highest flip rate that passes when neither ``--gate`` nor the suite's ``[gate]`` says
 DEFAULT_GATE = Gate.flip_rate

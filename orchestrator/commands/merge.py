@@ -24,14 +24,8 @@ from orchestrator.exit_policy import replay_exit
 from orchestrator.model.hold import HoldSummary, merge_hold
 from orchestrator.report import analyse_and_write
 from orchestrator.store.history import after_replay
-from orchestrator.store.rundir import (
-    HostRecord,
-    Manifest,
-    ResultRow,
-    RunDir,
-    ShardRecord,
-    write_bytes_atomic,
-)
+from orchestrator.store.records import HostRecord, Manifest, ShardRecord
+from orchestrator.store.rundir import ResultRow, RunDir, write_bytes_atomic
 
 #: pins that are the same for every task of one run: shards that differ there are not one run
 RUN_WIDE_PINS = ("runner_source_sha", "contract_sha")

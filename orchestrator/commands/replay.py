@@ -41,16 +41,9 @@ from orchestrator.hosts.inventory import HostConfig, load_inventory
 from orchestrator.hosts.transport import Opener, default_opener
 from orchestrator.model.settings import openai_agent_config, require_api_key
 from orchestrator.selection import TaskSelection
-from orchestrator.store.rundir import (
-    HostRecord,
-    Manifest,
-    ResultRow,
-    RunDir,
-    SuiteRef,
-    iter_results,
-    utc_now,
-    write_bytes_atomic,
-)
+from orchestrator.store.jsonl import iter_results
+from orchestrator.store.records import HostRecord, Manifest, SuiteRef
+from orchestrator.store.rundir import ResultRow, RunDir, utc_now, write_bytes_atomic
 
 if TYPE_CHECKING:
     from orchestrator.analysis.models import RunReport

@@ -30,7 +30,8 @@ from agent_runner.trace import CorruptLine, Trace, fp, iter_observations, read_t
 from orchestrator.analysis.attribution import fingerprint_differences
 from orchestrator.errors import InputError, TraceError
 from orchestrator.exit_policy import repro_exit
-from orchestrator.store.rundir import ReproRecord, RunDir, write_json_atomic
+from orchestrator.store.records import ReproRecord
+from orchestrator.store.rundir import RunDir, write_json_atomic
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")

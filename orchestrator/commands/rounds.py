@@ -30,15 +30,9 @@ from orchestrator.exit_policy import replay_exit
 from orchestrator.hosts.bundle import bundle_cache_dir, replay_bundle
 from orchestrator.model.hold import HoldSummary
 from orchestrator.report import analyse_and_write
-from orchestrator.store.rundir import (
-    Manifest,
-    ResultRow,
-    RoundRecord,
-    RunDir,
-    iter_results,
-    utc_now,
-    write_bytes_atomic,
-)
+from orchestrator.store.jsonl import iter_results
+from orchestrator.store.records import Manifest, RoundRecord
+from orchestrator.store.rundir import ResultRow, RunDir, utc_now, write_bytes_atomic
 
 ROUNDS_DIR = "rounds"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import InputError
-from orchestrator.store.rundir import ShardRecord
+from orchestrator.store.records import ShardRecord
 
 #: a run id given for shards: it names directories here and workspaces on every host
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")

@@ -35,7 +35,8 @@ from orchestrator.hosts.inventory import HostConfig
 from orchestrator.hosts.transport import Opener
 from orchestrator.hosts.transport.base import ConnectRetry, ExecResult, Host
 from orchestrator.hosts.workspace import ABANDON_AFTER_S, Running, Workspace
-from orchestrator.store.rundir import HostRecord, RunDir, utc_now
+from orchestrator.store.records import HostRecord
+from orchestrator.store.rundir import RunDir, utc_now
 
 if TYPE_CHECKING:
     from orchestrator.model.hold import ModelHold

@@ -19,7 +19,7 @@ from agent_runner.digests import MARKER
 from agent_runner.records import ResultRow, TraceFinish
 from agent_runner.trace import read_trace
 from orchestrator.errors import OutputTampered
-from orchestrator.store.rundir import iter_results
+from orchestrator.store.jsonl import iter_results
 
 _LINE = re.compile(rf"^{MARKER} ([0-9a-f]{{64}}) (\S+)$")
 

@@ -34,7 +34,8 @@ from agent_runner.jsonfile import loads as json_loads
 from orchestrator.model.apis.base import RequestView
 from orchestrator.model.apis.openai_chat import OpenAIChat
 from orchestrator.model.exchanges import listing, mapping
-from orchestrator.store.rundir import RunDir, iter_jsonl
+from orchestrator.store.jsonl import iter_jsonl
+from orchestrator.store.rundir import RunDir
 
 if TYPE_CHECKING:
     from orchestrator.model.settings import ProxyConfig

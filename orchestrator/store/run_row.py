@@ -14,7 +14,8 @@ from typing import Any, NotRequired, TypedDict
 from orchestrator.analysis.models import REPORT_NAME, RunReport
 from orchestrator.analysis.stats import pass_counts, pass_rate
 from orchestrator.errors import InputError
-from orchestrator.store.rundir import Manifest, RunDir, parse_utc
+from orchestrator.store.records import Manifest
+from orchestrator.store.rundir import RunDir, parse_utc
 
 
 class HostSummary(TypedDict):

@@ -1,12 +1,13 @@
-"""The run directory ``runs/<run_id>/``: the one module that creates, writes and reads it.
+"""The run directory ``runs/<run_id>/``: the one module that creates, writes and reads it (what its
+records are is ``store/records.py``, how its JSONL files are read ``store/jsonl.py``).
 
 Layout and every file's fields: docs/run-directory.md. Writing is atomic (a temporary name, then a
 rename), so a crash or Ctrl-C never leaves half a manifest; a run id is a sortable UTC timestamp plus
 a random suffix and its directory is created exclusively, so two concurrent replays never share one.
 
 The runner's records (trace header/turn/finish, results row, fingerprint) are ``agent_runner.records``;
-the controller's own file, ``manifest.json``, is ``Manifest`` here. Old shapes are accepted in one
-place each: ``migrate_manifest`` below, and the ``migrate_*`` functions of ``agent_runner.records``
+the controller's own file, ``manifest.json``, is ``Manifest`` in ``store/records.py``. Old shapes are
+accepted in one place each: ``migrate_manifest`` there, and the ``migrate_*`` functions of ``agent_runner.records``
 (which every ``from_json`` applies). No reader anywhere else knows an old key name.
 
 ``load_run`` reads everything the analysis needs, tolerantly: a missing or unreadable contract or
@@ -27,27 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
-from agent_runner.jsonfile import (
-    MAX_LINE_BYTES,
-    JSONObject,
-    bounded_lines,
-    decode_text,
-    open_regular,
-    read_regular,
-)
+from agent_runner.jsonfile import JSONObject, decode_text, read_regular
 from agent_runner.jsonfile import loads as json_loads
-from agent_runner.records import Fingerprint, ResultRow, TraceHeader, migrate_pins
+from agent_runner.records import Fingerprint, ResultRow, TraceHeader
 from agent_runner.suite import MAX_REPEAT
 from agent_runner.trace import iter_trace
 from orchestrator.errors import CrosshostError, InputError, TraceError, not_the_record
-from orchestrator.hosts.transport.base import ConnectRetry, ContainerFacts
+from orchestrator.store.jsonl import iter_results
+from orchestrator.store.records import HostRecord, Manifest, ReproRecord, migrate_manifest
 
-MANIFEST_SCHEMA = "crosshost.manifest/2"
-REPRO_SCHEMA = "crosshost.repro/1"
-#: /1 named the runner zipapp's digest ``runner_sha``; /2 calls it ``zipapp_sha``
-OLD_MANIFEST_SCHEMAS = ("crosshost.manifest/1",)
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 AttemptKey = tuple[str, str, int]  # (host, task, attempt)
@@ -93,201 +84,6 @@ def write_json_atomic(path: Path, obj: Any, *, sort_keys: bool = True) -> None:
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=sort_keys) + "\n").encode())
 
 
-# --- manifest.json --------------------------------------------------------------------------------
-
-
-class SuiteRef(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    name: str
-    sha: str | None = None
-    path: str | None = None
-
-
-class HostRecord(BaseModel):
-    """What happened on one host. ``reachable`` false means no verdict of it is the agent's."""
-
-    model_config = ConfigDict(extra="ignore")
-    reachable: bool = False
-    error: str | None = None
-    fingerprint: str | None = None
-    python: str | None = None
-    bundle_pushed: bool | None = None
-    bundle_replaced: bool | None = None  # the host's cached bundle had changed since pushed: replaced
-    runner_exit: int | None = None
-    workspace_removed: bool | None = None
-    stages: dict[str, float] = Field(default_factory=dict)  # stage -> seconds
-    #: what the transport says of a container host (image id and digests, daemon, runtime); None elsewhere
-    container: ContainerFacts | None = None
-
-
-class ReproRecord(BaseModel):
-    """``repro.json``: what ``crosshost repro`` replayed and where the two hosts parted
-    (docs/run-directory.md). ``comparison`` is the step-by-step comparison as ``repro`` made it."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    schema_: str = Field(default=REPRO_SCHEMA, alias="schema")
-    run_id: str
-    trace: str = ""
-    suite: str | None = None
-    task: str | None = None
-    host: str | None = None
-    against: str | None = None
-    hosts: list[str] = Field(default_factory=list)
-    fixtures_from_trace: bool = False
-    fixture_tools: list[str] = Field(default_factory=list)
-    steps: int = 0
-    errors: dict[str, str] = Field(default_factory=dict)
-    parted: bool | None = None
-    comparison: dict[str, Any] | None = None
-    recorded_match: list[str] = Field(default_factory=list)
-    exit_code: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True)
-
-
-class ShardRecord(BaseModel):
-    """A shard's place in its run (``crosshost replay --shard K/N``; docs/scale.md)."""
-
-    model_config = ConfigDict(extra="ignore")
-    run_id: str  # the whole run's id: the name of the directory ``crosshost merge`` writes
-    index: int  # 1..count
-    count: int
-    by: str = "task"  # what is split: the tasks (every shard replays on every host, the reference too)
-    tasks: list[str] = Field(default_factory=list)  # every task of the whole run, in suite order
-
-    @property
-    def label(self) -> str:
-        return f"shard {self.index}/{self.count}"
-
-
-class RoundRecord(BaseModel):
-    """One round of ``replay --until-decided``: its run directory under ``rounds/``, the attempts per
-    host it aimed for, the tasks it ran."""
-
-    model_config = ConfigDict(extra="ignore")
-    round: int
-    run_id: str
-    repeat: int
-    tasks: list[str] = Field(default_factory=list)
-
-
-class Manifest(BaseModel):
-    """``manifest.json``. Fields a replay always writes may be absent in a run another tool made;
-    readers treat an absent one as unknown. Unknown keys are ignored (a newer crosshost's)."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    schema_: str = Field(default=MANIFEST_SCHEMA, alias="schema")
-    run_id: str
-    kind: str = "replay"  # "replay" or "repro"
-    started: str | None = None
-    finished: str | None = None
-    suite: SuiteRef | None = None
-    bundle_sha: str | None = None
-    zipapp_sha: str | None = None  # sha256 of the runner.pyz shipped (pins.runner_source_sha: its sources)
-    gate: float | None = None
-    alpha: float | None = None  # the suite's [gate] alpha: significance of a host difference
-    burn_invalidates: bool = False  # the suite's [gate] burn_invalidates: a host's burn finding invalidates
-    correction: str | None = None  # the suite's [gate] correction ("bh" or "holm"); None: the default
-    allow_undecided: int = 0  # the suite's [gate] undecided: undecided tasks a run may leave and pass
-    looks: int = 1  # how many times --until-decided looked at the evidence (docs/statistics.md)
-    first_attempt: int = 0  # the number of the run's first attempt (a later round of --until-decided)
-    #: --until-decided: the attempts per host each task got (tasks decided early got fewer)
-    task_repeat: dict[str, int] = Field(default_factory=dict)
-    #: --until-decided: per round, its run directory under rounds/, the attempts per host it aimed
-    #: for and the tasks it ran
-    rounds: list[RoundRecord] = Field(default_factory=list)
-    #: negative golden tasks: task -> the contract findings ("kind:tool") its task.toml expects
-    expect_findings: dict[str, list[str]] = Field(default_factory=dict)
-    sampled: list[str] = Field(default_factory=list)  # tasks whose agent is sampled
-    task_tags: dict[str, list[str]] = Field(default_factory=dict)  # task.toml tags (report/diff --tags)
-    hold_model: str | None = None  # "true" or "strict" when the model was held (orchestrator/model/hold.py)
-    tasks: list[str] = Field(default_factory=list)
-    repeat: int | None = None
-    pins: dict[str, dict[str, Any]] = Field(default_factory=dict)  # task -> the pins of its trace header
-    inventory: dict[str, Any] = Field(default_factory=dict)
-    reference: str | None = None
-    crosshost_version: str | None = None
-    retries: list[ConnectRetry] = Field(default_factory=list)
-    hosts: dict[str, HostRecord] = Field(default_factory=dict)
-    interrupted: bool = False
-    #: said once per run (summary, report.json): inventory values crosshost replaced or ignored
-    notes: list[str] = Field(default_factory=list)
-    shard: ShardRecord | None = None  # this directory is one shard of a run (``replay --shard``)
-    shards: list[str] = Field(default_factory=list)  # the shard directories ``crosshost merge`` joined into this run
-
-    @property
-    def suite_name(self) -> str | None:
-        return self.suite.name if self.suite is not None else None
-
-    def dump(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True)
-
-
-def _iso(value: Any) -> Any:
-    """Epoch seconds as the ISO-8601 UTC text a manifest holds (any other value as it is)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return _dt.datetime.fromtimestamp(value, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return value
-
-
-
-
-def migrate_manifest(data: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """A manifest of any known shape as today's; the one place old manifest shapes are accepted.
-
-    - schema /1: ``runner_sha`` (the zipapp's digest) is ``zipapp_sha``; the pins' ``runner_sha``
-      (the runner's source digest) is ``runner_source_sha``.
-    - no ``run_id``: the directory's name.
-    - ``suite`` as a bare name, or ``suite_name``/``suite_sha`` beside it, or ``suite.sha256``;
-      a ``gate`` kept in the suite, or as the suite's ``[gate]`` table ``{"flip_rate": x, "alpha": a}``.
-    - ``hosts`` as a list (of names or of ``{"name": ...}`` objects); ``inventory`` as a bare list.
-    - ``started``/``finished`` as epoch seconds.
-    """
-    out = dict(data)
-    if out.get("schema") in OLD_MANIFEST_SCHEMAS:
-        out["schema"] = MANIFEST_SCHEMA
-        if "runner_sha" in out:
-            out.setdefault("zipapp_sha", out.pop("runner_sha"))
-        pins = out.get("pins")
-        if isinstance(pins, dict):
-            out["pins"] = {t: migrate_pins(p) if isinstance(p, dict) else p for t, p in pins.items()}
-    if not isinstance(out.get("run_id"), str) or not out["run_id"]:
-        out["run_id"] = run_dir.name
-    suite = out.get("suite")
-    if isinstance(suite, str):
-        suite = {"name": suite}
-    if suite is None and isinstance(out.get("suite_name"), str):
-        suite = {"name": out["suite_name"]}
-    if isinstance(suite, dict):
-        suite = dict(suite)
-        suite.setdefault("sha", suite.pop("sha256", None) or out.get("suite_sha"))
-        if out.get("gate") is None and suite.get("gate") is not None:
-            out["gate"] = suite["gate"]
-        out["suite"] = suite
-    out.pop("suite_name", None)
-    out.pop("suite_sha", None)
-    gate = out.get("gate")
-    if isinstance(gate, dict):
-        out["gate"] = gate.get("flip_rate")
-        if out.get("alpha") is None:
-            out["alpha"] = gate.get("alpha")
-        if out.get("burn_invalidates") is None and isinstance(gate.get("burn_invalidates"), bool):
-            out["burn_invalidates"] = gate["burn_invalidates"]
-        if out.get("correction") is None and isinstance(gate.get("correction"), str):
-            out["correction"] = gate["correction"]
-        if out.get("allow_undecided") is None and isinstance(gate.get("undecided"), int):
-            out["allow_undecided"] = gate["undecided"]
-    hosts = out.get("hosts")
-    if isinstance(hosts, list):
-        listed = [h if isinstance(h, dict) else {"name": h} for h in hosts]
-        out["hosts"] = {str(h["name"]): h for h in listed if h.get("name")}
-    inventory = out.get("inventory")
-    if isinstance(inventory, list):
-        out["inventory"] = {"hosts": inventory}
-    for key in ("started", "finished"):
-        out[key] = _iso(out.get(key))
-    return out
 
 
 def _read_json_object(path: Path) -> tuple[JSONObject | None, str | None]:
@@ -307,78 +103,6 @@ def _read_json_object(path: Path) -> tuple[JSONObject | None, str | None]:
     if not isinstance(obj, dict):
         return None, f"{path}: must hold a JSON object"
     return obj, None
-
-
-# --- JSONL ------------------------------------------------------------------------------------------
-
-
-def iter_jsonl(
-    path: Path, *, missing_ok: bool = False, on_bad_line: Callable[[str, str], None] | None = None
-) -> Iterator[tuple[str, JSONObject]]:
-    """The JSON objects of a JSONL file, streamed as (``file:line``, object); blank lines are skipped.
-
-    A line that is not UTF-8, not JSON or not an object is a TraceError naming file and line, unless
-    ``on_bad_line(where, why)`` takes it and reading goes on (tolerant readers collect problems).
-    A missing file holds nothing with ``missing_ok``; otherwise it is unreadable, like any OSError.
-    """
-    try:  # a FIFO or a device is refused before it is read: it would hang or never end
-        fh = open_regular(path)
-    except OSError as exc:
-        if missing_ok and isinstance(exc, FileNotFoundError):
-            return
-        why = f"cannot read: {exc.strerror or exc}"
-        if on_bad_line is None:
-            raise TraceError(f"{path}: {why}") from exc
-        on_bad_line(str(path), why)
-        return
-    with fh:
-        for lineno, raw in enumerate(bounded_lines(fh), 1):
-            where = f"{path}:{lineno}"
-            row, why = _jsonl_row(raw)
-            if row is not None:
-                yield where, row
-            elif why:
-                if on_bad_line is None:
-                    raise TraceError(f"{where}: {why}")
-                on_bad_line(where, why)
-
-
-def _jsonl_row(raw: bytes | None) -> tuple[JSONObject | None, str]:
-    """One JSONL line as (object, "") or (None, why it is not one); (None, "") for a blank line."""
-    if raw is None:
-        return None, f"a line longer than {MAX_LINE_BYTES} bytes"
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None, "not UTF-8 text"
-    if not line.strip():
-        return None, ""
-    try:
-        row = json_loads(line)
-    except json.JSONDecodeError as exc:
-        return None, f"not JSON ({exc.msg})"
-    return (row, "") if isinstance(row, dict) else (None, "expected a JSON object")
-
-
-def read_jsonl(path: Path) -> list[JSONObject]:
-    """Rows of a JSONL file (none when it is missing); a bad line is a TraceError naming file:line."""
-    return [row for _, row in iter_jsonl(path, missing_ok=True)]
-
-
-def iter_results(
-    path: Path, *, missing_ok: bool = False, on_bad_line: Callable[[str, str], None] | None = None
-) -> Iterator[tuple[str, ResultRow]]:
-    """The rows of a ``results.jsonl`` of any known shape, as (``file:line``, row). A line that is not
-    a row is a TraceError naming file and line, or goes to ``on_bad_line`` (as in ``iter_jsonl``)."""
-    for where, obj in iter_jsonl(path, missing_ok=missing_ok, on_bad_line=on_bad_line):
-        try:
-            row = ResultRow.from_json(obj)
-        except TraceError as exc:
-            if on_bad_line is None:
-                raise TraceError(f"{where}: {exc}") from exc
-            on_bad_line(where, str(exc))
-            continue
-        yield where, row
 
 
 # --- the directory ------------------------------------------------------------------------------------

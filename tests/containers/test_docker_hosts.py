@@ -23,7 +23,8 @@ import pytest
 
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.hosts import host_job
-from orchestrator.store.rundir import RunDir, read_jsonl
+from orchestrator.store.jsonl import read_jsonl
+from orchestrator.store.rundir import RunDir
 from tests.integration.test_openai_sshd import KEY_ENV, SCRIPT, openai_suite
 from tests.support.docker import DockerBox, DockerDaemon, docker_inventory
 from tests.support.fake_provider import FakeProvider

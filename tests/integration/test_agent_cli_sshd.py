@@ -29,7 +29,7 @@ from orchestrator.commands.otel import read_otlp_json_lines
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.hosts.inventory import load_inventory
 from orchestrator.hosts.transport import open_host
-from orchestrator.store.rundir import read_jsonl
+from orchestrator.store.jsonl import read_jsonl
 from tests.integration.test_exec_sshd import KEY_ENV
 from tests.integration.test_openai_sshd import CONTRACT, ProcessWatch, _files_holding, _read, _uts
 from tests.orchestrator.test_otel import flatten

@@ -23,7 +23,7 @@ import pytest
 from agent_runner.presets import PRESETS
 from orchestrator.commands.explain import ExplainRequest, explain
 from orchestrator.commands.replay import ReplayRequest, replay
-from orchestrator.store.rundir import read_jsonl
+from orchestrator.store.jsonl import read_jsonl
 from tests.integration.test_agent_cli_sshd import own_roots
 from tests.integration.test_exec_sshd import KEY_ENV
 from tests.integration.test_openai_sshd import _files_holding

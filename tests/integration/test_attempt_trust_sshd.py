@@ -23,7 +23,7 @@ import pytest
 
 from orchestrator.commands.explain import ExplainRequest, explain
 from orchestrator.commands.replay import ReplayRequest, replay
-from orchestrator.store.rundir import read_jsonl
+from orchestrator.store.jsonl import read_jsonl
 from tests.support.fake_provider import FakeProvider, redirecting_provider
 from tests.support.runner import write_suite
 

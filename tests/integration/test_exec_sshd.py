@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from orchestrator.commands.replay import ReplayRequest, replay
-from orchestrator.store.rundir import read_jsonl
+from orchestrator.store.jsonl import read_jsonl
 from tests.integration.test_openai_sshd import CONTRACT, SCRIPT, ProcessWatch, _files_holding, _uts
 from tests.support.fake_provider import FakeProvider
 from tests.support.shared import sdk_venv, stage

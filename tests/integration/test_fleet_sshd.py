@@ -240,7 +240,7 @@ def test_slots_on_an_sshd_host_give_the_verdicts_of_one_slot_with_attempts_overl
     sshd_hosts: Any, tmp_path: Path
 ) -> None:
     from orchestrator.commands.replay import ReplayRequest, replay
-    from orchestrator.store.rundir import read_jsonl
+    from orchestrator.store.jsonl import read_jsonl
 
     suite = tmp_path / "slow"
     for i in range(8):
@@ -324,7 +324,7 @@ def test_a_live_model_suite_runs_with_slots_through_the_proxy(
     import secrets
 
     from orchestrator.commands.replay import ReplayRequest, replay
-    from orchestrator.store.rundir import read_jsonl
+    from orchestrator.store.jsonl import read_jsonl
     from tests.integration.test_openai_sshd import KEY_ENV, SCRIPT, openai_suite
     from tests.support.fake_provider import FakeProvider
 

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from orchestrator.commands.replay import ReplayRequest, replay
-from orchestrator.store.rundir import RunDir, read_jsonl
+from orchestrator.store.jsonl import read_jsonl
+from orchestrator.store.rundir import RunDir
 from tests.support.runner import write_suite
 
 pytestmark = pytest.mark.sshd

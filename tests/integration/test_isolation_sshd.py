@@ -24,7 +24,7 @@ from rich.console import Console
 
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.hosts.transport import open_host
-from orchestrator.store.rundir import read_jsonl
+from orchestrator.store.jsonl import read_jsonl
 from orchestrator.ui import render_replay
 from tests.support.runner import write_suite
 

@@ -22,7 +22,8 @@ import pytest
 
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.errors import ApiKeyMissing
-from orchestrator.store.rundir import RunDir, read_jsonl
+from orchestrator.store.jsonl import read_jsonl
+from orchestrator.store.rundir import RunDir
 from tests.support.fake_provider import FakeProvider, unused_port
 
 pytestmark = pytest.mark.sshd

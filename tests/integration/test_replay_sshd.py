@@ -18,7 +18,8 @@ import pytest
 
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.hosts.transport import open_host
-from orchestrator.store.rundir import RunDir, read_jsonl
+from orchestrator.store.jsonl import read_jsonl
+from orchestrator.store.rundir import RunDir
 from tests.support.runner import predicate_suite
 
 pytestmark = pytest.mark.sshd

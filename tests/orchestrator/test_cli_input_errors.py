@@ -49,7 +49,7 @@ def test_results_jsonl_that_is_not_utf8_is_a_trace_error(tmp_path: Path) -> None
     import pytest
 
     from orchestrator.errors import TraceError
-    from orchestrator.store.rundir import read_jsonl
+    from orchestrator.store.jsonl import read_jsonl
 
     path = tmp_path / "results.jsonl"
     path.write_bytes(b'{"task": "t"}\n\xff\xfe\n')

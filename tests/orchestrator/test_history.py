@@ -14,7 +14,7 @@ import pytest
 from orchestrator import ui
 from orchestrator.errors import InputError
 from orchestrator.store import history, run_changes, run_row
-from orchestrator.store.rundir import HostRecord, Manifest, SuiteRef
+from orchestrator.store.records import HostRecord, Manifest, SuiteRef
 from tests.support.runner import own_machine_python
 
 HOSTS = ("local", "box-b")

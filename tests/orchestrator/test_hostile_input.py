@@ -307,7 +307,8 @@ def test_deeply_nested_toml_is_one_line_naming_the_file(project: Path, where: st
 
 
 def test_deeply_nested_results_or_fingerprint_is_a_named_problem_not_a_crash(tmp_path: Path) -> None:
-    from orchestrator.store.rundir import TraceError, iter_jsonl
+    from orchestrator.store.jsonl import iter_jsonl
+    from orchestrator.store.rundir import TraceError
 
     results = tmp_path / "results.jsonl"
     results.write_text('{"ok": 1}\n' + '{"a": ' * 5000 + "1" + "}" * 5000 + "\n")
@@ -388,7 +389,8 @@ def test_a_fifo_or_dev_zero_in_a_run_directory_is_refused_not_read(tmp_path: Pat
 
 def test_a_line_over_the_bound_is_a_damaged_line_and_reading_goes_on(tmp_path: Path) -> None:
     from agent_runner.jsonfile import MAX_LINE_BYTES
-    from orchestrator.store.rundir import TraceError, iter_jsonl
+    from orchestrator.store.jsonl import iter_jsonl
+    from orchestrator.store.rundir import TraceError
 
     results = tmp_path / "results.jsonl"
     results.write_text('{"ok": 1}\n{"a": "' + "x" * MAX_LINE_BYTES + '"}\n{"ok": 2}\n')

@@ -19,7 +19,8 @@ from orchestrator.errors import HostUnreachable
 from orchestrator.hosts.bundle import Bundle, build_bundle
 from orchestrator.hosts.transport.base import Host
 from orchestrator.hosts.transport.local import LocalHost, login_path
-from orchestrator.store.rundir import RunDir, read_jsonl
+from orchestrator.store.jsonl import read_jsonl
+from orchestrator.store.rundir import RunDir
 
 FAKE_RUNNER = Path(__file__).resolve().parents[1] / "support" / "fake_runner.py"
 NORMALISED = {
@@ -311,7 +312,8 @@ def test_exit_code_precedence() -> None:
     from types import SimpleNamespace
 
     from orchestrator.exit_policy import replay_exit as exit_code
-    from orchestrator.store.rundir import HostRecord, Manifest, ResultRow, SuiteRef
+    from orchestrator.store.records import HostRecord, Manifest, SuiteRef
+    from orchestrator.store.rundir import ResultRow
 
     def manifest(**hosts: HostRecord) -> Manifest:
         return Manifest(run_id="r", started="t", suite=SuiteRef(name="s", sha="x", path="p"), reference="a",

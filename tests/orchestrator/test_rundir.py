@@ -12,17 +12,9 @@ import pytest
 
 from agent_runner.records import Fingerprint, ResultRow
 from orchestrator.errors import CrosshostError, InputError, TraceError
-from orchestrator.store.rundir import (
-    HostRecord,
-    Manifest,
-    RunDir,
-    SuiteRef,
-    iter_results,
-    load_run,
-    new_run_id,
-    read_jsonl,
-    write_json_atomic,
-)
+from orchestrator.store.jsonl import iter_results, read_jsonl
+from orchestrator.store.records import HostRecord, Manifest, SuiteRef
+from orchestrator.store.rundir import RunDir, load_run, new_run_id, write_json_atomic
 
 
 def test_run_ids_sort_by_time_and_differ() -> None:

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from orchestrator.commands.replay import ReplayRequest, replay
-from orchestrator.store.rundir import read_jsonl
+from orchestrator.store.jsonl import read_jsonl
 from tests.support.runner import TRIAGE
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # a venv's interpreter never reads a user site; the system one does

@@ -12,7 +12,8 @@ from orchestrator import ui
 from orchestrator.analysis import analyse_run
 from orchestrator.commands.probe import ProbeResult
 from orchestrator.commands.replay import ReplayOutcome
-from orchestrator.store.rundir import HostRecord, Manifest, ResultRow, RunDir, SuiteRef
+from orchestrator.store.records import HostRecord, Manifest, SuiteRef
+from orchestrator.store.rundir import ResultRow, RunDir
 from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
 
 # An unmatched closing tag makes Rich raise MarkupError; "[bold]" would style the text instead.

@@ -12,7 +12,8 @@ from typing import Any
 
 from agent_runner.records import Fingerprint, ResultRow, TraceFinish, TraceHeader, TraceTurn
 from agent_runner.trace import fp
-from orchestrator.store.rundir import HostRecord, Manifest, RunDir, SuiteRef
+from orchestrator.store.records import HostRecord, Manifest, SuiteRef
+from orchestrator.store.rundir import RunDir
 
 CONTRACT: dict[str, Any] = {
     "contract_id": "test.v1",
