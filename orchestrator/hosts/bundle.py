@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from agent_runner.jsonfile import JSONObject
 from agent_runner.pins import is_cache_name
 from orchestrator.errors import InputError, RunnerCrashed, SuiteError, TransferError
+from orchestrator.hosts.remote import HELPER_FLAGS
 from orchestrator.hosts.transport.base import Host
 
 if TYPE_CHECKING:
@@ -463,7 +464,7 @@ def bundle_present_test(bundle: Bundle, workspace_root: str, python: str = "pyth
     """Shell text that exits 0 when the bundle is published under ``workspace_root`` on the host and
     is exactly what was pushed (every file's content, nothing added, nothing writable)."""
     final = shlex.quote(bundle.remote_dir(workspace_root))
-    digest = f"{shlex.quote(python)} -I -B -c {shlex.quote(_TREE_DIGEST_PY)} {final} 2>/dev/null"
+    digest = f"{shlex.quote(python)} {HELPER_FLAGS} -c {shlex.quote(_TREE_DIGEST_PY)} {final} 2>/dev/null"
     # touch: the bundle's mtime says when it was last used (the host keeps the newest few)
     return (
         f'test -f {final}/runner.pyz && test -d {final}/suite && test "$({digest})" = {unpacked_digest(bundle)} '

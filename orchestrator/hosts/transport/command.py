@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO
 
 from orchestrator.errors import HostUnreachable, TransferError
+from orchestrator.hosts.remote import HELPER_FLAGS
 from orchestrator.hosts.transport.base import ExecResult, Host, copy_capped
 from orchestrator.hosts.transport.local import HOST_ENV_KEYS
 
@@ -260,7 +261,7 @@ class CommandHost(Host):
             raise TransferError(self.name, f"put {local} -> {remote}: {' '.join(stderr.split())[-300:] or f'exit {proc.returncode}'}")
 
     def get(self, remote: str, local: Path, *, max_bytes: int | None = None, cancel: threading.Event | None = None) -> None:
-        proc = self._spawn('exec "$1" -I -B -c "$2" "$3"', extra=["crosshost-get", self.python, GET_PY, remote])
+        proc = self._spawn(f'exec "$1" {HELPER_FLAGS} -c "$2" "$3"', extra=["crosshost-get", self.python, GET_PY, remote])
         assert proc.stdout is not None and proc.stderr is not None
         errs: list[bytes] = []
         reader = threading.Thread(target=lambda: errs.append(proc.stderr.read() if proc.stderr else b""), daemon=True)
@@ -290,7 +291,7 @@ class CommandHost(Host):
 
     # -- the controller's loopback, through a relay exec -------------------------------------------
     def forward_remote(self, local_port: int) -> int:
-        proc = self._spawn('exec "$1" -I -B -u -c "$2"', stdin=subprocess.PIPE, extra=["crosshost-relay", self.python, RELAY_PY])
+        proc = self._spawn(f'exec "$1" {HELPER_FLAGS} -u -c "$2"', stdin=subprocess.PIPE, extra=["crosshost-relay", self.python, RELAY_PY])
         relay = _Relay(self, proc, local_port)
         port = relay.start(self.timeout_s)
         self._relays[port] = relay
