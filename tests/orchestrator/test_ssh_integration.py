@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.errors import AuthenticationFailed, HostKeyRejected, HostUnreachable
 from orchestrator.hosts.inventory import HostConfig
-from orchestrator.hosts.transport import CONNECT_ATTEMPTS, open_host
+from orchestrator.hosts.transport import CONNECT_ATTEMPTS, open_host, session
 from orchestrator.hosts.transport.ssh import SshHost
 from tests.support.fleet import SshdHosts
 from tools.testhosts import free_port
@@ -208,6 +208,27 @@ def test_killed_host_is_unreachable_within_the_timeouts(fresh_sshd_host: SshdHos
     with pytest.raises(HostUnreachable):
         open_host(cfg)
     assert time.monotonic() - started < 2 * cfg.connect_timeout_s + 2
+
+
+def test_a_quiet_connection_answers_at_once_and_close_ends_it_at_once(
+    sshd_hosts: SshdHosts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection's reading thread looks at its own state only every IDLE_CHECK_S while nothing
+    arrives: a reply must still wake it at once, and close() must end it (and the TCP connection) at
+    once, not when it next looks. Here it would next look in a minute."""
+    monkeypatch.setattr(session, "IDLE_CHECK_S", 60.0)
+    host = _ssh(open_host(sshd_hosts.config("box-a")))
+    transport = host._transport
+    assert transport is not None and transport.sock.gettimeout() == 60.0
+    time.sleep(1.5)  # quiet: paramiko's own check would have run 15 times
+    started = time.monotonic()
+    assert host.exec(["echo", "awake"], 10).stdout.strip() == "awake"
+    assert time.monotonic() - started < 30  # a reply wakes the thread; the 60 s look never came into it
+    sock = transport.sock
+    host.close()
+    transport.join(timeout=20)
+    assert not transport.is_alive(), "the reading thread waited for its next look instead of ending"
+    assert sock.fileno() == -1
 
 
 class _Echo(socketserver.BaseRequestHandler):

@@ -105,7 +105,7 @@ def release(bastion: Bastion) -> None:
             return
         if _bastions.get(bastion.key) is bastion:
             del _bastions[bastion.key]
-    bastion.transport.close()
+    session.close_transport(bastion.transport)
     if bastion.outer is not None:
         release(bastion.outer)
 

@@ -295,7 +295,7 @@ class SshHost(Host):
             with contextlib.suppress(Exception):
                 sftp.close()
         if transport is not None:
-            transport.close()
+            session.close_transport(transport)
         bastion, self._bastion = self._bastion, None
         if bastion is not None:
             jump.release(bastion)
