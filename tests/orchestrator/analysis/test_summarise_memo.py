@@ -8,8 +8,8 @@ from typing import Any
 from agent_runner.trace import iter_records
 from orchestrator.analysis import analyse_run
 from orchestrator.analysis.attempts import TraceSummariser, iter_steps, summarise_trace
-from orchestrator.analysis.run import MAX_ARGS_DIFFS
 from orchestrator.analysis.shapes import ShapeHasher, args_differences, step_of
+from orchestrator.analysis.task_report import MAX_ARGS_DIFFS
 from tests.support.rundirs import CONTRACT, Attempt, RunSpec, build_run, two_hosts
 
 LEAKY = ("read_unit_status", {"unit": "nginx.service", "note": "copied from box-b:/root/.cache"})
