@@ -34,6 +34,8 @@ host's runner is given): anything else is a 401 in the API's own error format, r
 ``model_calls.jsonl``. So an attempt reaches its own record only, and a host's proxy serves only
 that host's attempts. Bodies are bounded in size and JSON depth (a 400, recorded), a provider's
 redirect is never followed (``upstream.py``), and the server is ``httpserver.BoundedServer``.
+
+An exec agent's request is served by ``exec_forward.py`` through this proxy's gate and records.
 """
 
 from __future__ import annotations
@@ -52,7 +54,6 @@ from typing import Any, TypedDict
 from agent_runner import jsonfile
 from agent_runner.jsonfile import JSONObject, JSONValue
 from agent_runner.wire import (
-    ERR_BAD_JSON,
     ERR_BUDGET,
     ERR_DIVERGED,
     ERR_PROVIDER,
@@ -72,22 +73,16 @@ from orchestrator.hosts.transport.base import Host
 from orchestrator.httpserver import PROXY_MAX_THREADS, BoundedServer
 from orchestrator.model.apis import APIS, family_api
 from orchestrator.model.apis.base import WireApi
-from orchestrator.model.exchanges import ExchangeBook, StreamReader, count, mapping
+from orchestrator.model.exchanges import ExchangeBook, count, mapping
 from orchestrator.model.hold import ModelHold
 from orchestrator.model.records import ModelCall, call_record, error_body
-from orchestrator.model.server import Reply, handler_for
+from orchestrator.model.server import handler_for
 from orchestrator.model.settings import ProxyConfig, require_api_key
-from orchestrator.model.upstream import MAX_RESPONSE_BYTES, Final, Transient, Upstream, ms_since
+from orchestrator.model.upstream import Final, Transient, Upstream, ms_since
 
-#: a held streamed answer: the reference's server-sent event lines, as the provider sent them
-HELD_EVENTS = "crosshost_events"
-
-
-#: the most a streamed answer's relay reads at once: a burst of events is one send, and a stream waiting
-#: on its provider holds this much (make bench: 8 KiB cost ~30 KiB more per stream than 2 KiB)
-RELAY_BYTES = 2 * 1024
 #: refused requests kept in the record (past it they are counted)
 MAX_REFUSALS_RECORDED = 1000
+
 
 class Caps(TypedDict):
     max_requests: int | None
@@ -307,7 +302,7 @@ class ModelProxy:
 
     # -- the gate ------------------------------------------------------------------------------
 
-    def _admit(self) -> str | None:
+    def admit(self) -> str | None:
         """Take a request slot under the caps; return the refusal message when a cap is reached."""
         with self._lock:
             if self.max_requests is not None and self._admitted >= self.max_requests:
@@ -319,7 +314,7 @@ class ModelProxy:
             self._admitted += 1
         return None
 
-    def _new_call(self) -> ModelCall:
+    def new_call(self) -> ModelCall:
         with self._lock:
             self._seq += 1
             return ModelCall(id=self._seq, status=0, latency_ms=0)
@@ -328,11 +323,11 @@ class ModelProxy:
         self, call: ModelCall, status: int, kind: str, message: str
     ) -> tuple[int, JSONObject, ModelCall]:
         call.status, call.error, call.message = status, kind, message
-        self._record(call)
+        self.record(call)
         code = FINISH_BUDGET_MODEL if kind == ERR_BUDGET else None
         return status, error_body(kind, message, code=code), call
 
-    def _provider_failure(self, exc: Transient | Final, call: ModelCall) -> str:
+    def provider_failure(self, exc: Transient | Final, call: ModelCall) -> str:
         """The message of a provider failure; ``call.error`` set to its kind."""
         if isinstance(exc, Final):
             call.error = exc.kind
@@ -345,7 +340,7 @@ class ModelProxy:
         """Answer one chat-completions request body: (status, JSON body, record). ``attempt_key``
         ("<task>.<attempt>") lets a held model record (the reference) or answer (every other host)."""
         started = time.monotonic()
-        call = self._new_call()
+        call = self.new_call()
         try:
             body: JSONValue = jsonfile.loads(raw)
             if not isinstance(body, dict):
@@ -363,25 +358,25 @@ class ModelProxy:
                 call.status, call.held, call.latency_ms = 200, True, ms_since(started)
                 call.model = _str_or_none(held.get("model"))
                 call.system_fingerprint = _str_or_none(held.get("system_fingerprint"))
-                self._record(call)
+                self.record(call)
                 return 200, held, call
             if self.hold.mode == "strict" and self.hold.diverged(self.host, attempt_key):
                 msg = f"held model: this request of {attempt_key} differs from the reference's (hold_model = \"strict\")"
                 call.status, call.error, call.message = 409, ERR_DIVERGED, msg
-                self._record(call)
+                self.record(call)
                 return 409, error_body(ERR_DIVERGED, msg, code=FINISH_MODEL_DIVERGED), call
-        refusal = self._admit()
+        refusal = self.admit()
         if refusal is not None:
             return self._refused(call, 403, ERR_BUDGET, refusal)
 
         try:
             answer = self.upstream.chat(raw, call)
         except (Transient, Final) as exc:
-            call.message = self._provider_failure(exc, call)
+            call.message = self.provider_failure(exc, call)
         call.latency_ms = ms_since(started)
         if call.error is not None:
             call.status = 502
-            self._record(call)
+            self.record(call)
             return 502, error_body(call.error, call.message or ""), call
 
         usage = mapping(answer.get("usage"))
@@ -391,16 +386,20 @@ class ModelProxy:
         call.prompt_tokens = count(usage.get("prompt_tokens"))
         call.completion_tokens = count(usage.get("completion_tokens"))
         call.total_tokens = count(usage.get("total_tokens")) or call.prompt_tokens + call.completion_tokens
-        with self._lock:
-            self._tokens += call.total_tokens
-        self._record(call)
+        self.spend(call.total_tokens)
+        self.record(call)
         if self.hold is not None and attempt_key is not None and self.host == self.hold.reference:
             self.hold.record(attempt_key, body, answer)
         return 200, answer, call
 
-    def _record(self, call: ModelCall) -> None:
+    def record(self, call: ModelCall) -> None:
         with self._lock:
             self.calls.append(call)
+
+    def spend(self, tokens: int) -> None:
+        """Count an answer's tokens against ``max_total_tokens``."""
+        with self._lock:
+            self._tokens += tokens
 
     # -- exec agents: their own SDK, any wire API of the suite's family, streamed or not ------------
 
@@ -437,193 +436,14 @@ class ModelProxy:
                f"at {family_api(self.api).title}" if api is not None else
                f"point the agent at {EXEC_PREFIX}<attempt>{self.wanted_paths()}")
         message = f"{REFUSED_API}{spoke}; this suite's api is {self.api!r}: {fix}"
-        call = self._new_call()
+        call = self.new_call()
         call.status, call.error, call.message, call.path = 404, ERR_REFUSED, message, path
-        self._record(call)
+        self.record(call)
         self.refused(f"POST {EXEC_PREFIX}{attempt}{path}")
         if attempt:
             self.book.call(attempt, call_record(call))
             self.book.stop(attempt, error=message)
         return self.api_error(ERR_REFUSED, message), call
-
-    def exchange(self, raw: bytes, attempt: str, headers: Mapping[str, str], reply: Reply,
-                 api: WireApi | None = None, path: str = "", query: str = "") -> None:
-        """Serve one exec agent request of ``attempt`` ("<task>.<attempt>") to ``path`` of ``api``:
-        caps, the real key, retries before the first byte, server-sent events relayed as they arrive,
-        the turns booked."""
-        api = api or family_api(self.api)
-        path = path or api.example_path
-        started = time.monotonic()
-        call = self._new_call()
-        call.path = path
-
-        def refuse(status: int, kind: str, message: str, code: str | None = None) -> None:
-            call.status, call.error, call.message, call.latency_ms = status, kind, message, ms_since(started)
-            self._record(call)
-            self.book.call(attempt, call_record(call))
-            if kind == ERR_REFUSED:  # the proxy would not forward it: the harness's failure, not the agent's
-                self.book.stop(attempt, error=message)
-            reply.json(status, api.error_body(kind, message, code), call)
-
-        try:
-            body: JSONValue = jsonfile.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as exc:
-            refuse(400, ERR_REFUSED, f"request body is not a JSON object: {exc}")
-            return
-        if self.model is not None and api.model_of(path, body) != self.model:
-            refuse(403, ERR_REFUSED, f"model {api.model_of(path, body)!r} refused: the suite pins model {self.model!r}")
-            return
-        if api.auxiliary(path):
-            self._auxiliary(raw, api, path, query, headers, call, started, reply)
-            return
-        try:  # what the proxy adds to the request, checked before anything is booked or spent
-            prepared = api.prepare(body, api.streamed(path, query, body))
-        except ValueError as exc:
-            refuse(400, ERR_REFUSED, str(exc))
-            return
-        self.book.request(attempt, api, body)
-        if self.hold is not None and self.host != self.hold.reference:
-            held = self.hold.follow(self.host, attempt, body, self.roots.get(attempt), api.comparable)
-            if held is not None:
-                self._answer_held(attempt, held, call, started, reply, api)
-                return
-            if self.hold.mode == "strict" and self.hold.diverged(self.host, attempt):
-                message = f"held model: this request of {attempt} differs from the reference's (hold_model = \"strict\")"
-                self.book.stop(attempt, stopped=FINISH_MODEL_DIVERGED)
-                refuse(409, ERR_DIVERGED, message, FINISH_MODEL_DIVERGED)
-                return
-        refusal = self._admit()
-        if refusal is not None:
-            self.book.stop(attempt, stopped=FINISH_BUDGET_MODEL)
-            refuse(403, ERR_BUDGET, refusal, FINISH_BUDGET_MODEL)
-            return
-        stream = api.streamed(path, query, body)
-        if prepared is not None:
-            raw = json.dumps(prepared).encode()
-        upstream = api.upstream_headers(self.upstream.key, dict(headers), stream)
-        url = api.upstream_url(self.base_url, path, query)
-        recording = self.hold is not None and self.host == self.hold.reference
-        events: list[JSONValue] = []  # a streamed answer's lines, for a held model's record
-        try:
-            resp = self.upstream.open(url, raw, upstream, call)
-            with resp:
-                if stream:
-                    if not (resp.headers.get("Content-Type") or "").startswith("text/event-stream"):
-                        raise Final(ERR_BAD_JSON, 200, "a streamed answer that is not server-sent events")
-                    reader = StreamReader(api)
-                    call.status, call.latency_ms = 200, ms_since(started)  # the record header: as of the first byte
-                    reply.start_stream(resp.headers.get("Content-Type") or "text/event-stream", call)
-                    for line in relay_lines(resp, reply):
-                        reader.line(line)
-                        if recording:
-                            events.append(line.decode("utf-8", "replace"))
-                    answer = reader.finish()
-                    answer_body: JSONObject | None = None
-                else:
-                    data = resp.read(MAX_RESPONSE_BYTES + 1)
-                    try:
-                        parsed: JSONValue = json.loads(data)
-                    except ValueError:
-                        raise Final(ERR_BAD_JSON, 200, "answer is not JSON") from None
-                    if not api.is_answer(parsed) or not isinstance(parsed, dict):
-                        raise Final(ERR_BAD_JSON, 200, f"answer is JSON but not an {self.api} answer")
-                    answer_body = parsed
-                    answer = api.parse_answer(answer_body)
-        except (Transient, Final) as exc:
-            message = self._provider_failure(exc, call)
-            self.book.stop(attempt, error=message)
-            if isinstance(exc, Final) and exc.body and exc.status is not None:
-                # the provider's own error, as it said it (an SDK recovers by its wording); still the run's error
-                call.status, call.message, call.latency_ms = exc.status, message, ms_since(started)
-                self._record(call)
-                self.book.call(attempt, call_record(call))
-                reply.raw(exc.status, exc.body, call)
-                return
-            refuse(502, call.error or ERR_PROVIDER, message)
-            return
-        call.status, call.latency_ms, call.model = 200, ms_since(started), answer.model
-        call.prompt_tokens, call.completion_tokens = answer.prompt_tokens, answer.completion_tokens
-        call.total_tokens = answer.prompt_tokens + answer.completion_tokens
-        with self._lock:
-            self._tokens += call.total_tokens
-        self._record(call)
-        record = call_record(call, answer.finish_reason)
-        self.book.call(attempt, record)
-        self.book.answer(attempt, answer, record)
-        if recording and self.hold is not None:
-            # a streamed answer is held as its events, relayed as they were to the reference
-            self.hold.record(attempt, body, answer_body if answer_body is not None else {HELD_EVENTS: events},
-                             self.roots.get(attempt))
-        if answer_body is not None:
-            reply.raw(200, data, call)  # the provider's bytes: checked and parsed above, never re-serialised
-
-    def _auxiliary(self, raw: bytes, api: WireApi, path: str, query: str, headers: Mapping[str, str],
-                   call: ModelCall, started: float, reply: Reply) -> None:
-        """A request that is no model answer (``count_tokens``): the provider's answer relayed as it is."""
-        try:
-            resp = self.upstream.open(api.upstream_url(self.base_url, path, query), raw,
-                                      api.upstream_headers(self.upstream.key, dict(headers), False), call)
-            with resp:
-                status, data = int(resp.status), resp.read(MAX_RESPONSE_BYTES)
-        except (Transient, Final) as exc:
-            call.message = self._provider_failure(exc, call)
-            status = exc.status if isinstance(exc, Final) and exc.body and exc.status else 502
-            data = exc.body if isinstance(exc, Final) and exc.body else json.dumps(
-                api.error_body(call.error or ERR_PROVIDER, call.message)).encode()
-        call.status, call.latency_ms = status, ms_since(started)
-        self._record(call)
-        reply.raw(status, data, call)
-
-    def _answer_held(self, attempt: str, held: JSONObject, call: ModelCall, started: float,
-                     reply: Reply, api: WireApi) -> None:
-        """Answer an exec agent's request from the reference's record: its events again when it was
-        streamed, its body when not; the provider is not asked and no cap is spent."""
-        call.status, call.held, call.latency_ms = 200, True, ms_since(started)
-        events = held.get(HELD_EVENTS)
-        if isinstance(events, list):
-            reader = StreamReader(api)
-            for line in events:
-                reader.line(str(line).encode())
-            answer = reader.finish()
-        else:
-            answer = api.parse_answer(held)
-        call.model = answer.model
-        self._record(call)
-        record = call_record(call, answer.finish_reason)
-        self.book.call(attempt, record)
-        self.book.answer(attempt, answer, record)
-        if not isinstance(events, list):
-            reply.json(200, held, call)
-            return
-        reply.start_stream("text/event-stream", call)
-        reply.chunk("".join(str(line) for line in events).encode())  # all there already: one send
-
-
-def relay_lines(resp: Any, reply: Reply) -> Iterator[bytes]:
-    """Relay a streamed answer as it arrives and yield its lines (each with its ``\\n``) once relayed.
-
-    Whatever one read brings is passed on in one write: a provider's burst of events is one send, a
-    slow provider's each event as it comes, never held back waiting for a line's end. A line past
-    ``MAX_RESPONSE_BYTES`` is yielded in pieces of about that size, as ``readline(limit)`` would."""
-    parts: list[bytes] = []  # the line so far: joined once it ends, never copied per read
-    size = 0
-    while data := resp.read1(RELAY_BYTES):
-        reply.chunk(data)
-        start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            parts.append(data[start:end + 1])
-            yield b"".join(parts)
-            parts, size, start = [], 0, end + 1
-        if start < len(data):
-            parts.append(data[start:])
-            size += len(data) - start
-            if size >= MAX_RESPONSE_BYTES:
-                yield b"".join(parts)
-                parts, size = [], 0
-    if parts:
-        yield b"".join(parts)
 
 
 def _str_or_none(value: JSONValue) -> str | None:

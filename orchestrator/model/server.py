@@ -34,6 +34,7 @@ from agent_runner.wire import (
 from orchestrator.httpserver import READ_TIMEOUT_S
 from orchestrator.model.apis import api_for
 from orchestrator.model.exchanges import AttemptTurns
+from orchestrator.model.exec_forward import serve_exec_request
 from orchestrator.model.hold import attempt_root
 from orchestrator.model.records import ModelCall, error_body
 
@@ -134,7 +135,7 @@ def handler_for(proxy: ModelProxy) -> type[BaseHTTPRequestHandler]:
             if raw is None:
                 return
             headers = {k.lower(): v for k, v in self.headers.items()}
-            proxy.exchange(raw, attempt, headers, Reply(self, self._send), api, "/" + rest, query)
+            serve_exec_request(proxy, raw, attempt, headers, Reply(self, self._send), api, "/" + rest, query)
 
         def _builtin(self) -> None:
             """The runner's built-in agent: ``POST /v1/chat/completions`` of the attempt it names."""

@@ -171,7 +171,7 @@ def test_a_streamed_answer_carries_its_record_header_and_the_attempt_keeps_each_
 def test_a_stream_is_relayed_as_it_arrives_and_read_back_in_whole_lines() -> None:
     """Whatever one read brings goes on in one write; the lines the trace is built from are whole,
     however the reads cut them (mid-line, several lines at once, a line past the size bound)."""
-    from orchestrator.model import proxy as proxy_module
+    from orchestrator.model import exec_forward as forward_module
 
     stream = b'data: {"a": 1}\n\ndata: {"b": 2}\n\nevent: x\ndata: [DONE]\n\ntail-without-newline'
 
@@ -180,7 +180,7 @@ def test_a_stream_is_relayed_as_it_arrives_and_read_back_in_whole_lines() -> Non
             self.pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
 
         def read1(self, n: int) -> bytes:
-            assert n == proxy_module.RELAY_BYTES
+            assert n == forward_module.RELAY_BYTES
             return self.pieces.pop(0) if self.pieces else b""
 
     class Sent:
@@ -193,9 +193,9 @@ def test_a_stream_is_relayed_as_it_arrives_and_read_back_in_whole_lines() -> Non
     lines = stream.decode().splitlines(keepends=True)
     for cuts in ([], [3, 5, 20, 21, 40], list(range(1, len(stream)))):
         resp, sent = Resp(cuts), Sent()
-        got = list(proxy_module.relay_lines(resp, sent))  # type: ignore[arg-type]
+        got = list(forward_module.relay_lines(resp, sent))  # type: ignore[arg-type]
         assert [x.decode() for x in got] == lines
         assert sent.writes == [p for p in Resp(cuts).pieces if p]  # one write a read, in order
     big = Resp([])
-    big.pieces = [b"x" * proxy_module.MAX_RESPONSE_BYTES, b"yz\n"]
-    assert [len(x) for x in proxy_module.relay_lines(big, Sent())] == [proxy_module.MAX_RESPONSE_BYTES, 3]  # type: ignore[arg-type]
+    big.pieces = [b"x" * forward_module.MAX_RESPONSE_BYTES, b"yz\n"]
+    assert [len(x) for x in forward_module.relay_lines(big, Sent())] == [forward_module.MAX_RESPONSE_BYTES, 3]  # type: ignore[arg-type]
