@@ -150,16 +150,19 @@ def _write_members(
     written: list[PurePosixPath],
 ) -> None:
     budget = limits.max_total_bytes
+    ready: set[Path] = set()  # directories checked and made: a host's out/ is ~200 files in one
     for member in members:
         if not member.isreg():
             continue
         rel = safe_member_name(member.name)
         assert rel is not None  # checked above
         target = root.joinpath(*rel.parts)
-        # The destination is ours, but a directory inside it could still be a link planted earlier.
-        if not target.parent.resolve().is_relative_to(root):
-            raise ArchiveRejected(host, f"{source}: member {member.name!r} resolves outside {dest}")
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.parent not in ready:
+            # The destination is ours, but a directory inside it could still be a link planted earlier.
+            if not target.parent.resolve().is_relative_to(root):
+                raise ArchiveRejected(host, f"{source}: member {member.name!r} resolves outside {dest}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            ready.add(target.parent)
         src = tar.extractfile(member)
         if src is None:
             raise ArchiveRejected(host, f"{source}: member {member.name!r} has no content")

@@ -116,3 +116,52 @@ def test_existing_link_in_dest_is_not_written_through(tmp_path: Path) -> None:
     with pytest.raises(ArchiveRejected, match="outside"):
         read_archive(arc, dest, host="h")
     assert list(outside.iterdir()) == []
+
+
+def _plain_extract(arc: Path, dest: Path) -> set[tuple[str, bytes]]:
+    """What the archive holds, written the plain way (every member's directory resolved and made on
+    its own): the reference the archive reader, which looks at each directory once, must match."""
+    dest.mkdir(parents=True)
+    root = dest.resolve()
+    with tarfile.open(arc) as tar:
+        for member in tar:
+            if member.isreg():
+                target = root.joinpath(*[p for p in member.name.split("/") if p not in ("", ".")])
+                assert target.parent.resolve().is_relative_to(root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(member)
+                assert src is not None
+                target.write_bytes(src.read())
+    return {(str(p.relative_to(dest)), p.read_bytes()) for p in dest.rglob("*") if p.is_file()}
+
+
+def test_a_host_output_shaped_archive_is_written_as_the_plain_way_writes_it(tmp_path: Path) -> None:
+    d = tarfile.TarInfo("./traces")
+    d.type = tarfile.DIRTYPE
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = [(d, None), _file("./fingerprint.json", b"{}")]
+    for i in range(60):  # members of one directory interleaved with others', as a runner's out/ holds them
+        members.append(_file(f"./traces/t{i:03d}.0.jsonl", f"trace {i}\n".encode()))
+        members.append(_file(f"./traces/t{i:03d}.0.obs.jsonl", b""))
+        if i % 7 == 0:
+            members.append(_file(f"./files/t{i:03d}/deep/er/evidence.json", f"[{i}]".encode()))
+    members.append(_file("./results.jsonl", b'{"task": "t000"}\n'))
+    arc = _tar(tmp_path / "out.tar", members)
+    dest = tmp_path / "run" / "hosts" / "box-b"
+    written = read_archive(arc, dest, host="box-b")
+    got = {(str(p.relative_to(dest)), p.read_bytes()) for p in dest.rglob("*") if p.is_file()}
+    assert got == _plain_extract(arc, tmp_path / "plain")
+    assert sorted(map(str, written)) == sorted(name for name, _ in got)
+
+
+def test_a_link_planted_in_a_second_directory_is_refused_after_the_first_was_written(tmp_path: Path) -> None:
+    """Directories are checked once each: a later member's other directory is still checked."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    (dest / "a").mkdir(parents=True)
+    (dest / "b").symlink_to(outside)
+    arc = _tar(tmp_path / "out.tar", [_file("a/1.jsonl"), _file("a/2.jsonl"), _file("b/3.jsonl", b"pwned")])
+    with pytest.raises(ArchiveRejected, match="outside"):
+        read_archive(arc, dest, host="h")
+    assert list(outside.iterdir()) == []
+    assert list((dest / "a").iterdir()) == []  # half an archive is taken back
