@@ -248,13 +248,14 @@ class RunDir:
         """Every ``hosts/<host>/traces/<task>.<attempt>.jsonl``; sidecars and strays are skipped."""
         for host in self.hosts_on_disk():
             traces = self.path / "hosts" / host / "traces"
-            if not traces.is_dir():
+            try:  # names, not paths, listed and sorted: a replay lists every trace four times
+                names = sorted(e.name for e in os.scandir(traces) if e.name.endswith(".jsonl"))
+            except OSError:  # no traces directory (a host that sent none), or not one that can be read
                 continue
-            for trace in sorted(traces.glob("*.jsonl")):
-                stem = trace.name[: -len(".jsonl")]
-                task, _, attempt = stem.rpartition(".")
+            for name in names:
+                task, _, attempt = name[: -len(".jsonl")].rpartition(".")
                 if task and attempt.isdigit():
-                    yield (host, task, int(attempt)), trace
+                    yield (host, task, int(attempt)), traces / name
 
     def trace_pins(self, hosts: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Per task, the pins of the first host (in ``hosts`` order) whose trace header has them."""

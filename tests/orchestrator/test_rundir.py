@@ -201,3 +201,38 @@ def test_results_round_trip_through_the_record(tmp_path: Path) -> None:
     [(where, back)] = list(rd.iter_results())
     assert back == row and where.endswith("results.jsonl:1")
     assert "why" not in json.loads(rd.results_path.read_text())  # a row the controller made has no why
+
+
+def test_trace_files_lists_what_globbing_and_sorting_paths_listed(tmp_path: Path) -> None:
+    """The traces, read by name from the directory: the same keys and paths, in the same order, as
+    ``sorted(traces.glob("*.jsonl"))`` gave (the plain way, kept here as the reference)."""
+    run = RunDir(tmp_path / "run")
+    names = ["b.1.jsonl", "a.10.jsonl", "a.2.jsonl", "A.0.jsonl", ".hidden.0.jsonl", "t.0.obs.jsonl",
+             "no-attempt.jsonl", "t.x.jsonl", "t.0.JSONL", "café.0.jsonl", "t.0.jsonl.tmp", "dir.0.jsonl"]
+    for host in ("box-b", "box-a"):
+        traces = run.path / "hosts" / host / "traces"
+        traces.mkdir(parents=True)
+        for name in names:
+            if name.startswith("dir."):
+                (traces / name).mkdir()
+            else:
+                (traces / name).write_text("{}\n")
+    (run.path / "hosts" / "box-c").mkdir()  # no traces directory
+    (run.path / "hosts" / "box-d" / "traces").parent.mkdir()
+    (run.path / "hosts" / "box-d" / "traces").write_text("a file, not a directory")
+
+    def plain() -> list[tuple[tuple[str, str, int], Path]]:
+        out = []
+        for host in run.hosts_on_disk():
+            traces = run.path / "hosts" / host / "traces"
+            if not traces.is_dir():
+                continue
+            for trace in sorted(traces.glob("*.jsonl")):
+                task, _, attempt = trace.name[: -len(".jsonl")].rpartition(".")
+                if task and attempt.isdigit():
+                    out.append(((host, task, int(attempt)), trace))
+        return out
+
+    got = list(run.trace_files())
+    assert got == plain()
+    assert [k for k, _ in got][:3] == [("box-a", ".hidden", 0), ("box-a", "A", 0), ("box-a", "a", 10)]
