@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from agent_runner.jsonfile import JSONObject
 from agent_runner.pins import is_cache_name
 from orchestrator.errors import InputError, RunnerCrashed, SuiteError, TransferError
-from orchestrator.hosts.remote import HELPER_FLAGS
+from orchestrator.hosts.remote import HELPER_FLAGS, PYTHON_FLAGS
 from orchestrator.hosts.transport.base import Host
 
 if TYPE_CHECKING:
@@ -395,25 +395,47 @@ def empty_local_cache(cache: Path) -> tuple[int, int]:
 
 #: digest of an unpacked bundle on a host, run by the host's Python from this text (never from the
 #: cache it checks): every path, its kind, whether anything may write it, a file's content
-_TREE_DIGEST_PY = r"""
+_TREE_DIGEST_FN = r"""
 import hashlib, os, stat, sys
-root = sys.argv[1]
-lines = []
-for base, dirs, files in os.walk(root):
-    for name in dirs + files:
-        p = os.path.join(base, name)
-        st = os.lstat(p)
-        kind = "d" if stat.S_ISDIR(st.st_mode) else "f" if stat.S_ISREG(st.st_mode) else "x"
-        body = ""
-        if kind == "f":
-            h = hashlib.sha256()
-            with open(p, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-            body = h.hexdigest()
-        lines.append("%s %d %s %s" % (kind, int(bool(st.st_mode & 0o222)), body, os.path.relpath(p, root)))
-print(hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest())
+def tree_digest(root):
+    lines = []
+    for base, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(base, name)
+            st = os.lstat(p)
+            kind = "d" if stat.S_ISDIR(st.st_mode) else "f" if stat.S_ISREG(st.st_mode) else "x"
+            body = ""
+            if kind == "f":
+                h = hashlib.sha256()
+                with open(p, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+                body = h.hexdigest()
+            lines.append("%s %d %s %s" % (kind, int(bool(st.st_mode & 0o222)), body, os.path.relpath(p, root)))
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
 """
+_TREE_DIGEST_PY = _TREE_DIGEST_FN + "print(tree_digest(sys.argv[1]))\n"
+
+#: the runner's exit when its start refused the bundle (``_CHECKED_START_PY``): push it, then run again
+BUNDLE_REFUSED_EXIT = 75
+
+#: the runner's start from a bundle on a host, run by the host's Python from this text (argv: the
+#: bundle's directory, the digest it must show, the runner's arguments): the bundle is digested as
+#: ``_TREE_DIGEST_PY`` does and only when it is the bundle the controller built is its ``runner.pyz``
+#: run, in this interpreter (as ``python runner.pyz`` runs it); else nothing of it is read as code
+#: and the exit is ``BUNDLE_REFUSED_EXIT`` (a bundle missing, changed, or that cannot be read).
+_CHECKED_START_PY = _TREE_DIGEST_FN + r"""
+root, want = sys.argv[1], sys.argv[2]
+try:
+    ok = os.path.isfile(os.path.join(root, "runner.pyz")) and tree_digest(root) == want
+except OSError:
+    ok = False
+if not ok:
+    sys.exit(REFUSED)
+del sys.argv[1:3]
+import runpy
+runpy.run_path(os.path.join(root, "runner.pyz"), run_name="__main__")
+""".replace("REFUSED", str(BUNDLE_REFUSED_EXIT))
 
 
 _UNPACKED: dict[str, str] = {}
@@ -470,6 +492,14 @@ def bundle_present_test(bundle: Bundle, workspace_root: str, python: str = "pyth
         f'test -f {final}/runner.pyz && test -d {final}/suite && test "$({digest})" = {unpacked_digest(bundle)} '
         f"&& touch {final}"
     )
+
+
+def checked_runner_argv(bundle: Bundle, workspace_root: str, python: str, args: list[str]) -> list[str]:
+    """The runner's command line on a host, started from ``bundle`` under ``workspace_root`` only when
+    that is exactly what was pushed: the check is the first thing the runner's own interpreter does
+    (``_CHECKED_START_PY``; no Python of its own, no exec of its own), ``BUNDLE_REFUSED_EXIT`` when it fails."""
+    digest = unpacked_digest(bundle)
+    return [python, *PYTHON_FLAGS, "-c", _CHECKED_START_PY, bundle.remote_dir(workspace_root), digest, *args]
 
 
 def bundle_remove_script(bundle: Bundle, workspace_root: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Callable
 from typing import Any
 
 from agent_runner.jsonfile import loads as json_loads
@@ -37,20 +38,28 @@ def work_dir(workspace: str) -> str:
 
 
 def fingerprint_script(
-    cfg: Any, runner: str, workspace: str, *, tools: str | None = None, suite: str | None = None
+    cfg: Any,
+    runner: str,
+    workspace: str,
+    *,
+    tools: str | None = None,
+    suite: str | None = None,
+    argv: Callable[[list[str]], list[str]] | None = None,
 ) -> str:
     """``runner.pyz fingerprint`` as shell text, started as a replay's runner is: in ``workspace``'s
     ``work`` directory (which must exist), through ``env -i`` with the allowlist and the pinned values
     (from the workspace's pins file, ``Workspace.put_pins``), under ``timeout -s KILL``. The commands
     whose versions it records are those a tools.json (``tools``) or the suite (``suite``, a directory
-    on the host) allows."""
+    on the host) allows. ``argv``: the runner's command line for these arguments (default
+    ``remote.runner_argv`` of ``runner``; a replay's checks its bundle first)."""
     args = ["fingerprint"]
     if tools:
         args += ["--tools", tools]
     if suite:
         args += ["--suite", suite]
+    command = argv(args) if argv is not None else remote.runner_argv(cfg.python, runner, args)
     cmd = remote.clean_env_command(
-        cfg.env_allowlist, remote.runner_argv(cfg.python, runner, args), pinned=list(cfg.env), pins_file=remote.pins_path(workspace)
+        cfg.env_allowlist, command, pinned=list(cfg.env), pins_file=remote.pins_path(workspace)
     )
     return f"cd {remote.q(work_dir(workspace))} && exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"
 

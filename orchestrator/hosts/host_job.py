@@ -27,7 +27,13 @@ from orchestrator.errors import (
     WorkspaceLeft,
 )
 from orchestrator.hosts import remote
-from orchestrator.hosts.bundle import Bundle
+from orchestrator.hosts.bundle import (
+    BUNDLE_REFUSED_EXIT,
+    Bundle,
+    bundle_remove_script,
+    checked_runner_argv,
+    ensure_bundle,
+)
 from orchestrator.hosts.fanout import Interrupted
 from orchestrator.hosts.fingerprint import fingerprint_script, tail
 from orchestrator.hosts.integrity import verify_host_output
@@ -106,16 +112,31 @@ class HostJob:
             self.record.reachable = True
             self.record.container = host.facts() or None  # the image a container host runs, beside its fingerprint
             self.plan.running.check_cancel()
-            self.record.bundle_pushed = self._stage("push", lambda: ws.create_with_bundle(self.plan.bundle))
-            self.record.bundle_replaced = ws.bundle_replaced
-            if ws.bundle_replaced:
-                self.plan.emit(self.cfg.name, "push", "the cached bundle had changed: replaced")
-            self.plan.running.check_cancel()
-            self._wait_for_the_reference()
+            self.record.bundle_pushed = False
+            # Nothing pinned (the pins go into the workspace before the run): the run's own exec creates
+            # the workspace, and the runner's start checks the bundle (one exec, one Python on the host).
+            folded = not self._pins_ahead()
+            if not folded:
+                self.record.bundle_pushed = self._stage("push", lambda: ws.create_with_bundle(self.plan.bundle))
+                self._said_replaced(ws.bundle_replaced)
+                self.plan.running.check_cancel()
+                self._wait_for_the_reference()
             run_started = True
             # The runner writes out/fingerprint.json before its first task; the run's exec packs out/.
             slots = self.slots()
-            result = self._stage("run", lambda: self._run(ws), f"{slots} slots" if slots > 1 else "")
+            detail = f"{slots} slots" if slots > 1 else ""
+            result = self._stage("run", lambda: self._run(ws, create=folded), detail)
+            if remote.bundle_refused(result, BUNDLE_REFUSED_EXIT):  # not on the host, or changed there
+                self._said_replaced("bundle-replaced" in result.stdout.split())
+                bundle, root = self.plan.bundle, self.cfg.workspace_root
+                self.record.bundle_pushed = self._stage(
+                    "push", lambda: ensure_bundle(ws.host, bundle, root, look=False, python=self.cfg.python)
+                )
+                self.plan.running.check_cancel()
+                result = self._stage("run", lambda: self._run(ws), detail)
+                if remote.bundle_refused(result, BUNDLE_REFUSED_EXIT):
+                    raise RunnerCrashed(self.cfg.name, "the runner refused the bundle pushed now: it is not what "
+                                        f"was pushed under {bundle.remote_dir(root)} (what changes it on the host?)")
             run_finished = True
             self.record.runner_exit = result.exit_code
             stdout, size = remote.split_out_tar(result.stdout)
@@ -152,13 +173,23 @@ class HostJob:
         while not hold.reference_done.wait(0.2):
             self.plan.running.check_cancel()
 
+    def _pins_ahead(self) -> bool:
+        """Values are pinned for the runner (the inventory's ``env``, a live model's URL): they go into
+        the workspace before the run's exec, so the workspace is made by an exec of its own."""
+        return bool(self.cfg.env) or self.plan.model is not None
+
+    def _said_replaced(self, replaced: bool) -> None:
+        if replaced:
+            self.record.bundle_replaced = True
+            self.plan.emit(self.cfg.name, "push", "the cached bundle had changed: replaced")
+
     def _stage(self, stage: str, fn: Callable[[], Any], detail: str = "") -> Any:
         self.plan.emit(self.cfg.name, stage, detail)
         t0 = time.monotonic()
         try:
             return fn()
-        finally:
-            self.record.stages[stage] = round(time.monotonic() - t0, 3)
+        finally:  # a stage run twice (a run whose bundle was pushed on its refusal) counts both
+            self.record.stages[stage] = round(self.record.stages.get(stage, 0.0) + time.monotonic() - t0, 3)
 
     def _connect(self) -> Host:
         name = self.cfg.name
@@ -214,6 +245,10 @@ class HostJob:
         host: Host = got["host"]
         return host
 
+    def _runner_argv(self, args: list[str]) -> list[str]:
+        """The runner's command line: started from the bundle only when it is the one pushed."""
+        return checked_runner_argv(self.plan.bundle, self.cfg.workspace_root, self.cfg.python, args)
+
     def _fingerprint_script(self, ws: Workspace) -> str:
         """``runner fingerprint`` exactly as ``crosshost hosts --suite`` takes it (same digest)."""
         return fingerprint_script(
@@ -221,6 +256,7 @@ class HostJob:
             self.plan.bundle.remote_runner(self.cfg.workspace_root),
             ws.path,
             suite=self.plan.bundle.remote_suite(self.cfg.workspace_root),
+            argv=self._runner_argv,
         )
 
     def slots(self) -> int:
@@ -231,7 +267,9 @@ class HostJob:
         attempts = max(1, len(self.plan.tasks)) * max(1, self.plan.repeat)
         return int(math.ceil(self.cfg.timeout_s * attempts)) + RUN_MARGIN_S
 
-    def _run(self, ws: Workspace) -> ExecResult:
+    def _run(self, ws: Workspace, *, create: bool = False) -> ExecResult:
+        """The runner's exec (``create``: it makes the workspace first); a runner that refused its
+        bundle (``remote.bundle_refused``) ran nothing and removed that bundle when it had changed."""
         suite = self.plan.bundle.remote_suite(self.cfg.workspace_root)
         args = [
             "run", "--suite", suite, "--out", posixpath.join(ws.path, "out"),
@@ -248,7 +286,7 @@ class HostJob:
             args.append("--trace-files")
         if self.slots() > 1:
             args += ["--slots", str(self.slots())]
-        runner = remote.runner_argv(self.cfg.python, self.plan.bundle.remote_runner(self.cfg.workspace_root), args)
+        runner = self._runner_argv(args)
         # A live model: the controller's proxy (key added there), reached through a reverse forward on
         # an SSH host; the runner itself gets CROSSHOST_MODEL_URL only (not in --env-allow: tools never see it).
         with self._model_route(ws) as model_env:
@@ -261,8 +299,10 @@ class HostJob:
                 runner,
                 self.kill_after_s(),
                 fingerprint=self._fingerprint_script(ws),
+                refused=(BUNDLE_REFUSED_EXIT, bundle_remove_script(self.plan.bundle, self.cfg.workspace_root)),
             )
-            return ws.run(script, self.kill_after_s() + 30, self.plan.running)
+            made = self.plan.bundle if create else None
+            return ws.run(script, self.kill_after_s() + 30, self.plan.running, create=made)
 
     def _model_route(self, ws: Workspace) -> contextlib.AbstractContextManager[dict[str, str]]:
         """``model.proxy.model_route`` for this host's run; no live model: nothing added, and the proxy's

@@ -17,6 +17,10 @@ import re
 import secrets
 import shlex
 from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.hosts.transport.base import ExecResult
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -98,6 +102,7 @@ def run_script(
     kill_after_s: int,
     *,
     fingerprint: str | None = None,
+    refused: tuple[int, str] | None = None,
 ) -> str:
     """The runner's command line: in its workspace, under ``timeout -s KILL``, with a clean env (the
     ``pinned`` keys' values from the workspace's pins file, removed once the runner and the fallback
@@ -110,10 +115,20 @@ def run_script(
     timeout or by Ctrl-C alike. ``fingerprint`` (shell text) runs only when the runner wrote no
     ``out/fingerprint.json`` (it writes one before its first task), so a host is described even when
     its runner stopped before that. Exits with the runner's status.
+
+    ``refused``: (the exit of a runner whose start refused its bundle, shell text run then): such a
+    runner wrote nothing, so nothing more runs (no fallback fingerprint from that bundle, no packing);
+    the text runs, ``REFUSED_MARKER`` is printed and the exit is that status (``bundle_refused``).
     """
     command = clean_env_command(allowlist, argv, pinned=pinned, pins_file=pins_path(workspace))
     launch = f"echo $$ > pid && exec timeout -s KILL {int(kill_after_s)} {command}"
     lines = [f"cd {q(workspace)} || exit 1", f"sh -c {q(launch)}", "rc=$?"]
+    if refused is not None:
+        code, then = refused
+        lines.append(
+            f"if test $rc = {int(code)} && ! test -e out/fingerprint.json; then rm -f {q(pins_path(workspace))}; "
+            f"{then}; echo {REFUSED_MARKER}; exit {int(code)}; fi"
+        )
     if fingerprint:
         lines.append(
             f"test -s out/fingerprint.json || {{ sh -c {q(fingerprint)} > out/.fingerprint.json 2>/dev/null "
@@ -125,6 +140,15 @@ def run_script(
         f"echo; echo {OUT_TAR_MARKER} $s; exit $rc"
     )
     return "\n".join(lines)
+
+
+#: ``run_script``'s stdout when the runner's start refused its bundle
+REFUSED_MARKER = "crosshost-bundle-refused"
+
+
+def bundle_refused(result: ExecResult, code: int) -> bool:
+    """The run exec of ``run_script(refused=(code, ...))`` ended because the runner refused its bundle."""
+    return result.exit_code == code and REFUSED_MARKER in result.stdout.split()
 
 
 def split_out_tar(stdout: str) -> tuple[str, str | None]:

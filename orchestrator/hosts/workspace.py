@@ -58,6 +58,8 @@ WATCH_EVERY_S = 0.5
 
 #: ``Workspace.remove``'s answer when the workspace there is not this worker's
 NOT_OURS = "crosshost-not-ours"
+#: ``Workspace.run``'s answer when it was asked to create the workspace and could not
+NOT_CREATED = "crosshost-not-created"
 
 
 class Workspace:
@@ -80,25 +82,29 @@ class Workspace:
     def _exec(self, script: str, timeout: float = SHORT_TIMEOUT_S) -> ExecResult:
         return self.host.exec(["sh", "-c", script], timeout)
 
-    def create(self, bundle: Bundle | None = None, *, failure: type[HostError] = RunnerCrashed) -> bool:
-        """Create it, with ``out/`` and ``work/``; an existing one is never reused. With ``bundle``,
-        look for it in the same exec: True when it is on the host already. A failure is ``failure``."""
+    def _make_script(self, bundle: Bundle | None) -> str:
+        """Shell text that creates it (an existing one fails: never reused), naming ``bundle`` as the one
+        its run uses: a concurrent run's pruning never removes it (``prune_host_bundles_script``)."""
         ws = remote.q(self.path)
         runs = remote.q(posixpath.dirname(self.path))
         work = remote.q(work_dir(self.path))
-        look = ""
-        if bundle:
-            present = bundle_present_test(bundle, self.root, self.python)
-            look = f"if {present}; then echo bundle-cached; else {bundle_remove_script(bundle, self.root)}; fi; "
-        # the run names its bundle: a concurrent run's pruning never removes it (prune_host_bundles_script)
         mark = f" && {in_use_marker(bundle, self.path)}" if bundle else ""
         # The attempts' uid may pass through the workspace to work/ (711), never into out/ or in/
         # (700). ``mkdir`` claims the path (it fails on one that exists); ``owner`` is written next.
         owner = remote.q(posixpath.join(self.path, "owner"))
-        made = self._exec(
-            f"{look}mkdir -p {runs} && mkdir -m 711 {ws} && ( umask 077 && echo {self.token} > {owner} ) "
+        return (
+            f"mkdir -p {runs} && mkdir -m 711 {ws} && ( umask 077 && echo {self.token} > {owner} ) "
             f"&& mkdir -m 700 {ws}/out {ws}/{remote.PRIVATE_DIR} && mkdir -m 711 {work}{mark}"
         )
+
+    def create(self, bundle: Bundle | None = None, *, failure: type[HostError] = RunnerCrashed) -> bool:
+        """Create it, with ``out/`` and ``work/``; an existing one is never reused. With ``bundle``,
+        look for it in the same exec: True when it is on the host already. A failure is ``failure``."""
+        look = ""
+        if bundle:
+            present = bundle_present_test(bundle, self.root, self.python)
+            look = f"if {present}; then echo bundle-cached; else {bundle_remove_script(bundle, self.root)}; fi; "
+        made = self._exec(look + self._make_script(bundle))
         if not made.ok:
             raise failure(self.name, f"cannot create {self.path}: {tail(made.stderr)}")
         self.created = True
@@ -132,13 +138,26 @@ class Workspace:
         self.host.put(local, path)
         return path
 
-    def run(self, script: str, timeout: float, running: Running | None = None) -> ExecResult:
+    def run(
+        self, script: str, timeout: float, running: Running | None = None, *, create: Bundle | None = None
+    ) -> ExecResult:
         """Run ``script`` (built by ``remote.run_script`` for this workspace); while it runs, it is
-        in ``running``, so Ctrl-C can kill it."""
+        in ``running``, so Ctrl-C can kill it. ``create``: it does not exist yet, and the same exec
+        creates it first (as ``create`` does, naming that bundle; without the look: the runner's start
+        checks the bundle); a failure to create it is ``RunnerCrashed``, and nothing else runs."""
+        if create is not None:
+            script = f"if ! {{ {self._make_script(create)}; }}; then echo {NOT_CREATED}; exit 1; fi\n{script}"
+            # whatever the exec's fate, a workspace at this path with this token is this run's
+            self.created = True
         if running is None:
-            return self._exec(script, timeout)
-        with running.started(self):
-            return self._exec(script, timeout)
+            result = self._exec(script, timeout)
+        else:
+            with running.started(self):
+                result = self._exec(script, timeout)
+        if create is not None and result.stdout.split()[:1] == [NOT_CREATED]:
+            self.created = False
+            raise RunnerCrashed(self.name, f"cannot create {self.path}: {tail(result.stderr)}")
+        return result
 
     def pull(
         self, into: Path, *, scratch: Path, size: str | None = None, cancel: threading.Event | None = None

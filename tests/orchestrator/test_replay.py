@@ -362,23 +362,54 @@ def _counting_opener(log: list[tuple[str, str]]) -> Callable[..., Host]:
     return opener
 
 
-def test_a_host_costs_three_execs_when_its_bundle_is_cached(tmp_path: Path) -> None:
-    """prepare (bundle check + workspace), run (runner, then the tar of out/), clean: the fingerprint
-    is the one the runner writes before its first task, the archive is made by the run's own exec."""
+def test_a_host_costs_two_execs_when_its_bundle_is_cached(tmp_path: Path) -> None:
+    """run (the workspace made, the bundle checked by the runner's own start, the runner, then the tar
+    of out/), clean: the fingerprint is the one the runner writes before its first task, the archive is
+    made by the run's own exec. A host with pinned values (box-b) has its workspace made first (the
+    bundle looked for in that exec), the pins put into it, then the run: three."""
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
     first: list[tuple[str, str]] = []
-    replay(_req(tmp_path, inv), opener=_counting_opener(first), bundle=bundle, with_analysis=False)
-    # pushing: prepare, the bundle's mkdir/unpack/rm, run, clean (no second look for the bundle)
-    assert sum(1 for h, _ in first if h == "box-b") == 6, first
+    out = replay(_req(tmp_path, inv), opener=_counting_opener(first), bundle=bundle, with_analysis=False)
+    # pushing: the run that refused the bundle (local) or the look (box-b), the bundle's
+    # mkdir/unpack/rm, the run, clean
+    for host in ("local", "box-b"):
+        assert sum(1 for h, _ in first if h == host) == 6, first
+        assert out.manifest.hosts[host].bundle_pushed is True and not out.manifest.hosts[host].bundle_replaced
+    assert out.exit_code == 0
+    assert list(out.manifest.hosts["local"].stages) == ["connect", "run", "push", "pull", "clean"]
     log: list[tuple[str, str]] = []
     out = replay(_req(tmp_path, inv), opener=_counting_opener(log), bundle=bundle, with_analysis=False)
     assert out.exit_code == 0
-    for host in ("local", "box-b"):
-        assert sum(1 for h, _ in log if h == host) == 3, log
+    for host, execs, stages in (("local", 2, ["connect", "run", "pull", "clean"]),
+                                ("box-b", 3, ["connect", "push", "run", "pull", "clean"])):  # fmt: skip
+        assert sum(1 for h, _ in log if h == host) == execs, log
         rec = out.manifest.hosts[host]
+        assert rec.bundle_pushed is False and not rec.bundle_replaced
         fp = json.loads((out.run_dir.path / "hosts" / host / "fingerprint.json").read_text())
         assert rec.fingerprint == fp["fingerprint"] and rec.python
-        assert list(rec.stages) == ["connect", "push", "run", "pull", "clean"]
+        assert list(rec.stages) == stages
+        assert len(list((out.run_dir.path / "hosts" / host / "traces").iterdir())) == 4
+
+
+def test_a_changed_bundle_is_never_run_its_runner_refuses_it_and_it_is_pushed_again(tmp_path: Path) -> None:
+    """The check is the runner's own first step: a cached runner.pyz replaced on the host (what an
+    attempt of the login user's uid could do after a chmod) is not run; the bundle is replaced and
+    the run goes on from the bundle pushed now."""
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+    replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    marker = tmp_path / "planted-runner-ran"
+    for host in ("local", "box-b"):
+        cached = tmp_path / "roots" / host / "bundles" / bundle.sha / "runner.pyz"
+        cached.chmod(0o644)
+        cached.write_text(f"open({str(marker)!r}, 'a').write('ran\\n')\n")
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    assert not marker.exists()
+    assert out.exit_code == 0
+    for host in ("local", "box-b"):
+        rec = out.manifest.hosts[host]
+        assert rec.bundle_replaced is True and rec.bundle_pushed is True and rec.error is None, rec
+        cached = tmp_path / "roots" / host / "bundles" / bundle.sha / "runner.pyz"
+        assert cached.read_bytes() == FAKE_RUNNER.read_bytes()
         assert len(list((out.run_dir.path / "hosts" / host / "traces").iterdir())) == 4
 
 
