@@ -31,7 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from . import agents, filetrace, golden
+from . import agents, filetrace, golden, zygote
 from .capped import capture
 from .checker import check_turns
 from .digests import HashingWriter, write_announced
@@ -593,6 +593,7 @@ def run_suite(options: RunOptions) -> int:
         print("terminated: workspaces removed", file=sys.stderr)
         return 143
     finally:
+        zygote.close_all()  # every slot's namespaces end with the run
         if runner is not None:
             runner.removals.close()  # also when terminated: every attempt's directory is gone first
         if in_main_thread:

@@ -23,7 +23,9 @@ attempt costs its own programs and two forks (three at ``pidns``), not an interp
 attempt is the init's child, because a
 namespace's init ignores every signal it has no handler for, and the init tells the runner how the
 attempt ended on a pipe of its own, because its exit code alone could not (a signal death is 128+N
-there, the same as ``exit 137``). Standard library only, Python 3.9.
+there, the same as ``exit 137``). At ``pidns+uid`` an attempt's processes are started by its slot's
+zygote instead where it can (``zygote``): the same namespaces made once per slot, cleared by their
+init after each process. Every process also has an IPC namespace of its own. Standard library only, Python 3.9.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
-import fcntl
 import os
 import secrets
 import select
@@ -39,13 +40,37 @@ import shutil
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+from . import privs, zygote
+from .privs import (
+    _CLONE_NEWIPC,
+    _CLONE_NEWNET,
+    _CLONE_NEWNS,
+    _CLONE_NEWPID,
+    _CLONE_NEWUSER,
+    _MS_NODEV,
+    _MS_NOEXEC,
+    _MS_NOSUID,
+    _MS_PRIVATE,
+    _MS_REC,
+    _PR_SET_DUMPABLE,
+    _PR_SET_PDEATHSIG,
+    _SYS_CLOSE_RANGE,
+    _become,
+    _check,
+    _handled_signals,
+    _last_cap,
+    _loopback,
+    _NoNamespace,
+    _PidNamespace,
+)
+from .privs import libc as _libc
 
 PIDNS_UID = "pidns+uid"
 PIDNS = "pidns"
@@ -56,77 +81,17 @@ NETNS = "netns"
 #: each attempt runs as a uid of this range when the runner is root (no account needs to exist)
 UID_BASE = 1_990_000_000
 UID_SPAN = 1_000_000
-_PR_SET_PDEATHSIG = 1
 _PROBE_TIMEOUT_S = 10
 
 
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWNET = 0x40000000
-_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 #: a Unix socket's path must fit in sun_path (108 bytes with its NUL)
 _SUN_PATH_MAX = 100
-_CLONE_NEWUSER = 0x10000000
-_CLONE_NEWPID = 0x20000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
-_PR_SET_DUMPABLE = 4
-_libc_handle: Optional[ctypes.CDLL] = None
-
-
-def _libc() -> ctypes.CDLL:
-    """libc, loaded by the runner before it forks (a child must not be the first to load it)."""
-    global _libc_handle, _pylibc
-    if _libc_handle is None:
-        _libc_handle = ctypes.CDLL(None, use_errno=True)
-        # the same library, called with the interpreter's lock held (``_fork``: a child whose lock
-        # another thread held could never run Python)
-        _pylibc = ctypes.PyDLL(None, use_errno=True)
-    return _libc_handle
 
 
 def _pdeathsig() -> None:
     """In the child before exec: die with the runner (a SIGKILLed runner cannot kill its children)."""
     with contextlib.suppress(Exception):
         _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-_PR_CAPBSET_DROP = 24
-_PR_SET_NO_NEW_PRIVS = 38
-_CAP_V3 = 0x20080522
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
-def _last_cap() -> int:
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return 63
-
-
-def _become(libc: ctypes.CDLL, uid: int, last_cap: int) -> None:
-    """What ``setpriv --reuid=U --regid=U --clear-groups --no-new-privs --inh-caps=-all
-    --bounding-set=-all`` does, in the attempt's process before its exec (no program started for it)."""
-    for cap in range(last_cap + 1):
-        _check(libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "drop the bounding set")
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)  # from root to another uid: the permitted, effective and ambient sets empty
-    header, data = _CapHeader(_CAP_V3, 0), (_CapData * 2)()
-    _check(libc.capset(ctypes.byref(header), data), "clear the inheritable set")
-    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
 
 
 class _Enter:
@@ -156,8 +121,8 @@ class _Enter:
         # direct: forked into its new PID namespace already (``_PidNamespace``), this process is the
         # init: no holder
         self.direct = direct
-        self.flags = ((0 if direct else _CLONE_NEWPID) | _CLONE_NEWNS | (_CLONE_NEWUSER if level == PIDNS else 0)
-                      | (_CLONE_NEWNET if net else 0))
+        self.flags = ((0 if direct else _CLONE_NEWPID) | _CLONE_NEWNS | _CLONE_NEWIPC
+                      | (_CLONE_NEWUSER if level == PIDNS else 0) | (_CLONE_NEWNET if net else 0))
         self.status_fd = status_fd
         self.net = net
         self.relay = relay  # (port inside, the runner's Unix socket): the init forwards one to the other
@@ -205,20 +170,7 @@ class _Enter:
         _init(attempt, self.status_fd, fds)
 
 
-def _handled_signals() -> List[int]:
-    """The signals this process handles in Python (the runner's), to be set back to their default in
-    its forks: an init ignores every signal it has no handler for, and a copy of the runner's handler
-    would run the runner's code. Read by number (``valid_signals`` builds an enum per signal)."""
-    handled = []
-    for sig in range(1, signal.NSIG):
-        with contextlib.suppress(OSError, ValueError):
-            if callable(signal.getsignal(sig)):
-                handled.append(sig)
-    return handled
-
-
 _close_range_ok: Optional[bool] = None
-_SYS_CLOSE_RANGE = 436  # the same number on every Linux architecture (5.9+)
 
 
 def _close_range_works() -> bool:
@@ -231,15 +183,13 @@ def _close_range_works() -> bool:
     return _close_range_ok
 
 
-_pylibc: Optional[ctypes.PyDLL] = None
-
-
 def _fork() -> int:
     """``fork`` in a fork of the runner (which has one thread): the raw system call, without the
     Python at-fork callbacks ``os.fork`` runs in both processes (threading's, logging's, random's
     reseed: a copy-on-write fault for every page they touch). The child only sets itself up and
     execs, or waits and exits."""
-    pid = _pylibc.fork() if _pylibc is not None else -1
+    pylibc = privs.pylibc()
+    pid = pylibc.fork() if pylibc is not None else -1
     if pid < 0:
         raise OSError(ctypes.get_errno(), f"fork: {os.strerror(ctypes.get_errno())}")
     return pid
@@ -301,23 +251,6 @@ def _init(attempt: int, status_fd: int, fds: Optional[List[int]]) -> None:
         os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
     finally:
         os._exit(1)
-
-
-def _loopback(port: Optional[int]) -> Optional[socket.socket]:
-    """In the init, inside its new network namespace: bring the loopback up (nothing else is there)
-    and, for a forwarder, listen on 127.0.0.1:``port`` before the attempt exists (it never finds the
-    port closed)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        got = fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))
-        flags = struct.unpack("16sH14x", got)[1]
-        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
-    if port is None:
-        return None
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", port))
-    listener.listen(64)
-    return listener
 
 
 def _forwarding_init(attempt: int, status_fd: int, fds: Optional[List[int]], listener: socket.socket,
@@ -549,6 +482,8 @@ class Sandbox:
         self.started = time.time()
         self._wrap: Optional[Callable[[List[str]], List[str]]] = None
         self._relay: Optional[Tuple[int, str]] = None  # (port inside, the runner's Unix socket)
+        #: an attempt's: its processes may be started by its slot's zygote (``zygote``)
+        self.reuse = False
 
     @classmethod
     def for_attempt(cls, level: str, uid: int, *paths: str, net: bool = False) -> "Sandbox":
@@ -556,7 +491,9 @@ class Sandbox:
         namespace of its own); a root runner whose ``paths`` another uid cannot reach gets ``pidns``."""
         if level == PIDNS_UID:
             if all(reachable_by_others(p) for p in paths):
-                return cls(level, uid, net)
+                box = cls(level, uid, net)
+                box.reuse = True
+                return box
             level = PIDNS if _works(PIDNS) else NONE
             net = net and detect_network(level)
         return cls(level, net=net)
@@ -613,45 +550,6 @@ class Sandbox:
                         os.lchown(name, self.uid, self.uid)
 
 
-class _NoNamespace(Exception):
-    """The PID namespace could not be made (the kernel refused it)."""
-
-
-class _PidNamespace:
-    """The calling thread's next child forked as the first process (the init) of a new PID namespace:
-    what the holder's fork after its ``unshare`` did, without the holder. Root only (no user namespace
-    is needed, and one could not be made in a process with threads), and only where the runner may
-    come back to its own PID namespace (``usable``: root of a user namespace of its own may not, and
-    a thread whose children's namespace has lost its init could fork nothing any more)."""
-
-    _own: Optional[int] = None  # the runner's own PID namespace, kept open to come back to
-    _usable: Optional[bool] = None
-
-    @classmethod
-    def usable(cls) -> bool:
-        if cls._usable is None:
-            try:
-                cls._own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-                cls._usable = _libc().setns(cls._own, _CLONE_NEWPID) == 0  # to where it is: nothing changes
-            except OSError:
-                cls._usable = False
-        return cls._usable
-
-    @classmethod
-    @contextlib.contextmanager
-    def for_children(cls) -> Iterator[None]:
-        libc = _libc()
-        if libc.unshare(_CLONE_NEWPID) != 0:  # this thread's children only (the namespaces are per thread)
-            err = ctypes.get_errno()
-            raise _NoNamespace(f"unshare: {os.strerror(err)}")
-        try:
-            yield
-        finally:
-            # back to its own: every later child of this thread (another attempt's, a tool's) forks
-            # where the runner is
-            _check(libc.setns(cls._own or -1, _CLONE_NEWPID), "setns back to the runner's PID namespace")
-
-
 def _until_exit(pid: int, timeout: float, args: Any) -> None:
     """Block until ``pid`` (a child) has ended, or raise ``TimeoutExpired`` after ``timeout`` seconds:
     one wait on a pidfd, where ``Popen.wait(timeout)`` sleeps and polls (up to 50 ms late). Where
@@ -677,6 +575,17 @@ class Started(subprocess.Popen[bytes]):
         self._status: Optional[int] = None  # the read end of the init's status pipe
         self._oom_before = oom_kills()
         self._oom_after: Optional[int] = None
+        # started by its slot's zygote (its namespaces made once, cleared after each process)
+        self._zygote: Optional[zygote.Zygote] = None
+        self._uid = box.uid if box.uid is not None else -1
+        if box.reuse and tracer is None and box._relay is None and box.uid is not None and _PidNamespace.usable():
+            self._zygote = zygote.take(box.net)
+        if self._zygote is not None:
+            try:
+                super().__init__(list(argv), start_new_session=True, **kwargs)
+                return
+            except zygote.ZygoteLost:
+                self._zygote = None  # gone before it started anything: the per-process way
         write_end = None
         if box.level != NONE:
             self._status, write_end = os.pipe()
@@ -702,6 +611,43 @@ class Started(subprocess.Popen[bytes]):
         finally:
             if write_end is not None:
                 os.close(write_end)  # the init holds the only other copy: its end is the pipe's end
+
+    def _execute_child(self, args: Any, executable: Any, preexec_fn: Any, close_fds: Any, pass_fds: Any, cwd: Any,
+                       env: Any, startupinfo: Any, creationflags: Any, shell: Any, p2cread: int, p2cwrite: int,
+                       c2pread: int, c2pwrite: int, errread: int, errwrite: int, *rest: Any) -> None:
+        if self._zygote is None:
+            super()._execute_child(args, executable, preexec_fn, close_fds,  # type: ignore[misc]
+                                   pass_fds, cwd, env, startupinfo, creationflags, shell, p2cread, p2cwrite,
+                                   c2pread, c2pwrite, errread, errwrite, *rest)
+            return
+        try:  # what Popen would give its child: the pipes it made, else the runner's own stdio
+            stdio = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
+                     errwrite if errwrite != -1 else 2]
+            environ = dict(os.environ) if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
+            self.pid = self._zygote.start(args, environ, os.getcwd() if cwd is None else os.fsdecode(cwd),
+                                          self._uid, stdio)
+            self._child_created = True
+        finally:
+            self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
+
+    def _internal_poll(self, _deadstate: Optional[int] = None, *args: Any, **kwargs: Any) -> Optional[int]:
+        if self._zygote is None:
+            return super()._internal_poll(_deadstate, *args, **kwargs)  # type: ignore[misc]
+        if self.returncode is None:
+            status = self._zygote.status(0)
+            if status is not None:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def _wait(self, timeout: Optional[float]) -> int:
+        if self._zygote is None:
+            return super()._wait(timeout)  # type: ignore[misc]
+        if self.returncode is None:
+            status = self._zygote.status(timeout)
+            if status is None:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
     def _close_status(self) -> None:
         if self._status is not None:
@@ -734,7 +680,7 @@ class Started(subprocess.Popen[bytes]):
         return self.returncode
 
     def wait(self, timeout: Optional[float] = None) -> int:
-        if timeout is not None and self.returncode is None:
+        if timeout is not None and self.returncode is None and self._zygote is None:
             _until_exit(self.pid, timeout, self.args)
         super().wait(timeout)  # at once after _until_exit, unless it could not tell
         self._settle()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runner import sandbox
+from agent_runner import privs, sandbox
 from agent_runner.sandbox import PIDNS, PIDNS_UID, Sandbox
 
 UID = sandbox.UID_BASE + 777
@@ -188,6 +188,7 @@ def test_a_namespace_that_cannot_be_made_is_an_oserror_and_leaves_nothing_open(
         monkeypatch: pytest.MonkeyPatch) -> None:
     before = len(os.listdir("/proc/self/fd"))
     monkeypatch.setattr(sandbox, "_CLONE_NEWPID", 0x7FFFFFFF)  # flags the kernel refuses
+    monkeypatch.setattr(privs, "_CLONE_NEWPID", 0x7FFFFFFF)
     with pytest.raises(OSError, match="cannot enter the sandbox"):
         Sandbox(PIDNS_UID, UID).popen(["true"])
     assert len(os.listdir("/proc/self/fd")) == before

@@ -1,0 +1,152 @@
+"""The few system calls the sandbox makes that Python's ``os`` lacks (namespaces, mounts,
+capabilities), through libc: shared by the runner's forks (``sandbox``) and the slot's namespace
+init (``zygote_init``), which imports nothing else of the runner. Standard library only, Python 3.9.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import struct
+from typing import Iterator, List, Optional
+
+_PR_SET_PDEATHSIG = 1
+_SYS_CLOSE_RANGE = 436  # the same number on every Linux architecture (5.9+)
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWPID = 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_PR_SET_DUMPABLE = 4
+_libc_handle: Optional[ctypes.CDLL] = None
+_pylibc: Optional[ctypes.PyDLL] = None
+
+
+def libc() -> ctypes.CDLL:
+    """libc, loaded by the runner before it forks (a child must not be the first to load it)."""
+    global _libc_handle, _pylibc
+    if _libc_handle is None:
+        _libc_handle = ctypes.CDLL(None, use_errno=True)
+        # the same library, called with the interpreter's lock held (``_fork``: a child whose lock
+        # another thread held could never run Python)
+        _pylibc = ctypes.PyDLL(None, use_errno=True)
+    return _libc_handle
+
+
+def pylibc() -> Optional[ctypes.PyDLL]:
+    """libc called with the interpreter's lock held (loaded with ``libc``; None before)."""
+    return _pylibc
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_CAP_V3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
+
+
+def _become(libc: ctypes.CDLL, uid: int, last_cap: int) -> None:
+    """What ``setpriv --reuid=U --regid=U --clear-groups --no-new-privs --inh-caps=-all
+    --bounding-set=-all`` does, in the attempt's process before its exec (no program started for it)."""
+    for cap in range(last_cap + 1):
+        _check(libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "drop the bounding set")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # from root to another uid: the permitted, effective and ambient sets empty
+    header, data = _CapHeader(_CAP_V3, 0), (_CapData * 2)()
+    _check(libc.capset(ctypes.byref(header), data), "clear the inheritable set")
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
+
+
+def _loopback(port: Optional[int]) -> Optional[socket.socket]:
+    """In the init, inside its new network namespace: bring the loopback up (nothing else is there)
+    and, for a forwarder, listen on 127.0.0.1:``port`` before the attempt exists (it never finds the
+    port closed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        got = fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))
+        flags = struct.unpack("16sH14x", got)[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+    if port is None:
+        return None
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(64)
+    return listener
+
+
+def _handled_signals() -> List[int]:
+    """The signals this process handles in Python (the runner's), to be set back to their default in
+    its forks: an init ignores every signal it has no handler for, and a copy of the runner's handler
+    would run the runner's code. Read by number (``valid_signals`` builds an enum per signal)."""
+    handled = []
+    for sig in range(1, signal.NSIG):
+        with contextlib.suppress(OSError, ValueError):
+            if callable(signal.getsignal(sig)):
+                handled.append(sig)
+    return handled
+
+
+class _NoNamespace(Exception):
+    """The PID namespace could not be made (the kernel refused it)."""
+
+
+class _PidNamespace:
+    """The calling thread's next child forked as the first process (the init) of a new PID namespace:
+    what the holder's fork after its ``unshare`` did, without the holder. Root only (no user namespace
+    is needed, and one could not be made in a process with threads), and only where the runner may
+    come back to its own PID namespace (``usable``: root of a user namespace of its own may not, and
+    a thread whose children's namespace has lost its init could fork nothing any more)."""
+
+    _own: Optional[int] = None  # the runner's own PID namespace, kept open to come back to
+    _usable: Optional[bool] = None
+
+    @classmethod
+    def usable(cls) -> bool:
+        if cls._usable is None:
+            try:
+                cls._own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+                cls._usable = libc().setns(cls._own, _CLONE_NEWPID) == 0  # to where it is: nothing changes
+            except OSError:
+                cls._usable = False
+        return cls._usable
+
+    @classmethod
+    @contextlib.contextmanager
+    def for_children(cls) -> Iterator[None]:
+        lib = libc()
+        if lib.unshare(_CLONE_NEWPID) != 0:  # this thread's children only (the namespaces are per thread)
+            err = ctypes.get_errno()
+            raise _NoNamespace(f"unshare: {os.strerror(err)}")
+        try:
+            yield
+        finally:
+            # back to its own: every later child of this thread (another attempt's, a tool's) forks
+            # where the runner is
+            _check(lib.setns(cls._own or -1, _CLONE_NEWPID), "setns back to the runner's PID namespace")

@@ -1,0 +1,200 @@
+"""A slot's zygote (namespaces made once, each process started by their init, everything cleared after
+it) gives every process what the per-process path gives it, and nothing a previous process of the
+same slot left: no process, no listener, no socket, no pid count, no IPC object. The per-process path
+(``sandbox.Started`` with ``zygote.ENABLED`` off) is the reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_runner import sandbox, zygote
+from agent_runner.sandbox import PIDNS_UID, Sandbox
+from tests.agent_runner.test_sandbox_forks import CASES, PROBE, _alive, _attempt_dir
+from tests.support.runner import REPO, TRIAGE, clean_env, records
+from tools.testhosts import free_port
+
+UID = sandbox.UID_BASE + 778
+NEXT_UID = sandbox.UID_BASE + 779
+
+
+@pytest.fixture(autouse=True)
+def _no_zygote_left() -> Iterator[None]:
+    yield
+    zygote.close_all()
+
+
+def _box(net: bool, uid: int = UID, reuse: bool = True) -> Sandbox:
+    box = Sandbox(PIDNS_UID, uid, net=net)
+    box.reuse = reuse  # what ``Sandbox.for_attempt`` sets for an attempt whose paths its uid reaches
+    return box
+
+
+def _run(box: Sandbox, script: str, cwd: str, expect_zygote: bool = True) -> tuple[int | None, bytes]:
+    proc = box.popen(["bash", "-c", script], env={"PATH": os.defpath, "LANG": "C", "HOME": cwd}, cwd=cwd,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert (proc._zygote is not None) == expect_zygote
+    out, _ = proc.communicate(timeout=60)
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("net", [False, True], ids=["open", "netns"])
+@pytest.mark.parametrize("script", CASES, ids=lambda s: s.split("\n")[1][:20] if "\n" in s else s)
+def test_a_process_the_zygote_starts_sees_and_ends_as_one_started_on_its_own(
+        tmp_path: Path, net: bool, script: str) -> None:
+    cwd = _attempt_dir(tmp_path)
+    _run(_box(net), "exit 0", cwd)  # the zygote has served one process already
+    own = _run(_box(net, reuse=False), script, cwd, expect_zygote=False)
+    shared = _run(_box(net), script, cwd)
+    if script == PROBE:
+        assert b"processes: 2" in shared[1]  # its own shell and the init
+    assert shared == own
+
+
+def test_the_zygote_is_reused_and_a_busy_one_is_not_waited_for(tmp_path: Path) -> None:
+    """One zygote serves the slot's processes in turn; a process started while another runs (a command
+    agent's tool) takes the per-process path."""
+    cwd = _attempt_dir(tmp_path)
+    first = _box(True).popen(["sleep", "30"], cwd=cwd, stdin=subprocess.DEVNULL)
+    try:
+        assert first._zygote is not None
+        beside = _box(True).popen(["true"], cwd=cwd)
+        assert beside._zygote is None and beside.wait(timeout=30) == 0
+    finally:
+        os.killpg(first.pid, 9)
+        assert first.wait(timeout=30) == -9
+    again = _box(True).popen(["true"], cwd=cwd)
+    assert again._zygote is first._zygote and again.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("net", [False, True], ids=["open", "netns"])
+def test_nothing_a_process_left_runs_beside_the_next_one_of_the_slot(tmp_path: Path, net: bool) -> None:
+    """Background, new-session, double-forked and nohup'd processes are gone when the process's wait
+    returns (not later), and the next process (another attempt's uid) sees only itself, numbered as in a
+    namespace of its own."""
+    cwd = _attempt_dir(tmp_path)
+    token = f"left-{os.urandom(4).hex()}"
+    leave = (f"exec -a {token} sleep 60 & setsid bash -c 'exec -a {token} sleep 60' & "
+             f"( ( exec -a {token} sleep 60 & ) & ); nohup bash -c 'exec -a {token} sleep 60' >/dev/null 2>&1 & "
+             f"for i in $(seq 50); do true & done; sleep 0.2; exit 0")
+    assert _run(_box(net), leave, cwd) == (0, b"")
+    assert _alive(token) == []
+    code, out = _run(_box(net, NEXT_UID), 'set -- /proc/[0-9]*; echo "$# $$ $(id -u)"', cwd)
+    assert (code, out.split()) == (0, [b"2", b"2", str(NEXT_UID).encode()])
+
+
+LEAVE_SOCKETS = r"""
+import os, socket, sys
+port = int(sys.argv[1])
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", port)); listener.listen(8)
+abstract = socket.socket(socket.AF_UNIX); abstract.bind("\0crosshost-left"); abstract.listen(8)
+# a connection closed by this side first: TIME_WAIT here
+client = socket.create_connection(("127.0.0.1", port)); server = listener.accept()[0]
+client.close(); server.recv(1); server.close()
+# a socket whose only reference is in flight on itself, collected only by the kernel's collector
+a, b = socket.socketpair()
+a.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(memoryview(__import__("array").array("i", [b.fileno()]))))])
+a.close(); b.close()
+if os.fork() == 0:  # the listeners stay open in a process of a new session
+    os.setsid()
+    import time; time.sleep(60)
+os._exit(0)
+"""
+
+FIND_SOCKETS = r"""
+import errno, socket, sys
+port = int(sys.argv[1])
+said = []
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=5); said.append("tcp reached")
+except OSError as exc:
+    said.append("tcp " + errno.errorcode[exc.errno])
+u = socket.socket(socket.AF_UNIX)
+try:
+    u.connect("\0crosshost-left"); said.append("unix reached")
+except OSError as exc:
+    said.append("unix " + errno.errorcode[exc.errno])
+u.close()
+s = socket.socket(); s.bind(("127.0.0.1", port)); s.listen(1); said.append("bound")  # no SO_REUSEADDR
+s.close()
+for table in ("tcp", "tcp6", "udp", "unix"):
+    with open("/proc/net/" + table) as f:
+        said.append("%s %d" % (table, len(f.read().splitlines()) - 1))
+print(" / ".join(said))
+"""
+
+
+def test_no_socket_a_process_left_is_reachable_or_visible_to_the_next_one_of_the_slot(tmp_path: Path) -> None:
+    """A loopback listener and an abstract Unix listener kept open by a process of a new session, a
+    TIME_WAIT connection and a socket left in flight: the next process of the slot reaches none of them,
+    may bind the same port, and its network namespace's tables list nothing."""
+    cwd = _attempt_dir(tmp_path)
+    port = free_port()
+    python = "/usr/bin/python3"  # its uid reaches the system's interpreter, not the test's
+    for name, text in (("leave.py", LEAVE_SOCKETS), ("find.py", FIND_SOCKETS)):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o644)
+    assert _run(_box(True), f"{python} {tmp_path / 'leave.py'} {port}", cwd) == (0, b"")
+    code, out = _run(_box(True, NEXT_UID), f"{python} {tmp_path / 'find.py'} {port}", cwd)
+    assert code == 0, out
+    assert out.decode().strip() == ("tcp ECONNREFUSED / unix ECONNREFUSED / bound / tcp 0 / tcp6 0 / udp 0 "
+                                    "/ unix 0")
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["zygote", "own"])
+def test_a_sysv_ipc_object_a_process_left_is_gone_for_the_next_one(tmp_path: Path, reuse: bool) -> None:
+    """Each process has an IPC namespace of its own (SysV shared memory, semaphores, message queues,
+    POSIX queues): what it made, even readable by all, goes with it, and the host never sees it."""
+    cwd = _attempt_dir(tmp_path)
+    made = _run(_box(True, reuse=reuse), "ipcmk -M 4096 -p 0666; ipcmk -Q -p 0666; ipcs -m -q | grep -c 0x",
+                cwd, expect_zygote=reuse)
+    assert made[0] == 0 and made[1].split()[-1] == b"2", made
+    host = subprocess.run(["ipcs", "-m", "-q"], capture_output=True, text=True).stdout
+    assert not re.search(rf"\b{UID}\b", host)
+    assert _run(_box(True, NEXT_UID, reuse=reuse), "ipcs -m -q | grep -c 0x", cwd, expect_zygote=reuse) == (1, b"0\n")
+
+
+def test_a_run_through_the_zygotes_has_the_verdicts_and_traces_of_a_run_without(tmp_path: Path) -> None:
+    """The triage suite (scripted agents, shell tools, predicates that pass and fail) run twice, two
+    slots, once with zygotes and once without: the same rows and the same traces, but for the times and
+    the attempts' own directories; the first run really started its processes through zygotes."""
+    _attempt_dir(tmp_path)  # every directory above passable: the attempts get uids of their own
+    said = {}
+    ws = tmp_path / "ws"  # the same for both (it is in the fingerprint): empty again after each run
+    own_dir = re.compile(re.escape(str(ws)) + r"/([\w-]+\.\d+\.)\w+")  # mkdtemp's random part
+
+    def same(text: str) -> str:  # times; an attempt's directory, and a digest of arguments that hold it
+        text = re.sub(r'"(\w+_fp)": "[0-9a-f]+"', r'"\1": "X"', own_dir.sub(r"\1X", text))
+        return re.sub(r'"(wall_ms|latency_ms|ms|ts|started|elapsed_ms)": [0-9.]+', r'"\1": 0', text)
+
+    for name, enabled in (("zygote", True), ("own", False)):
+        out = tmp_path / name / "out"
+        code = ("import sys\nfrom agent_runner import zygote\nfrom agent_runner.__main__ import main\n"
+                f"zygote.ENABLED = {enabled}\nstarted = []\nstart = zygote.Zygote.start\n"
+                "zygote.Zygote.start = lambda self, *a: started.append(1) or start(self, *a)\n"
+                f"code = main(['run', '--suite', {str(TRIAGE)!r}, '--out', {str(out)!r}, '--workspace-root', "
+                f"{str(ws)!r}, '--host', 'h', '--run-id', 'r', '--slots', '2'])\n"
+                "print('started by zygotes:', len(started), file=sys.stderr)\nsys.exit(code)\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(),
+                              cwd=REPO, timeout=300)
+        assert done.returncode == 0, done.stderr
+        fingerprint = json.loads((out / "fingerprint.json").read_text())
+        assert fingerprint["isolation"] == "netns+pidns+uid"
+        started = int(re.findall(r"started by zygotes: (\d+)", done.stderr)[0])
+        assert (started > 10) if enabled else (started == 0), done.stderr
+        rows = [same(json.dumps({k: v for k, v in r.items() if k != "wall_ms"})) for r in records(out / "results.jsonl")]
+        traces = {path.name: same(path.read_text()) for path in sorted((out / "traces").glob("*.jsonl"))}
+        said[name] = (rows, traces)
+    assert said["zygote"][0] == said["own"][0]
+    assert said["zygote"][1].keys() == said["own"][1].keys()
+    for name in said["own"][1]:
+        assert said["zygote"][1][name] == said["own"][1][name], name
