@@ -140,5 +140,22 @@ def main(argv: List[str]) -> int:
     return run()
 
 
+def end(code: int) -> None:
+    """End the process with ``code`` once the runner returned it: every thread it left that is not a
+    daemon is waited for and the standard streams are flushed, as the interpreter's exit does, but the
+    interpreter's teardown (freeing every object of a run, 40-100 ms of a host's run on this machine,
+    before the exec's shell sees the exit) is skipped: everything the runner writes is closed by then."""
+    import contextlib
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach its reader
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    end(main(sys.argv))

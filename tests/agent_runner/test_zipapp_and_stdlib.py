@@ -50,6 +50,38 @@ def test_zipapp_and_source_tree_agree_on_runner_source_sha_and_run_the_suite(tmp
     assert header["pins"]["runner_source_sha"] == json.loads(source.stdout)["runner_source_sha"]
 
 
+def test_the_zipapp_ends_as_the_plain_runner_does_its_output_whole_its_exit_code_the_same(tmp_path: Path) -> None:
+    """The zipapp skips the interpreter's teardown at its end (``runner_boot.end``): what it printed to
+    a pipe (block-buffered), what it wrote and its exit code are those of ``python -m agent_runner``,
+    which ends through the interpreter's own exit."""
+    pyz = build_runner_zipapp(tmp_path / "dist")
+    env = ["env", "-i", "PATH=/usr/bin:/bin", "LANG=C.UTF-8"]
+    args = ["run", "--suite", str(TRIAGE), "--tasks", "restart-unhealthy-only,shape-shifter", "--repeat", "1"]
+    zipped = subprocess.run([*env, SYSTEM_PYTHON, "-I", "-S", str(pyz), *args, "--out", str(tmp_path / "z")],
+                            capture_output=True, text=True, timeout=120)
+    plain = subprocess.run([*env, SYSTEM_PYTHON, "-S", "-m", "agent_runner", *args, "--out", str(tmp_path / "p")],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert zipped.returncode == plain.returncode == 0, (zipped.stderr, plain.stderr)
+
+    def announced(stdout: str) -> list[str]:  # the digests the controller checks what it pulls against
+        return sorted(line.split()[2] for line in stdout.splitlines() if line.startswith("crosshost-digest "))
+
+    assert announced(zipped.stdout) == announced(plain.stdout) != []
+    for line in zipped.stdout.splitlines():
+        _, digest, name = line.split()
+        assert hashlib.sha256((tmp_path / "z" / name).read_bytes()).hexdigest() == digest, name
+    verdicts = [[(r["task"], r["verdict"]) for r in records(out / "results.jsonl")] for out in (tmp_path / "z", tmp_path / "p")]
+    assert verdicts[0] == verdicts[1] and len(verdicts[0]) == 2
+    # bad input: exit 2 and its one line, the same both ways
+    bad = ["run", "--suite", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]
+    zipped = subprocess.run([*env, SYSTEM_PYTHON, "-I", "-S", str(pyz), *bad], capture_output=True, text=True, timeout=60)
+    plain = subprocess.run([*env, SYSTEM_PYTHON, "-S", "-m", "agent_runner", *bad], capture_output=True, text=True,
+                           timeout=60, cwd=REPO)
+    assert zipped.returncode == plain.returncode == 2 and zipped.stderr == plain.stderr and zipped.stderr.startswith("error:")
+    version = subprocess.run([*env, SYSTEM_PYTHON, "-I", "-S", str(pyz), "version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0 and json.loads(version.stdout)["version"]
+
+
 def _imports(path: Path) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
