@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
-import threading
 from pathlib import Path
 from typing import IO, Optional
 
+from . import paced
+
 MARKER = "crosshost-digest"
-_lock = threading.Lock()
 
 
 def announce(out: Path, path: Path, sha256: str) -> None:
-    """One line on stdout (flushed at once: a runner killed later has still said it)."""
+    """One line on stdout, written with the others of the same second (``paced``); every line is out
+    when the run ends."""
     rel = Path(os.path.relpath(path, out)).as_posix()
-    with _lock:
-        sys.stdout.write(f"{MARKER} {sha256} {rel}\n")
-        sys.stdout.flush()
+    paced.STDOUT.line(f"{MARKER} {sha256} {rel}")
 
 
 def write_announced(out: Path, path: Path, text: str) -> None:

@@ -22,7 +22,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
-from . import agents, filetrace, golden, zygote
+from . import agents, filetrace, golden, paced, zygote
 from .capped import capture
 from .checker import check_turns
 from .digests import HashingWriter, write_announced
@@ -571,13 +570,13 @@ def run_suite(options: RunOptions) -> int:
                 results.write(json.dumps(redact(row.to_json())) + "\n")
                 results.flush()
                 # stderr reaches the controller's terminal and manifest: redacted like the files
-                print(redact_text(f"[{host}] {result.task}.{result.attempt} {result.verdict} ({result.reason}, "
-                                  f"{result.steps} steps, {result.wall_ms} ms)"
-                                  f"{'' if result.verdict == 'pass' else ': ' + redact_text(result.why)[:160]}"),
-                      file=sys.stderr, flush=True)
+                paced.STDERR.line(redact_text(
+                    f"[{host}] {result.task}.{result.attempt} {result.verdict} ({result.reason}, "
+                    f"{result.steps} steps, {result.wall_ms} ms)"
+                    f"{'' if result.verdict == 'pass' else ': ' + redact_text(result.why)[:160]}"))
                 if result.strays:
-                    print(redact_text(f"[{host}] {result.task}.{result.attempt} wrote outside its workspace: "
-                                      f"{', '.join(result.strays[:5])}"), file=sys.stderr, flush=True)
+                    paced.STDERR.line(redact_text(f"[{host}] {result.task}.{result.attempt} wrote outside its "
+                                                  f"workspace: {', '.join(result.strays[:5])}"))
 
             if options.slots <= 1:
                 for task, attempt in attempts:
@@ -590,9 +589,10 @@ def run_suite(options: RunOptions) -> int:
             raise RunnerError(f"{workspace_root}: attempt workspaces left behind: {', '.join(leftovers[:5])}")
         return 3 if failed else 0
     except _Terminated:
-        print("terminated: workspaces removed", file=sys.stderr)
+        paced.STDERR.line("terminated: workspaces removed")
         return 143
     finally:
+        paced.flush_all()  # the run's last digests and progress lines, before anything else is said
         zygote.close_all()  # every slot's namespaces end with the run
         if runner is not None:
             runner.removals.close()  # also when terminated: every attempt's directory is gone first
