@@ -29,7 +29,7 @@ from typing import IO, Callable, Dict, List, Optional, TypedDict
 from .checker import ContractTool
 from .errors import InputError
 from .jsonfile import JSONObject, JSONValue
-from .records import AgentFinish, CallRecord
+from .model_records import AgentFinish, CallRecord
 from .sandbox import NONE, Sandbox
 from .suite import AgentSpec, Task
 

@@ -39,8 +39,8 @@ from .agents import Agent, AgentFailed, register
 from .capped import death
 from .jsonfile import JSONObject, JSONValue
 from .loop import MAX_FINAL_CHARS, LoopOutcome
+from .model_records import ModelUsage, call_record_of
 from .presets import PRESETS, McpServerConfig
-from .records import ModelUsage, call_record_of
 from .sandbox import NONE, Sandbox, reachable_by_others
 from .suite import AgentSpec, Task
 from .tools import kill_group

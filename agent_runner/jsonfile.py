@@ -29,6 +29,21 @@ JSONValue = Union[None, bool, int, float, str, List["JSONValue"], Dict[str, "JSO
 JSONObject = Dict[str, JSONValue]
 
 
+def str_or_none(value: Any) -> Optional[str]:
+    """A field of a record read back: a string, or None when it holds another type."""
+    return value if isinstance(value, str) else None
+
+
+def int_or_none(value: Any) -> Optional[int]:
+    """A field of a record read back: an integer (never a bool), or None when it holds another type."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def list_or_empty(value: Any) -> List[JSONValue]:
+    """A field of a record read back: a list, or empty when it holds another type."""
+    return value if isinstance(value, list) else []
+
+
 def _too_deep(value: Any) -> bool:
     stack = [(value, 1)]
     while stack:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from .agents import Agent, AgentFailed, AgentInfraError, AgentStopped, AgentTimeout, Observation
-from .records import AgentFinish, TraceTurnJSON
+from .model_records import AgentFinish
+from .records import TraceTurnJSON
 from .suite import Budget
 from .tools import ToolBox
 from .trace import TraceWriter

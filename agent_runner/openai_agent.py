@@ -41,8 +41,8 @@ from .agents import (
     register,
 )
 from .checker import ContractTool
-from .jsonfile import JSONObject, JSONValue
-from .records import AgentFinish, CallRecord, ModelSettings, TryRecord, try_record_of
+from .jsonfile import JSONObject, JSONValue, int_or_none, str_or_none
+from .model_records import AgentFinish, CallRecord, ModelSettings, TryRecord, try_record_of
 from .suite import AgentSpec
 from .wire import (
     ATTEMPT_HEADER,
@@ -185,11 +185,11 @@ class ProxyCall:
     @classmethod
     def from_json(cls, obj: JSONObject) -> "ProxyCall":
         attempts = obj.get("attempts")
-        return cls(id=_int(obj.get("id")), status=_int(obj.get("status")), retries=_int(obj.get("retries")) or 0,
+        return cls(id=int_or_none(obj.get("id")), status=int_or_none(obj.get("status")), retries=int_or_none(obj.get("retries")) or 0,
                    attempts=[try_record_of(a) for a in attempts if isinstance(a, dict)]
                    if isinstance(attempts, list) else [],
-                   model=_text(obj.get("model")), system_fingerprint=_text(obj.get("system_fingerprint")),
-                   error=_text(obj.get("error")))
+                   model=str_or_none(obj.get("model")), system_fingerprint=str_or_none(obj.get("system_fingerprint")),
+                   error=str_or_none(obj.get("error")))
 
     def record(self, finish_reason: str) -> CallRecord:
         """What a trace turn keeps about an answered request (no prompt, no key)."""
@@ -200,14 +200,6 @@ class ProxyCall:
         """What the finish record keeps about a request the proxy refused or could not answer."""
         return {"request": self.id, "status": self.status, "retries": self.retries, "attempts": self.attempts,
                 "error": self.error, "message": message}
-
-
-def _int(value: JSONValue) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _text(value: JSONValue) -> Optional[str]:
-    return value if isinstance(value, str) else None
 
 
 @dataclass

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional, TypedDict, Union
+from typing import Any, Dict, List, Mapping, Optional, TypedDict
 
 from .errors import TraceError
-from .jsonfile import JSONObject, JSONValue
+from .jsonfile import JSONObject, JSONValue, int_or_none, str_or_none
+from .model_records import CallRecord, call_record_of
 
 TRACE_SCHEMA = "crosshost.trace/2"
 #: /1 named the runner's source digest ``pins.runner_sha``; /2 calls it ``pins.runner_source_sha``
@@ -123,21 +124,6 @@ def migrate_tool_calls_document(doc: Mapping[str, JSONValue], path: str, problem
     return turns
 
 
-# --- helpers ---------------------------------------------------------------------------------------
-
-
-def _str(value: Any) -> Optional[str]:
-    return value if isinstance(value, str) else None
-
-
-def _int(value: Any) -> Optional[int]:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _list(value: Any) -> List[JSONValue]:
-    return value if isinstance(value, list) else []
-
-
 def _extra(obj: Mapping[str, JSONValue], known: Any) -> JSONObject:
     names = {f.name for f in fields(known)} | {"type"}
     return {k: v for k, v in obj.items() if k not in names}
@@ -145,103 +131,6 @@ def _extra(obj: Mapping[str, JSONValue], known: Any) -> JSONObject:
 
 def _where(where: str) -> str:
     return f"{where}: " if where else ""
-
-
-# --- a model request, as a trace keeps it ----------------------------------------------------------
-
-
-class TryRecord(TypedDict):
-    """One try at the provider of one model request (a retried request has several)."""
-
-    status: Optional[int]  # None: no HTTP answer
-    latency_ms: Optional[int]
-    error: Optional[str]
-    wait_s: Optional[float]  # backoff slept after this try before the next one
-
-
-class CallRecord(TypedDict, total=False):
-    """A trace turn's ``model`` (and an entry of the finish record's ``model.calls``): what the runner
-    keeps of one model request, never its prompt or key. A failed request has ``error`` and ``message``
-    instead of the answer's ``model``, ``system_fingerprint`` and ``finish_reason``; ``args_error`` says
-    the model's arguments of the turn's call were not a JSON object (alone on a turn's later calls)."""
-
-    request: Union[int, str, None]  # the proxy's id of the request (an int; other tools write strings)
-    status: Optional[int]
-    retries: int
-    attempts: List[TryRecord]
-    model: Optional[str]
-    system_fingerprint: Optional[str]
-    finish_reason: Optional[str]
-    held: bool
-    error: Optional[str]
-    message: Optional[str]
-    args_error: str
-
-
-class ModelSettings(TypedDict, total=False):
-    """The finish record's ``model.settings``: the sampling pins (built-in agent) or the model and wire
-    format (exec agent)."""
-
-    model: Optional[str]
-    temperature: Optional[float]
-    seed: Optional[int]
-    max_tokens: Optional[int]
-    api: str
-
-
-class ModelUsage(TypedDict):
-    """The finish record's ``model``: an attempt's model requests, tokens and each request's record."""
-
-    settings: ModelSettings
-    requests: int
-    retries: int
-    prompt_tokens: int
-    completion_tokens: int
-    calls: List[CallRecord]
-
-
-class AgentFinish(TypedDict, total=False):
-    """What an agent adds to its attempt's finish record (``Agent.finish_record``)."""
-
-    model: ModelUsage
-
-
-def call_record_of(value: JSONValue) -> Optional[CallRecord]:
-    """A trace's ``model`` record as read back: the fields of the wrong type read as empty."""
-    if not isinstance(value, dict):
-        return None
-    record: CallRecord = {}
-    if "request" in value:
-        request = value["request"]
-        record["request"] = request if isinstance(request, (int, str)) and not isinstance(request, bool) else None
-    if "status" in value:
-        record["status"] = _int(value["status"])
-    if "retries" in value:
-        record["retries"] = _int(value["retries"]) or 0
-    if "attempts" in value:
-        record["attempts"] = [try_record_of(a) for a in _list(value["attempts"]) if isinstance(a, dict)]
-    if "model" in value:
-        record["model"] = _str(value["model"])
-    if "system_fingerprint" in value:
-        record["system_fingerprint"] = _str(value["system_fingerprint"])
-    if "finish_reason" in value:
-        record["finish_reason"] = _str(value["finish_reason"])
-    if "error" in value:
-        record["error"] = _str(value["error"])
-    if "message" in value:
-        record["message"] = _str(value["message"])
-    if value.get("held") is True:
-        record["held"] = True
-    if isinstance(value.get("args_error"), str):
-        record["args_error"] = str(value["args_error"])
-    return record
-
-
-def try_record_of(value: JSONObject) -> TryRecord:
-    wait = value.get("wait_s")
-    return {"status": _int(value.get("status")), "latency_ms": _int(value.get("latency_ms")),
-            "error": _str(value.get("error")),
-            "wait_s": float(wait) if isinstance(wait, (int, float)) and not isinstance(wait, bool) else None}
 
 
 # --- trace records ---------------------------------------------------------------------------------
@@ -276,12 +165,12 @@ def finding_of(value: JSONValue) -> Optional[FindingJSON]:
     """A finding as read back (None: not an object); fields of the wrong type read as empty."""
     if not isinstance(value, dict):
         return None
-    found: FindingJSON = {"kind": _str(value.get("kind")) or "", "message": _str(value.get("message")) or "",
-                          "step": _int(value.get("step")), "tool": _str(value.get("tool"))}
+    found: FindingJSON = {"kind": str_or_none(value.get("kind")) or "", "message": str_or_none(value.get("message")) or "",
+                          "step": int_or_none(value.get("step")), "tool": str_or_none(value.get("tool"))}
     if "rule" in value:
-        found["rule"] = _str(value["rule"]) or ""
+        found["rule"] = str_or_none(value["rule"]) or ""
     if "evidence" in value:
-        found["evidence"] = _str(value["evidence"]) or ""
+        found["evidence"] = str_or_none(value["evidence"]) or ""
     if "weak" in value:
         found["weak"] = value["weak"] is True
     return found
@@ -339,10 +228,10 @@ class TraceHeader:
         data = migrate_trace_header(obj)
         pins = data.get("pins")
         return cls(run_id=str(data.get("run_id") or ""), host=str(data.get("host") or ""),
-                   task=str(data.get("task") or ""), attempt=_int(data.get("attempt")) or 0,
+                   task=str(data.get("task") or ""), attempt=int_or_none(data.get("attempt")) or 0,
                    fingerprint=str(data.get("fingerprint") or ""),
-                   pins=pins if isinstance(pins, dict) else {}, env_sha=_str(data.get("env_sha")),
-                   agent=_str(data.get("agent")), schema=_str(data.get("schema")) or "",
+                   pins=pins if isinstance(pins, dict) else {}, env_sha=str_or_none(data.get("env_sha")),
+                   agent=str_or_none(data.get("agent")), schema=str_or_none(data.get("schema")) or "",
                    extra=_extra(data, cls))
 
 
@@ -381,12 +270,12 @@ class TraceTurn:
     def from_json(cls, obj: Mapping[str, Any]) -> "TraceTurn":
         args = obj.get("args")
         model = obj.get("model")
-        return cls(step=_int(obj.get("step")) or 0, tool=str(obj.get("tool") or ""),
+        return cls(step=int_or_none(obj.get("step")) or 0, tool=str(obj.get("tool") or ""),
                    args=args if isinstance(args, dict) else {}, args_fp=str(obj.get("args_fp") or ""),
-                   obs_fp=str(obj.get("obs_fp") or ""), error=_str(obj.get("error")),
-                   prompt_tokens=_int(obj.get("prompt_tokens")) or 0,
-                   completion_tokens=_int(obj.get("completion_tokens")) or 0,
-                   latency_ms=_int(obj.get("latency_ms")) or 0, reason=str(obj.get("reason") or "tool_calls"),
+                   obs_fp=str(obj.get("obs_fp") or ""), error=str_or_none(obj.get("error")),
+                   prompt_tokens=int_or_none(obj.get("prompt_tokens")) or 0,
+                   completion_tokens=int_or_none(obj.get("completion_tokens")) or 0,
+                   latency_ms=int_or_none(obj.get("latency_ms")) or 0, reason=str(obj.get("reason") or "tool_calls"),
                    role=str(obj.get("role") or "assistant"), model=call_record_of(model))
 
 
@@ -424,11 +313,11 @@ class TraceFinish:
     def from_json(cls, obj: Mapping[str, Any]) -> "TraceFinish":
         findings = obj.get("findings")
         return cls(reason=str(obj.get("reason") or ""), final=str(obj.get("final") or ""),
-                   predicate_exit=_int(obj.get("predicate_exit")), verdict=str(obj.get("verdict") or ""),
-                   why=str(obj.get("why") or ""), wall_ms=_int(obj.get("wall_ms")) or 0,
-                   steps=_int(obj.get("steps")),
+                   predicate_exit=int_or_none(obj.get("predicate_exit")), verdict=str(obj.get("verdict") or ""),
+                   why=str(obj.get("why") or ""), wall_ms=int_or_none(obj.get("wall_ms")) or 0,
+                   steps=int_or_none(obj.get("steps")),
                    findings=[f for f in map(finding_of, findings) if f is not None] if isinstance(findings, list) else None,
-                   predicate_output=_str(obj.get("predicate_output")), extra=_extra(obj, cls))
+                   predicate_output=str_or_none(obj.get("predicate_output")), extra=_extra(obj, cls))
 
 
 # --- results.jsonl ---------------------------------------------------------------------------------
@@ -500,14 +389,14 @@ class ResultRow:
             raise TraceError(f"{at}row has neither 'verdict' nor a boolean 'passed'")
         if verdict not in VERDICTS:
             raise TraceError(f"{at}verdict must be pass, fail or error, not {verdict!r}")
-        attempt = _int(row.get("attempt"))
+        attempt = int_or_none(row.get("attempt"))
         if attempt is None or attempt < 0:
             raise TraceError(f"{at}attempt must be a non-negative integer, not {row.get('attempt')!r}")
         return cls(task=row["task"], env=row["env"], attempt=attempt, verdict=str(verdict),
-                   reason=_str(row.get("reason")) or "", run_id=_str(row.get("run_id")),
-                   env_sha=_str(row.get("env_sha")), exit_code=_int(row.get("exit_code")),
-                   wall_ms=_int(row.get("wall_ms")) or 0, fingerprint=_str(row.get("fingerprint")),
-                   why=_str(row.get("why")))
+                   reason=str_or_none(row.get("reason")) or "", run_id=str_or_none(row.get("run_id")),
+                   env_sha=str_or_none(row.get("env_sha")), exit_code=int_or_none(row.get("exit_code")),
+                   wall_ms=int_or_none(row.get("wall_ms")) or 0, fingerprint=str_or_none(row.get("fingerprint")),
+                   why=str_or_none(row.get("why")))
 
 
 # --- fingerprint.json ------------------------------------------------------------------------------
@@ -588,7 +477,7 @@ class EvidenceCut:
     @classmethod
     def from_json(cls, obj: Mapping[str, object]) -> "EvidenceCut":
         under = obj.get("under")
-        return cls(dropped=_int(obj.get("dropped")) or 0,
+        return cls(dropped=int_or_none(obj.get("dropped")) or 0,
                    under={str(k): n for k, n in under.items() if isinstance(n, int) and not isinstance(n, bool)}
                    if isinstance(under, dict) else {})
 
@@ -622,7 +511,7 @@ class FileEvidence:
         """A TraceError starting with ``where`` when ``obj`` is not evidence (a host's damaged file)."""
         if not isinstance(obj, dict):
             raise TraceError(f"{_where(where)}file evidence is not a JSON object")
-        env_path = _str(obj.get("env_path"))
+        env_path = str_or_none(obj.get("env_path"))
         if not obj.get("traced"):
             return cls(traced=False, why=str(obj.get("why") or "not traced"), env_path=env_path)
         tables: List[Dict[str, List[str]]] = []

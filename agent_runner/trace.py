@@ -24,11 +24,11 @@ from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, Typ
 from .digests import HashingWriter
 from .errors import TraceError
 from .jsonfile import MAX_LINE_BYTES, JSONObject, JSONValue, bounded_lines, loads, open_regular, too_deep
+from .model_records import CallRecord
 from .records import (
     FINISH_REASONS,
     TRACE_SCHEMA,
     VERDICTS,
-    CallRecord,
     FindingJSON,
     TraceFinish,
     TraceHeader,

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from agent_runner.records import CallRecord, TraceFinish, TraceHeader, TraceTurn, call_record_of
+from agent_runner.model_records import CallRecord, call_record_of
+from agent_runner.records import TraceFinish, TraceHeader, TraceTurn
 from agent_runner.redact import redact, redact_text
 from agent_runner.trace import iter_trace
 from orchestrator.errors import ExportFailed, InputError, TraceError

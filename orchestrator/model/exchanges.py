@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict
 
 from agent_runner.jsonfile import JSONObject, JSONValue
-from agent_runner.records import CallRecord
+from agent_runner.model_records import CallRecord
 
 if TYPE_CHECKING:
     from orchestrator.model.apis.base import WireApi

@@ -52,7 +52,7 @@ from types import TracebackType
 from typing import Any, TypedDict
 
 from agent_runner import jsonfile
-from agent_runner.jsonfile import JSONObject, JSONValue
+from agent_runner.jsonfile import JSONObject, JSONValue, str_or_none
 from agent_runner.wire import (
     ERR_BUDGET,
     ERR_DIVERGED,
@@ -356,8 +356,8 @@ class ModelProxy:
             held = self.hold.follow(self.host, attempt_key, body)
             if held is not None:
                 call.status, call.held, call.latency_ms = 200, True, ms_since(started)
-                call.model = _str_or_none(held.get("model"))
-                call.system_fingerprint = _str_or_none(held.get("system_fingerprint"))
+                call.model = str_or_none(held.get("model"))
+                call.system_fingerprint = str_or_none(held.get("system_fingerprint"))
                 self.record(call)
                 return 200, held, call
             if self.hold.mode == "strict" and self.hold.diverged(self.host, attempt_key):
@@ -381,8 +381,8 @@ class ModelProxy:
 
         usage = mapping(answer.get("usage"))
         call.status = 200
-        call.model = _str_or_none(answer.get("model"))
-        call.system_fingerprint = _str_or_none(answer.get("system_fingerprint"))
+        call.model = str_or_none(answer.get("model"))
+        call.system_fingerprint = str_or_none(answer.get("system_fingerprint"))
         call.prompt_tokens = count(usage.get("prompt_tokens"))
         call.completion_tokens = count(usage.get("completion_tokens"))
         call.total_tokens = count(usage.get("total_tokens")) or call.prompt_tokens + call.completion_tokens
@@ -444,10 +444,6 @@ class ModelProxy:
             self.book.call(attempt, call_record(call))
             self.book.stop(attempt, error=message)
         return self.api_error(ERR_REFUSED, message), call
-
-
-def _str_or_none(value: JSONValue) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 @contextlib.contextmanager

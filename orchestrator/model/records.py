@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from agent_runner.jsonfile import JSONObject
-from agent_runner.records import CallRecord
+from agent_runner.model_records import CallRecord
 
 
 class AttemptJSON(TypedDict):
