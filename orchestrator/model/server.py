@@ -1,5 +1,6 @@
 """The model proxy's HTTP side: a loopback server whose handler reads a request, asks the proxy
-(``orchestrator/model/proxy.py``) and writes its answer, one JSON body or a stream relayed as it arrives.
+(``orchestrator/model/proxy.py``; an exec agent's request through ``exec_forward.py``) and writes its
+answer, one JSON body or a stream relayed as it arrives.
 
 Paths: ``POST /v1/chat/completions`` (the built-in agent, naming its attempt in ``X-Crosshost-Attempt``),
 ``POST /attempt/<task>.<attempt>/<an API's path>`` (an exec agent), ``POST /crosshost/turns`` and

@@ -2,8 +2,9 @@
 
 A module knows its API's paths, where its key travels, its error body, how a request carries tool
 results, how an answer (whole or streamed) carries tool calls and tokens, and what of a request a held
-model compares. The proxy (``orchestrator/model/proxy.py``) does the rest the same way for every API:
-the placeholder, the caps, the pinned model, retries, relaying, the held model and the records.
+model compares. The proxy (``orchestrator/model/proxy.py``, ``exec_forward.py``) does the rest the same
+way for every API: the placeholder, the caps, the pinned model, retries, relaying, the held model and
+the records.
 
 A suite's ``api`` names a family (``openai``, ``anthropic``, ``gemini``); a request is served by the
 module whose path it names, and only when that module is of the suite's family.
