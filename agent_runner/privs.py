@@ -84,6 +84,22 @@ def _become(libc: ctypes.CDLL, uid: int, last_cap: int) -> None:
     _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
 
 
+def _for_children(libc: ctypes.CDLL, last_cap: int) -> None:
+    """In a process that never execs and whose children take another uid before their exec (a
+    slot's zygote): what ``_become`` takes from each child, taken from it once, for every child to
+    inherit: the bounding and inheritable sets emptied (the ambient set with it), no new privileges.
+    Its own effective and permitted sets stay (it changes uids, kills, writes sysctls); a child loses
+    them when it changes its uid."""
+    for cap in range(last_cap + 1):
+        _check(libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0), "drop the bounding set")
+    header, data = _CapHeader(_CAP_V3, 0), (_CapData * 2)()
+    _check(libc.capget(ctypes.byref(header), data), "read the capabilities")
+    for half in data:
+        half.inheritable = 0
+    _check(libc.capset(ctypes.byref(header), data), "clear the inheritable set")
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no new privileges")
+
+
 def _loopback(port: Optional[int]) -> Optional[socket.socket]:
     """In the init, inside its new network namespace: bring the loopback up (nothing else is there)
     and, for a forwarder, listen on 127.0.0.1:``port`` before the attempt exists (it never finds the

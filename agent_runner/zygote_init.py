@@ -8,7 +8,7 @@ Started by the runner (``zygote.Zygote``) as ``python -I -S`` in namespaces the 
 at a time from its control socket (a Unix socket pair, descriptors passed with ``SCM_RIGHTS``): the
 command line, environment, working directory and uid of one process, and its stdin, stdout and
 stderr. It forks it (pid 2, as a fresh namespace's first child would be), which starts a session
-of its own, takes its uid (``privs._become``: no capability, no new privilege) and execs; the reply
+of its own and an IPC namespace of its own, takes its uid (no capability, no new privilege) and execs; the reply
 is a pidfd of it (the runner reads its pid there) or the error that stopped it before its exec.
 When that process has ended the zygote kills every other process of the namespace (``kill(-1)``
 from a PID namespace's init reaches all of it but the init), reaps them all, waits until the
@@ -22,12 +22,11 @@ Imports nothing of the runner but ``privs``: its start is paid once per slot. Py
 from __future__ import annotations
 
 import array
-import contextlib
-import ctypes
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -70,48 +69,6 @@ def _sysctl(path: str, value: bytes) -> None:
         os.close(fd)
 
 
-def _close_above(low: int, keep: int) -> None:
-    """Close every descriptor above ``low`` but ``keep``: by range (``close_range``, Linux 5.9; a
-    loop over every possible number would take a million calls), else those ``/proc/self/fd`` lists."""
-    libc = privs.libc()
-    for first, last in ((low + 1, keep - 1), (keep + 1, 0xFFFFFFFF)):
-        if first <= last and libc.syscall(privs._SYS_CLOSE_RANGE, ctypes.c_uint(first), ctypes.c_uint(last),
-                                           ctypes.c_uint(0)) != 0:
-            for name in os.listdir("/proc/self/fd"):
-                if first <= int(name) <= last:
-                    with contextlib.suppress(OSError):
-                        os.close(int(name))
-
-
-def _child(req: Dict[str, Any], fds: List[int], err: int, last_cap: int) -> None:
-    """The requested process, before its exec. Never returns."""
-    where = "start"
-    try:
-        os.setsid()
-        for target, fd in enumerate(fds[:3]):
-            os.dup2(fd, target)  # dup2 leaves the copy inheritable
-        _close_above(2, keep=err)
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored by Python; a program expects them default
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
-        os.umask(req["umask"])
-        # SysV IPC objects and POSIX queues outlive their processes: each process has its own
-        privs._check(privs.libc().unshare(privs._CLONE_NEWIPC), "unshare --ipc")
-        where = "chdir"
-        os.chdir(req["cwd"])
-        where = "uid"
-        privs._become(privs.libc(), req["uid"], last_cap)
-        where = "exec"
-        os.execvpe(req["argv"][0], req["argv"], req["env"])
-    except OSError as exc:
-        with_name = req["cwd"] if where == "chdir" else req["argv"][0] if where == "exec" else None
-        os.write(err, json.dumps({"errno": exc.errno, "where": where, "filename": with_name}).encode())
-    except BaseException as exc:  # never back into the zygote's loop
-        os.write(err, json.dumps({"errno": 0, "where": f"{where}: {exc}", "filename": None}).encode())
-    finally:
-        os._exit(127)
-
-
 def _sockets_left() -> int:
     left = 0
     for table in _SOCKET_TABLES:
@@ -151,39 +108,46 @@ def clear(net: bool) -> bool:
     return True
 
 
-def _run(ctl: socket.socket, req: Dict[str, Any], fds: List[int], net: bool, last_cap: int,
-         last_pid: Optional[int]) -> bool:
+def _start(req: Dict[str, Any], fds: List[int]) -> "subprocess.Popen[bytes]":
+    """Start the requested process: a session and an IPC namespace of its own (SysV IPC objects and
+    POSIX queues outlive their processes: the zygote moves to a new one first, which its child
+    inherits and the previous one's processes were the last to hold), its uid without supplementary
+    groups (from root: no capability left; the bounding and inheritable sets and no new privileges
+    are the zygote's own, ``privs._for_children``), its directory, umask and stdio, every other
+    descriptor closed, the signals Python ignores back to their defaults. ``subprocess`` does it in C
+    between its fork and the exec, and raises what failed there."""
+    privs._check(privs.libc().unshare(privs._CLONE_NEWIPC), "unshare --ipc")
+    return subprocess.Popen(req["argv"], env=req["env"], cwd=req["cwd"], stdin=fds[0], stdout=fds[1],
+                            stderr=fds[2], start_new_session=True, user=req["uid"], group=req["uid"],
+                            extra_groups=[], umask=req["umask"], close_fds=True, restore_signals=True)
+
+
+def _run(ctl: socket.socket, req: Dict[str, Any], fds: List[int], net: bool, last_pid: Optional[int]) -> bool:
     """One request: start, report, wait, clear, report. False when the namespace is not reusable."""
     if last_pid is not None:
         os.pwrite(last_pid, b"1", 0)  # its first process is pid 2, as in a namespace of its own
-    err_read, err_write = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:
-        _child(req, fds, err_write, last_cap)
-    os.close(err_write)
-    for fd in fds:
-        os.close(fd)
-    failed = b""
-    while True:
-        chunk = os.read(err_read, 4096)
-        if not chunk:
-            break
-        failed += chunk
-    os.close(err_read)
-    if failed:
-        os.waitpid(pid, 0)
+    try:
+        proc = _start(req, fds)
+    except (OSError, subprocess.SubprocessError) as exc:
+        errno = getattr(exc, "errno", None) or 0
+        failed = {"errno": errno, "where": str(exc), "filename": getattr(exc, "filename", None)}
         clean = clear(net)
-        ctl.send(failed)
+        ctl.send(json.dumps(failed).encode())
         return clean
-    pidfd = os.pidfd_open(pid)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    pidfd = os.pidfd_open(proc.pid)
     try:
         send_fds(ctl, b"{}", [pidfd])
     finally:
         os.close(pidfd)
     while True:
         got, status = os.waitpid(-1, 0)  # orphans the init inherits are reaped as they end
-        if got == pid:
+        if got == proc.pid:
             break
+    # reaped here: ``subprocess`` must never look for it again (its pid is the next process's)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     clean = clear(net)
     ctl.send(json.dumps({"status": status, "clean": clean}).encode())
     return clean
@@ -197,10 +161,7 @@ def serve(fd: int, net: bool) -> None:
         libc = privs.libc()
         privs._check(libc.prctl(privs._PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         ctl = socket.socket(fileno=fd)
-        last_cap = privs._last_cap()
-        # what ``os.execvpe`` imports on first use (``warnings``), imported now: a process of another
-        # uid may not read the interpreter's library
-        os.get_exec_path({"PATH": os.defpath})
+        privs._for_children(libc, privs._last_cap())
         if net:
             # no TIME_WAIT socket outlives its processes, and no TCP metrics are kept for the next
             _sysctl("/proc/sys/net/ipv4/tcp_max_tw_buckets", b"0")
@@ -213,7 +174,7 @@ def serve(fd: int, net: bool) -> None:
             msg, fds = recv_fds(ctl)
             if not msg:
                 os._exit(0)  # the runner closed its end: nothing more to start
-            if not _run(ctl, json.loads(msg), fds, net, last_cap, last_pid):
+            if not _run(ctl, json.loads(msg), fds, net, last_pid):
                 os._exit(3)
     except BaseException as exc:
         with_msg = f"crosshost zygote: {exc}\n"
