@@ -52,6 +52,8 @@ if TYPE_CHECKING:  # imported where used: a run at pidns or none never needs a p
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
 PREDICATE = "run_tests.sh"
+#: agent kinds whose attempts need no scratch directory (no agent process, nothing of theirs to keep)
+_NO_SCRATCH = ("none", "scripted")
 #: the predicate's output kept in the trace, pass or fail: its last this many bytes
 PREDICATE_OUTPUT_CAP = 2000
 
@@ -206,6 +208,7 @@ class Runner:
         if self.isolation == PIDNS_UID:
             self.stray_watch = stray_walk.result() if stray_walk is not None else StrayWatch(self.home)
         self.removals = Removals()
+        self._pins: Dict[str, Dict[str, Any]] = {}
 
     def bundle_check(self, task_id: str) -> None:
         """What an attempt of ``task_id`` is run from is as it was when the run started (an attempt may
@@ -226,7 +229,9 @@ class Runner:
 
     def run_attempt(self, task: Task, attempt: int) -> AttemptResult:
         started = time.monotonic()
-        pins = task_pins(self.suite, task)
+        pins = self._pins.get(task.id)
+        if pins is None:  # the same for every attempt of the task: computed from files that cannot change
+            pins = self._pins[task.id] = task_pins(self.suite, task)
         digest = self.fingerprint.fingerprint or ""
         this_env_sha = env_sha(digest, pins)
         trace_path = self.out / "traces" / f"{task.id}.{attempt}.jsonl"
@@ -251,7 +256,9 @@ class Runner:
                 _owner_writable(work)  # the bundle's copy is read-only; the attempt's own is not
             else:
                 work.mkdir()
-            for directory in (home, tmp, scratch):
+            # the built-in agents that start no agent process write nothing there (the tracer does)
+            wanted = (home, tmp) if task.agent.kind in _NO_SCRATCH and not self.options.trace_files else (home, tmp, scratch)
+            for directory in wanted:
                 directory.mkdir(mode=0o700)
             box.give(str(work), str(home), str(tmp))
             work.chmod(0o700)  # another attempt's uid may neither list, read nor write it
