@@ -352,7 +352,8 @@ class HostJob:
             self.plan.emit(self.cfg.name, "clean", "")
         t0 = time.monotonic()
         try:
-            if ws.remove(kill_first=kill_first, prune_bundles=True):
+            # only a push adds a bundle to the host: a run that found its bundle there has nothing to prune
+            if ws.remove(kill_first=kill_first, prune_bundles=bool(self.record.bundle_pushed)):
                 self.record.workspace_removed = True
             elif error is not None:  # only a failed create meets a workspace that is not its own
                 self.cleanup_error = f"{ws.path} was not created by this run: left alone"

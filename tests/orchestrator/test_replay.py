@@ -4,6 +4,7 @@ stay one host's, retries in the manifest, Ctrl-C, the clean environment, and no 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -498,3 +499,25 @@ def test_after_seven_suites_each_host_keeps_the_five_newest_bundles_and_any_in_u
     kept_b = sorted(p.name for p in (tmp_path / "roots" / "box-b" / "bundles").iterdir())
     assert kept_a == sorted(shas[2:])
     assert kept_b == sorted([shas[0], *shas[2:]])
+
+
+def test_only_a_replay_that_pushed_a_bundle_prunes_the_hosts_bundles(tmp_path: Path) -> None:
+    """Bundles are added by a push only: a replay that found its bundle on the host leaves the cache
+    as it is (no pruning to do), and the next push bounds it again to the five newest."""
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+    bundles = tmp_path / "roots" / "local" / "bundles"
+    assert replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False).exit_code == 0
+    old = []
+    for i in range(6):  # older than everything a replay uses: pruned first
+        stale = bundles / f"{i:064x}"
+        stale.mkdir()
+        os.utime(stale, (1_000_000 + i, 1_000_000 + i))
+        old.append(stale.name)
+    cached = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    assert cached.exit_code == 0 and cached.manifest.hosts["local"].bundle_pushed is False
+    assert sorted(p.name for p in bundles.iterdir()) == sorted([bundle.sha, *old])
+    other = build_bundle(tmp_path / "mini", tmp_path / "cache", runner=FAKE_RUNNER,
+                         suite=suite_from_dict({**NORMALISED, "name": "mini-new"}, tmp_path / "mini"))
+    pushed = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=other, with_analysis=False)
+    assert pushed.exit_code == 0 and pushed.manifest.hosts["local"].bundle_pushed is True
+    assert sorted(p.name for p in bundles.iterdir()) == sorted([other.sha, bundle.sha, *old[3:]])
