@@ -146,7 +146,10 @@ class Workspace:
         creates it first (as ``create`` does, naming that bundle; without the look: the runner's start
         checks the bundle); a failure to create it is ``RunnerCrashed``, and nothing else runs."""
         if create is not None:
-            script = f"if ! {{ {self._make_script(create)}; }}; then echo {NOT_CREATED}; exit 1; fi\n{script}"
+            # touch: the bundle's mtime says when it was last used (the host keeps the newest few); -c:
+            # a bundle not there is not made a file (the runner's start refuses it, and it is pushed)
+            used = f"touch -c {remote.q(create.remote_dir(self.root))} 2>/dev/null"
+            script = f"if ! {{ {self._make_script(create)}; }}; then echo {NOT_CREATED}; exit 1; fi\n{used}\n{script}"
             # whatever the exec's fate, a workspace at this path with this token is this run's
             self.created = True
         if running is None:

@@ -378,9 +378,13 @@ def test_a_host_costs_two_execs_when_its_bundle_is_cached(tmp_path: Path) -> Non
         assert out.manifest.hosts[host].bundle_pushed is True and not out.manifest.hosts[host].bundle_replaced
     assert out.exit_code == 0
     assert list(out.manifest.hosts["local"].stages) == ["connect", "run", "push", "pull", "clean"]
+    cached = {host: tmp_path / "roots" / host / "bundles" / bundle.sha for host in ("local", "box-b")}
+    for path in cached.values():  # last used long ago: the next replay's use says it is in use now
+        os.utime(path, (1_000_000, 1_000_000))
     log: list[tuple[str, str]] = []
     out = replay(_req(tmp_path, inv), opener=_counting_opener(log), bundle=bundle, with_analysis=False)
     assert out.exit_code == 0
+    assert all(path.stat().st_mtime > time.time() - 600 for path in cached.values())
     for host, execs, stages in (("local", 2, ["connect", "run", "pull", "clean"]),
                                 ("box-b", 3, ["connect", "push", "run", "pull", "clean"])):  # fmt: skip
         assert sum(1 for h, _ in log if h == host) == execs, log
