@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -73,3 +75,42 @@ def test_keyboard_interrupt_in_a_worker_interrupts_the_run() -> None:
 
 def test_default_jobs() -> None:
     assert default_jobs(1) == 1 and default_jobs(32) == 32 and default_jobs(100) == 64
+
+
+def test_ctrl_c_pressed_twice_at_once_still_waits_for_every_running_host() -> None:
+    """Two SIGINTs within a millisecond, the second while the first is handled: no KeyboardInterrupt
+    leaves the fan-out, the running host finishes its cleanup, the host not started never starts,
+    and the second press is told (``on_waiting``)."""
+    cancel = threading.Event()
+    stopped: list[bool] = []
+    waiting: list[bool] = []
+    running = threading.Event()
+    started: list[str] = []
+
+    def on_interrupt() -> None:
+        stopped.append(True)
+        os.kill(os.getpid(), signal.SIGINT)  # the second press, while the first is being handled
+        time.sleep(0.05)
+
+    def work(host: str) -> str:
+        started.append(host)
+        running.set()
+        assert cancel.wait(5)
+        time.sleep(0.2)  # its cleanup, during which the main thread shuts the pool down
+        return "cleaned"
+
+    def press() -> None:
+        assert running.wait(5)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a terminal
+    try:
+        threading.Thread(target=press).start()
+        res = fan_out(["a", "b"], work, jobs=1, cancel=cancel, on_interrupt=on_interrupt,
+                      on_waiting=lambda: waiting.append(True))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert res.interrupted and stopped == [True] and waiting == [True]
+    assert res.outcomes["a"].value == "cleaned"
+    assert started == ["a"] and isinstance(res.outcomes["b"].error, Interrupted)
