@@ -41,7 +41,7 @@ from .loop import LoopOutcome, drive
 from .pins import env_sha, task_pins
 from .records import EvidenceCut, Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
-from .sandbox import NONE, PIDNS_UID, Sandbox, attempt_uid, split_level
+from .sandbox import NONE, PIDNS_UID, Sandbox, attempt_uid, reachable_by_others, split_level
 from .strays import StrayWatch
 from .suite import Suite, Task, load_suite
 from .tools import ToolBox, kill_group
@@ -192,6 +192,9 @@ class Runner:
         self.run_id = run_id
         self.env_allow = env_allow
         self.isolation, self.net = split_level(fingerprint.isolation or NONE)
+        if self.isolation == PIDNS_UID and options.slots <= 1 and all(
+                reachable_by_others(p) for p in (str(workspace_root / "work"), str(suite.root / "suite.json"))):
+            zygote.prestart(self.net)  # the attempts run on this thread: its zygote starts meanwhile
         self.fingerprint_json = fingerprint.to_json()  # what every attempt's turns are checked against
         self.home = os.environ.get("HOME")
         self._uids: Set[int] = set()  # the uids of attempts running now (each has its own)

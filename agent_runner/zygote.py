@@ -14,7 +14,6 @@ parent-death signal), or with ``close_all``. Standard library only, Python 3.9.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import signal
@@ -25,7 +24,7 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import privs
-from .zygote_init import recv_fds, send_fds
+from .zygote_init import decode, encode, recv_fds, send_fds
 
 #: off: every process takes the per-process path (the reference the zygote is tested against)
 ENABLED = True
@@ -102,7 +101,7 @@ class Zygote:
         req = {"argv": [os.fsdecode(a) for a in argv], "env": env, "cwd": cwd, "uid": uid,
                "umask": _UMASK}
         try:
-            send_fds(self.ctl, json.dumps(req).encode(), stdio)
+            send_fds(self.ctl, encode(req), stdio)
             msg, fds = recv_fds(self.ctl)
         except OSError as exc:
             self.discard()
@@ -110,7 +109,7 @@ class Zygote:
         if not msg:
             self.discard()
             raise ZygoteLost("the zygote ended")
-        said = json.loads(msg)
+        said = decode(msg)
         if not fds:
             if said.get("clean") is False:
                 self.discard()
@@ -144,7 +143,7 @@ class Zygote:
                 self.discard()
                 self.busy = False
                 return 9  # the wait status of a SIGKILL death
-            said = json.loads(msg)
+            said = decode(msg)
             if not said.get("clean", True):
                 self.discard()
             self.busy = False
@@ -191,6 +190,14 @@ def take(net: bool) -> Optional[Zygote]:
         return None
     got.busy = True
     return got
+
+
+def prestart(net: bool) -> None:
+    """Start this thread's zygote now: its interpreter starts while the run gets ready, not when the
+    first process waits for it."""
+    got = take(net)
+    if got is not None:
+        got.release()
 
 
 def close_all() -> None:

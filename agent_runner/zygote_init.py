@@ -21,11 +21,11 @@ Imports nothing of the runner but ``privs``: its start is paid once per slot. Py
 
 from __future__ import annotations
 
-import array
-import json
+import marshal
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -42,20 +42,35 @@ _SOCKET_TABLES = ("/proc/net/unix",)
 #: how long the sockets of a cleared namespace may take to go (loopback closings take microseconds)
 _SOCKETS_GONE_S = 2.0
 _MAX_FDS = 8
+_FD = struct.Struct("i")
 
 
 def recv_fds(sock: socket.socket, size: int = 1 << 20) -> Tuple[bytes, List[int]]:
     """One message and the descriptors that came with it."""
-    fds = array.array("i")
-    msg, ancillary, _flags, _addr = sock.recvmsg(size, socket.CMSG_LEN(_MAX_FDS * fds.itemsize))
+    msg, ancillary, _flags, _addr = sock.recvmsg(size, socket.CMSG_LEN(_MAX_FDS * _FD.size))
+    fds: List[int] = []
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
-    return msg, list(fds)
+            fds += [fd for (fd,) in _FD.iter_unpack(data[:len(data) - len(data) % _FD.size])]
+    return msg, fds
 
 
 def send_fds(sock: socket.socket, msg: bytes, fds: List[int]) -> None:
-    sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, b"".join(_FD.pack(fd) for fd in fds))] if fds else []
+    sock.sendmsg([msg], ancillary)
+
+
+def encode(message: Dict[str, Any]) -> bytes:
+    """A message on the control socket: between the runner and its own zygote only, both trusted, so
+    ``marshal`` (built in: the zygote imports no JSON at its start)."""
+    return marshal.dumps(message)
+
+
+def decode(data: bytes) -> Dict[str, Any]:
+    said = marshal.loads(data)
+    if not isinstance(said, dict):
+        raise ValueError("not a message")
+    return said
 
 
 def _sysctl(path: str, value: bytes) -> None:
@@ -132,14 +147,14 @@ def _run(ctl: socket.socket, req: Dict[str, Any], fds: List[int], net: bool, las
         errno = getattr(exc, "errno", None) or 0
         failed = {"errno": errno, "where": str(exc), "filename": getattr(exc, "filename", None)}
         clean = clear(net)
-        ctl.send(json.dumps(failed).encode())
+        ctl.send(encode(failed))
         return clean
     finally:
         for fd in fds:
             os.close(fd)
     pidfd = os.pidfd_open(proc.pid)
     try:
-        send_fds(ctl, b"{}", [pidfd])
+        send_fds(ctl, encode({}), [pidfd])
     finally:
         os.close(pidfd)
     while True:
@@ -149,7 +164,7 @@ def _run(ctl: socket.socket, req: Dict[str, Any], fds: List[int], net: bool, las
     # reaped here: ``subprocess`` must never look for it again (its pid is the next process's)
     proc.returncode = os.waitstatus_to_exitcode(status)
     clean = clear(net)
-    ctl.send(json.dumps({"status": status, "clean": clean}).encode())
+    ctl.send(encode({"status": status, "clean": clean}))
     return clean
 
 
@@ -174,7 +189,7 @@ def serve(fd: int, net: bool) -> None:
             msg, fds = recv_fds(ctl)
             if not msg:
                 os._exit(0)  # the runner closed its end: nothing more to start
-            if not _run(ctl, json.loads(msg), fds, net, last_pid):
+            if not _run(ctl, decode(msg), fds, net, last_pid):
                 os._exit(3)
     except BaseException as exc:
         with_msg = f"crosshost zygote: {exc}\n"
