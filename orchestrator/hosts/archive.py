@@ -9,6 +9,7 @@ anything written, member by member through ``extractfile``, under the destinatio
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tarfile
 from dataclasses import dataclass
@@ -82,12 +83,19 @@ def _check(members: list[tarfile.TarInfo], host: str, source: str, limits: Archi
 
 
 def read_archive(
-    archive: Path, dest: Path, *, host: str, limits: ArchiveLimits | None = None
+    archive: Path,
+    dest: Path,
+    *,
+    host: str,
+    limits: ArchiveLimits | None = None,
+    sha256s: dict[PurePosixPath, str] | None = None,
 ) -> list[PurePosixPath]:
     """Check every member of ``archive``, then write its regular files under ``dest``.
 
-    Returns the relative paths written. Raises ``ArchiveRejected`` (nothing written) when any member
-    is unsafe, when there are too many members or too many bytes, or when the file is not a tar.
+    Returns the relative paths written; ``sha256s`` (when given) gets each one's sha256, of the bytes
+    as they were written (what reading the file back would give: nothing else writes there). Raises
+    ``ArchiveRejected`` (nothing written) when any member is unsafe, when there are too many members
+    or too many bytes, or when the file is not a tar.
     """
     limits = limits or ArchiveLimits()
     source = archive.name
@@ -112,7 +120,7 @@ def read_archive(
                         host, f"{source}: more than {limits.max_members} members; nothing was written"
                     )
             _check(members, host, source, limits)
-            return _write(tar, members, dest, host, source, limits)
+            return _write(tar, members, dest, host, source, limits, sha256s)
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise ArchiveRejected(host, f"{source}: cannot read or unpack it ({exc})") from exc
 
@@ -124,12 +132,13 @@ def _write(
     host: str,
     source: str,
     limits: ArchiveLimits,
+    sha256s: dict[PurePosixPath, str] | None = None,
 ) -> list[PurePosixPath]:
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
     written: list[PurePosixPath] = []
     try:
-        _write_members(tar, members, root, dest, host, source, limits, written)
+        _write_members(tar, members, root, dest, host, source, limits, written, sha256s)
     except BaseException:
         # Half an archive is not a result: take back what this archive wrote (never what was there).
         for rel in written:
@@ -148,6 +157,7 @@ def _write_members(
     source: str,
     limits: ArchiveLimits,
     written: list[PurePosixPath],
+    sha256s: dict[PurePosixPath, str] | None = None,
 ) -> None:
     budget = limits.max_total_bytes
     ready: set[Path] = set()  # directories checked and made: a host's out/ is ~200 files in one
@@ -169,9 +179,13 @@ def _write_members(
         # O_EXCL|O_NOFOLLOW: never write through an existing file or link.
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         written.append(rel)  # ours from here on, so a failure below takes it back
+        digest = hashlib.sha256()
         with src, os.fdopen(fd, "wb") as out:
             while chunk := src.read(min(_CHUNK, budget + 1)):
                 budget -= len(chunk)
                 if budget < 0:
                     raise ArchiveRejected(host, f"{source}: content larger than its headers say")
                 out.write(chunk)
+                digest.update(chunk)
+        if sha256s is not None:
+            sha256s[rel] = digest.hexdigest()

@@ -145,7 +145,7 @@ class HostJob:
             self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
             self._judge(result, pulled)
             expected = {t.id: t.expect_findings for t in self.plan.bundle.suite.tasks if t.expect_findings}
-            verify_host_output(self.cfg.name, self.host_dir, ws.pulled, result.stdout, expected)
+            verify_host_output(self.cfg.name, self.host_dir, ws.pulled, result.stdout, expected, ws.pulled_sha256)
         except BaseException as exc:
             error = exc
             if ws is not None and ws.created and run_started and not run_finished:

@@ -48,19 +48,26 @@ def _sha256(path: Path) -> str:
 
 
 def tampered_files(
-    host_dir: Path, pulled: list[PurePosixPath], digests: dict[str, str]
+    host_dir: Path,
+    pulled: list[PurePosixPath],
+    digests: dict[str, str],
+    written: Mapping[PurePosixPath, str] | None = None,
 ) -> list[tuple[str, str]]:
-    """Every way the pulled files differ from what the runner announced: (path, one plain line)."""
+    """Every way the pulled files differ from what the runner announced: (path, one plain line).
+    ``written``: the pulled files' sha256 as the pull wrote them (``read_archive``); a file it does
+    not name is read back and hashed."""
     said: list[tuple[str, str]] = []
-    came = {p.as_posix() for p in pulled}
+    came = {p.as_posix(): p for p in pulled}
     for rel in sorted(came):
         want = digests.get(rel)
         if want is None:
             said.append((rel, f"{rel} is not a file the runner wrote"))
-        elif _sha256(host_dir / rel) != want:
+            continue
+        got = (written or {}).get(came[rel]) or _sha256(host_dir / rel)
+        if got != want:
             said.append((rel, f"{rel} differs from what the runner wrote"))
     said += [
-        (rel, f"{rel} was written by the runner but did not come back") for rel in sorted(set(digests) - came)
+        (rel, f"{rel} was written by the runner but did not come back") for rel in sorted(set(digests) - set(came))
     ]
     return said
 
@@ -131,11 +138,13 @@ def verify_host_output(
     pulled: list[PurePosixPath],
     stdout: str,
     expected: Mapping[str, Sequence[str]] | None = None,
+    written: Mapping[PurePosixPath, str] | None = None,
 ) -> None:
     """Raise the host's ``OutputTampered`` naming the first disagreement (and how many in all). Every
-    file found wrong is set aside as ``<name>.tampered`` first: nothing forged is analysed."""
+    file found wrong is set aside as ``<name>.tampered`` first: nothing forged is analysed.
+    ``written``: the pulled files' sha256 as the pull wrote them (not read back)."""
     digests, said = announced(stdout)
-    problems = [("", why) for why in said] + tampered_files(host_dir, pulled, digests)
+    problems = [("", why) for why in said] + tampered_files(host_dir, pulled, digests, written)
     if not problems:
         problems += verdict_disagreements(host_dir, expected)
     if not problems:

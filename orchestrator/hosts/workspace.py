@@ -78,6 +78,7 @@ class Workspace:
         self.token = secrets.token_hex(16)
         self.created = False  # it exists on the host: remove it
         self.pulled: list[PurePosixPath] = []  # the files the last pull wrote, relative to its ``into``
+        self.pulled_sha256: dict[PurePosixPath, str] = {}  # their sha256, of the bytes as written
 
     def _exec(self, script: str, timeout: float = SHORT_TIMEOUT_S) -> ExecResult:
         return self.host.exec(["sh", "-c", script], timeout)
@@ -183,8 +184,9 @@ class Workspace:
             self.host.get(
                 posixpath.join(self.path, "out.tar"), local, max_bytes=max_archive_bytes(PULL_LIMITS), cancel=cancel
             )
-            written = read_archive(local, into, host=self.name, limits=PULL_LIMITS)
-        self.pulled = written
+            sha256s: dict[PurePosixPath, str] = {}
+            written = read_archive(local, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s)
+        self.pulled, self.pulled_sha256 = written, sha256s
         return len(written)
 
     def _check_archive_size(self, reported: str) -> None:

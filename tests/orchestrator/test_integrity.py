@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import tarfile
 from pathlib import Path, PurePosixPath
 
 import pytest
 
 from agent_runner.digests import MARKER
 from orchestrator.errors import OutputTampered
-from orchestrator.hosts.integrity import verify_host_output
+from orchestrator.hosts.archive import read_archive
+from orchestrator.hosts.integrity import tampered_files, verify_host_output
 
 ROW = {"task": "t", "env": "h", "attempt": 0, "verdict": "fail", "reason": "stop", "run_id": "r",
        "env_sha": "e", "exit_code": 1, "wall_ms": 1, "fingerprint": "f", "why": "predicate exited 1"}  # fmt: skip
@@ -68,3 +71,25 @@ def test_a_row_its_trace_does_not_bear_out_is_an_error_never_a_pass(
     """Even with every digest right (the runner itself lied): the controller re-derives the verdict."""
     with pytest.raises(OutputTampered, match=said):
         verify_host_output("h", *_host_dir(tmp_path, row, finish))
+
+
+def test_a_pulls_own_digests_find_what_reading_every_file_back_finds(tmp_path: Path) -> None:
+    """The pull hashes each file as it writes it (``read_archive``'s sha256s); the check then reads
+    nothing back. On a host that changed, added and dropped files, both ways name the same problems."""
+    sent = {"results.jsonl": b"row\n", "traces/t.0.jsonl": b"forged\n", "traces/u.0.jsonl": b"extra\n",
+            "traces/t.0.obs.jsonl": b""}  # fmt: skip
+    announced = {"results.jsonl": b"row\n", "traces/t.0.jsonl": b"real\n", "traces/t.0.obs.jsonl": b"",
+                 "traces/gone.0.jsonl": b"x\n"}  # fmt: skip
+    arc = tmp_path / "out.tar"
+    with tarfile.open(arc, "w") as tar:
+        for rel, data in sent.items():
+            info = tarfile.TarInfo(f"./{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    written: dict[PurePosixPath, str] = {}
+    pulled = read_archive(arc, tmp_path / "h", host="h", sha256s=written)
+    assert written == {p: hashlib.sha256((tmp_path / "h" / p).read_bytes()).hexdigest() for p in pulled}
+    digests = {rel: hashlib.sha256(data).hexdigest() for rel, data in announced.items()}
+    plain = tampered_files(tmp_path / "h", pulled, digests)  # every file read back and hashed
+    assert tampered_files(tmp_path / "h", pulled, digests, written) == plain
+    assert [rel for rel, _ in plain] == ["traces/t.0.jsonl", "traces/u.0.jsonl", "traces/gone.0.jsonl"]
