@@ -420,21 +420,22 @@ _TREE_DIGEST_PY = _TREE_DIGEST_FN + "print(tree_digest(sys.argv[1]))\n"
 BUNDLE_REFUSED_EXIT = 75
 
 #: the runner's start from a bundle on a host, run by the host's Python from this text (argv: the
-#: bundle's directory, the digest it must show, the runner's arguments): the bundle is digested as
-#: ``_TREE_DIGEST_PY`` does and only when it is the bundle the controller built is its ``runner.pyz``
-#: run, in this interpreter (as ``python runner.pyz`` runs it); else nothing of it is read as code
-#: and the exit is ``BUNDLE_REFUSED_EXIT`` (a bundle missing, changed, or that cannot be read).
+#: digest the bundle must show, its ``runner.pyz``, the runner's arguments, so ``ps`` still shows
+#: ``runner.pyz run ...``): the bundle is digested as ``_TREE_DIGEST_PY`` does and only when it is the
+#: bundle the controller built is its ``runner.pyz`` run, in this interpreter (as ``python runner.pyz``
+#: runs it); else nothing of it is read as code and the exit is ``BUNDLE_REFUSED_EXIT`` (a bundle
+#: missing, changed, or that cannot be read).
 _CHECKED_START_PY = _TREE_DIGEST_FN + r"""
-root, want = sys.argv[1], sys.argv[2]
+want, pyz = sys.argv[1], sys.argv[2]
 try:
-    ok = os.path.isfile(os.path.join(root, "runner.pyz")) and tree_digest(root) == want
+    ok = os.path.isfile(pyz) and tree_digest(os.path.dirname(pyz)) == want
 except OSError:
     ok = False
 if not ok:
     sys.exit(REFUSED)
-del sys.argv[1:3]
+del sys.argv[:2]
 import runpy
-runpy.run_path(os.path.join(root, "runner.pyz"), run_name="__main__")
+runpy.run_path(pyz, run_name="__main__")
 """.replace("REFUSED", str(BUNDLE_REFUSED_EXIT))
 
 
@@ -499,7 +500,7 @@ def checked_runner_argv(bundle: Bundle, workspace_root: str, python: str, args: 
     that is exactly what was pushed: the check is the first thing the runner's own interpreter does
     (``_CHECKED_START_PY``; no Python of its own, no exec of its own), ``BUNDLE_REFUSED_EXIT`` when it fails."""
     digest = unpacked_digest(bundle)
-    return [python, *PYTHON_FLAGS, "-c", _CHECKED_START_PY, bundle.remote_dir(workspace_root), digest, *args]
+    return [python, *PYTHON_FLAGS, "-c", _CHECKED_START_PY, digest, bundle.remote_runner(workspace_root), *args]
 
 
 def bundle_remove_script(bundle: Bundle, workspace_root: str) -> str:

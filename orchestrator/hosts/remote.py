@@ -165,7 +165,8 @@ def split_out_tar(stdout: str) -> tuple[str, str | None]:
 
 def kill_script(workspace: str) -> str:
     """Kill the runner's process group. Its pid file may lag the start by a moment: wait up to 5 s
-    for it (only while the workspace exists, i.e. the run has not been cleaned up).
+    for it while the workspace exists, and up to 1 s while it does not (the run's own exec may be
+    making it: a host with nothing pinned; a run cleaned up already never makes it again).
 
     The pid file is in the workspace, writable by the agent: the group is signalled only when its
     leader is this run's launcher — ``timeout`` whose arguments include this run's ``<workspace>/out``
@@ -176,7 +177,8 @@ def kill_script(workspace: str) -> str:
     pid = f"{ws}/pid"
     own = f"{workspace}/out"
     return (
-        f"i=0; while test -d {ws} && ! test -s {pid} && test $i -lt 50; do sleep 0.1; i=$((i+1)); done; "
+        f"i=0; while ! test -s {pid} && test $i -lt 50 && {{ test -d {ws} || test $i -lt 10; }}; do "
+        "sleep 0.1; i=$((i+1)); done; "
         # The workspace is writable by what runs in it: signal only a plain number above 1
         # (a forged "1" would make this `kill -- -1`: every process of the user).
         f'p=$(head -c 32 {pid} 2>/dev/null); case "$p" in ""|*[!0-9]*) p=;; esac; '

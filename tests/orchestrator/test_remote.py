@@ -49,6 +49,32 @@ def test_kill_script_kills_the_runs_own_runner(tmp_path: Path) -> None:
         proc.kill()
 
 
+def test_kill_script_kills_a_runner_whose_exec_was_still_making_its_workspace(tmp_path: Path) -> None:
+    """Ctrl-C while a host's run exec is still making the workspace (nothing pinned: the run's own exec
+    makes it): the kill, sent first, still finds and kills the runner that exec starts a moment later."""
+    ws = tmp_path / "ws"
+    kill = subprocess.Popen(["sh", "-c", remote.kill_script(str(ws))])
+    time.sleep(0.3)
+    ws.mkdir()
+    proc = _start_run(ws)
+    try:
+        runner = int((ws / "pid").read_text())
+        assert kill.wait(timeout=30) == 0
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while _alive(runner) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(runner)
+    finally:
+        proc.kill()
+
+
+def test_kill_script_gives_up_soon_on_a_workspace_never_made(tmp_path: Path) -> None:
+    started = time.monotonic()
+    subprocess.run(["sh", "-c", remote.kill_script(str(tmp_path / "never"))], timeout=30, check=True)
+    assert time.monotonic() - started < 4
+
+
 def test_kill_script_spares_a_foreign_process_group_named_in_the_pid_file(tmp_path: Path) -> None:
     """An agent can write any pid into the workspace's `pid`: another run's runner, the user's shell."""
     ws = tmp_path / "ws"
