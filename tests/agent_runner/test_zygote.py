@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,3 +200,31 @@ def test_a_run_through_the_zygotes_has_the_verdicts_and_traces_of_a_run_without(
     assert said["zygote"][1].keys() == said["own"][1].keys()
     for name in said["own"][1]:
         assert said["zygote"][1][name] == said["own"][1][name], name
+
+
+def test_a_zygote_and_everything_it_started_die_with_the_runner(tmp_path: Path) -> None:
+    """A runner killed with SIGKILL (no cleanup of its own) takes its zygote, the process it started and
+    what that left in a new session with it."""
+    cwd = _attempt_dir(tmp_path)
+    token = f"orphan-{os.urandom(4).hex()}"
+    runner = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from agent_runner.sandbox import PIDNS_UID, Sandbox\n"
+        f"box = Sandbox(PIDNS_UID, {UID}, net=True)\nbox.reuse = True\n"
+        f"proc = box.popen(['bash', '-c', 'setsid bash -c \"exec -a {token} sleep 60\" & wait'], cwd={cwd!r})\n"
+        "assert proc._zygote is not None\n"
+        "time.sleep(60)\n")], cwd=str(REPO))
+    try:
+        deadline = time.monotonic() + 10
+        while not _alive(token, named=True) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(token, named=True)
+        runner.send_signal(signal.SIGKILL)
+        runner.wait()
+        deadline = time.monotonic() + 5
+        while _alive(token) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(token) == []
+    finally:
+        if runner.poll() is None:
+            runner.kill()
