@@ -1,6 +1,7 @@
 """The runner's own cost per attempt, on no-op tasks, at two suite sizes.
 
-The suite is the grid's (``bench.gen_suite`` at S = 0): half predicate-only tasks whose
+The suite is the grid's (``bench.gen_suite`` at S = 0), as a host receives it in its bundle (its
+``suite.json`` in place of the TOML files' ``suite.toml``, so the runner reads no TOML): half predicate-only tasks whose
 ``run_tests.sh`` is ``exit 0`` (one sandboxed start: namespaces, the uid change, ``sh``), half scripted
 tasks calling three fixture tools (no process at all). The runner runs as crosshost starts it on a
 host (``env -i`` with PATH only, its own workspace root, as this machine's user: ``pidns+uid`` as
@@ -30,12 +31,14 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.gen_suite import generate_suite
+from orchestrator.hosts.bundle import build_suite_tar, read_suite
 from orchestrator.hosts.runner_zipapp import runner_zipapp_bytes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,6 +69,15 @@ def _run(suite: Path, scratch: Path, zipapp: Path | None = None) -> float:
     return wall
 
 
+def shipped(suite: Path, dest: Path) -> Path:
+    """``suite`` as a bundle ships it to a host (``bundle.build_suite_tar``), unpacked at ``dest``."""
+    tar, _sha = build_suite_tar(suite, read_suite(suite).data, dest.parent)
+    with tarfile.open(tar) as fh:
+        fh.extractall(dest)
+    tar.unlink()
+    return dest
+
+
 def measure(sizes: tuple[int, ...] = (100, 1000), reps: int = 3, network: str = "isolated") -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="crosshost-runner-bench-"))
     scratch.chmod(0o755)  # the attempts' own uid reaches its workspace, as on a host (else: pidns)
@@ -75,6 +87,7 @@ def measure(sizes: tuple[int, ...] = (100, 1000), reps: int = 3, network: str = 
             for suite in suites.values():  # a top-level key: before the first table
                 toml = suite / "suite.toml"
                 toml.write_text('network = "open"\n' + toml.read_text())
+        suites = {t: shipped(suite, scratch / f"shipped-{t}") for t, suite in suites.items()}
         data = runner_zipapp_bytes()
         bundle = scratch / "bundles" / hashlib.sha256(data).hexdigest()
         bundle.mkdir(parents=True)
