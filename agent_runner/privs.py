@@ -44,6 +44,27 @@ def pylibc() -> Optional[ctypes.PyDLL]:
     return _pylibc
 
 
+#: ``keyctl``'s system call number by machine (glibc has no wrapper; libkeyutils may be absent)
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "armv7l": 311, "armv6l": 311, "i686": 288,
+               "i386": 288, "ppc64le": 271, "ppc64": 271, "s390x": 280}
+_KEYCTL_JOIN_SESSION_KEYRING = 1
+
+
+def new_session_keyring() -> None:
+    """Join a new anonymous session keyring, which the processes started next inherit (and possess:
+    a process may add keys to its session keyring and read them, whatever its uid). Without it they
+    would share the runner's (sshd's ``pam_keyinit`` gives every login one): a key one attempt put
+    there, or the runner's own, would be the next attempt's to read. A kernel without keys (ENOSYS)
+    has no keyring to share; a machine whose call number is not known here is refused (raised)."""
+    machine = os.uname().machine
+    number = _SYS_KEYCTL.get(machine)
+    if number is None:
+        raise OSError(0, f"keyctl: the system call's number on {machine} is not known")
+    if libc().syscall(number, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0 and ctypes.get_errno() != 38:  # ENOSYS
+        err = ctypes.get_errno()
+        raise OSError(err, f"keyctl join session keyring: {os.strerror(err)}")
+
+
 def _check(result: int, what: str) -> None:
     if result != 0:
         err = ctypes.get_errno()

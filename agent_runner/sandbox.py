@@ -139,6 +139,7 @@ class _Enter:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         _check(libc.unshare(self.flags), "unshare")  # raised here: Popen raises, nothing was started
+        privs.new_session_keyring()  # nor the runner's session keyring: one of the attempt's own
         for sig in self.handled:
             signal.signal(sig, signal.SIG_DFL)
         # listed now where descriptors cannot be closed by range: once the init has mounted the

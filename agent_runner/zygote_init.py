@@ -132,6 +132,7 @@ def _start(req: Dict[str, Any], fds: List[int]) -> "subprocess.Popen[bytes]":
     descriptor closed, the signals Python ignores back to their defaults. ``subprocess`` does it in C
     between its fork and the exec, and raises what failed there."""
     privs._check(privs.libc().unshare(privs._CLONE_NEWIPC), "unshare --ipc")
+    privs.new_session_keyring()  # the same for keys: a session keyring the previous process never had
     return subprocess.Popen(req["argv"], env=req["env"], cwd=req["cwd"], stdin=fds[0], stdout=fds[1],
                             stderr=fds[2], start_new_session=True, user=req["uid"], group=req["uid"],
                             extra_groups=[], umask=req["umask"], close_fds=True, restore_signals=True)

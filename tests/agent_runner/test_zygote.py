@@ -228,3 +228,43 @@ def test_a_zygote_and_everything_it_started_die_with_the_runner(tmp_path: Path) 
     finally:
         if runner.poll() is None:
             runner.kill()
+
+
+KEYCTL, ADD_KEY, KEY_SPEC_SESSION_KEYRING, KEYCTL_DESCRIBE, KEYCTL_SEARCH = 250, 248, -3, 6, 10
+#: an attempt's look at its session keyring: its description, and whether a key "left" is in it; then it
+#: leaves one (x86_64 system call numbers; the test is skipped nowhere else: see the guard below)
+KEYRING_LOOK = (
+    "import ctypes\n"
+    "c = ctypes.CDLL(None, use_errno=True)\n"
+    "buf = ctypes.create_string_buffer(256)\n"
+    f"c.syscall({KEYCTL}, {KEYCTL_DESCRIBE}, {KEY_SPEC_SESSION_KEYRING}, buf, 256)\n"
+    "print('ring', buf.value.decode().rsplit(';', 1)[-1])\n"
+    f"found = c.syscall({KEYCTL}, {KEYCTL_SEARCH}, {KEY_SPEC_SESSION_KEYRING}, b'user', b'left', 0)\n"
+    "print('left', found > 0)\n"
+    f"c.syscall({ADD_KEY}, b'user', b'left', b'from the previous attempt', 25, {KEY_SPEC_SESSION_KEYRING})\n"
+)
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["zygote", "own"])
+def test_no_attempt_possesses_the_runners_session_keyring_or_the_previous_ones(tmp_path: Path, reuse: bool) -> None:
+    """The runner has a session keyring (as over sshd, whose pam_keyinit gives every login one) with
+    a key in it: an attempt's session keyring is a new anonymous one, and a key one attempt adds to
+    its own is not there for the next attempt of the slot."""
+    assert os.uname().machine == "x86_64", "the system call numbers above are x86_64's"
+    cwd = _attempt_dir(tmp_path)
+    # a runner of its own (a process that joins a named session keyring and puts a key in it)
+    code = (
+        "import ctypes, subprocess, sys\n"
+        "from tests.agent_runner.test_zygote import KEYRING_LOOK, _box\n"
+        "c = ctypes.CDLL(None, use_errno=True)\n"
+        f"assert c.syscall({KEYCTL}, 1, b'crosshost-runner-ring') > 0, 'no keyrings in this kernel'\n"
+        f"assert c.syscall({ADD_KEY}, b'user', b'left', b'the runner', 10, {KEY_SPEC_SESSION_KEYRING}) > 0\n"
+        "for _ in range(2):\n"
+        f"    proc = _box(False, reuse={reuse}).popen(['python3', '-c', KEYRING_LOOK], env={{'PATH': '/usr/bin:/bin'}},\n"
+        f"        cwd={cwd!r}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)\n"
+        f"    assert (proc._zygote is not None) == {reuse}\n"
+        "    sys.stdout.write(proc.communicate(timeout=60)[0].decode())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["ring _ses", "left False", "ring _ses", "left False"], done.stdout
