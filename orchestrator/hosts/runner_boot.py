@@ -68,6 +68,21 @@ def zipped_sources(pyz: str) -> Dict[str, bytes]:
     return {name: archive.get_data(f"{PACKAGE}/{name}") for name in names}
 
 
+def _entries_only_root_write(directory: str) -> bool:
+    """Every entry of ``directory`` is a file or directory of root's that no one else may write (the
+    directories above are ``only_root_writes``'s): a module not yet imported, or its bytecode, is
+    never one another uid could have changed."""
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                if st.st_uid != 0 or st.st_mode & 0o022 or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                    return False
+    except OSError:
+        return False
+    return True
+
+
 def _same_sources(package: str, sources: Dict[str, bytes]) -> bool:
     try:
         names = sorted(n for n in os.listdir(package) if n.endswith(".py"))
@@ -90,11 +105,15 @@ def _make(cache: str, sources: Dict[str, bytes]) -> None:
     work = f"{cache}.tmp-{os.getpid()}-{os.urandom(4).hex()}"  # hosts in PID namespaces share pids
     package = os.path.join(work, PACKAGE)
     try:
-        os.makedirs(package, mode=0o755)
+        # explicit modes, whatever the host's umask: under umask 000 the files and the __pycache__
+        # the interpreter makes would be writable by every uid, the attempts' included
+        os.makedirs(os.path.join(package, "__pycache__"), mode=0o755)
         for name, data in sources.items():
-            with open(os.path.join(package, name), "wb") as handle:
+            fd = os.open(os.path.join(package, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "wb") as handle:
+                os.fchmod(fd, 0o644)
                 handle.write(data)
-        for path in (work, package):
+        for path in (work, package, os.path.join(package, "__pycache__")):
             os.chmod(path, 0o755)
         os.rename(work, cache)
     except OSError:
@@ -123,10 +142,10 @@ def compiled_path(pyz: str) -> Optional[str]:
     if not os.path.isdir(cache):
         _make(cache, sources)
     package = os.path.join(cache, PACKAGE)
-    if not (only_root_writes(package) and _same_sources(package, sources)):
+    if not (only_root_writes(package) and _entries_only_root_write(package) and _same_sources(package, sources)):
         return None
     pycache = os.path.join(package, "__pycache__")
-    if os.path.lexists(pycache) and not only_root_writes(pycache):
+    if os.path.lexists(pycache) and not (only_root_writes(pycache) and _entries_only_root_write(pycache)):
         return None
     return cache
 

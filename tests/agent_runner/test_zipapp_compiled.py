@@ -106,7 +106,7 @@ def test_a_copy_whose_sources_differ_from_the_zipapp_is_not_imported(pyz: Path) 
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("where", ["copy", "package", "bundles", "pycache"])
+@pytest.mark.parametrize("where", ["copy", "package", "bundles", "pycache", "source", "bytecode"])
 def test_a_copy_someone_else_may_write_is_not_imported(pyz: Path, where: str) -> None:
     _version(pyz)
     copy = _copy(pyz)
@@ -114,6 +114,10 @@ def test_a_copy_someone_else_may_write_is_not_imported(pyz: Path, where: str) ->
     assert _version(pyz)["version"].startswith("planted")  # root's alone: used (so the cases below can fail)
     if where == "package":
         os.chown(copy, 1_990_004_242, 1_990_004_242)  # another uid's
+    elif where == "source":
+        (copy / "words.py").chmod(0o666)
+    elif where == "bytecode":
+        next((copy / "__pycache__").glob("*.pyc")).chmod(0o666)
     else:
         target = {"copy": copy.parent, "bundles": copy.parent.parent, "pycache": copy / "__pycache__"}[where]
         target.chmod(0o777 if where != "bundles" else 0o775)
@@ -154,3 +158,18 @@ def test_root_only_directories_qualify_and_a_sticky_one_only_above(pyz: Path, tm
     assert not runner_boot.only_root_writes(str(sticky / "open" / "below"))  # not sticky: anyone may rename
     os.chown(sticky / "mine", 1_990_004_242, 0)
     assert not runner_boot.only_root_writes(str(sticky / "mine"))
+
+
+@pytest.mark.root
+def test_a_copy_made_under_umask_000_is_root_s_alone_and_used(pyz: Path) -> None:
+    """A runner started with umask 000 makes the copy (its files and the __pycache__ the interpreter
+    fills) writable by root alone, so it is used, as under any other umask."""
+    done = subprocess.run([*ENV, "sh", "-c", f'umask 000 && exec {SYSTEM_PYTHON} "$0" version', str(pyz)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    copy = _copy(pyz)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [copy, *copy.iterdir(), *(copy / "__pycache__").iterdir()]}
+    assert any(name.endswith(".pyc") for name in modes), modes
+    assert all(mode & 0o022 == 0 for mode in modes.values()), modes
+    _plant(copy)
+    assert _version(pyz)["version"].startswith("planted")  # root's alone: used
