@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,6 +171,8 @@ def test_a_run_through_the_zygotes_has_the_verdicts_and_traces_of_a_run_without(
     slots, once with zygotes and once without: the same rows and the same traces, but for the times and
     the attempts' own directories; the first run really started its processes through zygotes."""
     _attempt_dir(tmp_path)  # every directory above passable: the attempts get uids of their own
+    triage = tmp_path / "triage"  # so is the suite's (a clone under /root is not: its attempts would be pidns)
+    shutil.copytree(TRIAGE, triage)
     said = {}
     ws = tmp_path / "ws"  # the same for both (it is in the fingerprint): empty again after each run
     own_dir = re.compile(re.escape(str(ws)) + r"/([\w-]+\.\d+\.)\w+")  # mkdtemp's random part
@@ -183,7 +186,7 @@ def test_a_run_through_the_zygotes_has_the_verdicts_and_traces_of_a_run_without(
         code = ("import sys\nfrom agent_runner import zygote\nfrom agent_runner.__main__ import main\n"
                 f"zygote.ENABLED = {enabled}\nstarted = []\nstart = zygote.Zygote.start\n"
                 "zygote.Zygote.start = lambda self, *a: started.append(1) or start(self, *a)\n"
-                f"code = main(['run', '--suite', {str(TRIAGE)!r}, '--out', {str(out)!r}, '--workspace-root', "
+                f"code = main(['run', '--suite', {str(triage)!r}, '--out', {str(out)!r}, '--workspace-root', "
                 f"{str(ws)!r}, '--host', 'h', '--run-id', 'r', '--slots', '2'])\n"
                 "print('started by zygotes:', len(started), file=sys.stderr)\nsys.exit(code)\n")
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(),
