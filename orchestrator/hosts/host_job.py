@@ -30,6 +30,7 @@ from orchestrator.hosts import remote
 from orchestrator.hosts.bundle import (
     BUNDLE_REFUSED_EXIT,
     Bundle,
+    bundle_present_test,
     bundle_remove_script,
     checked_runner_argv,
     ensure_bundle,
@@ -299,7 +300,10 @@ class HostJob:
                 runner,
                 self.kill_after_s(),
                 fingerprint=self._fingerprint_script(ws),
-                refused=(BUNDLE_REFUSED_EXIT, bundle_remove_script(self.plan.bundle, self.cfg.workspace_root)),
+                # removed only when it is still not the bundle: another name of this machine may have
+                # published it since this runner's start looked (the same recheck as ensure_bundle's look)
+                refused=(BUNDLE_REFUSED_EXIT, f"{{ {bundle_present_test(self.plan.bundle, self.cfg.workspace_root, self.cfg.python)}; }} "
+                         f"|| {{ {bundle_remove_script(self.plan.bundle, self.cfg.workspace_root)}; }}"),
             )
             made = self.plan.bundle if create else None
             return ws.run(script, self.kill_after_s() + 30, self.plan.running, create=made)
