@@ -148,18 +148,11 @@ def test_nothing_an_attempt_started_outlives_it(tmp_path: Path, level: str) -> N
         assert _alive(token) == [], run.__name__
 
 
-def test_the_namespace_dies_with_the_runner(tmp_path: Path) -> None:
-    """A runner killed with SIGKILL (no cleanup of its own) takes every attempt process with it."""
-    token = f"orphan-{uuid.uuid4().hex[:8]}"
-    runner = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys, time\n"
-        "from agent_runner.sandbox import Sandbox\n"
-        f"Sandbox(sys.argv[1], {UID}).popen(['bash', '-c', 'setsid bash -c \"exec -a {token} sleep 60\" & wait'])\n"
-        "time.sleep(60)\n"), PIDNS_UID], cwd=str(Path(__file__).resolve().parents[2]))
+def assert_killed_with_the_runner(runner: subprocess.Popen[bytes], token: str) -> None:
+    """Once the attempt's own process named ``token`` runs (not the runner, whose command line holds
+    the token too), SIGKILL the runner: within 5 s nothing holding ``token`` is left."""
     try:
         deadline = time.monotonic() + 10
-        # the attempt's own sleep, not the runner (whose command line holds the token too): killed
-        # once the namespace holds it
         while not _alive(token, named=True) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _alive(token, named=True)
@@ -172,6 +165,17 @@ def test_the_namespace_dies_with_the_runner(tmp_path: Path) -> None:
     finally:
         if runner.poll() is None:
             runner.kill()
+
+
+def test_the_namespace_dies_with_the_runner(tmp_path: Path) -> None:
+    """A runner killed with SIGKILL (no cleanup of its own) takes every attempt process with it."""
+    token = f"orphan-{uuid.uuid4().hex[:8]}"
+    runner = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from agent_runner.sandbox import Sandbox\n"
+        f"Sandbox(sys.argv[1], {UID}).popen(['bash', '-c', 'setsid bash -c \"exec -a {token} sleep 60\" & wait'])\n"
+        "time.sleep(60)\n"), PIDNS_UID], cwd=str(Path(__file__).resolve().parents[2]))
+    assert_killed_with_the_runner(runner, token)
 
 
 def test_nothing_in_the_namespace_can_read_the_inits_memory(tmp_path: Path) -> None:

@@ -9,10 +9,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +18,13 @@ import pytest
 
 from agent_runner import sandbox, zygote
 from agent_runner.sandbox import PIDNS_UID, Sandbox
-from tests.agent_runner.test_sandbox_forks import CASES, PROBE, _alive, _attempt_dir
+from tests.agent_runner.test_sandbox_forks import (
+    CASES,
+    PROBE,
+    _alive,
+    _attempt_dir,
+    assert_killed_with_the_runner,
+)
 from tests.support.runner import REPO, TRIAGE, clean_env, records
 from tools.testhosts import free_port
 
@@ -217,20 +221,7 @@ def test_a_zygote_and_everything_it_started_die_with_the_runner(tmp_path: Path) 
         f"proc = box.popen(['bash', '-c', 'setsid bash -c \"exec -a {token} sleep 60\" & wait'], cwd={cwd!r})\n"
         "assert proc._zygote is not None\n"
         "time.sleep(60)\n")], cwd=str(REPO))
-    try:
-        deadline = time.monotonic() + 10
-        while not _alive(token, named=True) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _alive(token, named=True)
-        runner.send_signal(signal.SIGKILL)
-        runner.wait()
-        deadline = time.monotonic() + 5
-        while _alive(token) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _alive(token) == []
-    finally:
-        if runner.poll() is None:
-            runner.kill()
+    assert_killed_with_the_runner(runner, token)
 
 
 KEYCTL, ADD_KEY, KEY_SPEC_SESSION_KEYRING, KEYCTL_DESCRIBE, KEYCTL_SEARCH = 250, 248, -3, 6, 10
