@@ -40,6 +40,7 @@ from .capped import death
 from .jsonfile import JSONObject, JSONValue
 from .loop import MAX_FINAL_CHARS, LoopOutcome
 from .model_records import ModelUsage, call_record_of
+from .pins import runner_home
 from .presets import PRESETS, McpServerConfig
 from .sandbox import NONE, Sandbox, reachable_by_others
 from .suite import AgentSpec, Task
@@ -103,7 +104,7 @@ def argv_of(spec: AgentSpec, prompt: str, prompt_file: Path, workspace: Path, su
 def mcp_server(task: Task, suite_dir: Path, work: Path, env: Dict[str, str], turns: Path) -> McpServerConfig:
     """This runner's ``mcp`` command serving the task's contract tools, with the attempt's allowlisted
     environment and nothing else (``command``, ``args``, ``env``)."""
-    root = str(Path(__file__).resolve().parents[1])  # the zipapp, or the directory holding agent_runner
+    root = runner_home()  # the zipapp, its compiled copy, or the directory holding agent_runner
     args = ["-m", "agent_runner", "mcp", "--suite", str(suite_dir), "--task", task.id, "--workspace", str(work),
             "--turns", str(turns), "--env-keys", ",".join(sorted(env))]
     return {"type": "stdio", "command": _python_for_others(env), "args": args, "env": {**env, "PYTHONPATH": root}}

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -53,6 +54,25 @@ def tree_sha(root: Path) -> str:
                     content = hashlib.sha256(handle.read()).hexdigest()
                 digest.update(f"F {rel} {content}\n".encode())
     return digest.hexdigest()
+
+
+#: where the checked start's sealed copy of the zipapp is (a ``memfd``): never a path on disk
+SEALED_PREFIX = "/proc/self/fd/"
+
+
+def import_root() -> str:
+    """The ``sys.path`` entry the runner is imported from: its zipapp (``SEALED_PREFIX`` and a
+    descriptor: the checked start's sealed copy of it), its compiled copy, or the directory holding
+    ``agent_runner``."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def runner_home() -> str:
+    """That place on disk, resolved: where another process imports the runner from, and what the
+    runner's own reads are. For the sealed copy, the bundle's ``runner.pyz`` its start left as
+    ``sys.argv[0]``."""
+    root = import_root()
+    return os.path.realpath(sys.argv[0] if root.startswith(SEALED_PREFIX) else root)
 
 
 def runner_sources() -> List[Tuple[str, bytes]]:

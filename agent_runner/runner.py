@@ -38,7 +38,7 @@ from .envkeys import ATTEMPT_ENV_KEYS
 from .errors import InputError, RunnerError, SecretVisible, SuiteError
 from .fingerprint import collect, commands_of
 from .loop import LoopOutcome, drive
-from .pins import env_sha, task_pins
+from .pins import env_sha, runner_home, task_pins
 from .records import EvidenceCut, Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
 from .sandbox import NONE, PIDNS_UID, Sandbox, attempt_uid, reachable_by_others, split_level
@@ -416,8 +416,8 @@ class Runner:
 
 def _runner_home() -> str:
     """Where the runner's own code is (its zipapp, or its package): its own reads are not evidence."""
-    package = Path(__file__).resolve().parent
-    return str(package.parent if package.parent.is_file() else package)
+    home = runner_home()
+    return home if os.path.isfile(home) else os.path.join(home, "agent_runner")
 
 
 class BundleChanged(RunnerError):

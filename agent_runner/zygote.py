@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import privs
+from . import pins, privs
 from .zygote_init import decode, encode, recv_fds, send_fds
 
 #: off: every process takes the per-process path (the reference the zygote is tested against)
@@ -77,13 +77,15 @@ class Zygote:
         self.broken = False
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the runner's zipapp or tree
+        root = pins.import_root()
+        # the checked start's sealed zipapp: the zygote imports the same bytes, through its descriptor
+        sealed = [int(root[len(pins.SEALED_PREFIX):])] if root.startswith(pins.SEALED_PREFIX) else []
         code = (f"import sys; sys.path[:0] = [{root!r}]; from agent_runner.zygote_init import serve; "
                 f"serve({theirs.fileno()}, {net!r})")
         try:
             with privs._PidNamespace.for_children():
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", "-c", code], preexec_fn=_Prepare(net), pass_fds=(theirs.fileno(),),
+                    [sys.executable, "-I", "-S", "-c", code], preexec_fn=_Prepare(net), pass_fds=(theirs.fileno(), *sealed),
                     env={}, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
                     umask=_UMASK)
         except BaseException:

@@ -394,18 +394,22 @@ def empty_local_cache(cache: Path) -> tuple[int, int]:
 
 
 #: digest of an unpacked bundle on a host, run by the host's Python from this text (never from the
-#: cache it checks): every path, its kind, whether anything may write it, a file's content
+#: cache it checks): the bundle directory's own mode, and every path under it, its kind, whether
+#: anything may write it, a file's content. ``held``: a file of the root already read, as (its name,
+#: its stat, its bytes): digested from those bytes, never read again.
 _TREE_DIGEST_FN = r"""
 import hashlib, os, stat, sys
-def tree_digest(root):
-    lines = []
+def tree_digest(root, held=None):
+    lines = ["d %d  ." % int(bool(os.lstat(root).st_mode & 0o222))]
     for base, dirs, files in os.walk(root):
         for name in dirs + files:
             p = os.path.join(base, name)
-            st = os.lstat(p)
+            st, data = held[1:] if held is not None and base == root and name == held[0] else (os.lstat(p), None)
             kind = "d" if stat.S_ISDIR(st.st_mode) else "f" if stat.S_ISREG(st.st_mode) else "x"
             body = ""
-            if kind == "f":
+            if kind == "f" and data is not None:
+                body = hashlib.sha256(data).hexdigest()
+            elif kind == "f":
                 h = hashlib.sha256()
                 with open(p, "rb") as fh:
                     for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -421,21 +425,53 @@ BUNDLE_REFUSED_EXIT = 75
 
 #: the runner's start from a bundle on a host, run by the host's Python from this text (argv: the
 #: digest the bundle must show, its ``runner.pyz``, the runner's arguments, so ``ps`` still shows
-#: ``runner.pyz run ...``): the bundle is digested as ``_TREE_DIGEST_PY`` does and only when it is the
-#: bundle the controller built is its ``runner.pyz`` run, in this interpreter (as ``python runner.pyz``
-#: runs it); else nothing of it is read as code and the exit is ``BUNDLE_REFUSED_EXIT`` (a bundle
-#: missing, changed, or that cannot be read).
+#: ``runner.pyz run ...``). ``runner.pyz`` is read once; the bundle is digested as ``_TREE_DIGEST_PY``
+#: does, its zipapp from those bytes, and only when it is the bundle the controller built are those
+#: bytes run, in this interpreter (as ``python runner.pyz`` runs it), from a sealed ``memfd`` (no
+#: write, no resize: ``/proc/self/fd/N``, where the zipapp's importer reopens it for every later
+#: import): a zipapp renamed over the bundle's after the check is never run. ``sys.argv[0]`` stays
+#: the bundle's ``runner.pyz`` (``pins.runner_home``). A Python or kernel without ``memfd_create`` (or
+#: without ``/proc``) runs the zipapp by its path, safe only where the bundle is root's alone. Else
+#: nothing of it is read as code and the exit is ``BUNDLE_REFUSED_EXIT`` (a bundle missing, changed,
+#: or that cannot be read).
 _CHECKED_START_PY = _TREE_DIGEST_FN + r"""
 want, pyz = sys.argv[1], sys.argv[2]
 try:
-    ok = os.path.isfile(pyz) and tree_digest(os.path.dirname(pyz)) == want
+    fd = os.open(pyz, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        held = (os.path.basename(pyz), os.fstat(fd), b"".join(iter(lambda: os.read(fd, 1 << 20), b"")))
+    finally:
+        os.close(fd)
+    ok = stat.S_ISREG(held[1].st_mode) and tree_digest(os.path.dirname(pyz), held) == want
 except OSError:
     ok = False
 if not ok:
     sys.exit(REFUSED)
+def sealed(data):
+    try:
+        import fcntl
+        fd = os.memfd_create("runner.pyz", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except (AttributeError, ImportError, OSError):
+        return None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+        if os.path.getsize("/proc/self/fd/%d" % fd) == len(data):
+            return "/proc/self/fd/%d" % fd
+    except (AttributeError, OSError):
+        pass
+    os.close(fd)
+    return None
 del sys.argv[:2]
-import runpy
-runpy.run_path(pyz, run_name="__main__")
+run_from = sealed(held[2]) or pyz
+del held
+import zipimport
+__loader__ = zipimport.zipimporter(run_from)
+__file__ = os.path.join(run_from, "__main__.py")
+sys.path.insert(0, run_from)
+exec(__loader__.get_code("__main__"))
 """.replace("REFUSED", str(BUNDLE_REFUSED_EXIT))
 
 
@@ -453,7 +489,7 @@ def unpacked_digest(bundle: Bundle) -> str:
 
 
 def _unpacked_digest(path: Path) -> str:
-    lines = []
+    lines = ["d 0  ."]  # the bundle directory itself, read-only
 
     def add(kind: str, rel: str, data: bytes | None = None) -> None:
         body = hashlib.sha256(data).hexdigest() if data is not None else ""

@@ -58,14 +58,14 @@ def only_root_writes(path: str) -> bool:
         current, first = parent, False
 
 
-def zipped_sources(pyz: str) -> Dict[str, bytes]:
-    """The runner's ``*.py`` in the zipapp, by file name (read by the importer that runs this file:
-    ``zipfile`` alone would cost more than a run saves)."""
+def zipped_sources(archive: str) -> Dict[str, bytes]:
+    """The runner's ``*.py`` in the zipapp ``archive``, by file name (read by the importer that runs
+    this file: ``zipfile`` alone would cost more than a run saves)."""
     import zipimport
 
-    archive = zipimport.zipimporter(pyz)
-    names = archive.get_data(SOURCES).decode().split()
-    return {name: archive.get_data(f"{PACKAGE}/{name}") for name in names}
+    importer = zipimport.zipimporter(archive)
+    names = importer.get_data(SOURCES).decode().split()
+    return {name: importer.get_data(f"{PACKAGE}/{name}") for name in names}
 
 
 def _entries_only_root_write(directory: str) -> bool:
@@ -130,13 +130,14 @@ def _make(cache: str, sources: Dict[str, bytes]) -> None:
             shutil.rmtree(os.path.join(bundles, name), ignore_errors=True)
 
 
-def compiled_path(pyz: str) -> Optional[str]:
-    """The directory to import the runner from instead of ``pyz`` (None: import it from ``pyz``)."""
+def compiled_path(pyz: str, archive: Optional[str] = None) -> Optional[str]:
+    """The directory to import the runner from instead of ``pyz`` (None: import it from the zipapp).
+    ``archive``: where this zipapp's bytes are read (the checked start's sealed copy of ``pyz``)."""
     cache = cache_dir(pyz)
     if cache is None or os.geteuid() != 0 or sys.dont_write_bytecode or not only_root_writes(os.path.dirname(cache)):
         return None
     try:
-        sources = zipped_sources(pyz)
+        sources = zipped_sources(archive or pyz)
     except (OSError, ImportError, UnicodeDecodeError):
         return None
     if not os.path.isdir(cache):
@@ -151,7 +152,9 @@ def compiled_path(pyz: str) -> Optional[str]:
 
 
 def main(argv: List[str]) -> int:
-    path = compiled_path(argv[0]) if argv else None
+    # argv[0] is the bundle's runner.pyz; the importer running this file may read a sealed copy of it
+    archive = getattr(globals().get("__loader__"), "archive", None)
+    path = compiled_path(argv[0], archive) if argv else None
     if path is not None:
         sys.path.insert(0, path)
     from agent_runner.__main__ import main as run

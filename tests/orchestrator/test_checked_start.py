@@ -1,0 +1,123 @@
+"""The runner's checked start runs the bytes it checked: a ``runner.pyz`` renamed over the bundle's
+after the digest (by a process of the runner's own uid, as at ``pidns`` and ``none``, where the bundle
+is that uid's) is never run, and the zipapp is opened by its path once."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from orchestrator.hosts.bundle import BUNDLE_REFUSED_EXIT, build_bundle, checked_runner_argv, ensure_bundle
+from orchestrator.hosts.transport.local import LocalHost
+from tests.support.runner import REPO, TRIAGE, clean_env, records
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+_IN_OPEN, _IN_CLOSE_NOWRITE = 0x20, 0x10
+_EVENT = struct.Struct("iIII")
+
+
+def _planted_zipapp(marker: Path) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("__main__.py", f"open({str(marker)!r}, 'w').write('planted')\nprint('planted')\n")
+    return buf.getvalue()
+
+
+class _Swapper(threading.Thread):
+    """Watches the bundle directory (inotify): when ``runner.pyz`` is first closed after a read (the
+    start's digest has it), renames a planted zipapp over it, as an attempt of the runner's uid can
+    (the directory made writable, then read-only again); counts every open of ``runner.pyz``."""
+
+    def __init__(self, bundle: Path, planted: bytes) -> None:
+        super().__init__(daemon=True)
+        self.bundle, self.planted, self.opens, self.swapped = bundle, planted, 0, False
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(os.O_CLOEXEC)
+        assert self.fd >= 0 and libc.inotify_add_watch(self.fd, str(bundle).encode(), _IN_OPEN | _IN_CLOSE_NOWRITE) >= 0
+
+    def run(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                return  # closed: the start is over
+            while data:
+                _wd, mask, _cookie, size = _EVENT.unpack_from(data)
+                name = data[_EVENT.size:_EVENT.size + size].rstrip(b"\0")
+                data = data[_EVENT.size + size:]
+                if name != b"runner.pyz":
+                    continue
+                if mask & _IN_OPEN:
+                    self.opens += 1
+                if mask & _IN_CLOSE_NOWRITE and not self.swapped:
+                    self.bundle.chmod(0o755)
+                    (self.bundle / ".planted").write_bytes(self.planted)
+                    os.rename(self.bundle / ".planted", self.bundle / "runner.pyz")
+                    self.bundle.chmod(0o555)
+                    self.swapped = True
+
+
+def test_a_zipapp_renamed_over_the_bundles_after_its_digest_is_never_run(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    shutil.copytree(TRIAGE, suite)
+    # a large shared file: the digest goes on for a while after it read runner.pyz (the swap's window)
+    (suite / "data.bin").write_bytes(bytes(48 << 20))
+    bundle = build_bundle(suite, tmp_path / "cache")
+    root = tmp_path / "ws"
+    assert ensure_bundle(LocalHost(), bundle, str(root), python=SYSTEM_PYTHON)
+    marker = tmp_path / "planted-ran"
+    swapper = _Swapper(Path(bundle.remote_dir(str(root))), _planted_zipapp(marker))
+    swapper.start()
+    done = subprocess.run(checked_runner_argv(bundle, str(root), SYSTEM_PYTHON, ["version"]),
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+    os.close(swapper.fd)
+    swapper.join(5)
+    assert swapper.swapped  # the attack happened
+    assert not marker.exists() and "planted" not in done.stdout, done.stdout
+    # the bytes it checked ran (or, had the swap shown in the digest, nothing ran)
+    assert done.returncode in (0, BUNDLE_REFUSED_EXIT), done.stderr
+    if done.returncode == 0:
+        assert json.loads(done.stdout)["version"]
+    assert swapper.opens == 1  # read once: no later import reopens it by its path
+
+
+@pytest.mark.root
+def test_a_root_runner_without_a_compiled_copy_runs_its_zygotes_and_attempts_from_the_sealed_zipapp(
+    tmp_path: Path,
+) -> None:
+    """A root runner whose bundle lies below a directory others may write keeps no compiled copy: the
+    runner, the slots' zygotes (which import the same sealed bytes through the descriptor they are
+    given) and the attempts run as from the source tree."""
+    for d in (tmp_path, *tmp_path.parents):
+        if d != Path("/"):
+            d.chmod(d.stat().st_mode | 0o001)  # the attempts' uids pass through to their work
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone may rename what is in it: no compiled copy below
+    root = shared / "ws"
+    bundle = build_bundle(TRIAGE, tmp_path / "cache")
+    ensure_bundle(LocalHost(), bundle, str(root), python=SYSTEM_PYTHON)
+    verdicts = {}
+    for name in ("sealed", "tree"):
+        out = tmp_path / name
+        args = ["run", "--suite", bundle.remote_suite(str(root)), "--out", str(out), "--workspace-root",
+                str(root / "runs"), "--host", "h", "--run-id", name, "--slots", "2"]
+        argv = (checked_runner_argv(bundle, str(root), SYSTEM_PYTHON, args) if name == "sealed"
+                else [SYSTEM_PYTHON, "-I", "-S", "-c", "import sys; sys.path[:0] = [sys.argv.pop(1)]; "
+                      "from agent_runner.__main__ import main; sys.exit(main())", str(REPO), *args])
+        done = subprocess.run(argv, env=clean_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+        assert json.loads((out / "fingerprint.json").read_text())["isolation"] == "netns+pidns+uid"
+        verdicts[name] = {r["task"]: r["verdict"] for r in records(out / "results.jsonl")}
+    assert not list((root / "bundles").glob("*.pyc-*"))  # it ran from the sealed zipapp
+    assert verdicts["sealed"] == verdicts["tree"] and len(verdicts["tree"]) > 10
