@@ -16,9 +16,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
-import os
 import queue
-import signal
 import subprocess
 import threading
 import time
@@ -30,7 +28,7 @@ from .checker import ContractTool
 from .errors import InputError
 from .jsonfile import JSONObject, JSONValue
 from .model_records import AgentFinish, CallRecord
-from .sandbox import NONE, Sandbox
+from .sandbox import NONE, Sandbox, Started
 from .suite import AgentSpec, Task
 
 MAX_LINE_BYTES = 1024 * 1024  # one protocol message from a command agent
@@ -215,7 +213,7 @@ def _token_count(message: JSONObject, key: str) -> int:
 class CommandAgent(Agent):
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
-        self._proc: Optional["subprocess.Popen[bytes]"] = None
+        self._proc: Optional[Started] = None
         self._lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
         self._stderr: Optional[IO[bytes]] = None
         self._stderr_path: Optional[Path] = None
@@ -328,8 +326,7 @@ class CommandAgent(Agent):
                     pass
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=0.5)
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the agent's children die with it
+            proc.kill_group()  # the agent's children die with it (its wait killed them, had it ended)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
             if proc.stdout is not None:

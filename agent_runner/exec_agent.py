@@ -44,7 +44,6 @@ from .pins import runner_home
 from .presets import PRESETS, McpServerConfig
 from .sandbox import NONE, Sandbox, reachable_by_others
 from .suite import AgentSpec, Task
-from .tools import kill_group
 from .trace import TraceWriter
 from .wire import (
     API_BASE_PATH,
@@ -287,8 +286,7 @@ def run_exec(task: Task, attempt: int, work: Path, env: Dict[str, str], scratch:
                             break
                         time.sleep(0.05)
                 finally:
-                    if proc.returncode is None:  # still running (a reaped pid's group may be another's now)
-                        kill_group(proc.pid)  # the agent's children die with it
+                    proc.kill_group()  # the agent's children die with it (its wait killed them, had it ended)
                     proc.wait()
     finally:
         if runtime is not None:

@@ -44,7 +44,7 @@ from .redact import redact, redact_text, secret_env_keys
 from .sandbox import NONE, PIDNS_UID, Sandbox, attempt_uid, reachable_by_others, split_level
 from .strays import StrayWatch
 from .suite import Suite, Task, load_suite
-from .tools import ToolBox, kill_group
+from .tools import ToolBox
 from .trace import TraceWriter
 
 if TYPE_CHECKING:  # imported where used: a run at pidns or none never needs a pool (~7 ms of imports)
@@ -402,9 +402,9 @@ class Runner:
         try:
             # read as it comes, the last bytes kept: a predicate printing without end costs no memory
             got = capture(proc, task.budget.timeout_s, PREDICATE_OUTPUT_CAP, keep="tail",
-                          on_timeout=lambda: kill_group(proc.pid))
+                          on_timeout=proc.kill_group)
         finally:
-            kill_group(proc.pid)
+            proc.kill_group()  # not ended (an error): it and what it started die; ended: its wait killed them
         if got.timed_out:
             return 124, "timed out", None  # like timeout(1): a predicate that hangs fails
         kept = got.kept.decode("utf-8", "replace").strip()
@@ -683,7 +683,8 @@ def _kill_own_process_groups() -> None:
         except (OSError, IndexError):
             continue
         if len(fields) > 1 and int(fields[1]) == me:
-            kill_group(pid)
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def default_host() -> str:

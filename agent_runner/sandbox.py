@@ -346,8 +346,7 @@ def _works(level: str, net: bool = False) -> bool:
     try:
         return proc.wait(timeout=_PROBE_TIMEOUT_S) == 0
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill_group()
         proc.wait()
         return False
 
@@ -576,6 +575,10 @@ class Started(subprocess.Popen[bytes]):
         self._status: Optional[int] = None  # the read end of the init's status pipe
         self._oom_before = oom_kills()
         self._oom_after: Optional[int] = None
+        # a pidfd of the process (from its zygote, or opened while it is the runner's unreaped child):
+        # it names that process only, never another that takes its pid once it is reaped
+        self._pidfd: Optional[int] = None
+        self._pidfd_lock = threading.Lock()
         # started by its slot's zygote (its namespaces made once, cleared after each process)
         self._zygote: Optional[zygote.Zygote] = None
         self._uid = box.uid if box.uid is not None else -1
@@ -612,6 +615,8 @@ class Started(subprocess.Popen[bytes]):
         finally:
             if write_end is not None:
                 os.close(write_end)  # the init holds the only other copy: its end is the pipe's end
+        with contextlib.suppress(AttributeError, OSError):  # none before Linux 5.3: see kill_group
+            self._pidfd = os.pidfd_open(self.pid)  # not reaped yet: the pid is this process's
 
     def _execute_child(self, args: Any, executable: Any, preexec_fn: Any, close_fds: Any, pass_fds: Any, cwd: Any,
                        env: Any, startupinfo: Any, creationflags: Any, shell: Any, p2cread: int, p2cwrite: int,
@@ -625,14 +630,59 @@ class Started(subprocess.Popen[bytes]):
             stdio = [p2cread if p2cread != -1 else 0, c2pwrite if c2pwrite != -1 else 1,
                      errwrite if errwrite != -1 else 2]
             environ = dict(os.environ) if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
-            self.pid = self._zygote.start(args, environ, os.getcwd() if cwd is None else os.fsdecode(cwd),
-                                          self._uid, stdio)
+            self.pid, self._pidfd = self._zygote.start(args, environ, os.getcwd() if cwd is None else os.fsdecode(cwd),
+                                                       self._uid, stdio)
             self._child_created = True
         finally:
             self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
 
+    def kill_group(self) -> None:
+        """SIGKILL to this process and what it started, only while its pid is surely still its own:
+        never once its end is known (a reaped pid is free, and another process's group may have it).
+        Started by a zygote: the process, through the pidfd the zygote sent (the zygote kills the rest
+        of its namespace once it has ended, before it says how). The runner's own child: its process
+        group while this object has not reaped it (even ended, the zombie holds its pid and its
+        group's); while another thread waits for it, the process through its pidfd, and that wait
+        kills what its group left (``_kill_left``)."""
+        if self._zygote is None and self._waitpid_lock.acquire(False):  # type: ignore[attr-defined]
+            try:
+                if self.returncode is None:
+                    with contextlib.suppress(OSError):
+                        os.killpg(self.pid, signal.SIGKILL)
+            finally:
+                self._waitpid_lock.release()  # type: ignore[attr-defined]
+            return
+        with self._pidfd_lock:
+            if self._pidfd is not None and self.returncode is None:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+
+    def _kill_left(self, block: bool) -> None:
+        """The runner's own child, once it has ended and before it is reaped: SIGKILL to what its process
+        group still holds (the zombie holds the group's id, so it is still this process's group). Only
+        with ``_waitpid_lock`` held, as every reap is; ``block``: wait for its end."""
+        if self.returncode is not None:
+            return
+        try:
+            ended = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG))
+        except (AttributeError, ChildProcessError):
+            return
+        if ended is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def _try_wait(self, wait_flags: int) -> Tuple[int, int]:
+        # every reap of Popen's wait is here, under its _waitpid_lock
+        self._kill_left(block=not wait_flags & os.WNOHANG)
+        return super()._try_wait(wait_flags)  # type: ignore[misc]
+
     def _internal_poll(self, _deadstate: Optional[int] = None, *args: Any, **kwargs: Any) -> Optional[int]:
         if self._zygote is None:
+            if self.returncode is None and self._waitpid_lock.acquire(False):  # type: ignore[attr-defined]
+                try:
+                    self._kill_left(block=False)
+                finally:
+                    self._waitpid_lock.release()  # type: ignore[attr-defined]
             return super()._internal_poll(_deadstate, *args, **kwargs)  # type: ignore[misc]
         if self.returncode is None:
             status = self._zygote.status(0)
@@ -660,6 +710,10 @@ class Started(subprocess.Popen[bytes]):
         """Once it has ended: the attempt's own status instead of the shell-like code of its init."""
         if self.returncode is None:
             return
+        with self._pidfd_lock:
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
         if self._oom_after is None:
             self._oom_after = oom_kills()
         if self._status is None:

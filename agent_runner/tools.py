@@ -7,10 +7,8 @@ an error observation and starts no process.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,11 +75,6 @@ def _cap(data: bytes, limit: int = MAX_OUTPUT_BYTES) -> str:
     if len(data) > limit:
         text += f"\n[truncated {len(data) - limit} bytes]"
     return text
-
-
-def kill_group(pid: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 class ToolBox:
@@ -208,9 +201,9 @@ class ToolBox:
             return _error(f"shell: cannot start {argv[0]!r}: {exc.strerror or exc}")
         self.processes_started += 1
         try:
-            got = capture(proc, timeout_s, MAX_OUTPUT_BYTES, keep="head", on_timeout=lambda: kill_group(proc.pid))
+            got = capture(proc, timeout_s, MAX_OUTPUT_BYTES, keep="head", on_timeout=proc.kill_group)
         finally:
-            kill_group(proc.pid)  # whatever it left running in the background dies with it
+            proc.kill_group()  # not ended (an error): it and what it started die; ended: its wait killed them
         if got.timed_out:
             return ToolResult(observation=f"error: timed out\n{_shown(got)}", error="timed out")
         if got.signal_name is not None:

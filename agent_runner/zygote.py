@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import pins, privs
 from .zygote_init import decode, encode, recv_fds, send_fds
@@ -97,9 +97,12 @@ class Zygote:
         with _all_lock:
             _all.append(self)
 
-    def start(self, argv: Sequence[str], env: Dict[str, str], cwd: str, uid: int, stdio: List[int]) -> int:
+    def start(self, argv: Sequence[str], env: Dict[str, str], cwd: str, uid: int,
+              stdio: List[int]) -> Tuple[int, int]:
         """Start ``argv`` as ``uid`` with ``stdio`` (its stdin, stdout, stderr); its pid, as this
-        process sees it. Raises what its exec (or chdir) raised; ``ZygoteLost`` when the zygote is gone."""
+        process sees it, and a pidfd of it (the caller's to close: the only safe handle to signal it,
+        the zygote reaps it). Raises what its exec (or chdir) raised; ``ZygoteLost`` when the zygote
+        is gone."""
         req = {"argv": [os.fsdecode(a) for a in argv], "env": env, "cwd": cwd, "uid": uid,
                "umask": _UMASK}
         try:
@@ -122,12 +125,14 @@ class Zygote:
             if said.get("filename") is not None:
                 raise OSError(err, os.strerror(err), said["filename"])
             raise OSError(err, os.strerror(err))
+        for fd in fds[1:]:
+            os.close(fd)
         try:
             with open(f"/proc/self/fdinfo/{fds[0]}") as f:
-                return int(next(line for line in f if line.startswith("Pid:")).split()[1])
-        finally:
-            for fd in fds:
-                os.close(fd)
+                return int(next(line for line in f if line.startswith("Pid:")).split()[1]), fds[0]
+        except BaseException:
+            os.close(fds[0])
+            raise
 
     def status(self, timeout: Optional[float]) -> Optional[int]:
         """The wait status of the started process once its namespace is clear; None when ``timeout``
