@@ -205,7 +205,6 @@ def replay_cmd(
     (--compare-last). 2: bad input. 3: a host failed or a verdict is error.
     4: inconclusive (tasks left undecided). 130: interrupted.
     """
-    from orchestrator import ui
     from orchestrator.commands.replay import (
         ReplayRequest,
         planned_hosts,
@@ -214,6 +213,7 @@ def replay_cmd(
     )
     from orchestrator.commands.shards import parse_shard
     from orchestrator.errors import InputError
+    from orchestrator.progress import ProgressView
     from orchestrator.selection import split_list
 
     if shard is not None and explain:
@@ -238,7 +238,7 @@ def replay_cmd(
 
         rounds = replay_until_decided
     try:
-        with ui.ProgressView(planned_hosts(request)) as view:
+        with ProgressView(planned_hosts(request)) as view:
             outcome = replay_command(request, on_event=view, rounds=rounds)
     except CrosshostError as exc:
         if scheduled:  # no run directory holds it: the one line goes where `history` shows it
@@ -246,6 +246,8 @@ def replay_cmd(
 
             record_failure(out, suite, exc)
         raise
+    from orchestrator import ui  # loaded while the hosts ran (commands/replay.py _AFTER_THE_HOSTS)
+
     code = ui.render_replay(outcome, causes=not explain)
     if not explain or outcome.report is None or not outcome.report.flipped:
         return code

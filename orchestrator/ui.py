@@ -1,26 +1,25 @@
-"""Everything crosshost draws on a terminal: the one module that imports ``rich``.
+"""Everything crosshost draws on a terminal once a command is over (a replay's live progress is
+``orchestrator/progress.py``'s, which uses ``rich`` only where stderr is a terminal).
 
 The commands compute; this module renders what they return. Text that comes from a host, an
 inventory, a suite or a trace (host names, task ids, stderr, errors) is never read as Rich markup:
 table cells are ``Text`` objects, lines are printed with ``markup=False`` and ``emoji=False``, so a
 ``[`` in it can neither crash the output nor style it, and ``:warning:`` stays those characters.
 
-The analysis and report modules are imported by the functions that draw a report, not here: a
-replay's progress view starts without them, and they load while its hosts run.
+The analysis and report modules are imported by the functions that draw a report, not here; a
+replay loads this module, and them, while its hosts run.
 """
 
 from __future__ import annotations
 
 import json
 import textwrap
-import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.live import Live
 from rich.markup import escape as _markup_escape
 from rich.measure import Measurement
 from rich.table import Table
@@ -106,78 +105,6 @@ class WholeColumn:
 
 
 # ------------------------------------------------------------------------------------------ replay
-
-
-class ProgressView:
-    """Per-host progress: a live table on a terminal, one line per event otherwise (CI, pipes)."""
-
-    def __init__(self, hosts: list[str], console: Console | None = None) -> None:
-        from orchestrator.hosts.workspace import STAGES  # here: the transport is not every command's import
-
-        self.stages = STAGES
-        self.hosts = hosts
-        self.console = console or err_console()
-        self.state: dict[str, tuple[str, str]] = {h: ("waiting", "") for h in hosts}
-        self.retries: dict[str, int] = dict.fromkeys(hosts, 0)
-        self.failed_at: dict[str, str] = {}
-        self.lock = threading.Lock()
-        self.live: Live | None = None
-
-    def __enter__(self) -> ProgressView:
-        if self.console.is_terminal:
-            # The table is built when the display refreshes, from the state then: an event only
-            # records its stage (a table per event is hosts x events of work, all under the lock the
-            # hosts' workers wait on).
-            self.live = Live(console=self.console, get_renderable=self._locked_table, refresh_per_second=8,
-                             transient=False)
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.__exit__(None, None, None)  # its last refresh draws the final state
-
-    def __call__(self, host: str, stage: str, detail: str) -> None:
-        with self.lock:
-            if stage == "retry":
-                self.retries[host] = self.retries.get(host, 0) + 1
-            elif host in self.state:
-                if stage in self.stages and stage != "clean":
-                    self.failed_at[host] = stage  # where a failure reported later happened
-                self.state[host] = (stage, detail)
-            if self.live is not None:
-                return
-        # printed outside the lock: a host's next stage never waits for another host's line
-        say(self.console, f"{host:>12}  {stage}" + (f": {detail}" if detail else ""))
-
-    def _locked_table(self) -> Table:
-        with self.lock:
-            return self._table()
-
-    def _table(self) -> Table:
-        table = Table(title="replay", show_edge=False)
-        table.add_column("host")
-        for stage in self.stages:
-            table.add_column(stage, justify="center")
-        table.add_column("note", overflow="fold")
-        for host in self.hosts:
-            stage, detail = self.state[host]
-            failed = stage == "failed"
-            at = self.failed_at.get(host, "connect") if failed else stage
-            reached = self.stages.index(at) if at in self.stages else (len(self.stages) if at == "done" else -1)
-            cells: list[Text] = []
-            for i, _ in enumerate(self.stages):
-                if i < reached:
-                    cells.append(plain("✓", style="green"))
-                elif i == reached:
-                    cells.append(plain("✗", style="red") if failed else plain("…", style="yellow"))
-                else:
-                    cells.append(plain(""))
-            note = detail
-            if self.retries.get(host):
-                note = f"{self.retries[host]} connect retr{'y' if self.retries[host] == 1 else 'ies'}; {note}"
-            table.add_row(plain(host), *cells, plain(note))
-        return table
 
 
 def summary_table(outcome: ReplayOutcome) -> Table:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser
 from orchestrator.analysis.attribution import cause_line, explain_cause, explain_spent, read_explain
@@ -25,9 +26,21 @@ from orchestrator.analysis.validity import (
     same_machine_notes,
 )
 from orchestrator.analysis.verdict import same_host
-from orchestrator.model.hold import HoldSummary
 from orchestrator.selection import TaskSelection
-from orchestrator.store.rundir import AttemptKey, ResultRow, Run, load_run
+from orchestrator.store.rundir import AttemptKey, ResultRow, Run, RunDir, load_run
+
+if TYPE_CHECKING:
+    from orchestrator.model.hold import HoldSummary
+
+
+def _held(run_dir: RunDir) -> HoldSummary | None:
+    """The run's held-model summary. Its module (and every model API's) loads only for a run that
+    has one: a run without a live model analyses without them."""
+    if not run_dir.model_hold_path.exists():
+        return None
+    from orchestrator.model.hold import HoldSummary
+
+    return HoldSummary.read(run_dir)
 
 
 def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelection | None = None) -> RunReport:
@@ -41,7 +54,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     contract = run.contract
     fingerprints = [f.to_json() for f in run.fingerprints.values()]
 
-    hold = HoldSummary.read(run.dir)
+    hold = _held(run.dir)
     summaries: dict[AttemptKey, AttemptSummary] = {}
     # one memo for every trace of the run
     summariser = TraceSummariser(contract, fingerprints, run.manifest.expect_findings)

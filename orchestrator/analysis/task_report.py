@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from itertools import islice
+from typing import TYPE_CHECKING
 
 from orchestrator.analysis.attempts import AttemptSummary, iter_steps, iter_turns_by_value
 from orchestrator.analysis.attribution import attribution, cause_line
@@ -23,8 +24,10 @@ from orchestrator.analysis.models import (
 from orchestrator.analysis.shapes import Step, arg_values_differing, shape_edits, step_of, turn_args
 from orchestrator.analysis.stats import wilson_interval
 from orchestrator.analysis.verdict import AGENT_CALL_KINDS, classify_task, who_acts
-from orchestrator.model.hold import HoldSummary
 from orchestrator.store.rundir import AttemptKey, Run
+
+if TYPE_CHECKING:
+    from orchestrator.model.hold import HoldSummary
 
 MAX_DIFF_STEPS = 20_000  # steps of one trace loaded for a shape diff
 MAX_SHAPE_DIFFS = 50  # entries per host and task in report.json

@@ -368,8 +368,9 @@ def replay(
     return outcome
 
 
-#: what a replay needs once its hosts are done: the analysis and its reports, the history index
-_AFTER_THE_HOSTS = ("orchestrator.report", "orchestrator.store.history")
+#: what a replay needs once its hosts are done: the analysis and its reports, the history index, and
+#: the tables that draw them (``rich``: the progress view before the hosts does without it off a terminal)
+_AFTER_THE_HOSTS = ("orchestrator.report", "orchestrator.store.history", "orchestrator.ui")
 
 
 def _loader(with_analysis: bool) -> Callable[[], None]:

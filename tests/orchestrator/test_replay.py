@@ -264,6 +264,7 @@ def test_a_token_on_a_runners_stderr_is_redacted_in_the_manifest_and_on_the_term
 
     from orchestrator import ui
     from orchestrator.commands.replay import replay_command
+    from orchestrator.progress import ProgressView
 
     token = "ghp_" + "A1b2" * 9
     inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "leak"})
@@ -278,7 +279,7 @@ def test_a_token_on_a_runners_stderr_is_redacted_in_the_manifest_and_on_the_term
     terminal, stdout = StringIO(), StringIO()
     req = _req(tmp_path, inv)
     err_console = Console(file=terminal, width=400)
-    with ui.ProgressView(["local", "box-b"], err_console) as view:
+    with ProgressView(["local", "box-b"], err_console) as view:
         outcome = replay_command(req, opener=_local_opener(), bundle=bundle, on_event=view, lint=False)
     code = ui.render_replay(outcome, err=err_console, out=Console(file=stdout, width=400))
     assert code == 3

@@ -12,6 +12,7 @@ from orchestrator import ui
 from orchestrator.analysis import analyse_run
 from orchestrator.commands.probe import ProbeResult
 from orchestrator.commands.replay import ReplayOutcome
+from orchestrator.progress import ProgressView
 from orchestrator.store.records import HostRecord, Manifest, SuiteRef
 from orchestrator.store.rundir import ResultRow, RunDir
 from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
@@ -49,7 +50,7 @@ def test_replay_summary_errors_and_reason_show_markup_as_text(tmp_path: Path) ->
 def test_progress_shows_a_hosts_stderr_as_text_live_and_line_by_line() -> None:
     for terminal in (False, True):
         console = _console(terminal)
-        with ui.ProgressView(["box-b"], console) as view:
+        with ProgressView(["box-b"], console) as view:
             view("box-b", "run", "")
             view("box-b", "failed", f"box-b: RunnerCrashed: {HOSTILE}")
         assert f"RunnerCrashed: {HOSTILE}" in console.export_text(), terminal
@@ -58,7 +59,7 @@ def test_progress_shows_a_hosts_stderr_as_text_live_and_line_by_line() -> None:
 def test_a_hosts_emoji_codes_stay_text_in_progress_lines_and_errors(tmp_path: Path) -> None:
     said = "box-b: RunnerCrashed: :smile: :warning: exit 1"
     console = _console()
-    with ui.ProgressView(["box-b"], console) as view:
+    with ProgressView(["box-b"], console) as view:
         view("box-b", "failed", said)
     outcome = _outcome(tmp_path)
     outcome.errors = {"box-b": said}

@@ -12,8 +12,7 @@ import datetime as _dt
 import sys
 import time
 from collections.abc import Callable
-
-import tenacity
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import HostUnreachable
 from orchestrator.hosts.inventory import HostConfig
@@ -33,6 +32,9 @@ if "paramiko" not in sys.modules and "invoke" not in sys.modules:
         del sys.modules["invoke"]
 
 from orchestrator.hosts.transport.ssh import SshHost  # noqa: E402
+
+if TYPE_CHECKING:
+    import tenacity
 
 __all__ = ["CommandHost", "ExecResult", "Host", "LocalHost", "Opener", "SshHost", "default_opener", "open_host", "CONNECT_ATTEMPTS"]
 
@@ -73,6 +75,27 @@ def open_host(
 
     budget_s = cfg.connect_timeout_s * _BUDGET_CONNECT_TIMEOUTS
     started = time.monotonic()
+    # The first attempt without the retry library: most connects succeed at once, and its import
+    # (tenacity's, with asyncio's parts) is then never paid. A failed first attempt is handed to it
+    # as its attempt 1, so the retries, the waits, the budget and the reports are as they were.
+    try:
+        return SshHost(cfg, accept_new=accept_new)
+    except HostUnreachable as exc:
+        return _retried(cfg, accept_new, on_retry, exc, started, budget_s)
+
+
+def _retried(
+    cfg: HostConfig,
+    accept_new: bool,
+    on_retry: RetryCallback | None,
+    failed_first: HostUnreachable,
+    started: float,
+    budget_s: float,
+) -> Host:
+    """``open_host`` after its first attempt failed with ``failed_first``: that failure is attempt 1."""
+    import tenacity
+
+    first: HostUnreachable | None = failed_first
 
     def report(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -88,10 +111,19 @@ def open_host(
                 )
             )
 
+    def attempt() -> Host:
+        nonlocal first
+        if first is not None:
+            failed, first = first, None
+            raise failed
+        return SshHost(cfg, accept_new=accept_new)
+
     retrying = tenacity.Retrying(
         # a name that does not resolve is HostUnreachable too, but not transient: not retried
         retry=tenacity.retry_if_exception(lambda e: isinstance(e, HostUnreachable) and e.transient),
-        stop=tenacity.stop_after_attempt(CONNECT_ATTEMPTS) | tenacity.stop_before_delay(budget_s),
+        # the budget counts from before the first attempt, which ran before this sequence started
+        stop=tenacity.stop_after_attempt(CONNECT_ATTEMPTS)
+        | tenacity.stop_before_delay(budget_s - (time.monotonic() - started)),
         # Jitter on top of a growing floor: purely random waits can spend every attempt within a second.
         # `multiplier`, not the deprecated `initial` (a DeprecationWarning): hence tenacity >= 9.2.1.
         wait=tenacity.wait_exponential_jitter(multiplier=0.5, max=max(1.0, cfg.connect_timeout_s / 2), jitter=0.25),
@@ -99,7 +131,7 @@ def open_host(
         reraise=True,
     )
     try:
-        host: Host = retrying(SshHost, cfg, accept_new=accept_new)
+        host: Host = retrying(attempt)
     except HostUnreachable as exc:
         attempts = retrying.statistics.get("attempt_number", 1)
         raise HostUnreachable(
