@@ -3,8 +3,8 @@
 Apart from ``orchestrator/ui.py`` (the tables drawn once a command is over) because it starts before
 the first host is reached: where stderr is not a terminal it prints its lines without ``rich``,
 whose import (and the tables') then happens while the hosts run, off the replay's wall time. The
-lines are the ones ``ui.say`` prints (tests/orchestrator/test_progress.py holds them side by side);
-a terminal, or a line with a tab (which ``rich`` expands by cell width), goes through ``rich``.
+lines are the ones ``terminal.say`` prints (tests/orchestrator/test_progress.py holds them side by
+side); a terminal, or a line with a tab (which ``rich`` expands by cell width), goes through ``rich``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def draws_on(stream: TextIO) -> bool:
 
 
 class PlainLines:
-    """``ui.say`` to a stream that is not a terminal, without ``rich``: the same characters."""
+    """``terminal.say`` to a stream that is not a terminal, without ``rich``: the same characters."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -49,11 +49,11 @@ class PlainLines:
     def __call__(self, text: str) -> None:
         line = printable(text)
         if "\t" in line:  # rich expands a tab to the next 8-cell stop, wide characters counted
-            from orchestrator import ui
+            from orchestrator import terminal
 
             if self._console is None:
-                self._console = ui.Console(file=self.stream)
-            ui.say(self._console, text)
+                self._console = terminal.Console(file=self.stream)
+            terminal.say(self._console, text)
             return
         self.stream.write(line + "\n")
         self.stream.flush()
@@ -81,10 +81,10 @@ class ProgressView:
     def _line_sink(self) -> Callable[[str], None]:
         if self.console is None and not draws_on(sys.stderr):
             return PlainLines(sys.stderr)
-        from orchestrator import ui
+        from orchestrator import terminal
 
-        console = self.console = self.console or ui.err_console()
-        return lambda line: ui.say(console, line)
+        console = self.console = self.console or terminal.err_console()
+        return lambda line: terminal.say(console, line)
 
     def __enter__(self) -> ProgressView:
         if self.console is not None and self.console.is_terminal:
@@ -122,7 +122,7 @@ class ProgressView:
     def _table(self) -> Table:
         from rich.table import Table
 
-        from orchestrator.ui import plain
+        from orchestrator.terminal import plain
 
         table = Table(title="replay", show_edge=False)
         table.add_column("host")

@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich import box
-from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.markup import escape as _markup_escape
-from rich.measure import Measurement
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from agent_runner.textguard import printable
 from orchestrator.exit_policy import undecided_line
 from orchestrator.hosts.fingerprint import run_workspace
+from orchestrator.terminal import WholeColumn, err_console, escape, out_console, plain, say
 
 if TYPE_CHECKING:
     from orchestrator.analysis.models import RunReport
@@ -39,69 +38,6 @@ if TYPE_CHECKING:
     from orchestrator.store.history import HistoryEntry, HistoryListing
     from orchestrator.store.records import Manifest
     from orchestrator.store.run_changes import Changes, FieldChange
-
-
-def plain(text: object, style: str = "") -> Text:
-    """Untrusted text as a table cell: shown as it is, never parsed as markup (titles and column
-    headers, which Rich styles itself, are ``escape``d instead)."""
-    return Text(printable(text), style=style)
-
-
-def escape(text: str) -> str:
-    """A title or column header from untrusted text: control characters shown, markup escaped."""
-    return _markup_escape(printable(text))
-
-
-def out_console() -> Console:
-    """stdout; not a terminal (CI logs, ``make demo | tee``): wide enough that fingerprints are not cut."""
-    return Console() if Console().is_terminal else Console(width=120)
-
-
-def err_console() -> Console:
-    return Console(stderr=True)
-
-
-def say(console: Console, text: str) -> None:
-    """One line of untrusted text, as it is: no markup, no emoji codes, no highlighting, never cut."""
-    console.print(printable(text), markup=False, emoji=False, highlight=False, soft_wrap=True)
-
-
-class WholeColumn:
-    """A table whose first column holds identifiers a user pastes back (a task's id into ``--tasks``):
-    never cut with "…". Where the table is wider than the terminal, the first column keeps its longest
-    value and the others give way down to their longest word; where even that does not fit, the
-    first column gets what is left and folds onto more lines. No column is ever cut."""
-
-    def __init__(self, table: Table) -> None:
-        self.table = table
-        self.laid_out = [(c.width, c.overflow) for c in table.columns]
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        columns = self.table.columns
-        for column, (width, overflow) in zip(columns, self.laid_out, strict=True):  # as built, at every width
-            column.width, column.overflow = width, overflow
-        ranges = []
-        for column in columns:
-            cells = [Measurement.get(console, options, c) for c in [column.header, *column.cells] if c is not None]
-            ranges.append((max((m.minimum for m in cells), default=1), max((m.maximum for m in cells), default=1)))
-        overhead = len(columns) + 1 + 2 * len(columns)  # borders, one space of padding each side
-        room = options.max_width - overhead
-        longest, lows, highs = ranges[0][1], [r[0] for r in ranges[1:]], [r[1] for r in ranges[1:]]
-        if longest + sum(highs) > room:
-            if longest + sum(lows) <= room:
-                first = longest  # whole: the others give way
-            else:  # folded anyway: the others keep what they need, the first at least a few words
-                first = max(1, min(room - sum(lows), max(min(longest, 16), room - sum(highs))))
-            widths = [first, *lows]
-            spare = room - sum(widths)
-            # what is left goes first to the columns it makes whole with the least
-            for i in sorted(range(1, len(widths)), key=lambda i: highs[i - 1] - widths[i]):
-                more = max(0, min(spare, highs[i - 1] - widths[i]))
-                widths[i] += more
-                spare -= more
-            for column, width in zip(columns, widths, strict=True):
-                column.width, column.overflow = width, "fold"
-        yield self.table
 
 
 # ------------------------------------------------------------------------------------------ replay

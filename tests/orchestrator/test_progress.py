@@ -1,4 +1,4 @@
-"""The replay's progress lines off a terminal, printed without rich: the characters ``ui.say`` prints."""
+"""The replay's progress lines off a terminal, printed without rich: the characters ``terminal.say`` prints."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 from rich.console import Console
 
-from orchestrator import ui
+from orchestrator import terminal
 from orchestrator.progress import PlainLines, ProgressView, draws_on
 
 LINES = [
@@ -31,7 +31,7 @@ LINES = [
 def test_a_plain_line_is_what_rich_prints_off_a_terminal(text: str) -> None:
     plain, rich = io.StringIO(), io.StringIO()
     PlainLines(plain)(text)
-    ui.say(Console(file=rich), text)
+    terminal.say(Console(file=rich), text)
     assert plain.getvalue() == rich.getvalue()
 
 
@@ -82,7 +82,7 @@ def test_the_view_off_a_terminal_does_not_import_rich() -> None:
         "from orchestrator.progress import ProgressView\n"
         "with ProgressView(['box-b']) as view:\n"
         "    view('box-b', 'run', '')\n"
-        "print(sorted(m for m in ('rich', 'orchestrator.ui') if m in sys.modules))\n"
+        "print(sorted(m for m in ('rich', 'orchestrator.ui', 'orchestrator.terminal') if m in sys.modules))\n"
     )
     env = {"PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
