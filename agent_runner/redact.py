@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import re
 from typing import Any, Iterable, List
@@ -71,17 +70,36 @@ _AFTER_MARKER = re.compile(
 )
 
 
+def _glob(name: str, pattern: str) -> bool:
+    """``fnmatch.fnmatchcase`` for the patterns above, whose only wildcard is ``*``: without the
+    regular expression ``fnmatch`` compiles for each (25 of them were ~4 ms of every runner's start)."""
+    first, *rest = pattern.split("*")
+    if not rest:
+        return name == pattern
+    last = rest.pop()
+    end = len(name) - len(last)
+    if end < len(first) or not name.startswith(first) or not name.endswith(last):
+        return False
+    at = len(first)
+    for part in rest:  # each in turn, leftmost: what a ``*`` before it skips is the least it can be
+        at = name.find(part, at, end)
+        if at < 0:
+            return False
+        at += len(part)
+    return True
+
+
 # Keys repeat endlessly (every trace record is redacted; 17 patterns per key), so both answers are
 # memoised. Bounded: a key is short, and an unbounded cache would grow with hostile input.
 @functools.lru_cache(maxsize=4096)
 def is_secret_env_key(name: str) -> bool:
     upper = name.upper()
-    if any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_PATTERNS):
+    if any(_glob(upper, pattern) for pattern in SECRET_ENV_PATTERNS):
         return True
     if _PASSWORD_WORD.search(upper):
         return True
     upper = _HARMLESS_WORDS.sub("", upper)
-    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_FAMILIES)
+    return any(_glob(upper, pattern) for pattern in SECRET_ENV_FAMILIES)
 
 
 def looks_like_credential(value: str) -> bool:
@@ -98,7 +116,7 @@ def secret_env_keys(keys: Iterable[str]) -> List[str]:
 def is_secret_key(name: str) -> bool:
     upper = name.upper()
     return bool(_SECRET_KEY.search(_CAMEL.sub("_", name))) or any(
-        fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_ENV_PATTERNS
+        _glob(upper, pattern) for pattern in SECRET_ENV_PATTERNS
     )
 
 

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -42,13 +43,13 @@ from .pins import env_sha, runner_home, task_pins
 from .records import EvidenceCut, Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
 from .sandbox import NONE, PIDNS_UID, Sandbox, attempt_uid, reachable_by_others, split_level
-from .strays import StrayWatch
+from .strays import StrayWatch, keep_until_exit, walk_beside
 from .suite import Suite, Task, load_suite
 from .tools import ToolBox
 from .trace import TraceWriter
 
-if TYPE_CHECKING:  # imported where used: a run at pidns or none never needs a pool (~7 ms of imports)
-    from concurrent.futures import Future, ThreadPoolExecutor
+if TYPE_CHECKING:  # imported where used: only a run in slots needs a pool (~7 ms of imports)
+    from concurrent.futures import Future
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
 PREDICATE = "run_tests.sh"
@@ -140,49 +141,72 @@ class Removals:
     and an attempt has five. Only a directory whose every file is its attempt's own uid's is handed
     here (``pidns+uid``): mode 700 to that uid, whose processes are all gone with its namespace, and
     the uid is given to no other attempt until the directory is gone (``done``). Every removal has
-    ended before the run's leftovers are looked for (``wait``)."""
+    ended before the run's leftovers are looked for (``wait``). Plain threads and a queue, not
+    ``concurrent.futures``: its import (with ``logging``) was ~7 ms of every run's start."""
 
     WORKERS = 8
 
     def __init__(self) -> None:
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._pending: List["Future[None]"] = []
+        self._todo: "queue.SimpleQueue[Optional[Tuple[Path, Callable[[], None]]]]" = queue.SimpleQueue()
+        self._threads: List[threading.Thread] = []
         self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)
+        self._open = 0  # handed over and not yet ended
+        self._errors: List[BaseException] = []
 
     def remove(self, path: Path, done: Callable[[], None]) -> None:
-        def one() -> None:
+        with self._lock:
+            self._open += 1
+            if self._open > len(self._threads) and len(self._threads) < self.WORKERS:
+                thread = threading.Thread(target=self._work, name="remove", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._todo.put((path, done))
+
+    def _work(self) -> None:
+        while True:
+            item = self._todo.get()
+            if item is None:
+                return
+            path, done = item
+            errors: List[BaseException] = []
             try:
                 _remove_tree(path)
-            finally:
+            except BaseException as exc:  # noqa: B036 (raised again by ``wait``)
+                errors.append(exc)
+            try:  # its uid is free again whatever happened
                 done()
-
-        with self._lock:
-            if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._pool = ThreadPoolExecutor(max_workers=self.WORKERS, thread_name_prefix="remove")
-            self._pending = [f for f in self._pending if not f.done() or f.exception() is not None]
-            self._pending.append(self._pool.submit(one))
+            except BaseException as exc:  # noqa: B036
+                errors.append(exc)
+            with self._lock:
+                self._errors += errors
+                self._open -= 1
+                self._ended.notify_all()
 
     def wait(self) -> None:
         """Block until every removal handed over so far has ended; raise the first one's error."""
         with self._lock:
-            pending, self._pending = self._pending, []
-        errors = [exc for exc in (f.exception() for f in pending) if exc is not None]
+            while self._open:
+                self._ended.wait()
+            errors, self._errors = self._errors, []
         if errors:
             raise RunnerError(f"an attempt's directory could not be removed: {errors[0]}")
 
     def close(self) -> None:
         with contextlib.suppress(RunnerError):
             self.wait()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        with self._lock:
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._todo.put(None)
+        for thread in threads:
+            thread.join()
 
 
 class Runner:
     def __init__(self, suite: Suite, options: RunOptions, out: Path, workspace_root: Path,
                  fingerprint: Fingerprint, host: str, run_id: str, env_allow: List[str],
-                 stray_walk: Optional["Future[StrayWatch]"] = None) -> None:
+                 stray_walk: Optional[Callable[[], StrayWatch]] = None) -> None:
         self.suite = suite
         self.options = options
         self.out = out
@@ -209,7 +233,7 @@ class Runner:
         # Only a uid of its own makes what an attempt left outside its workspace attributable to it.
         self.stray_watch: Optional[StrayWatch] = None
         if self.isolation == PIDNS_UID:
-            self.stray_watch = stray_walk.result() if stray_walk is not None else StrayWatch(self.home)
+            self.stray_watch = stray_walk() if stray_walk is not None else StrayWatch(self.home)
         self.removals = Removals()
         self._pins: Dict[str, Dict[str, Any]] = {}
 
@@ -558,7 +582,8 @@ def run_suite(options: RunOptions) -> int:
     try:
         # The fingerprint describes where agents work: the configured workspace root (stable across runs).
         run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(3).hex()  # as uuid4().hex[:6]
-        stray_walk = _stray_walk_beside()
+        # only where its attempts may get uids of their own (root); on a thread, while the fingerprint is taken
+        stray_walk = walk_beside(os.environ.get("HOME")) if os.geteuid() == 0 else None
         fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
                               allowed_commands=commands_of(suite.tools), open_network=suite.network == "open")
         write_announced(out, out / "fingerprint.json",
@@ -606,24 +631,11 @@ def run_suite(options: RunOptions) -> int:
         zygote.close_all()  # every slot's namespaces end with the run
         if runner is not None:
             runner.removals.close()  # also when terminated: every attempt's directory is gone first
+            keep_until_exit(runner.stray_watch)  # its descriptor closes with the process
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
         if own_root:
             _remove_tree(workspace_root)
-
-
-def _stray_walk_beside() -> Optional["Future[StrayWatch]"]:
-    """The stray watch's walk (``StrayWatch``) on a thread of its own, while the fingerprint's isolation
-    probe waits on the processes it starts; only where its attempts may get uids of their own (root)."""
-    if os.geteuid() != 0:
-        return None
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strays")
-    try:
-        return pool.submit(StrayWatch, os.environ.get("HOME"))
-    finally:
-        pool.shutdown(wait=False)  # the walk goes on; the pool's thread ends with it
 
 
 def run_in_slots(runner: Runner, attempts: List[Tuple[Task, int]], slots: int,

@@ -331,15 +331,25 @@ def _wrapped(level: str, uid: Optional[int], argv: Sequence[str],
     return tracer(inner)
 
 
-def _works(level: str, net: bool = False) -> bool:
-    """Try the level once: a process in it sees a fresh /proc (its own few processes), with a uid of
-    its own is not root, and with ``net`` sees no socket of the host (a fresh /proc/net)."""
-    check = 'set -- /proc/[0-9]*; test "$#" -le 3' + (' && test "$(id -u)" != 0' if level == PIDNS_UID else "")
+def probe_script(level: str, net: bool, proc: str = "/proc") -> str:
+    """The shell check a process at ``level`` passes only when it works: it sees a fresh ``proc``
+    (its own few processes), with a uid of its own its effective uid is not root, and with ``net`` it
+    sees no socket of the host (a fresh ``proc``/net: one header line in ``tcp`` and ``unix``). Shell
+    builtins only: a probe starts no program but ``sh`` (each one was a fork and an exec at every run)."""
+    check = f'set -- {proc}/[0-9]*; test "$#" -le 3'
+    if level == PIDNS_UID:  # Uid: real, effective, saved, file system
+        check += (f' && u=0 && while read -r k r e s; do if test "$k" = Uid:; then u=$e; fi; done'
+                  f' < {proc}/self/status && test "$u" != 0')
     if net:
-        check += ' && test "$(wc -l < /proc/net/tcp)" -le 1 && test "$(wc -l < /proc/net/unix)" -le 1'
+        check += "".join(f" && {{ ! {{ read -r l && read -r l; }}; }} < {proc}/net/{f}" for f in ("tcp", "unix"))
+    return check
+
+
+def _works(level: str, net: bool = False) -> bool:
+    """Try the level once (``probe_script``)."""
     try:
         proc = Sandbox(level, UID_BASE + UID_SPAN - 1, net=net).popen(
-            ["sh", "-c", check], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            ["sh", "-c", probe_script(level, net)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env={"PATH": os.defpath})
     except OSError:
         return False
@@ -370,6 +380,25 @@ def oom_kills() -> Optional[int]:
 
 
 _detected: Optional[str] = None
+#: ``detect_soon``'s thread, and what it raised (raised again by the ``detect`` that waits for it)
+_detecting: Optional[threading.Thread] = None
+_detect_failed: List[BaseException] = []
+
+
+def detect_soon() -> None:
+    """Start ``detect(network=True)`` on a thread of its own: its probe's processes run while this
+    process goes on (importing the runner, reading the suite); the next ``detect`` waits for it. A
+    suite whose network is open uses only its level, the one ``detect()`` would find."""
+    global _detecting
+    if _detected is None and _detecting is None:
+        def probe() -> None:
+            try:
+                detect(network=True)
+            except BaseException as exc:  # noqa: B036 (raised again where it is waited for)
+                _detect_failed.append(exc)
+
+        _detecting = threading.Thread(target=probe, name="detect", daemon=True)
+        _detecting.start()
 
 
 def detect(network: bool = False) -> str:
@@ -377,6 +406,10 @@ def detect(network: bool = False) -> str:
     the level is tried with a network namespace first, so a host that gives both is tried once (and
     ``detect_network`` knows without trying again); without one, as before."""
     global _detected
+    if _detecting is not None and _detecting is not threading.current_thread():
+        _detecting.join()
+        if _detect_failed:
+            raise _detect_failed[0]
     if _detected is None:
         _detected = NONE
         if sys.platform.startswith("linux"):

@@ -24,7 +24,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 #: where an attempt's stray files are looked for (besides the runner's HOME), and how deep
 STRAY_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -134,8 +134,46 @@ class _Changes:
             self.fd = -1
 
     def __del__(self) -> None:
+        if sys.is_finalizing():  # the process's exit closes it without waiting (see ``keep_until_exit``)
+            return
         with contextlib.suppress(OSError, AttributeError):
             self.close()
+
+
+def walk_beside(home: Optional[str]) -> Callable[[], "StrayWatch"]:
+    """``StrayWatch(home)`` on a thread of its own, started now: it waits on the file system while the
+    run goes on. Returns what waits for it (raising what it raised)."""
+    got: List[StrayWatch] = []
+    failed: List[BaseException] = []
+
+    def walk() -> None:
+        try:
+            got.append(StrayWatch(home))
+        except BaseException as exc:  # noqa: B036 (raised again by ``result``)
+            failed.append(exc)
+
+    thread = threading.Thread(target=walk, name="strays", daemon=True)
+    thread.start()
+
+    def result() -> StrayWatch:
+        thread.join()
+        if failed:
+            raise failed[0]
+        return got[0]
+
+    return result
+
+
+#: the last run's watch (``keep_until_exit``)
+_kept: Optional["StrayWatch"] = None
+
+
+def keep_until_exit(watch: Optional["StrayWatch"]) -> None:
+    """Keep ``watch`` (its inotify descriptor) open until the next run keeps its own or the process
+    ends: closing an inotify descriptor waits for the kernel (10-15 ms at the end of every run), the
+    process's exit does not."""
+    global _kept
+    _kept = watch
 
 
 class StrayWatch:

@@ -1,0 +1,170 @@
+"""What the runner's start no longer pays for says what the plain version it replaces said: the
+secret-name globs matched without ``fnmatch``, the fingerprint's platform facts without ``platform``,
+the isolation probe with shell builtins only; and a run imports neither ``concurrent.futures`` nor
+``platform``."""
+
+from __future__ import annotations
+
+import fnmatch
+import gc
+import itertools
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_runner import fingerprint, redact, sandbox, strays
+from tests.support.runner import clean_env, predicate_suite
+
+
+def test_the_secret_name_globs_match_what_fnmatch_matched() -> None:
+    patterns = [*redact.SECRET_ENV_PATTERNS, *redact.SECRET_ENV_FAMILIES, "*", "A*A", "*A*B*", "AB*BA", "**X"]
+    assert not any(c in p for p in patterns for c in "?[]")  # the only wildcard the globs know
+    pieces = ["", "A", "B", "X", "_", "API", "KEY", "_KEY", "TOKEN", "PAT", "AUTH", "AUTHOR", "PRIVATE",
+              "PASSWORD", "PWD", "SECRET", "OPENAI", "BA", "AB", "OPENAI_", "_PAT", "KEY_BASE"]
+    rng = random.Random(7)
+    names = {"".join(p) for p in itertools.product(pieces[:9], repeat=3)}
+    names |= {"".join(rng.choice(pieces) for _ in range(rng.randint(0, 5))) for _ in range(3000)}
+    for name in names:
+        for pattern in patterns:
+            assert redact._glob(name, pattern) == fnmatch.fnmatchcase(name, pattern), (name, pattern)
+        assert redact.is_secret_env_key.__wrapped__(name) == _plain_is_secret_env_key(name), name
+
+
+def _plain_is_secret_env_key(name: str) -> bool:
+    """``is_secret_env_key`` as it was, through ``fnmatch``."""
+    upper = name.upper()
+    if any(fnmatch.fnmatchcase(upper, p) for p in redact.SECRET_ENV_PATTERNS):
+        return True
+    if redact._PASSWORD_WORD.search(upper):
+        return True
+    upper = redact._HARMLESS_WORDS.sub("", upper)
+    return any(fnmatch.fnmatchcase(upper, p) for p in redact.SECRET_ENV_FAMILIES)
+
+
+def test_the_platform_facts_are_what_the_platform_module_says() -> None:
+    assert fingerprint.platform_facts() == (
+        platform.platform(), platform.machine(), f"{platform.python_implementation()} {platform.python_version()}")
+
+
+@pytest.mark.parametrize("parts", [
+    ("Linux", "6.1.0-18-amd64", "x86_64", "with", "glibc2.36"),
+    ("Linux", "5.15.0 (custom) #1", "aarch64", "with", "glibc2.35"),
+    ("Linux", "4.19.0-unknown:x/y;z\"q\\", "armv7l", "with", "glibc2.28"),
+    ("Linux", "", "", "with", "glibc2.17"),
+])
+def test_the_platform_string_is_formatted_as_the_platform_module_formats_it(parts: tuple[str, ...]) -> None:
+    system, release, machine, word, libc = parts
+    assert fingerprint._filename_safe(*parts) == platform._platform(system, release, machine, "", word, libc)  # type: ignore[attr-defined]
+
+
+def test_a_run_imports_neither_concurrent_futures_nor_platform(tmp_path: Path) -> None:
+    """A run of a suite as a host starts it (its import list, after the run, from the same process);
+    as root at ``pidns+uid``, where attempt directories are removed beside the run (``Removals``)."""
+    for d in (tmp_path, *tmp_path.parents):
+        if d != Path("/"):
+            d.chmod(d.stat().st_mode | 0o001)  # the attempts' own uid reaches its workspace (pidns+uid)
+    suite = predicate_suite(tmp_path, "exit 0\n", tasks=2)
+    code = (
+        "import sys, json\n"
+        "from agent_runner.__main__ import main\n"
+        f"rc = main(['run', '--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, "
+        f"'--workspace-root', {str(tmp_path / 'ws')!r}, '--host', 'h'])\n"
+        "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["rc"] == 0, done.stderr
+    assert not {"concurrent.futures", "logging", "platform"} & set(got["modules"])
+    if os.geteuid() == 0:
+        isolation = json.loads((tmp_path / "out" / "fingerprint.json").read_text())["isolation"]
+        assert isolation.endswith("pidns+uid"), isolation
+
+
+def _plain_probe_script(level: str, net: bool, proc: str) -> str:
+    """The probe as it was: ``id`` and two ``wc`` started by the shell at every run."""
+    check = f'set -- {proc}/[0-9]*; test "$#" -le 3' + (' && test "$(id -u)" != 0' if level == sandbox.PIDNS_UID else "")
+    if net:
+        check += f' && test "$(wc -l < {proc}/net/tcp)" -le 1 && test "$(wc -l < {proc}/net/unix)" -le 1'
+    return check
+
+
+def test_the_probe_with_shell_builtins_passes_and_fails_where_the_plain_one_did(tmp_path: Path) -> None:
+    """Both checks run against a made-up /proc (its processes, the effective uid, the sockets); the
+    plain one's ``id`` says the same uid as the made-up status."""
+    cases = itertools.product((2, 3, 4), ((0, 0), (0, 1990999999), (1990999999, 0), (5, 5)), (0, 1, 2),
+                              (1, 3), (sandbox.PIDNS_UID, sandbox.PIDNS), (False, True))
+    outcomes = set()
+    for n, (pids, (ruid, euid), tcp, unix, level, net) in enumerate(cases):
+        proc, bin_dir = tmp_path / f"proc{n}", tmp_path / f"bin{n}"
+        for pid in range(1, pids + 1):
+            (proc / str(pid)).mkdir(parents=True)
+        (proc / "self").mkdir()
+        (proc / "self" / "status").write_text(f"Name:\tsh\nUid:\t{ruid}\t{euid}\t{euid}\t{euid}\nGid:\t0\t0\t0\t0\n")
+        (proc / "net").mkdir()
+        (proc / "net" / "tcp").write_text("".join(f"line {i}\n" for i in range(tcp)))
+        (proc / "net" / "unix").write_text("".join(f"line {i}\n" for i in range(unix)))
+        bin_dir.mkdir()
+        (bin_dir / "id").write_text(f"#!/bin/sh\necho {euid}\n")
+        (bin_dir / "id").chmod(0o755)
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+        said = [subprocess.run(["sh", "-c", script(level, net, str(proc))], env=env, check=False).returncode == 0
+                for script in (sandbox.probe_script, _plain_probe_script)]
+        assert said[0] == said[1], (pids, ruid, euid, tcp, unix, level, net)
+        outcomes.add(said[0])
+    assert outcomes == {True, False}
+
+
+def _inotify_open(fd: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+    except OSError:
+        return False
+
+
+def test_the_last_runs_stray_watch_stays_open_until_the_next_run_or_the_exit(tmp_path: Path) -> None:
+    """Closing an inotify descriptor waits for the kernel: the run's is left to the process's exit."""
+    first = strays.StrayWatch(None, roots=[str(tmp_path)])
+    first.mark()
+    assert first._changes is not None
+    fd = first._changes.fd
+    strays.keep_until_exit(first)
+    del first
+    gc.collect()
+    assert _inotify_open(fd)
+    strays.keep_until_exit(None)  # the next run keeps its own: this one is closed then
+    gc.collect()
+    assert not _inotify_open(fd)
+
+
+def test_detect_soon_finds_what_detect_finds_and_raises_what_it_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fresh() -> None:
+        monkeypatch.setattr(sandbox, "_detected", None)
+        monkeypatch.setattr(sandbox, "_net_works", {})
+        monkeypatch.setattr(sandbox, "_detecting", None)
+        monkeypatch.setattr(sandbox, "_detect_failed", [])
+
+    fresh()
+    plain = sandbox.detect(network=True)
+    plain_net = sandbox.detect_network(plain)
+    fresh()
+    sandbox.detect_soon()
+    assert sandbox._detecting is not None
+    assert (sandbox.detect(), sandbox.detect_network(sandbox.detect())) == (plain, plain_net)
+    fresh()
+
+    def broken(level: str, net: bool = False) -> bool:
+        raise RuntimeError("the probe broke")
+
+    monkeypatch.setattr(sandbox, "_works", broken)
+    monkeypatch.setattr(sandbox.sys, "platform", "linux")
+    sandbox.detect_soon()
+    with pytest.raises(RuntimeError, match="the probe broke"):
+        sandbox.detect()
