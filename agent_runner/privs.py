@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import struct
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 _PR_SET_PDEATHSIG = 1
 _SYS_CLOSE_RANGE = 436  # the same number on every Linux architecture (5.9+)
@@ -63,6 +63,83 @@ def new_session_keyring() -> None:
     if libc().syscall(number, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0 and ctypes.get_errno() != 38:  # ENOSYS
         err = ctypes.get_errno()
         raise OSError(err, f"keyctl join session keyring: {os.strerror(err)}")
+
+
+#: the key system calls (add_key, request_key, keyctl) by machine: (its audit arch, their numbers),
+#: and those of the 32-bit calls the same kernel takes from it (x86_64's i386, aarch64's arm); x86_64's
+#: x32 calls are its own numbers with bit 30 set
+_KEY_CALLS = {
+    "x86_64": ((0xC000003E, (248, 249, 250)), (0x40000003, (286, 287, 288))),
+    "aarch64": ((0xC00000B7, (217, 218, 219)), (0x40000028, (309, 310, 311))),
+    "riscv64": ((0xC00000F3, (217, 218, 219)), None),
+    "ppc64le": ((0xC0000015, (269, 270, 271)), None),
+}
+_X32 = 0x40000000
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_RET_ALLOW, _RET_EPERM = 0x7FFF0000, 0x00050000 | 1
+_LD_ABS, _JEQ, _RET = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def key_filter() -> Optional[_SockFprog]:
+    """A seccomp filter that refuses the key system calls (EPERM, as Docker's default profile does)
+    but ``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``: an attempt's uid is drawn again by later
+    attempts, and a key in its user keyrings (``@u``, ``@us``, its persistent one) would outlive it
+    for them to read; joining a new anonymous session keyring (the zygote does, before each process)
+    shares nothing. None on a machine not listed (little-endian ones only: the argument checks read
+    the low word first)."""
+    calls = _KEY_CALLS.get(os.uname().machine)
+    if calls is None:
+        return None
+    (arch, (add_key, request_key, keyctl)), compat = calls
+    # (label, code, k, jump to if equal, if not): a jump names a label (None: the next instruction)
+    prog: List[Tuple[Optional[str], int, int, Optional[str], Optional[str]]] = [
+        (None, _LD_ABS, 4, None, None),  # seccomp_data.arch
+        (None, _JEQ, arch, "native", None),
+        (None, _JEQ, compat[0] if compat else arch, "compat", "allow"),
+        ("native", _LD_ABS, 0, None, None),  # seccomp_data.nr
+        (None, _JEQ, keyctl, "keyctl", None),
+    ]
+    refused = [add_key, request_key] + ([_X32 | n for n in (add_key, request_key, keyctl)] if arch == 0xC000003E else [])
+    prog += [(None, _JEQ, n, "deny", None) for n in refused]
+    prog += [
+        (None, _RET, _RET_ALLOW, None, None),
+        ("keyctl", _LD_ABS, 16, None, None),  # args[0], an int: its low word
+        (None, _JEQ, _KEYCTL_JOIN_SESSION_KEYRING, None, "deny"),
+        (None, _LD_ABS, 24, None, None),  # args[1]: NULL, both words
+        (None, _JEQ, 0, None, "deny"),
+        (None, _LD_ABS, 28, None, None),
+        (None, _JEQ, 0, "allow", "deny"),
+        ("compat", _LD_ABS, 0, None, None),
+    ]
+    prog += [(None, _JEQ, n, "deny", None) for n in (compat[1] if compat else ())]
+    prog += [("allow", _RET, _RET_ALLOW, None, None), ("deny", _RET, _RET_EPERM, None, None)]
+    at = {label: i for i, (label, *_rest) in enumerate(prog) if label is not None}
+
+    def jump(i: int, to: Optional[str]) -> int:
+        return 0 if to is None else at[to] - i - 1
+
+    built = (_SockFilter * len(prog))(*(_SockFilter(code, jump(i, jt), jump(i, jf), k)
+                                        for i, (_label, code, k, jt, jf) in enumerate(prog)))
+    fprog = _SockFprog(len(prog), ctypes.cast(built, ctypes.POINTER(_SockFilter)))
+    _FILTERS.append(built)  # the array lives as long as the program
+    return fprog
+
+
+_FILTERS: List[ctypes.Array] = []
+
+
+def refuse_keys(libc: ctypes.CDLL, fprog: Optional[_SockFprog]) -> None:
+    """Install ``key_filter`` in this process (before its exec; kept by every child and exec after)."""
+    if fprog is not None:
+        _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp: refuse the key calls")
 
 
 def _check(result: int, what: str) -> None:

@@ -129,6 +129,8 @@ class _Enter:
         self.libc = _libc()
         self.uid = uid  # the attempt's own, taken in its process before its exec (None: it keeps the runner's)
         self.last_cap = _last_cap() if uid is not None else 0
+        # a uid of its own is drawn again by later attempts: no key may outlive it in its keyrings
+        self.keys = privs.key_filter() if level == PIDNS_UID else None
         self.handled = _handled_signals()
         _close_range_works()  # found out here, never first in the fork
 
@@ -165,6 +167,7 @@ class _Enter:
                 listener.close()
             if self.uid is not None:
                 _become(libc, self.uid, self.last_cap)  # raised here: subprocess reports it, nothing runs
+            privs.refuse_keys(libc, self.keys)
             return
         if listener is not None and self.relay is not None:
             _forwarding_init(attempt, self.status_fd, fds, listener, self.relay[1])

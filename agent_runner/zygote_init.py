@@ -178,6 +178,7 @@ def serve(fd: int, net: bool) -> None:
         privs._check(libc.prctl(privs._PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         ctl = socket.socket(fileno=fd)
         privs._for_children(libc, privs._last_cap())
+        privs.refuse_keys(libc, privs.key_filter())  # its processes' uids are drawn again: no key outlives them
         if net:
             # no TIME_WAIT socket outlives its processes, and no TCP metrics are kept for the next
             _sysctl("/proc/sys/net/ipv4/tcp_max_tw_buckets", b"0")

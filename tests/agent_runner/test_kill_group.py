@@ -20,7 +20,7 @@ from agent_runner.sandbox import NONE, PIDNS_UID, Sandbox
 from agent_runner.tools import ToolBox
 from tests.agent_runner.test_sandbox_forks import _alive, _attempt_dir
 
-UID = sandbox.UID_BASE + 779
+UID = sandbox.UID_BASE + 781
 CONTRACT = {"contract_id": "c", "tools": [{"name": "shell"}]}
 
 

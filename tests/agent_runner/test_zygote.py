@@ -231,8 +231,8 @@ KEYRING_LOOK = (
     "import ctypes\n"
     "c = ctypes.CDLL(None, use_errno=True)\n"
     "buf = ctypes.create_string_buffer(256)\n"
-    f"c.syscall({KEYCTL}, {KEYCTL_DESCRIBE}, {KEY_SPEC_SESSION_KEYRING}, buf, 256)\n"
-    "print('ring', buf.value.decode().rsplit(';', 1)[-1])\n"
+    f"described = c.syscall({KEYCTL}, {KEYCTL_DESCRIBE}, {KEY_SPEC_SESSION_KEYRING}, buf, 256)\n"
+    "print('ring', buf.value.decode().rsplit(';', 1)[-1] if described > 0 else 'refused')\n"
     f"found = c.syscall({KEYCTL}, {KEYCTL_SEARCH}, {KEY_SPEC_SESSION_KEYRING}, b'user', b'left', 0)\n"
     "print('left', found > 0)\n"
     f"c.syscall({ADD_KEY}, b'user', b'left', b'from the previous attempt', 25, {KEY_SPEC_SESSION_KEYRING})\n"
@@ -261,4 +261,36 @@ def test_no_attempt_possesses_the_runners_session_keyring_or_the_previous_ones(t
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["ring _ses", "left False", "ring _ses", "left False"], done.stdout
+    # the key calls are refused outright (below); where they were not, the ring was a new anonymous one
+    assert done.stdout.splitlines() == ["ring refused", "left False", "ring refused", "left False"], done.stdout
+
+
+USER_KEYRINGS = (
+    "import ctypes, os\n"
+    "c = ctypes.CDLL(None, use_errno=True)\n"
+    "for name, ring in (('u', -4), ('us', -5)):\n"
+    f"    found = c.syscall({KEYCTL}, {KEYCTL_SEARCH}, ring, b'user', b'left-' + name.encode(), 0)\n"
+    "    print(name, 'found' if found > 0 else 'none')\n"
+    f"    added = c.syscall({ADD_KEY}, b'user', b'left-' + name.encode(), b'secret', 6, ring)\n"
+    "    print(name, 'added' if added > 0 else os.strerror(ctypes.get_errno()))\n"
+)
+
+
+@pytest.mark.parametrize("reuse", [True, False], ids=["zygote", "own"])
+def test_a_key_an_attempt_leaves_in_its_uids_keyrings_is_never_the_next_attempts_of_that_uid(
+    tmp_path: Path, reuse: bool
+) -> None:
+    """An attempt's uid is drawn again by later attempts (once its directory is gone), and its user
+    keyrings (``@u``, ``@us``) live on with the uid: the key system calls are refused to every
+    process of an attempt, so nothing can be left there, nor read."""
+    assert os.uname().machine == "x86_64", "the system call numbers above are x86_64's"
+    cwd = _attempt_dir(tmp_path)
+    said = []
+    for _ in range(2):  # two attempts of the same uid, one after the other
+        proc = _box(False, uid=UID + 1, reuse=reuse).popen(
+            ["python3", "-c", USER_KEYRINGS], env={"PATH": "/usr/bin:/bin"}, cwd=cwd,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert (proc._zygote is not None) == reuse
+        said.append(proc.communicate(timeout=60)[0].decode().splitlines())
+    refused = ["u none", "u Operation not permitted", "us none", "us Operation not permitted"]
+    assert said == [refused, refused], said
