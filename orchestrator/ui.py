@@ -12,6 +12,7 @@ replay loads this module, and them, while its hosts run.
 
 from __future__ import annotations
 
+import io
 import json
 import textwrap
 from collections.abc import Iterable, Mapping
@@ -94,6 +95,16 @@ def interrupted_line(manifest: Manifest) -> str:
     elif never:
         said.append(f"none created on {', '.join(never)}")
     return "; ".join(said)
+
+
+def warm() -> None:
+    """Draw a small table once, to nowhere: what ``rich`` loads on its first table (its emoji codes,
+    its Unicode width data) then loads here. A replay calls this while its hosts run, so its first
+    table after them does not wait for that (tests/orchestrator/test_ui_warm.py)."""
+    table = Table(title=escape("warm · ✓"))
+    table.add_column("✓ … ✗")
+    table.add_row(plain("…"), plain("✓"))
+    Console(file=io.StringIO(), width=80).print(Group(table, plain("✗")))
 
 
 def render_replay(

@@ -18,6 +18,7 @@ import gc
 import importlib
 import json
 import shutil
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -385,6 +386,10 @@ def _loader(with_analysis: bool) -> Callable[[], None]:
         for name in _AFTER_THE_HOSTS:
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
+        ui = sys.modules.get("orchestrator.ui")
+        with contextlib.suppress(Exception):  # rich's own first-table loads, off the wall time too
+            if ui is not None:
+                ui.warm()
 
     def start() -> None:
         if with_analysis and once.acquire(blocking=False):  # never released: the first call only

@@ -34,3 +34,14 @@ def test_the_loader_starts_one_thread_however_often_it_is_asked(monkeypatch: pyt
     gate.set()
     _loaders()[0].join(10)
     assert loaded == list(replay._AFTER_THE_HOSTS)
+
+
+def test_the_loader_warms_the_tables_once_their_module_is_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    warmed = threading.Event()
+    fake_ui = types.SimpleNamespace(warm=warmed.set)
+    monkeypatch.setattr(replay.importlib, "import_module", lambda name: None)
+    monkeypatch.setitem(replay.sys.modules, "orchestrator.ui", fake_ui)
+    replay._loader(True)()
+    assert warmed.wait(10)  # rich's first-table loads happen in the loader, not after the hosts
