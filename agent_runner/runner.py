@@ -14,10 +14,8 @@ runner itself failed (an attempt raised, or a workspace could not be removed).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import queue
 import shutil
 import signal
 import socket
@@ -29,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import agents, filetrace, golden, paced, zygote
 from .capped import capture
@@ -42,9 +40,11 @@ from .loop import LoopOutcome, drive
 from .pins import env_sha, runner_home, task_pins
 from .records import EvidenceCut, Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
+from .removals import Removals, remove_tree
 from .sandbox import NONE, PIDNS_UID, Sandbox, attempt_uid, reachable_by_others, split_level
 from .strays import StrayWatch, keep_until_exit, walk_beside
 from .suite import Suite, Task, load_suite
+from .suite_digest import EMPTY_DIGEST, SHARED_PART, BundleChanged, part_digest, suite_state, task_part
 from .tools import ToolBox
 from .trace import TraceWriter
 
@@ -118,89 +118,6 @@ def _owner_writable(top: Path) -> None:
             st = os.lstat(name)
             if not stat.S_ISLNK(st.st_mode) and not st.st_mode & stat.S_IWUSR:
                 os.chmod(name, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
-
-
-def _remove_tree(path: Path) -> None:
-    def retry(func: Any, target: str, exc_info: Any) -> None:
-        try:  # a read-only directory an agent left behind
-            os.chmod(os.path.dirname(target), stat.S_IRWXU)
-            os.chmod(target, stat.S_IRWXU)
-        except OSError:
-            pass
-        func(target)
-
-    if path.exists():
-        shutil.rmtree(path, onerror=retry)
-
-
-class Removals:
-    """Attempt directories removed beside the attempts that follow, on a few threads of their own.
-
-    A removal mostly waits on the disk, not the CPU: a file system that discards each block it frees at
-    once (ext4 mounted ``discard`` without a journal, as on some VMs) waits milliseconds per directory,
-    and an attempt has five. Only a directory whose every file is its attempt's own uid's is handed
-    here (``pidns+uid``): mode 700 to that uid, whose processes are all gone with its namespace, and
-    the uid is given to no other attempt until the directory is gone (``done``). Every removal has
-    ended before the run's leftovers are looked for (``wait``). Plain threads and a queue, not
-    ``concurrent.futures``: its import (with ``logging``) was ~7 ms of every run's start."""
-
-    WORKERS = 8
-
-    def __init__(self) -> None:
-        self._todo: "queue.SimpleQueue[Optional[Tuple[Path, Callable[[], None]]]]" = queue.SimpleQueue()
-        self._threads: List[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._ended = threading.Condition(self._lock)
-        self._open = 0  # handed over and not yet ended
-        self._errors: List[BaseException] = []
-
-    def remove(self, path: Path, done: Callable[[], None]) -> None:
-        with self._lock:
-            self._open += 1
-            if self._open > len(self._threads) and len(self._threads) < self.WORKERS:
-                thread = threading.Thread(target=self._work, name="remove", daemon=True)
-                self._threads.append(thread)
-                thread.start()
-        self._todo.put((path, done))
-
-    def _work(self) -> None:
-        while True:
-            item = self._todo.get()
-            if item is None:
-                return
-            path, done = item
-            errors: List[BaseException] = []
-            try:
-                _remove_tree(path)
-            except BaseException as exc:  # noqa: B036 (raised again by ``wait``)
-                errors.append(exc)
-            try:  # its uid is free again whatever happened
-                done()
-            except BaseException as exc:  # noqa: B036
-                errors.append(exc)
-            with self._lock:
-                self._errors += errors
-                self._open -= 1
-                self._ended.notify_all()
-
-    def wait(self) -> None:
-        """Block until every removal handed over so far has ended; raise the first one's error."""
-        with self._lock:
-            while self._open:
-                self._ended.wait()
-            errors, self._errors = self._errors, []
-        if errors:
-            raise RunnerError(f"an attempt's directory could not be removed: {errors[0]}")
-
-    def close(self) -> None:
-        with contextlib.suppress(RunnerError):
-            self.wait()
-        with self._lock:
-            threads, self._threads = self._threads, []
-        for _ in threads:
-            self._todo.put(None)
-        for thread in threads:
-            thread.join()
 
 
 class Runner:
@@ -356,7 +273,7 @@ class Runner:
                 self.removals.remove(attempt_dir, release)
             else:  # a uid shared with the next attempt: gone before it starts
                 try:
-                    _remove_tree(attempt_dir)
+                    remove_tree(attempt_dir)
                 finally:
                     release()
 
@@ -411,7 +328,7 @@ class Runner:
         target = work / PREDICATE
         try:
             if target.is_dir() and not target.is_symlink():
-                _remove_tree(target)
+                remove_tree(target)
             elif target.exists() or target.is_symlink():
                 target.unlink()
             target.write_bytes(pristine)
@@ -442,99 +359,6 @@ def _runner_home() -> str:
     """Where the runner's own code is (its zipapp, or its package): its own reads are not evidence."""
     home = runner_home()
     return home if os.path.isfile(home) else os.path.join(home, "agent_runner")
-
-
-class BundleChanged(RunnerError):
-    """The suite's files changed after the run started."""
-
-
-#: The parts a suite's integrity is checked in: ``tasks/<name>`` (a task's own directory) for every
-#: entry of ``tasks/``, and ``SHARED_PART`` for everything else (suite.json, agent/, ...).
-SHARED_PART = ""
-_TASKS = "tasks"
-EMPTY_DIGEST = hashlib.sha256().hexdigest()
-
-
-def task_part(task_id: str) -> str:
-    return f"{_TASKS}/{task_id}"
-
-
-def _feed(h: Any, rel: str, path: str, st: os.stat_result) -> None:
-    """One path of a suite into a digest: its name, mode and content (a link: its target)."""
-    h.update(f"{rel}\0{st.st_mode}\0".encode())
-    if stat.S_ISREG(st.st_mode):
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    elif stat.S_ISLNK(st.st_mode):
-        h.update(os.readlink(path).encode())
-
-
-def _walk(root: str, top: str, shared_only: bool) -> Iterator[Tuple[str, str, os.stat_result]]:
-    """(relative path, path, lstat) of everything under ``top``, top-down in sorted order; with
-    ``shared_only``, nothing inside ``root/tasks/``."""
-    for base, dirs, files in os.walk(top):
-        dirs.sort()
-        for name in sorted(dirs + files):
-            path = os.path.join(base, name)
-            yield os.path.relpath(path, root), path, os.lstat(path)
-        if shared_only and base == root and _TASKS in dirs:
-            dirs.remove(_TASKS)  # not even listed: its entries are the tasks' own parts
-
-
-def part_digests(root: Path) -> Dict[str, str]:
-    """The digest of every part of the suite at ``root`` (see ``SHARED_PART``), in one walk."""
-    return suite_state(root)[0]
-
-
-def _only_ours(st: os.stat_result, me: int, sticky_ok: bool = False) -> bool:
-    """Only root or ``me`` may change it: owned by one of them, writable by neither its group nor
-    others (a link's own mode means nothing: its target is never followed; with ``sticky_ok``, a
-    sticky directory anyone may write, whose entries only their owners may rename or remove)."""
-    if st.st_uid not in (0, me):
-        return False
-    if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o022:
-        return True
-    return sticky_ok and stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX)
-
-
-def suite_state(root: Path) -> Tuple[Dict[str, str], bool]:
-    """``part_digests``, and whether only root or this process's user may change the suite: every
-    path in it, the directory itself, and every directory above it (there a sticky one anyone may
-    write will do: only an entry's owner may move it). From the same walk."""
-    me = os.geteuid()
-    hashes: Dict[str, Any] = {SHARED_PART: hashlib.sha256()}
-    named, real = Path(os.path.abspath(str(root))), Path(os.path.realpath(str(root)))
-    try:  # the directory as named (a link?) and as it is, and every directory above either
-        sealed = _only_ours(os.lstat(named), me) and _only_ours(os.stat(real), me) and all(
-            _only_ours(os.stat(above), me, sticky_ok=True) for above in {*named.parents, *real.parents})
-    except OSError:
-        sealed = False
-    for rel, path, st in _walk(str(root), str(root), shared_only=False):
-        first, _, rest = rel.partition("/")
-        part = task_part(rest.split("/", 1)[0]) if first == _TASKS and rest else SHARED_PART
-        _feed(hashes.setdefault(part, hashlib.sha256()), rel, path, st)
-        sealed = sealed and _only_ours(st, me)
-    return {part: h.hexdigest() for part, h in hashes.items()}, sealed
-
-
-def part_digest(root: Path, part: str) -> str:
-    """The digest of one part as ``part_digests`` makes it, reading only that part."""
-    h = hashlib.sha256()
-    if part == SHARED_PART:
-        for rel, path, st in _walk(str(root), str(root), shared_only=True):
-            _feed(h, rel, path, st)
-        return h.hexdigest()
-    top = os.path.join(str(root), part)
-    try:
-        st = os.lstat(top)
-    except OSError:
-        return EMPTY_DIGEST  # the part is gone (or never was): the same as a part with nothing in it
-    _feed(h, part, top, st)
-    if stat.S_ISDIR(st.st_mode):  # never through a link: the walk of the whole suite does not follow one
-        for rel, path, entry in _walk(str(root), top, shared_only=False):
-            _feed(h, rel, path, entry)
-    return h.hexdigest()
 
 
 def _select_tasks(suite: Suite, wanted: Optional[List[str]]) -> List[Task]:
@@ -635,7 +459,7 @@ def run_suite(options: RunOptions) -> int:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
         if own_root:
-            _remove_tree(workspace_root)
+            remove_tree(workspace_root)
 
 
 def run_in_slots(runner: Runner, attempts: List[Tuple[Task, int]], slots: int,

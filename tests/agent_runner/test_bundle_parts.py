@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_runner.runner import SHARED_PART, part_digest, part_digests, suite_state, task_part
 from agent_runner.sandbox import UID_BASE
+from agent_runner.suite_digest import SHARED_PART, part_digest, part_digests, suite_state, task_part
 from tests.support.runner import clean_env, records, run_runner, write_suite
 
 

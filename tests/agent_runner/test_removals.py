@@ -1,4 +1,4 @@
-"""An attempt's directory removed beside the attempts that follow (``runner.Removals``) leaves what the
+"""An attempt's directory removed beside the attempts that follow (``removals.Removals``) leaves what the
 plain removal before the next attempt left: the same results, nothing in the workspace root, and no
 attempt ever given the uid of a directory still there."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent_runner import runner
+from agent_runner import removals, runner
 from agent_runner.errors import RunnerError
 from agent_runner.runner import RunOptions, run_suite
 from tests.support.runner import records, write_suite
@@ -49,19 +49,19 @@ def _run(tmp_path: Path, name: str) -> list[dict[str, Any]]:
 def _plain(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The removal this replaces: the attempt's directory gone before the next attempt starts."""
     with monkeypatch.context() as m:
-        m.setattr(runner.Removals, "remove", lambda self, path, done: (runner._remove_tree(path), done()))
+        m.setattr(removals.Removals, "remove", lambda self, path, done: (removals.remove_tree(path), done()))
         yield
 
 
 def _slowed(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    real = runner._remove_tree
+    real = removals.remove_tree
 
     def slow(path: Path) -> None:
         if path.parent.name.startswith("ws-"):  # an attempt's directory, not a file inside it
             time.sleep(seconds)
         real(path)
 
-    monkeypatch.setattr(runner, "_remove_tree", slow)
+    monkeypatch.setattr(removals, "remove_tree", slow)
 
 
 @pytest.mark.root
@@ -105,14 +105,14 @@ def test_no_attempt_gets_the_uid_of_a_directory_still_being_removed(
 def test_a_directory_that_cannot_be_removed_is_the_runners_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _suite(tmp_path)
-    real = runner._remove_tree
+    real = removals.remove_tree
 
     def refuse(path: Path) -> None:
         if path.name.startswith("fails.1."):
             raise PermissionError(13, os.strerror(13), str(path))
         real(path)
 
-    monkeypatch.setattr(runner, "_remove_tree", refuse)
+    monkeypatch.setattr(removals, "remove_tree", refuse)
     with pytest.raises(RunnerError, match="could not be removed.*fails.1"):
         run_suite(RunOptions(suite=str(tmp_path / "suite"), out=str(tmp_path / "out"),
                              workspace_root=str(tmp_path / "ws-err"), run_id="r", host="h"))
