@@ -25,7 +25,7 @@ from agent_runner.checker import Contract
 from agent_runner.jsonfile import JSONObject
 from agent_runner.records import Fingerprint, TraceTurn
 from agent_runner.redact import redact
-from agent_runner.suite import ScriptCall, ScriptTurn
+from agent_runner.suite_model import ScriptCall, ScriptTurn
 from agent_runner.trace import CorruptLine, Trace, fp, iter_observations, read_trace
 from orchestrator.analysis.attribution import fingerprint_differences
 from orchestrator.errors import InputError, TraceError

@@ -121,7 +121,7 @@ def test_unknown_task_selected_is_bad_input(tmp_path: Path) -> None:
 
 
 def test_sampled_agents_and_alpha_are_read_from_the_suite(tmp_path: Path) -> None:
-    from agent_runner.suite import Gate, is_sampled
+    from agent_runner.suite_model import Gate, is_sampled
 
     command = '[agent]\nkind = "command"\ncommand = ["python3", "x.py"]\n'
     suite = write_suite(
