@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runner import privs, sandbox
+from agent_runner import launch, privs, sandbox
 from agent_runner.sandbox import PIDNS, PIDNS_UID, Sandbox
 
 UID = sandbox.UID_BASE + 777
@@ -191,7 +191,7 @@ def test_nothing_in_the_namespace_can_read_the_inits_memory(tmp_path: Path) -> N
 def test_a_namespace_that_cannot_be_made_is_an_oserror_and_leaves_nothing_open(
         monkeypatch: pytest.MonkeyPatch) -> None:
     before = len(os.listdir("/proc/self/fd"))
-    monkeypatch.setattr(sandbox, "_CLONE_NEWPID", 0x7FFFFFFF)  # flags the kernel refuses
+    monkeypatch.setattr(launch, "_CLONE_NEWPID", 0x7FFFFFFF)  # flags the kernel refuses
     monkeypatch.setattr(privs, "_CLONE_NEWPID", 0x7FFFFFFF)
     with pytest.raises(OSError, match="cannot enter the sandbox"):
         Sandbox(PIDNS_UID, UID).popen(["true"])
@@ -276,9 +276,9 @@ def test_descriptors_closed_by_range_or_by_listing_leave_the_attempt_the_same(
     cwd = _attempt_dir(tmp_path)
     env = {"PATH": os.defpath, "LANG": "C", "HOME": cwd}
     cases = [PROBE, "exit 3", "kill -KILL $$"]
-    assert sandbox._close_range_works()  # this machine's kernel: the range is what runs by default
+    assert launch._close_range_works()  # this machine's kernel: the range is what runs by default
     by_range = [forked_run(level, ["sh", "-c", s], env, cwd) for s in cases]
-    monkeypatch.setattr(sandbox, "_close_range_ok", False)
+    monkeypatch.setattr(launch, "_close_range_ok", False)
     listed = [forked_run(level, ["sh", "-c", s], env, cwd) for s in cases]
     assert listed == by_range
 
@@ -290,7 +290,7 @@ def test_no_process_of_the_sandbox_keeps_a_descriptor_the_runner_left_open(
     """The holder and the init close every descriptor they were forked with (but the status pipe):
     a pipe the runner left open to children reaches its end while the attempt still runs (the
     attempt's own copy is closed before its exec), not only once the namespace is gone."""
-    monkeypatch.setattr(sandbox, "_close_range_ok", None if by_range else False)
+    monkeypatch.setattr(launch, "_close_range_ok", None if by_range else False)
     cwd = _attempt_dir(tmp_path)
     read_end, write_end = os.pipe()
     os.set_inheritable(write_end, True)
