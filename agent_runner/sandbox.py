@@ -439,30 +439,37 @@ class Started(subprocess.Popen[bytes]):
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
 
-    def _kill_left(self, block: bool) -> None:
+    def _kill_left(self, block: bool) -> bool:
         """The runner's own child, once it has ended and before it is reaped: SIGKILL to what its process
         group still holds (the zombie holds the group's id, so it is still this process's group). Only
-        with ``_waitpid_lock`` held, as every reap is; ``block``: wait for its end."""
+        with ``_waitpid_lock`` held, as every reap is; ``block``: wait for its end. False while it runs
+        (then it must not be reaped: it may end between this look and the reap)."""
         if self.returncode is not None:
-            return
+            return True
         try:
             ended = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT | (0 if block else os.WNOHANG))
         except (AttributeError, ChildProcessError):
-            return
-        if ended is not None:
-            with contextlib.suppress(OSError):
-                os.killpg(self.pid, signal.SIGKILL)
+            return True  # Popen's own wait says what it can
+        if ended is None:
+            return False
+        with contextlib.suppress(OSError):
+            os.killpg(self.pid, signal.SIGKILL)
+        return True
 
     def _try_wait(self, wait_flags: int) -> Tuple[int, int]:
         # every reap of Popen's wait is here, under its _waitpid_lock
-        self._kill_left(block=not wait_flags & os.WNOHANG)
+        if not self._kill_left(block=not wait_flags & os.WNOHANG):
+            return 0, 0  # still running, as waitpid(WNOHANG) says it
         return super()._try_wait(wait_flags)  # type: ignore[misc]
 
     def _internal_poll(self, _deadstate: Optional[int] = None, *args: Any, **kwargs: Any) -> Optional[int]:
         if self._zygote is None:
-            if self.returncode is None and self._waitpid_lock.acquire(False):  # type: ignore[attr-defined]
+            if self.returncode is None:
+                if not self._waitpid_lock.acquire(False):  # type: ignore[attr-defined]
+                    return None  # another thread is waiting for it
                 try:
-                    self._kill_left(block=False)
+                    if not self._kill_left(block=False):
+                        return None
                 finally:
                     self._waitpid_lock.release()  # type: ignore[attr-defined]
             return super()._internal_poll(_deadstate, *args, **kwargs)  # type: ignore[misc]

@@ -78,11 +78,13 @@ def test_a_process_that_takes_a_finished_tools_pid_is_never_signalled(
         def capture_then_plant(proc: sandbox.Started, *args: Any, **kwargs: Any) -> Any:
             got = real_capture(proc, *args, **kwargs)  # its end is known now
             assert (proc._zygote is not None) == (how == "zygote")
+            assert proc.pid > 0
             seen.append(plant(proc.pid))
             return got
 
         monkeypatch.setattr(tools, "capture", capture_then_plant)
-        result = toolbox.call("shell", {"argv": ["sh", "-c", "echo done"]}, 30)
+        # alive a moment: its pid is read from the pidfd while it has one
+        result = toolbox.call("shell", {"argv": ["sh", "-c", "sleep 0.3; echo done"]}, 30)
         assert result.observation.startswith("exit 0"), result.observation
         assert len(seen) == 1 and seen[0].poll() is None, "the runner killed the process that took the tool's pid"
 
@@ -94,8 +96,9 @@ def test_a_zygotes_process_reaped_but_not_yet_reported_is_signalled_by_its_pidfd
     work = _attempt_dir(tmp_path)
     box = Sandbox(PIDNS_UID, UID, net=False)
     box.reuse = True
-    proc = box.popen(["sh", "-c", "exit 3"], cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    assert proc._zygote is not None
+    proc = box.popen(["sh", "-c", "sleep 0.3; exit 3"], cwd=work, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL)
+    assert proc._zygote is not None and proc.pid > 0
     with _victims() as plant:
         victim = plant(proc.pid)  # waits until the zygote reaped it
         assert proc.returncode is None  # the runner has not read its end
@@ -117,4 +120,7 @@ def test_what_a_tool_left_in_its_group_dies_when_it_ends(tmp_path: Path, how: st
     result = toolbox.call("shell", {"argv": ["bash", "-c", f"(exec -a {token} sleep 60 >/dev/null 2>&1 &); echo started"]},
                           30)
     assert result.observation.startswith("exit 0"), result.observation
+    deadline = time.monotonic() + 5  # killed already: its end takes the kernel a moment
+    while _alive(token) and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert not _alive(token), "a process the tool left in its group outlived it"

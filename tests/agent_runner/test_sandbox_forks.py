@@ -118,6 +118,9 @@ def test_an_attempt_sees_and_ends_as_under_the_plain_launcher(tmp_path: Path, le
         assert b"init environ: not readable" in forked[1]
         plain = (plain[0], plain[1].replace(b"init environ: readable", b"init environ: not readable"))
         assert b"processes: 2" in forked[1]  # its own shell and the init
+        if level == PIDNS_UID:  # and the filter of the key system calls, which the plain one never had
+            assert b"Seccomp:\t2\n" in forked[1]
+            plain = (plain[0], plain[1].replace(b"Seccomp:\t0\n", b"Seccomp:\t2\n"))
     assert forked == plain
 
 
