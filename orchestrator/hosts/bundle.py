@@ -465,13 +465,19 @@ def sealed(data):
     os.close(fd)
     return None
 del sys.argv[:2]
-run_from = sealed(held[2]) or pyz
+data = held[2]
 del held
+run_from = sealed(data) or pyz
 import zipimport
-__loader__ = zipimport.zipimporter(run_from)
-__file__ = os.path.join(run_from, "__main__.py")
-sys.path.insert(0, run_from)
-exec(__loader__.get_code("__main__"))
+try:
+    __loader__ = zipimport.zipimporter(run_from)
+except zipimport.ZipImportError:  # a plain script, as ``python runner.pyz`` runs one: from the bytes read
+    __file__, code = pyz, compile(data, pyz, "exec")
+else:
+    __file__, code = os.path.join(run_from, "__main__.py"), __loader__.get_code("__main__")
+    sys.path.insert(0, run_from)
+del data
+exec(code)
 """.replace("REFUSED", str(BUNDLE_REFUSED_EXIT))
 
 
