@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runner import sandbox
+from agent_runner import launch, sandbox
 
 
 def _found(monkeypatch: pytest.MonkeyPatch, one_probe: bool) -> tuple[str, bool, int]:
@@ -32,7 +32,7 @@ def test_one_probe_finds_what_the_two_found(monkeypatch: pytest.MonkeyPatch, cas
     if case == "not root":  # the user-namespace level, as an unprivileged runner meets it
         monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
     if case == "network refused":  # a kernel without network namespaces (flags it refuses)
-        monkeypatch.setattr(sandbox, "_CLONE_NEWNET", 0x7FFFFFFF & ~sandbox._CLONE_NEWPID)
+        monkeypatch.setattr(launch, "_CLONE_NEWNET", 0x7FFFFFFF & ~launch._CLONE_NEWPID)  # what _Enter unshares
     two = _found(monkeypatch, one_probe=False)
     one = _found(monkeypatch, one_probe=True)
     assert one[:2] == two[:2]
