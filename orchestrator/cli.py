@@ -16,13 +16,15 @@ from typing import Annotated
 import typer
 
 from agent_runner.textguard import printable
-from orchestrator.cli_app import ExcludeOpt, HostsOpt, TagsOpt, TasksOpt, app, app_for, guarded
+from orchestrator import collector
+from orchestrator.cli_app import ExcludeOpt, HostsOpt, TagsOpt, TasksOpt, app, app_for, guarded, loads_first
 from orchestrator.errors import CrosshostError
 from orchestrator.exit_policy import OK
 
 
 def main() -> None:
     """Console entry point."""
+    collector.pause()  # until the command has loaded (orchestrator/collector.py)
     app_for(sys.argv[1:])()
 
 
@@ -38,6 +40,7 @@ def version() -> int:
 
 @app.command("replay")
 @guarded
+@loads_first
 def replay_cmd(
     suite: Annotated[Path, typer.Argument(help="The suite directory (suite.toml, tasks/).")],
     inventory: Annotated[Path, typer.Option("-i", "--inventory", help="The hosts.toml to use.")] = Path("hosts.toml"),

@@ -19,6 +19,7 @@ import typer
 import typer.main
 
 from agent_runner.textguard import printable
+from orchestrator import collector
 from orchestrator.errors import CrosshostError
 from orchestrator.exit_policy import INTERNAL_ERROR, INTERRUPTED
 
@@ -58,14 +59,25 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
+def loads_first(fn: Callable[P, int]) -> Callable[P, int]:
+    """Mark a command that turns the cyclic collector back on itself once it has loaded what it needs
+    (``collector.resume``), rather than ``guarded`` before it runs: a replay's imports happen inside it."""
+    fn.loads_first = True  # type: ignore[attr-defined]
+    return fn
+
+
 def guarded(fn: Callable[P, int]) -> Callable[P, None]:
     """Wrap a command: its int result becomes the exit code; an error becomes one line and its code.
 
     The one root (``CrosshostError``, runner and controller alike) carries its exit code; Ctrl-C is
     130, a closed pipe 141, anything else an internal error (``INTERNAL_ERROR``, 70) with its traceback logged."""
 
+    resumes_itself = getattr(fn, "loads_first", False)
+
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
+        if not resumes_itself:
+            collector.resume()  # the start is over: the command runs with the collector on
         try:
             rv = fn(*args, **kwargs)
         except CrosshostError as exc:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import __version__
+from orchestrator import __version__, collector
 from orchestrator.commands.shards import Shard, shard_tasks
 from orchestrator.errors import (
     InputError,
@@ -453,8 +453,10 @@ def replay_command(
     # What is loaded by now (modules, classes, the suite) lives as long as the process: out of the
     # cyclic collector's sight, its full passes while the hosts run and the one at exit walk only what
     # the replay makes (the one at exit, 2 hosts: 23-32 -> 2-3 ms). Frozen garbage is never freed:
-    # one command's worth at most.
+    # one command's worth at most. The collector, paused for the start (orchestrator/collector.py),
+    # runs again from here: before any host is touched.
     gc.freeze()
+    collector.resume()
     outcome = (rounds or replay)(request, **kwargs)
     outcome.notes[:0] = [f.line() for f in findings.warnings] if findings is not None else []
     if request.shard is not None:  # not a run of its own: the merged run is recorded and judged

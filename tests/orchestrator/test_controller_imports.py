@@ -1,6 +1,7 @@
 """What a replay's controller has not imported by the time its hosts are connected: the retry
 library (a connect that succeeds at once needs none) and rich (the progress off a terminal prints
-plain lines; the tables load while the hosts run). Each is on every replay's wall time otherwise."""
+plain lines; the tables load while the hosts run). Each is on every replay's wall time otherwise.
+And the cyclic collector, paused while the replay starts, is on again by then."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SUITE = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
 
 # crosshost replay, with every SSH connect watched: what is imported once it is made
 WATCHED = """
-import json, os, sys
+import gc, json, os, sys
 import orchestrator.hosts.transport as transport
 
 made = []
@@ -28,7 +29,7 @@ real = transport.SshHost
 
 def watched(*args, **kwargs):
     host = real(*args, **kwargs)
-    made.append(sorted(m for m in ("rich", "tenacity", "orchestrator.ui") if m in sys.modules))
+    made.append([sorted(m for m in ("rich", "tenacity", "orchestrator.ui") if m in sys.modules), gc.isenabled()])
     return host
 
 
@@ -44,7 +45,7 @@ finally:
 """
 
 
-def test_a_replay_connects_its_hosts_before_importing_rich_or_the_retry_library(
+def test_a_replay_connects_its_hosts_before_importing_rich_or_the_retry_library_and_with_the_collector_on(
     sshd_hosts: SshdHosts, tmp_path: Path
 ) -> None:
     out = tmp_path / "made.json"
@@ -56,6 +57,7 @@ def test_a_replay_connects_its_hosts_before_importing_rich_or_the_retry_library(
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stdout + done.stderr
-    assert json.loads(out.read_text()) == [[], []]  # two hosts connected, neither import made by then
+    # two hosts connected, neither import made by then, and the collector (paused for the start) on
+    assert json.loads(out.read_text()) == [[[], True], [[], True]]
     assert "box-a  done" in done.stderr and "box-b  done" in done.stderr  # the progress, as plain lines
     assert "run directory:" in done.stdout and "healthy-no-writes" in done.stdout  # the tables, after
