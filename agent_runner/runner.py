@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
-from . import agents, filetrace, golden, paced, zygote
+from . import agents, golden, paced, zygote
 from .capped import capture
 from .checker import check_turns
 from .digests import HashingWriter, write_announced
@@ -48,8 +48,11 @@ from .suite_digest import EMPTY_DIGEST, SHARED_PART, BundleChanged, part_digest,
 from .tools import ToolBox
 from .trace import TraceWriter
 
-if TYPE_CHECKING:  # imported where used: only a run in slots needs a pool (~7 ms of imports)
+if TYPE_CHECKING:  # imported where used: only a run in slots needs a pool (~7 ms of imports), only
+    # one under --trace-files the tracer (its import and regular expressions, ~2.5 ms)
     from concurrent.futures import Future
+
+    from . import filetrace
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
 PREDICATE = "run_tests.sh"
@@ -215,8 +218,12 @@ class Runner:
                           agent=task.agent.kind,
                           # the controller's cross-host leak rule recognises these in any form
                           dirs={"attempt": str(attempt_dir), "cwd": str(work), "home": str(home), "tmp": str(tmp)})
-            strace = filetrace.strace_path() if self.options.trace_files else None
-            tracer = filetrace.Tracer(strace, scratch) if strace else None
+            tracer: Optional[filetrace.Tracer] = None
+            if self.options.trace_files:
+                from . import filetrace
+
+                strace = filetrace.strace_path()
+                tracer = filetrace.Tracer(strace, scratch) if strace else None
             outcome = self._run_agent(task, work, env, scratch, writer, started,
                                       box.traced(tracer.wrap("agent")) if tracer else box, attempt)
             predicate_exit, predicate_output, predicate_error = self._run_predicate(
@@ -304,6 +311,8 @@ class Runner:
 
     def _write_file_evidence(self, target: Path, tracer: Optional[filetrace.Tracer], own: List[str],
                              env_path: str) -> None:
+        from . import filetrace
+
         shown = filetrace.shown_path(env_path)
         if tracer is None:
             filetrace.write_evidence(target, traced=False, why="strace is not in this host's system directories", env_path=shown)

@@ -231,9 +231,11 @@ def _toml_where(root: Path) -> Where:
 
 
 def _json_where(root: Path) -> Where:
+    shipped = str(root / "suite.json")  # once: every field of every task is named by it before it is checked
+
     def where(task_id: Optional[str], part: str) -> str:
         prefix = f"tasks[{task_id}]." if task_id is not None else ""
-        return f"{root / 'suite.json'}: {prefix}{part}"
+        return f"{shipped}: {prefix}{part}"
 
     return where
 

@@ -1,7 +1,7 @@
 """What the runner's start no longer pays for says what the plain version it replaces said: the
 secret-name globs matched without ``fnmatch``, the fingerprint's platform facts without ``platform``,
-the isolation probe with shell builtins only; and a run imports neither ``concurrent.futures`` nor
-``platform``."""
+the isolation probe with shell builtins only, a shipped suite's field names; and a run imports
+neither ``concurrent.futures``, ``platform`` nor, without ``--trace-files``, the tracer."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runner import fingerprint, redact, sandbox, strays
+from agent_runner import fingerprint, redact, sandbox, strays, suite
 from tests.support.runner import clean_env, predicate_suite
 
 
@@ -63,9 +63,9 @@ def test_the_platform_string_is_formatted_as_the_platform_module_formats_it(part
     assert fingerprint._filename_safe(*parts) == platform._platform(system, release, machine, "", word, libc)  # type: ignore[attr-defined]
 
 
-def test_a_run_imports_neither_concurrent_futures_nor_platform(tmp_path: Path) -> None:
-    """A run of a suite as a host starts it (its import list, after the run, from the same process);
-    as root at ``pidns+uid``, where attempt directories are removed beside the run (``Removals``)."""
+def _run_in_a_process(tmp_path: Path, *extra: str) -> set[str]:
+    """A run of a one-task suite in a process of its own (``main``, as the zipapp calls it): the
+    modules it imported."""
     for d in (tmp_path, *tmp_path.parents):
         if d != Path("/"):
             d.chmod(d.stat().st_mode | 0o001)  # the attempts' own uid reaches its workspace (pidns+uid)
@@ -74,7 +74,7 @@ def test_a_run_imports_neither_concurrent_futures_nor_platform(tmp_path: Path) -
         "import sys, json\n"
         "from agent_runner.__main__ import main\n"
         f"rc = main(['run', '--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, "
-        f"'--workspace-root', {str(tmp_path / 'ws')!r}, '--host', 'h'])\n"
+        f"'--workspace-root', {str(tmp_path / 'ws')!r}, '--host', 'h', *{list(extra)!r}])\n"
         "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
@@ -82,7 +82,20 @@ def test_a_run_imports_neither_concurrent_futures_nor_platform(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.splitlines()[-1])
     assert got["rc"] == 0, done.stderr
-    assert not {"concurrent.futures", "logging", "platform"} & set(got["modules"])
+    return set(got["modules"])
+
+
+def test_the_tracer_imported_when_a_run_wants_it_still_keeps_the_evidence(tmp_path: Path) -> None:
+    assert "agent_runner.filetrace" in _run_in_a_process(tmp_path, "--trace-files")
+    evidence = json.loads((tmp_path / "out" / "files" / "t-0.0.json").read_text())
+    assert evidence["traced"] is True, evidence
+
+
+def test_a_run_imports_neither_concurrent_futures_nor_platform_nor_the_tracer(tmp_path: Path) -> None:
+    """A run of a suite as a host starts it (its import list, after the run, from the same process);
+    as root at ``pidns+uid``, where attempt directories are removed beside the run (``Removals``)."""
+    modules = _run_in_a_process(tmp_path)
+    assert not {"concurrent.futures", "logging", "platform", "agent_runner.filetrace"} & modules
     if os.geteuid() == 0:
         isolation = json.loads((tmp_path / "out" / "fingerprint.json").read_text())["isolation"]
         assert isolation.endswith("pidns+uid"), isolation
@@ -168,3 +181,13 @@ def test_detect_soon_finds_what_detect_finds_and_raises_what_it_raised(monkeypat
     sandbox.detect_soon()
     with pytest.raises(RuntimeError, match="the probe broke"):
         sandbox.detect()
+
+
+def test_a_shipped_suites_field_names_are_what_they_were() -> None:
+    """``suite.json``'s path is made once per read, not once per field it names."""
+    root = Path("/srv/b u/suite")
+    where = suite._json_where(root)
+    for task_id in (None, "t-1", "x.y"):
+        for part in ("name", "budget.max_steps", "script[0].tool_calls"):
+            prefix = f"tasks[{task_id}]." if task_id is not None else ""
+            assert where(task_id, part) == f"{root / 'suite.json'}: {prefix}{part}"
