@@ -20,7 +20,6 @@ import queue
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, TypedDict
 
@@ -28,6 +27,7 @@ from .checker import ContractTool
 from .errors import InputError
 from .jsonfile import JSONObject, JSONValue
 from .model_records import AgentFinish, CallRecord
+from .recordclass import dataclass, field
 from .sandbox import NONE, Sandbox, Started
 from .suite import AgentSpec, Task
 

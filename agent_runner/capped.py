@@ -12,9 +12,9 @@ import select
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
+from .recordclass import dataclass
 from .sandbox import Started
 
 CHUNK = 1 << 16

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from typing import (
     Any,
     Dict,
@@ -32,6 +31,7 @@ from typing import (
 
 from .errors import ContractError, InputError
 from .jsonfile import JSONObject, JSONValue, read_json
+from .recordclass import dataclass
 from .records import FindingJSON, TurnCall
 from .trace import read_trace
 from .words import is_generic_name

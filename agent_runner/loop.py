@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import List, Optional
 
 from .agents import Agent, AgentFailed, AgentInfraError, AgentStopped, AgentTimeout, Observation
 from .model_records import AgentFinish
+from .recordclass import dataclass, field
 from .records import TraceTurnJSON
 from .suite import Budget
 from .tools import ToolBox

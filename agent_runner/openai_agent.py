@@ -26,7 +26,6 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from email.message import Message
 from typing import Dict, List, Optional, Tuple, TypedDict
 
@@ -43,6 +42,7 @@ from .agents import (
 from .checker import ContractTool
 from .jsonfile import JSONObject, JSONValue, int_or_none, str_or_none
 from .model_records import AgentFinish, CallRecord, ModelSettings, TryRecord, try_record_of
+from .recordclass import dataclass, field
 from .suite import AgentSpec
 from .wire import (
     ATTEMPT_HEADER,

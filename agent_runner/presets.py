@@ -12,9 +12,10 @@ Standard library only, Python 3.9 syntax: this travels in the runner zipapp.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple, TypedDict
+
+from .recordclass import dataclass, field
 
 #: writes the CLI's configuration under HOME; given HOME, the attempt's base on the proxy
 #: (``<proxy>/attempt/<task>.<attempt>``), the placeholder, the MCP server (``command``, ``args``,

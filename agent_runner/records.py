@@ -12,12 +12,12 @@ fingerprints carry none and are recognised by their keys.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, TypedDict
 
 from .errors import TraceError
 from .jsonfile import JSONObject, JSONValue, int_or_none, str_or_none
 from .model_records import CallRecord, call_record_of
+from .recordclass import dataclass, field, fields
 
 TRACE_SCHEMA = "crosshost.trace/2"
 #: /1 named the runner's source digest ``pins.runner_sha``; /2 calls it ``pins.runner_source_sha``

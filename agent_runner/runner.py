@@ -24,7 +24,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
@@ -38,6 +37,7 @@ from .errors import InputError, RunnerError, SecretVisible, SuiteError
 from .fingerprint import collect, commands_of
 from .loop import LoopOutcome, drive
 from .pins import env_sha, runner_home, task_pins
+from .recordclass import dataclass
 from .records import EvidenceCut, Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
 from .removals import Removals, remove_tree

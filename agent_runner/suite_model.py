@@ -6,13 +6,13 @@ as JSON, and the values their fields may take. The reader (TOML layout or ``suit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, TypedDict, Union
 
 from .checker import Contract
 from .errors import SuiteError
 from .jsonfile import JSONObject, JSONValue
+from .recordclass import dataclass, field
 
 SCHEMA = "crosshost.suite/1"
 AGENT_KINDS = ("scripted", "command", "openai", "exec", "none")

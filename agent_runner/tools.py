@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .capped import Captured, capture
 from .errors import ContractError
 from .jsonfile import JSONObject, JSONValue, read_json
+from .recordclass import dataclass
 from .sandbox import NONE, Sandbox
 from .suite import parse_tools_policy
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, TypedDict, Union
 
@@ -25,6 +24,7 @@ from .digests import HashingWriter
 from .errors import TraceError
 from .jsonfile import MAX_LINE_BYTES, JSONObject, JSONValue, bounded_lines, loads, open_regular, too_deep
 from .model_records import CallRecord
+from .recordclass import dataclass, field
 from .records import (
     FINISH_REASONS,
     TRACE_SCHEMA,

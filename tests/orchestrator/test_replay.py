@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agent_runner.recordclass import replace
 from agent_runner.suite import suite_from_dict
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.errors import HostUnreachable
@@ -310,7 +311,6 @@ def test_error_verdicts_from_a_runner_that_exited_0_are_exit_3_and_the_summary_s
 
 
 def test_exit_code_precedence() -> None:
-    import dataclasses
     from types import SimpleNamespace
 
     from orchestrator.exit_policy import replay_exit as exit_code
@@ -338,7 +338,7 @@ def test_exit_code_precedence() -> None:
     crashed = {**ok, "b": HostRecord(reachable=True, error="b: RunnerCrashed: boom")}
     code, why = exit_code(manifest(**crashed), good, None, [])
     assert code == 3 and "b: RunnerCrashed: boom" in why
-    crash_row = dataclasses.replace(row, reason="b: RunnerCrashed: boom")
+    crash_row = replace(row, reason="b: RunnerCrashed: boom")
     assert exit_code(manifest(**crashed), good, None, [crash_row]) == (3, "1 error verdict(s) on b: RunnerCrashed: boom")
     interrupted = manifest(**crashed)
     interrupted.interrupted = True

@@ -3,13 +3,13 @@ a test cannot write a trace, results row or fingerprint the product never writes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_runner.recordclass import replace
 from agent_runner.records import Fingerprint, ResultRow, TraceFinish, TraceHeader, TraceTurn
 from agent_runner.trace import fp
 from orchestrator.store.records import HostRecord, Manifest, SuiteRef
@@ -56,7 +56,7 @@ def fingerprint(host: str, fid: str, **changes: Any) -> Fingerprint:
         uid=0,
         captured_at="2025-01-01T00:00:00Z",
     )
-    return dataclasses.replace(fpr, **changes)
+    return replace(fpr, **changes)
 
 
 HEALTHY = [("read_unit_status", {"unit": "nginx.service"}), ("restart_unit", {"unit": "nginx.service"})]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
+from agent_runner.recordclass import replace
 from orchestrator.analysis import analyse_run
 from tests.support.rundirs import HEALTHY, Attempt, RunSpec, build_run, fingerprint, two_hosts
 
@@ -71,7 +71,7 @@ def test_decision_table_row(tmp_path, local, box_b, classification, action, flip
 
 def test_same_host_when_fingerprints_are_identical(tmp_path):
     same = fingerprint("devbox-ref", "a" * 16)
-    hosts = {"local": same, "box-b": dataclasses.replace(same)}
+    hosts = {"local": same, "box-b": replace(same)}
     report, task = _run(tmp_path, [Attempt("pass")], [Attempt("fail")], hosts=hosts)
     assert (task.classification, task.action) == ("same_host", "use a real second machine")
     assert not report.valid

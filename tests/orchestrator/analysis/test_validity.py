@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
+from agent_runner.recordclass import replace
 from orchestrator.analysis import analyse_run
 from tests.support.rundirs import PINS, Attempt, RunSpec, build_run, fingerprint, two_hosts
 
@@ -54,7 +54,7 @@ def test_one_host_replayed_is_invalid(tmp_path):
 
 def test_identical_fingerprints_are_invalid(tmp_path):
     same = fingerprint("devbox-ref", "a" * 16)
-    report = analyse_run(build_run(tmp_path, _spec(hosts={"local": same, "box-b": dataclasses.replace(same)})))
+    report = analyse_run(build_run(tmp_path, _spec(hosts={"local": same, "box-b": replace(same)})))
     assert report.invalid_reasons == [
         "no two replayed hosts have different fingerprints (box-b same as local)"
     ]
@@ -194,7 +194,7 @@ KEEP = {"kind": "tmp_shared", "detail": "/tmp", "action": "keep", "meaning": "fi
 
 def _burning_hosts():
     hosts = two_hosts()
-    hosts["box-b"] = dataclasses.replace(hosts["box-b"], findings=[KEEP, BURN])
+    hosts["box-b"] = replace(hosts["box-b"], findings=[KEEP, BURN])
     return hosts
 
 
