@@ -41,7 +41,15 @@ from .recordclass import dataclass
 from .records import EvidenceCut, Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
 from .removals import Removals, remove_tree
-from .sandbox import NONE, PIDNS_UID, Sandbox, attempt_uid, reachable_by_others, split_level
+from .sandbox import (
+    NONE,
+    PIDNS_UID,
+    Sandbox,
+    attempt_uid,
+    kill_every_started,
+    reachable_by_others,
+    split_level,
+)
 from .strays import StrayWatch, keep_until_exit, walk_beside
 from .suite import Suite, Task, load_suite
 from .suite_digest import EMPTY_DIGEST, SHARED_PART, BundleChanged, part_digest, suite_state, task_part
@@ -506,30 +514,11 @@ def run_in_slots(runner: Runner, attempts: List[Tuple[Task, int]], slots: int,
         for future in futures:
             future.cancel()
         while not all(f.done() for f in futures):
-            _kill_own_process_groups()
+            kill_every_started()  # each by its own handle, never a pid read from /proc
             time.sleep(0.05)
         raise
     finally:
         pool.shutdown(wait=True)
-
-
-def _kill_own_process_groups() -> None:
-    """SIGKILL the process group of every child of this process (each agent, tool and predicate is
-    started in a session of its own, so its group is its pid). Linux: read from /proc."""
-    me = os.getpid()
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and int(fields[1]) == me:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
 
 
 def default_host() -> str:

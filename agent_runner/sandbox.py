@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import zygote
@@ -347,6 +348,20 @@ def _until_exit(pid: int, timeout: float, args: Any) -> None:
         os.close(fd)
 
 
+#: every process started here that may still run (``kill_every_started``)
+_live: "weakref.WeakSet[Started]" = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def kill_every_started() -> None:
+    """SIGKILL to every process started here that has not ended, and what it started (the runner's
+    Ctrl-C): each through its own ``kill_group``, never by a pid another thread may have reaped."""
+    with _live_lock:
+        started = list(_live)
+    for proc in started:
+        proc.kill_group()
+
+
 class Started(subprocess.Popen[bytes]):
     """A process started in a sandbox: its ``returncode`` is the attempt's own (``-9`` for a SIGKILL
     death, as ``subprocess`` says it), read from the init's status pipe; ``oom_killed`` says whether
@@ -369,6 +384,8 @@ class Started(subprocess.Popen[bytes]):
         if self._zygote is not None:
             try:
                 super().__init__(list(argv), start_new_session=True, **kwargs)
+                with _live_lock:
+                    _live.add(self)
                 return
             except zygote.ZygoteLost:
                 self._zygote = None  # gone before it started anything: the per-process way
@@ -399,6 +416,8 @@ class Started(subprocess.Popen[bytes]):
                 os.close(write_end)  # the init holds the only other copy: its end is the pipe's end
         with contextlib.suppress(AttributeError, OSError):  # none before Linux 5.3: see kill_group
             self._pidfd = os.pidfd_open(self.pid)  # not reaped yet: the pid is this process's
+        with _live_lock:
+            _live.add(self)
 
     def _execute_child(self, args: Any, executable: Any, preexec_fn: Any, close_fds: Any, pass_fds: Any, cwd: Any,
                        env: Any, startupinfo: Any, creationflags: Any, shell: Any, p2cread: int, p2cwrite: int,
