@@ -57,7 +57,9 @@ def test_a_replay_connects_its_hosts_before_importing_rich_or_the_retry_library_
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stdout + done.stderr
-    # two hosts connected, neither import made by then, and the collector (paused for the start) on
-    assert json.loads(out.read_text()) == [[[], True], [[], True]]
+    made = json.loads(out.read_text())
+    # the first host connected before either import (a later one may connect once the first host's
+    # run has started loading the tables), and the collector (paused for the start) on at each
+    assert len(made) == 2 and made[0] == [[], True] and all(gc_on for _, gc_on in made)
     assert "box-a  done" in done.stderr and "box-b  done" in done.stderr  # the progress, as plain lines
     assert "run directory:" in done.stdout and "healthy-no-writes" in done.stdout  # the tables, after
