@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import struct
-from typing import Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 _PR_SET_PDEATHSIG = 1
 _SYS_CLOSE_RANGE = 436  # the same number on every Linux architecture (5.9+)
@@ -66,13 +66,14 @@ def new_session_keyring() -> None:
 
 
 #: the key system calls (add_key, request_key, keyctl) by machine: (its audit arch, their numbers),
-#: and those of the 32-bit calls the same kernel takes from it (x86_64's i386, aarch64's arm); x86_64's
-#: x32 calls are its own numbers with bit 30 set
+#: and those of the 32-bit calls the same kernel may take from it (x86_64's i386, aarch64's arm,
+#: riscv64's rv32, ppc64le's ppc32); x86_64's x32 calls are its own numbers with bit 30 set. A call of
+#: any other architecture is refused whatever it is: the filter cannot tell what its numbers mean.
 _KEY_CALLS = {
     "x86_64": ((0xC000003E, (248, 249, 250)), (0x40000003, (286, 287, 288))),
     "aarch64": ((0xC00000B7, (217, 218, 219)), (0x40000028, (309, 310, 311))),
-    "riscv64": ((0xC00000F3, (217, 218, 219)), None),
-    "ppc64le": ((0xC0000015, (269, 270, 271)), None),
+    "riscv64": ((0xC00000F3, (217, 218, 219)), (0x400000F3, (217, 218, 219))),
+    "ppc64le": ((0xC0000015, (269, 270, 271)), (0x00000014, (269, 270, 271))),
 }
 _X32 = 0x40000000
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
@@ -88,22 +89,33 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
+_built: Dict[str, Optional[_SockFprog]] = {}
+
+
 def key_filter() -> Optional[_SockFprog]:
+    """``key_program`` for this machine, built once per process (every start installs the same one)."""
+    machine = os.uname().machine
+    if machine not in _built:
+        _built[machine] = key_program(machine)
+    return _built[machine]
+
+
+def key_program(machine: str) -> Optional[_SockFprog]:
     """A seccomp filter that refuses the key system calls (EPERM, as Docker's default profile does)
     but ``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``: an attempt's uid is drawn again by later
     attempts, and a key in its user keyrings (``@u``, ``@us``, its persistent one) would outlive it
     for them to read; joining a new anonymous session keyring (the zygote does, before each process)
     shares nothing. None on a machine not listed (little-endian ones only: the argument checks read
     the low word first)."""
-    calls = _KEY_CALLS.get(os.uname().machine)
+    calls = _KEY_CALLS.get(machine)
     if calls is None:
         return None
-    (arch, (add_key, request_key, keyctl)), compat = calls
+    (arch, (add_key, request_key, keyctl)), (compat_arch, compat_calls) = calls
     # (label, code, k, jump to if equal, if not): a jump names a label (None: the next instruction)
     prog: List[Tuple[Optional[str], int, int, Optional[str], Optional[str]]] = [
         (None, _LD_ABS, 4, None, None),  # seccomp_data.arch
         (None, _JEQ, arch, "native", None),
-        (None, _JEQ, compat[0] if compat else arch, "compat", "allow"),
+        (None, _JEQ, compat_arch, "compat", "deny"),
         ("native", _LD_ABS, 0, None, None),  # seccomp_data.nr
         (None, _JEQ, keyctl, "keyctl", None),
     ]
@@ -119,7 +131,7 @@ def key_filter() -> Optional[_SockFprog]:
         (None, _JEQ, 0, "allow", "deny"),
         ("compat", _LD_ABS, 0, None, None),
     ]
-    prog += [(None, _JEQ, n, "deny", None) for n in (compat[1] if compat else ())]
+    prog += [(None, _JEQ, n, "deny", None) for n in compat_calls]
     prog += [("allow", _RET, _RET_ALLOW, None, None), ("deny", _RET, _RET_EPERM, None, None)]
     at = {label: i for i, (label, *_rest) in enumerate(prog) if label is not None}
 
