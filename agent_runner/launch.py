@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import privs
 from .privs import (
@@ -78,13 +78,15 @@ class _Enter:
     memory or ``/proc`` entries) and drop the runner's signal handlers."""
 
     def __init__(self, level: str, status_fd: int, net: bool = False,
-                 relay: Optional[Tuple[int, str]] = None, uid: Optional[int] = None, direct: bool = False) -> None:
+                 relay: Optional[Tuple[int, str]] = None, uid: Optional[int] = None, direct: bool = False,
+                 shield: Sequence[privs.ShieldStep] = ()) -> None:
         # direct: forked into its new PID namespace already (``_PidNamespace``), this process is the
         # init: no holder
         self.direct = direct
         self.flags = ((0 if direct else _CLONE_NEWPID) | _CLONE_NEWNS | _CLONE_NEWIPC
                       | (_CLONE_NEWUSER if level == PIDNS else 0) | (_CLONE_NEWNET if net else 0))
         self.status_fd = status_fd
+        self.shield = list(shield)  # the runner's home read-only, its workspace writable (privs.home_shield)
         self.net = net
         self.relay = relay  # (port inside, the runner's Unix socket): the init forwards one to the other
         self.libc = _libc()
@@ -116,6 +118,8 @@ class _Enter:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the init dies with its parent (the holder, or the runner)
             _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
             _check(libc.mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None), "mount /proc")
+            if self.shield:
+                privs.shield_home(libc, self.shield)
             listener = _loopback(self.relay[0] if self.relay else None) if self.net else None
             attempt = _fork()
         except BaseException as exc:

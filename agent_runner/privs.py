@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import struct
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 _PR_SET_PDEATHSIG = 1
 _SYS_CLOSE_RANGE = 436  # the same number on every Linux architecture (5.9+)
@@ -23,6 +23,8 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_NOATIME, _MS_NODIRATIME, _MS_STRICTATIME = 0x1, 0x20, 0x1000, 0x400, 0x800, 1 << 24
+_MNT_DETACH = 2
 _PR_SET_DUMPABLE = 4
 _libc_handle: Optional[ctypes.CDLL] = None
 _pylibc: Optional[ctypes.PyDLL] = None
@@ -276,3 +278,57 @@ class _PidNamespace:
             # back to its own: every later child of this thread (another attempt's, a tool's) forks
             # where the runner is
             _check(lib.setns(cls._own or -1, _CLONE_NEWPID), "setns back to the runner's PID namespace")
+
+
+#: (path, the flags its remount keeps, read-only): the steps of ``shield_home``
+ShieldStep = Tuple[bytes, int, bool]
+
+
+def _kept_flags(path: str) -> int:
+    """The flags a remount of ``path``'s mount must keep: in a user namespace the kernel refuses to
+    clear those its mount had (nosuid, nodev, noexec, the atime mode), as ``bwrap`` keeps them."""
+    f = os.statvfs(path).f_flag
+    flags = (_MS_NOSUID if f & os.ST_NOSUID else 0) | (_MS_NODEV if f & os.ST_NODEV else 0) | (
+        _MS_NOEXEC if f & os.ST_NOEXEC else 0)
+    if f & os.ST_NOATIME:
+        flags |= _MS_NOATIME
+    elif not f & getattr(os, "ST_RELATIME", 4096):
+        flags |= _MS_STRICTATIME
+    return flags | (_MS_NODIRATIME if f & os.ST_NODIRATIME else 0)
+
+
+def home_shield(home: Optional[str], writable: Sequence[str]) -> List[ShieldStep]:
+    """The steps that make ``home`` (the runner's) read-only in an attempt's mount namespace, with
+    each of ``writable`` (the runner's workspace root) below it writable again: an attempt that runs
+    as the runner's uid (``pidns``) could otherwise plant what the runner's user runs at its next
+    login (``~/.ssh/rc``, ``authorized_keys``, a shell's start-up file). None for a home that is ``/``
+    or missing. Worked out by the runner, never in the fork that takes them."""
+    if not home:
+        return []
+    home = os.path.realpath(home)
+    if home == "/" or not os.path.isdir(home):
+        return []
+    reals = [os.path.realpath(path) for path in writable]
+    if any(home == real or home.startswith(real.rstrip("/") + "/") for real in reals):
+        return []  # the workspace is the home, or holds it: nothing of it can be read-only
+    steps: List[ShieldStep] = [(os.fsencode(home), _kept_flags(home), True)]
+    steps += [(os.fsencode(real), _kept_flags(real), False) for real in reals
+              if real.startswith(home + "/") and os.path.isdir(real)]
+    return steps
+
+
+def shield_home(c: ctypes.CDLL, steps: Sequence[ShieldStep]) -> bool:
+    """Take ``home_shield``'s steps in this mount namespace; on any failure undo them (the attempt
+    then meets the runner's home as before) and say False."""
+    done: List[bytes] = []
+    for path, flags, read_only in steps:
+        if c.mount(path, path, None, _MS_BIND | _MS_REC, None) != 0:
+            break
+        done.append(path)
+        if c.mount(None, path, None, _MS_BIND | _MS_REMOUNT | flags | (_MS_RDONLY if read_only else 0), None) != 0:
+            break
+    else:
+        return True
+    for path in reversed(done):
+        c.umount2(path, _MNT_DETACH)
+    return False

@@ -198,7 +198,8 @@ class Runner:
         with self._lock:
             uid = attempt_uid(self._uids)
         box = Sandbox.for_attempt(self.isolation, uid, str(attempt_dir / "work"),
-                                  str(self.suite.root / "suite.json"), net=self.net)
+                                  str(self.suite.root / "suite.json"), net=self.net,
+                                  writable=(str(self.workspace_root),))
         mark = self.stray_watch.mark() if self.stray_watch is not None and box.uid is not None else None
         try:
             work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))

@@ -46,7 +46,7 @@ import urllib.parse
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from . import zygote
+from . import privs, zygote
 from .launch import NONE, PIDNS, PIDNS_UID, ModelRelay, _Enter, _pdeathsig
 from .privs import (
     _NoNamespace,
@@ -255,11 +255,31 @@ def attempt_uid(taken: Set[int]) -> int:
             return uid
 
 
+_user_homes: Dict[int, Optional[str]] = {}
+
+
+def user_home() -> Optional[str]:
+    """The runner's user's home as the password database has it (where sshd looks for ``~/.ssh`` and
+    a login shell starts), looked up once per uid; None without one."""
+    uid = os.geteuid()
+    if uid not in _user_homes:
+        try:
+            import pwd
+
+            _user_homes[uid] = pwd.getpwuid(uid).pw_dir or None
+        except (ImportError, KeyError):
+            _user_homes[uid] = None
+    return _user_homes[uid]
+
+
 class Sandbox:
     """The isolation of one attempt: how its processes are started, and what it left behind."""
 
-    def __init__(self, level: str, uid: Optional[int] = None, net: bool = False) -> None:
+    def __init__(self, level: str, uid: Optional[int] = None, net: bool = False,
+                 writable: Sequence[str] = ()) -> None:
         self.level = level
+        #: what stays writable to it below the runner's home, read-only to it at ``pidns`` (the runner's workspace)
+        self.writable = tuple(writable)
         self.uid = uid if level == PIDNS_UID else None
         self.net = net and level != NONE
         self.started = time.time()
@@ -269,9 +289,11 @@ class Sandbox:
         self.reuse = False
 
     @classmethod
-    def for_attempt(cls, level: str, uid: int, *paths: str, net: bool = False) -> "Sandbox":
+    def for_attempt(cls, level: str, uid: int, *paths: str, net: bool = False,
+                    writable: Sequence[str] = ()) -> "Sandbox":
         """A sandbox at ``level`` (``uid``: the attempt's, see ``attempt_uid``; ``net``: a network
-        namespace of its own); a root runner whose ``paths`` another uid cannot reach gets ``pidns``."""
+        namespace of its own; ``writable``: the runner's workspace, see ``Sandbox.writable``); a root
+        runner whose ``paths`` another uid cannot reach gets ``pidns``."""
         if level == PIDNS_UID:
             if all(reachable_by_others(p) for p in paths):
                 box = cls(level, uid, net)
@@ -279,7 +301,7 @@ class Sandbox:
                 return box
             level = PIDNS if _works(PIDNS) else NONE
             net = net and detect_network(level)
-        return cls(level, net=net)
+        return cls(level, net=net, writable=writable)
 
     @contextlib.contextmanager
     def reaching(self, url: str, directory: str) -> Iterator["Sandbox"]:
@@ -399,8 +421,9 @@ class Started(subprocess.Popen[bytes]):
             preexec = _pdeathsig
         direct = write_end is not None and box.level == PIDNS_UID and _PidNamespace.usable()
         if write_end is not None:
+            shield = privs.home_shield(user_home(), box.writable) if box.level == PIDNS else []
             preexec = _Enter(box.level, write_end, box.net, box._relay, box.uid if tracer is None else None,
-                             direct=direct)
+                             direct=direct, shield=shield)
         try:
             with _PidNamespace.for_children() if direct else contextlib.nullcontext():
                 super().__init__(full, start_new_session=True, preexec_fn=preexec,
