@@ -18,9 +18,7 @@ from typing import TYPE_CHECKING, TextIO
 from agent_runner.textguard import printable
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.live import Live
-    from rich.table import Table
+    from orchestrator.terminal import Console, Live, Table
 
 
 def draws_on(stream: TextIO) -> bool:
@@ -88,13 +86,12 @@ class ProgressView:
 
     def __enter__(self) -> ProgressView:
         if self.console is not None and self.console.is_terminal:
-            from rich.live import Live
+            from orchestrator import terminal
 
             # The table is built when the display refreshes, from the state then: an event only
             # records its stage (a table per event is hosts x events of work, all under the lock the
             # hosts' workers wait on).
-            self.live = Live(console=self.console, get_renderable=self._locked_table, refresh_per_second=8,
-                             transient=False)
+            self.live = terminal.live_view(self.console, self._locked_table)
             self.live.__enter__()
         return self
 
@@ -120,9 +117,7 @@ class ProgressView:
             return self._table()
 
     def _table(self) -> Table:
-        from rich.table import Table
-
-        from orchestrator.terminal import plain
+        from orchestrator.terminal import Table, plain
 
         table = Table(title="replay", show_edge=False)
         table.add_column("host")

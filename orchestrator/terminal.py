@@ -1,11 +1,15 @@
-"""The terminal's primitives every renderer shares: the consoles, untrusted text as a table cell, a
+"""The terminal's primitives every renderer shares, and the one module that imports ``rich``: the consoles, untrusted text as a table cell, a
 title or a line (shown as it is, never read as Rich markup), and a table whose first column is never
 cut. ``orchestrator/ui.py`` draws with them once a command is over, ``orchestrator/progress.py``
 while a replay runs."""
 
 from __future__ import annotations
 
-from rich.console import Console, ConsoleOptions, RenderResult
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markup import escape as _markup_escape
 from rich.measure import Measurement
 from rich.table import Table
@@ -13,7 +17,13 @@ from rich.text import Text
 
 from agent_runner.textguard import printable
 
-__all__ = ["Console", "WholeColumn", "err_console", "escape", "out_console", "plain", "say"]
+if TYPE_CHECKING:
+    from rich.live import Live
+
+__all__ = [
+    "Console", "Group", "RenderableType", "Table", "Text", "WholeColumn", "box", "err_console", "escape",
+    "live_view", "out_console", "plain", "say",
+]  # fmt: skip
 
 
 def plain(text: object, style: str = "") -> Text:
@@ -30,6 +40,14 @@ def escape(text: str) -> str:
 def out_console() -> Console:
     """stdout; not a terminal (CI logs, ``make demo | tee``): wide enough that fingerprints are not cut."""
     return Console() if Console().is_terminal else Console(width=120)
+
+
+def live_view(console: Console, renderable: Callable[[], RenderableType]) -> Live:
+    """A live display on ``console`` that draws ``renderable()`` at each refresh (a terminal only;
+    ``rich.live`` is loaded here, when one is drawn)."""
+    from rich.live import Live
+
+    return Live(console=console, get_renderable=renderable, refresh_per_second=8, transient=False)
 
 
 def err_console() -> Console:

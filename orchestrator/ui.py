@@ -19,15 +19,23 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.console import Console, Group, RenderableType
-from rich.table import Table
-from rich.text import Text
-
 from agent_runner.textguard import printable
 from orchestrator.exit_policy import undecided_line
 from orchestrator.hosts.fingerprint import run_workspace
-from orchestrator.terminal import WholeColumn, err_console, escape, out_console, plain, say
+from orchestrator.terminal import (
+    Console,
+    Group,
+    RenderableType,
+    Table,
+    Text,
+    WholeColumn,
+    box,
+    err_console,
+    escape,
+    out_console,
+    plain,
+    say,
+)
 
 if TYPE_CHECKING:
     from orchestrator.analysis.models import RunReport
