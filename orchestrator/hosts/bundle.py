@@ -433,7 +433,7 @@ BUNDLE_REFUSED_EXIT = 75
 #: the bundle's ``runner.pyz`` (``pins.runner_home``). A Python or kernel without ``memfd_create`` (or
 #: without ``/proc``) runs the zipapp by its path, safe only where the bundle is root's alone. Else
 #: nothing of it is read as code and the exit is ``BUNDLE_REFUSED_EXIT`` (a bundle missing, changed,
-#: or that cannot be read).
+#: or that cannot be read). A bundle it runs has its mtime set to now: it was used.
 _CHECKED_START_PY = _TREE_DIGEST_FN + r"""
 want, pyz = sys.argv[1], sys.argv[2]
 try:
@@ -447,6 +447,10 @@ except OSError:
     ok = False
 if not ok:
     sys.exit(REFUSED)
+try:  # the bundle's mtime says when it was last used (the host keeps the newest few)
+    os.utime(os.path.dirname(pyz))
+except OSError:
+    pass
 def sealed(data):
     try:
         import fcntl

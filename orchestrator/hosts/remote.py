@@ -121,12 +121,14 @@ def run_script(
     the text runs, ``REFUSED_MARKER`` is printed and the exit is that status (``bundle_refused``).
     """
     command = clean_env_command(allowlist, argv, pinned=pinned, pins_file=pins_path(workspace))
+    # nothing pinned: no pins file was written, and no exec of rm is spent on it
+    unpin = f"rm -f {q(pins_path(workspace))}" if pinned else ""
     launch = f"echo $$ > pid && exec timeout -s KILL {int(kill_after_s)} {command}"
     lines = [f"cd {q(workspace)} || exit 1", f"sh -c {q(launch)}", "rc=$?"]
     if refused is not None:
         code, then = refused
         lines.append(
-            f"if test $rc = {int(code)} && ! test -e out/fingerprint.json; then rm -f {q(pins_path(workspace))}; "
+            f"if test $rc = {int(code)} && ! test -e out/fingerprint.json; then {unpin + '; ' if unpin else ''}"
             f"{then}; echo {REFUSED_MARKER}; exit {int(code)}; fi"
         )
     if fingerprint:
@@ -134,7 +136,8 @@ def run_script(
             f"test -s out/fingerprint.json || {{ sh -c {q(fingerprint)} > out/.fingerprint.json 2>/dev/null "
             "&& mv out/.fingerprint.json out/fingerprint.json; rm -f out/.fingerprint.json; }"
         )
-    lines.append(f"rm -f {q(pins_path(workspace))}")
+    if unpin:
+        lines.append(unpin)
     lines.append(
         f"if test -d out && tar -C out -cf out.tar . 2>/dev/null; then s=$(wc -c < out.tar); else s=none; fi; "
         f"echo; echo {OUT_TAR_MARKER} $s; exit $rc"

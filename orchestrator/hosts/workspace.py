@@ -93,8 +93,9 @@ class Workspace:
         # The attempts' uid may pass through the workspace to work/ (711), never into out/ or in/
         # (700). ``mkdir`` claims the path (it fails on one that exists); ``owner`` is written next.
         owner = remote.q(posixpath.join(self.path, "owner"))
+        # runs/ exists from the host's first run on: a test (the shell's own) spares an exec of mkdir
         return (
-            f"mkdir -p {runs} && mkdir -m 711 {ws} && ( umask 077 && echo {self.token} > {owner} ) "
+            f"{{ test -d {runs} || mkdir -p {runs}; }} && mkdir -m 711 {ws} && ( umask 077 && echo {self.token} > {owner} ) "
             f"&& mkdir -m 700 {ws}/out {ws}/{remote.PRIVATE_DIR} && mkdir -m 711 {work}{mark}"
         )
 
@@ -147,10 +148,8 @@ class Workspace:
         creates it first (as ``create`` does, naming that bundle; without the look: the runner's start
         checks the bundle); a failure to create it is ``RunnerCrashed``, and nothing else runs."""
         if create is not None:
-            # touch: the bundle's mtime says when it was last used (the host keeps the newest few); -c:
-            # a bundle not there is not made a file (the runner's start refuses it, and it is pushed)
-            used = f"touch -c {remote.q(create.remote_dir(self.root))} 2>/dev/null"
-            script = f"if ! {{ {self._make_script(create)}; }}; then echo {NOT_CREATED}; exit 1; fi\n{used}\n{script}"
+            # the bundle's mtime (when it was last used) is set by the runner's checked start
+            script = f"if ! {{ {self._make_script(create)}; }}; then echo {NOT_CREATED}; exit 1; fi\n{script}"
             # whatever the exec's fate, a workspace at this path with this token is this run's
             self.created = True
         if running is None:

@@ -121,3 +121,24 @@ def test_a_root_runner_without_a_compiled_copy_runs_its_zygotes_and_attempts_fro
         verdicts[name] = {r["task"]: r["verdict"] for r in records(out / "results.jsonl")}
     assert not list((root / "bundles").glob("*.pyc-*"))  # it ran from the sealed zipapp
     assert verdicts["sealed"] == verdicts["tree"] and len(verdicts["tree"]) > 10
+
+
+def test_a_start_from_the_bundle_marks_it_used_and_a_refused_start_does_not(tmp_path: Path) -> None:
+    """The host keeps its most recently used bundles: the runner's checked start is what says a run
+    used one (its mtime set to now), so a bundle found on the host outlives older ones; a bundle that
+    fails its check is not marked (it is removed and pushed again)."""
+    bundle = build_bundle(TRIAGE, tmp_path / "cache")
+    root = tmp_path / "ws"
+    assert ensure_bundle(LocalHost(), bundle, str(root), python=SYSTEM_PYTHON)
+    published = Path(bundle.remote_dir(str(root)))
+    os.utime(published, (1_000_000, 1_000_000))
+    argv = checked_runner_argv(bundle, str(root), SYSTEM_PYTHON, ["version"])
+    done = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert published.stat().st_mtime > 1_000_000 + 86_400
+    published.chmod(0o755)
+    (published / "added").write_text("x")  # no longer what was pushed
+    os.utime(published, (1_000_000, 1_000_000))
+    refused = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == BUNDLE_REFUSED_EXIT, refused.stderr
+    assert published.stat().st_mtime < 1_000_000 + 86_400

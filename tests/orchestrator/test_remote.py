@@ -134,3 +134,25 @@ def test_kill_script_signals_a_real_process_group(tmp_path: Path) -> None:
         assert proc.wait(timeout=10) == -9
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("pinned", [{"TZ": "Pinned/Zone"}, {}])
+def test_the_run_script_removes_the_pins_file_after_the_runner_and_packs_out(tmp_path: Path, pinned: dict[str, str]) -> None:
+    """A pinned value reaches the runner from in/pins.env, which is gone once the run is over; with
+    nothing pinned there is none to remove. Either way out/ comes back packed and the runner's exit is
+    the script's."""
+    ws = tmp_path / "ws"
+    for sub in ("out", remote.PRIVATE_DIR):
+        (ws / sub).mkdir(parents=True)
+    pins = Path(remote.pins_path(str(ws)))
+    if pinned:
+        pins.write_text(remote.pins_text(pinned))
+    argv = [sys.executable, "-c", "import os, sys; open(sys.argv[2] + '/tz', 'w').write(os.environ.get('TZ', '-')); "
+            "sys.exit(3)", "--out", f"{ws}/out"]
+    script = remote.run_script(str(ws), ["PATH", "TZ"], list(pinned), argv, 60)
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 3, done.stderr
+    assert (ws / "out" / "tz").read_text() == pinned.get("TZ", "-")
+    assert not pins.exists()
+    _, size = remote.split_out_tar(done.stdout)
+    assert size == str((ws / "out.tar").stat().st_size)
