@@ -77,11 +77,12 @@ class LintReport:
 NOT_SELECTED = "not selected, so it does not stop this replay"
 
 
-def lint_suite(suite_dir: Path, selection: TaskSelection | None = None) -> LintReport:
+def lint_suite(suite_dir: Path, selection: TaskSelection | None = None, *, suite: Suite | None = None) -> LintReport:
     """Every finding of the suite in ``suite_dir``, in task order; a suite that does not load raises.
     With a ``selection`` (a replay's ``--tasks/--exclude/--tags``), an error in a task it leaves out
-    is a warning that says so: lint is per selection."""
-    suite = load_suite(suite_dir)
+    is a warning that says so: lint is per selection. ``suite``: the suite already read from
+    ``suite_dir`` (``load_suite``; a replay reads it once, for the lint and the bundle)."""
+    suite = suite if suite is not None else load_suite(suite_dir)
     shown = Path(suite_dir)
     tools = _contract_tools(suite)
     contract_file = shown / _contract_name(shown)

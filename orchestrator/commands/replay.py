@@ -47,6 +47,7 @@ from orchestrator.store.records import HostRecord, Manifest, SuiteRef
 from orchestrator.store.rundir import ResultRow, RunDir, utc_now, write_bytes_atomic
 
 if TYPE_CHECKING:
+    from agent_runner.suite import Suite
     from orchestrator.analysis.models import RunReport
 
 
@@ -233,9 +234,11 @@ def replay(
     opener: Opener | None = None,
     on_event: EventSink | None = None,
     bundle: Bundle | None = None,
+    suite: Suite | None = None,
     with_analysis: bool = True,
 ) -> ReplayOutcome:
-    """Run the replay and write ``runs/<run_id>/``; the exit code is ``exit_policy.replay_exit``'s."""
+    """Run the replay and write ``runs/<run_id>/``; the exit code is ``exit_policy.replay_exit``'s.
+    ``suite``: the suite already read from ``request.suite_dir`` (the bundle is built from it)."""
     from orchestrator.hosts.inventory import override_notes
 
     if request.repeat is not None and request.repeat < 1:
@@ -247,7 +250,7 @@ def replay(
     selected = _resolve_hosts(request)
     if bundle is None:
         cache = request.cache_dir or bundle_cache_dir(request.out)
-        bundle = replay_bundle(request.suite_dir, cache)
+        bundle = replay_bundle(request.suite_dir, cache, suite)
     tasks, all_tasks = _resolve_tasks(bundle, request.selection)
     shard = request.shard.record(tasks) if request.shard is not None else None
     if request.shard is not None:
@@ -437,6 +440,7 @@ def replay_command(
     """What ``crosshost replay`` does: the suite linted, the replay, then (unless interrupted) the run
     recorded in the history index; with ``--compare-last``, a task that newly flips makes a passing
     run exit 1."""
+    from agent_runner.suite import load_suite
     from orchestrator.commands.lint import lint_suite
     from orchestrator.exit_policy import shard_exit
 
@@ -446,10 +450,14 @@ def replay_command(
     atexit.register(_quick_exit_gc)
     # `crosshost lint`'s checks first, on the selected tasks: an error is bad input before any host is
     # touched (exit 2); warnings, and errors of tasks not selected, are said with the summary and the
-    # run goes on (lint=False: a stand-in suite in tests)
-    findings = lint_suite(request.suite_dir, request.selection) if lint else None
+    # run goes on (lint=False: a stand-in suite in tests). The suite is read once: the lint checks it and
+    # the bundle ships it (the bundle's cache key still digests every file it ships).
+    suite = load_suite(request.suite_dir) if lint else None
+    findings = lint_suite(request.suite_dir, request.selection, suite=suite) if lint else None
     if findings is not None:
         findings.raise_on_errors()
+    if suite is not None and "bundle" not in kwargs:
+        kwargs["suite"] = suite
     # What is loaded by now (modules, classes, the suite) lives as long as the process: out of the
     # cyclic collector's sight, its full passes while the hosts run and the one at exit walk only what
     # the replay makes (the one at exit, 2 hosts: 23-32 -> 2-3 ms). Frozen garbage is never freed:

@@ -97,9 +97,10 @@ def replay_until_decided(request: ReplayRequest, **kwargs: Any) -> ReplayOutcome
     if max_repeat is None or not 1 <= max_repeat <= MAX_REPEAT:
         raise SuiteError(f"--max-repeat must be from 1 to {MAX_REPEAT}, got {max_repeat}")
     bundle = kwargs.pop("bundle", None)
+    suite = kwargs.pop("suite", None)
     if bundle is None:
         cache = request.cache_dir or bundle_cache_dir(request.out)
-        bundle = replay_bundle(request.suite_dir, cache)
+        bundle = replay_bundle(request.suite_dir, cache, suite)
     looks = plan_looks(request.repeat or bundle.suite.repeat, max_repeat)
     level = look_level(bundle.suite.gate.alpha, len(looks))
     main = RunDir.create(request.out)

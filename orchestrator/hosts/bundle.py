@@ -295,11 +295,12 @@ def build_bundle(suite_dir: Path, out_dir: Path, *, runner: Path | None = None, 
     return Bundle(path, sha, zipapp_sha, suite_sha, suite_dir, suite, built=True)
 
 
-def replay_bundle(suite_dir: Path, cache: Path) -> Bundle:
-    """A replay's bundle from the local cache ``cache``. Only a bundle built now (the cache grew)
+def replay_bundle(suite_dir: Path, cache: Path, suite: Suite | None = None) -> Bundle:
+    """A replay's bundle from the local cache ``cache`` (``suite``: the suite already read from
+    ``suite_dir``, else read here). Only a bundle built now (the cache grew)
     prunes the cache (``prune_local_cache``, never this bundle): a cache hit leaves it as it is, so an
     unchanged suite's replay does not stat every file of a cache that many runs filled."""
-    bundle = build_bundle(suite_dir, cache)
+    bundle = build_bundle(suite_dir, cache, suite=suite)
     if bundle.built:
         prune_local_cache(cache, keep=frozenset({bundle.path, cache / f"suite-{bundle.suite_sha}.tar"}))
     return bundle
