@@ -460,6 +460,8 @@ def run_suite(options: RunOptions) -> int:
                     record(runner.run_attempt(task, attempt))
             else:
                 run_in_slots(runner, attempts, options.slots, record)
+        if runner.stray_watch is not None:
+            runner.stray_watch.close_beside()  # every attempt was looked at: its descriptor closes while the run ends
         runner.removals.wait()
         leftovers = sorted(p.name for p in workspace_root.iterdir()) if workspace_root.exists() else []
         if leftovers and not own_root:

@@ -332,3 +332,39 @@ def test_without_the_kernels_notices_every_directory_is_looked_at(tmp_path: Path
     (top / "left").write_text("x")
     os.lchown(top / "left", UID, UID)
     assert watch.since(mark, UID, str(tmp_path / "own")) == [str(top / "left")]
+
+
+def _inotify_fds() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify"
+    return count
+
+
+def test_a_watch_closed_beside_the_runs_end_lets_its_descriptor_go_and_still_finds_what_is_left(
+    tmp_path: Path, notices: bool
+) -> None:
+    """After the run's last attempt the kernel's notices are closed on a thread of their own (the
+    close waits for the kernel, the process's exit no longer does): the descriptor goes, and a look
+    after it, from a mark taken before or after, still finds what an attempt left."""
+    top = tmp_path / "tmp"
+    top.mkdir()
+    top.chmod(0o1777)
+    own = str(tmp_path / "own")
+    watch = StrayWatch(roots=[str(top)])
+    before = watch.mark()
+    (top / "left").write_text("x")
+    os.lchown(top / "left", UID, UID)
+    held = _inotify_fds()
+    closing = watch.close_beside()
+    assert (closing is not None) == notices
+    if closing is not None:
+        closing.join(10)
+        assert not closing.is_alive() and _inotify_fds() == held - 1
+    assert watch.close_beside() is None  # once
+    assert watch.since(before, UID, own) == [str(top / "left")]
+    after = watch.mark()
+    (top / "later").write_text("x")
+    os.lchown(top / "later", UID, UID)
+    assert watch.since(after, UID, own) == [str(top / "later"), str(top / "left")]
