@@ -7,8 +7,9 @@ Started by the runner (``zygote.Zygote``) as ``python -I -S`` in namespaces the 
 (parent-death signal: the kernel then kills every process of the namespace). It reads one request
 at a time from its control socket (a Unix socket pair, descriptors passed with ``SCM_RIGHTS``): the
 command line, environment, working directory and uid of one process, and its stdin, stdout and
-stderr. It forks it (pid 2, as a fresh namespace's first child would be), which starts a session
-of its own and an IPC namespace of its own, takes its uid (no capability, no new privilege) and execs; the reply
+stderr. It spawns it (pid 2, as a fresh namespace's first child would be) in an IPC namespace of its
+own, taking the process's uid around the spawn (``_spawn``); the process starts a session of its
+own and execs, its uid in all four ids (no capability, no new privilege); the reply
 is a pidfd of it (the runner reads its pid there) or the error that stopped it before its exec.
 When that process has ended the zygote kills every other process of the namespace (``kill(-1)``
 from a PID namespace's init reaches all of it but the init), reaps them all, waits until the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import marshal
 import os
+import select
 import signal
 import socket
 import struct
@@ -123,27 +125,71 @@ def clear(net: bool) -> bool:
     return True
 
 
-def _start(req: Dict[str, Any], fds: List[int]) -> "subprocess.Popen[bytes]":
-    """Start the requested process: a session and an IPC namespace of its own (SysV IPC objects and
+def _spawn(req: Dict[str, Any], fds: List[int], runner: int) -> "subprocess.Popen[bytes]":
+    """Start the requested process: a session of its own, its uid without supplementary
+    groups, its directory, umask and stdio, every other descriptor closed, the signals Python
+    ignores back to their defaults (``subprocess`` does it in C between its fork and the exec, and
+    raises what failed there). Not ``subprocess``'s own change of uid: with one it must fork (a copy
+    of the zygote's page tables, copy-on-write faults in both processes until the exec: about a
+    millisecond per process), without one it uses vfork (Python 3.10 on). So the zygote takes the process's ids
+    itself around the start (single-threaded, nothing else runs meanwhile): real and effective uid
+    and gid the process's, the saved ones root's (to take root back after), no supplementary group
+    (dropped once: ``serve``). The exec makes the saved ids the effective ones: the process has its
+    uid in all four, and no capability (none is kept through an exec whose real and effective uids
+    are not root; the bounding and inheritable sets are empty, no new privileges). Between the vfork
+    and the exec only the interpreter's C code runs, and no process of that uid can reach the zygote
+    or the child meanwhile (their namespace holds nothing else, and no other namespace sees them).
+    The directory is entered as root, as ``subprocess`` did before its change of uid."""
+    os.chdir(req["cwd"])
+    try:
+        uid = req["uid"]
+        os.setresgid(uid, uid, 0)
+        os.setresuid(uid, uid, 0)
+        try:
+            return subprocess.Popen(req["argv"], env=req["env"], stdin=fds[0], stdout=fds[1], stderr=fds[2],
+                                    start_new_session=True, umask=req["umask"], close_fds=True,
+                                    restore_signals=True)
+        finally:
+            _root_again(runner)
+    finally:
+        os.chdir("/")  # no attempt's directory kept busy by the zygote
+
+
+def _root_again(runner: int) -> None:
+    """Root again after a start (the saved ids are root's), not dumpable and dying with the runner's
+    thread again: a change of ids makes a process dumpable as the sysctl says and clears its
+    parent-death signal. A runner that ended before the signal was set again is not waited for
+    (``runner``: a pidfd of it, readable once it has ended). A zygote that could not is ended: the
+    kernel ends its namespaces, and the runner sees it gone."""
+    try:
+        os.setresuid(0, 0, 0)
+        os.setresgid(0, 0, 0)
+        libc = privs.libc()
+        privs._check(libc.prctl(privs._PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
+        privs._check(libc.prctl(privs._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "dies with the runner")
+        if select.select([runner], [], [], 0)[0]:
+            raise RuntimeError("the runner has ended")
+    except BaseException:  # noqa: B036 (nothing may go on as another uid, or without the runner)
+        os._exit(3)
+
+
+def _start(req: Dict[str, Any], fds: List[int], runner: int) -> "subprocess.Popen[bytes]":
+    """Start the requested process (``_spawn``) in an IPC namespace of its own (SysV IPC objects and
     POSIX queues outlive their processes: the zygote moves to a new one first, which its child
-    inherits and the previous one's processes were the last to hold), its uid without supplementary
-    groups (from root: no capability left; the bounding and inheritable sets and no new privileges
-    are the zygote's own, ``privs._for_children``), its directory, umask and stdio, every other
-    descriptor closed, the signals Python ignores back to their defaults. ``subprocess`` does it in C
-    between its fork and the exec, and raises what failed there."""
+    inherits and the previous one's processes were the last to hold) and a session keyring of its
+    own."""
     privs._check(privs.libc().unshare(privs._CLONE_NEWIPC), "unshare --ipc")
     privs.new_session_keyring()  # the same for keys: a session keyring the previous process never had
-    return subprocess.Popen(req["argv"], env=req["env"], cwd=req["cwd"], stdin=fds[0], stdout=fds[1],
-                            stderr=fds[2], start_new_session=True, user=req["uid"], group=req["uid"],
-                            extra_groups=[], umask=req["umask"], close_fds=True, restore_signals=True)
+    return _spawn(req, fds, runner)
 
 
-def _run(ctl: socket.socket, req: Dict[str, Any], fds: List[int], net: bool, last_pid: Optional[int]) -> bool:
+def _run(ctl: socket.socket, req: Dict[str, Any], fds: List[int], net: bool, last_pid: Optional[int],
+         runner: int) -> bool:
     """One request: start, report, wait, clear, report. False when the namespace is not reusable."""
     if last_pid is not None:
         os.pwrite(last_pid, b"1", 0)  # its first process is pid 2, as in a namespace of its own
     try:
-        proc = _start(req, fds)
+        proc = _start(req, fds, runner)
     except (OSError, subprocess.SubprocessError) as exc:
         errno = getattr(exc, "errno", None) or 0
         failed = {"errno": errno, "where": str(exc), "filename": getattr(exc, "filename", None)}
@@ -169,8 +215,8 @@ def _run(ctl: socket.socket, req: Dict[str, Any], fds: List[int], net: bool, las
     return clean
 
 
-def serve(fd: int, net: bool) -> None:
-    """The zygote's loop on its control socket ``fd``. Never returns."""
+def serve(fd: int, net: bool, runner: int) -> None:
+    """The zygote's loop on its control socket ``fd`` (``runner``: a pidfd of the runner). Never returns."""
     try:
         if os.getpid() != 1:  # kill(-1) anywhere but in a namespace of its own would reach the host
             raise RuntimeError("not the first process of a PID namespace")
@@ -178,6 +224,7 @@ def serve(fd: int, net: bool) -> None:
         privs._check(libc.prctl(privs._PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
         ctl = socket.socket(fileno=fd)
         privs._for_children(libc, privs._last_cap())
+        os.setgroups([])  # its processes have none: they take its groups (``_spawn``)
         privs.refuse_keys(libc, privs.key_filter())  # its processes' uids are drawn again: no key outlives them
         if net:
             # no TIME_WAIT socket outlives its processes, and no TCP metrics are kept for the next
@@ -191,7 +238,7 @@ def serve(fd: int, net: bool) -> None:
             msg, fds = recv_fds(ctl)
             if not msg:
                 os._exit(0)  # the runner closed its end: nothing more to start
-            if not _run(ctl, decode(msg), fds, net, last_pid):
+            if not _run(ctl, decode(msg), fds, net, last_pid, runner):
                 os._exit(3)
     except BaseException as exc:
         with_msg = f"crosshost zygote: {exc}\n"
@@ -202,4 +249,4 @@ def serve(fd: int, net: bool) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover - started by ``zygote.Zygote`` through -c
-    serve(int(sys.argv[1]), sys.argv[2] == "net")
+    serve(int(sys.argv[1]), sys.argv[2] == "net", int(sys.argv[3]))

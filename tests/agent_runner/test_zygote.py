@@ -97,6 +97,60 @@ def test_nothing_a_process_left_runs_beside_the_next_one_of_the_slot(tmp_path: P
     assert (code, out.split()) == (0, [b"2", b"2", str(NEXT_UID).encode()])
 
 
+TAKE_ROOT = r"""
+import os
+said = [os.getresuid(), os.getresgid(), os.getgroups()]
+for name, call in (("setuid", lambda: os.setuid(0)), ("saved", lambda: os.setresuid(-1, -1, 0)),
+                   ("setgid", lambda: os.setgid(0)), ("groups", lambda: os.setgroups([0]))):
+    try:
+        call()
+        said.append(name + " taken")
+    except PermissionError:
+        said.append(name + " refused")
+with open("/proc/self/status") as f:
+    said += [line.split()[1] for line in f if line.startswith(("CapPrm", "CapEff", "NoNewPrivs"))]
+print(said)
+"""
+
+
+@pytest.mark.parametrize("net", [False, True], ids=["open", "netns"])
+def test_a_process_the_zygote_starts_cannot_take_root_back(tmp_path: Path, net: bool) -> None:
+    """The zygote takes a process's ids itself around its start (its saved ids root's, to take root back
+    after): the process execs with its uid in the real, effective and saved ids, no group, no
+    capability, and cannot take root back in any of them; the next process of the slot too (the zygote
+    is root again between them)."""
+    cwd = _attempt_dir(tmp_path)
+    (tmp_path / "take.py").write_text(TAKE_ROOT)
+    (tmp_path / "take.py").chmod(0o644)
+    for uid in (UID, NEXT_UID):
+        code, out = _run(_box(net, uid), f"/usr/bin/python3 {tmp_path / 'take.py'}", cwd)
+        assert code == 0, out
+        ids = (uid, uid, uid)
+        assert out.decode().strip() == str([ids, ids, [], "setuid refused", "saved refused", "setgid refused",
+                                            "groups refused", "0000000000000000", "0000000000000000", "1"])
+
+
+def test_a_zygote_whose_runner_ended_while_it_started_a_process_ends(tmp_path: Path) -> None:
+    """Taking a process's ids clears the zygote's parent-death signal; set again after the start, it would
+    miss a runner that ended meanwhile: the zygote then ends (with what it started) rather than outlive
+    the runner. Its step back to root, in a fork of this (root) process, with a pidfd of a process that
+    has ended and of one that has not."""
+    from agent_runner import zygote_init
+
+    ended = subprocess.Popen(["true"])
+    pidfd = os.pidfd_open(ended.pid)
+    ended.wait()
+    for runner, expected in ((pidfd, 3), (os.pidfd_open(os.getpid()), 0)):
+        child = os.fork()
+        if child == 0:
+            os.setresgid(UID, UID, 0)
+            os.setresuid(UID, UID, 0)
+            zygote_init._root_again(runner)
+            os._exit(0 if os.getresuid() == (0, 0, 0) and os.getresgid() == (0, 0, 0) else 1)
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == expected
+        os.close(runner)
+
+
 LEAVE_SOCKETS = r"""
 import os, socket, sys
 port = int(sys.argv[1])
