@@ -6,12 +6,15 @@ while a replay runs."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markup import escape as _markup_escape
 from rich.measure import Measurement
+from rich.padding import Padding
+from rich.segment import Segment
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
@@ -70,6 +73,18 @@ class WholeColumn:
         self.laid_out = [(c.width, c.overflow) for c in table.columns]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        highs = self.lay_out(console, options)
+        if highs is not None and self.table.show_header and not self.table.show_footer:
+            # every column whole at its longest: the widths rich would measure every cell again for
+            # (the header and the cells, as lay_out measured them), given so that it does not
+            for column, high in zip(self.table.columns, highs, strict=True):
+                column.width = high
+        # the table draws through the console's every method, render_lines remembered per cell
+        yield from self.table.__rich_console__(cast(Console, _SameCells(console)), options)
+
+    def lay_out(self, console: Console, options: ConsoleOptions) -> list[int] | None:
+        """The columns' widths and overflow for ``options``' width; where the table fits, every column's
+        longest value (the widths are then rich's own), else None."""
         columns = self.table.columns
         for column, (width, overflow) in zip(columns, self.laid_out, strict=True):  # as built, at every width
             column.width, column.overflow = width, overflow
@@ -80,18 +95,73 @@ class WholeColumn:
         overhead = len(columns) + 1 + 2 * len(columns)  # borders, one space of padding each side
         room = options.max_width - overhead
         longest, lows, highs = ranges[0][1], [r[0] for r in ranges[1:]], [r[1] for r in ranges[1:]]
-        if longest + sum(highs) > room:
-            if longest + sum(lows) <= room:
-                first = longest  # whole: the others give way
-            else:  # folded anyway: the others keep what they need, the first at least a few words
-                first = max(1, min(room - sum(lows), max(min(longest, 16), room - sum(highs))))
-            widths = [first, *lows]
-            spare = room - sum(widths)
-            # what is left goes first to the columns it makes whole with the least
-            for i in sorted(range(1, len(widths)), key=lambda i: highs[i - 1] - widths[i]):
-                more = max(0, min(spare, highs[i - 1] - widths[i]))
-                widths[i] += more
-                spare -= more
-            for column, width in zip(columns, widths, strict=True):
-                column.width, column.overflow = width, "fold"
-        yield self.table
+        if longest + sum(highs) <= room:
+            return [longest, *highs]
+        if longest + sum(lows) <= room:
+            first = longest  # whole: the others give way
+        else:  # folded anyway: the others keep what they need, the first at least a few words
+            first = max(1, min(room - sum(lows), max(min(longest, 16), room - sum(highs))))
+        widths = [first, *lows]
+        spare = room - sum(widths)
+        # what is left goes first to the columns it makes whole with the least
+        for i in sorted(range(1, len(widths)), key=lambda i: highs[i - 1] - widths[i]):
+            more = max(0, min(spare, highs[i - 1] - widths[i]))
+            widths[i] += more
+            spare -= more
+        for column, width in zip(columns, widths, strict=True):
+            column.width, column.overflow = width, "fold"
+        return None
+
+
+class _SameCells:
+    """The console a table is drawn through, where a cell drawn once is not drawn again: a cell of the
+    same text, styles, padding and layout as one drawn before in this table takes that one's lines
+    (a report's rows repeat a few verdict and classification cells; rich draws each of them through
+    its padding, wrapping and cropping). Everything else is the console's own."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._drawn: dict[tuple[Any, ...], list[list[Segment]]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._console, name)
+
+    def render_lines(
+        self,
+        renderable: RenderableType,
+        options: ConsoleOptions | None = None,
+        *,
+        style: Style | None = None,
+        pad: bool = True,
+        new_lines: bool = False,
+    ) -> list[list[Segment]]:
+        key = _cell_key(renderable, options, style, pad, new_lines)
+        drawn = self._drawn.get(key) if key is not None else None
+        if drawn is None:
+            drawn = self._console.render_lines(renderable, options, style=style, pad=pad, new_lines=new_lines)
+            if key is not None:
+                self._drawn[key] = drawn
+        return [list(line) for line in drawn]  # the caller's own lists: rich reshapes them
+
+
+def _cell_key(
+    renderable: RenderableType, options: ConsoleOptions | None, style: Style | None, pad: bool, new_lines: bool
+) -> tuple[Any, ...] | None:
+    """Everything a padded text cell's lines depend on; None for anything else (drawn as it comes)."""
+    if type(renderable) is not Padding or options is None:
+        return None
+    inner = renderable.renderable
+    if type(inner) is Text:
+        what: Any = (inner.plain, tuple(inner.spans), inner.style, inner.justify, inner.overflow, inner.no_wrap,
+                     inner.end, inner.tab_size)  # fmt: skip
+    elif type(inner) is str:
+        what = inner
+    else:
+        return None
+    key = (what, renderable.top, renderable.right, renderable.bottom, renderable.left, renderable.style,
+           renderable.expand, *vars(options).values(), style, pad, new_lines)  # fmt: skip
+    try:
+        hash(key)
+    except TypeError:  # a value rich allows that cannot be a key: drawn as it comes
+        return None
+    return key
