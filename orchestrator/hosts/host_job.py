@@ -83,6 +83,34 @@ class HostPlan:
     first_attempt: int = 0
 
 
+class _CleanBeside:
+    """A workspace's removal (``remove``: its answer, True when it is gone) on a thread of its own."""
+
+    def __init__(self, remove: Callable[[], bool], name: str) -> None:
+        self._remove = remove
+        self._removed = False
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"clean-{name}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self._removed = self._remove()
+        except BaseException as exc:  # raised again by ``result``, in the host's own worker
+            self._error = exc
+        finally:
+            self.seconds = time.monotonic() - t0
+
+    def result(self) -> bool:
+        """The removal's answer, once it is over; what it raised is raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._removed
+
+
 class _Connecting(TypedDict, total=False):
     """What the connecting thread left: the host, or the error, or that the job gave up on it."""
 
@@ -103,13 +131,14 @@ class HostJob:
 
     def __call__(self, _name: str) -> HostRecord:
         ws: Workspace | None = None
+        beside: list[_CleanBeside] = []  # the removal started once the pulled archive was home
         run_started = run_finished = False
         error: BaseException | None = None
         watched = contextlib.ExitStack()
         try:
             host = self._stage("connect", self._connect)
             watched.enter_context(self.plan.running.connected(host))  # Ctrl-C abandons it when it goes silent
-            ws = Workspace(host, self.cfg.name, self.cfg.workspace_root, self.plan.run_dir.run_id, self.cfg.python)
+            ws = made = Workspace(host, self.cfg.name, self.cfg.workspace_root, self.plan.run_dir.run_id, self.cfg.python)
             self.record.reachable = True
             self.record.container = host.facts() or None  # the image a container host runs, beside its fingerprint
             self.plan.running.check_cancel()
@@ -142,7 +171,8 @@ class HostJob:
             self.record.runner_exit = result.exit_code
             stdout, size = remote.split_out_tar(result.stdout)
             result = dataclasses.replace(result, stdout=stdout)
-            pulled = self._stage("pull", lambda: self._pull(ws, size))
+            # the workspace is removed on the host while the controller reads and checks the archive
+            pulled = self._stage("pull", lambda: self._pull(made, size, fetched=lambda: beside.append(self._clean_beside(made))))
             self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
             self._judge(result, pulled)
             expected = {t.id: t.expect_findings for t in self.plan.bundle.suite.tasks if t.expect_findings}
@@ -159,7 +189,7 @@ class HostJob:
                 self.plan.hold.reference_done.set()  # also when it failed: the others go on, unheld
             self._record_fingerprint()
             if ws is not None:
-                self._clean(ws, run_started and not run_finished, error)
+                self._clean(ws, run_started and not run_finished, error, beside[0] if beside else None)
                 ws.host.close()
             watched.close()
         self.plan.emit(self.cfg.name, "done", self._done_detail())
@@ -317,11 +347,21 @@ class HostJob:
 
         return model_route(ws.host, self.plan.model, self.host_dir, self.plan.hold, self.cfg.name)
 
-    def _pull(self, ws: Workspace, size: str | None = None, *, within_s: float | None = None) -> int:
+    def _pull(
+        self,
+        ws: Workspace,
+        size: str | None = None,
+        *,
+        within_s: float | None = None,
+        fetched: Callable[[], None] | None = None,
+    ) -> int:
         """Pull ``out/`` home; Ctrl-C during it stops it. The partial results of a run already stopped
-        (by Ctrl-C too) still come home, for at most ``within_s`` (default ``PARTIAL_PULL_S``)."""
+        (by Ctrl-C too) still come home, for at most ``within_s`` (default ``PARTIAL_PULL_S``).
+        ``fetched``: called once the archive is home (``Workspace.pull``), in a pull not cut short."""
         if within_s is None and not self.plan.running.cancel.is_set():
-            return ws.pull(self.host_dir, scratch=self.plan.run_dir.path, size=size, cancel=self.plan.running.cancel)
+            return ws.pull(
+                self.host_dir, scratch=self.plan.run_dir.path, size=size, cancel=self.plan.running.cancel, fetched=fetched
+            )
         give_up = threading.Event()
         timer = threading.Timer(within_s or PARTIAL_PULL_S, give_up.set)
         timer.start()
@@ -350,14 +390,28 @@ class HostJob:
             self.record.fingerprint = fingerprint.fingerprint
             self.record.python = fingerprint.python
 
-    def _clean(self, ws: Workspace, kill_first: bool, error: BaseException | None) -> None:
-        """Remove the run's workspace and verify it is gone; record the answer, never hide a failure."""
+    def _clean_beside(self, ws: Workspace) -> _CleanBeside:
+        """The run is over and its archive home: the workspace's removal (as ``_clean``'s) starts now,
+        on a thread of its own; ``_clean`` takes its answer."""
         with contextlib.suppress(BaseException):  # a progress hook must never stop the cleanup
             self.plan.emit(self.cfg.name, "clean", "")
+        prune = bool(self.record.bundle_pushed)
+        return _CleanBeside(lambda: ws.remove(prune_bundles=prune), self.cfg.name)
+
+    def _clean(
+        self, ws: Workspace, kill_first: bool, error: BaseException | None, beside: _CleanBeside | None = None
+    ) -> None:
+        """Remove the run's workspace and verify it is gone (or take the answer of the removal started
+        ``beside``); record the answer, never hide a failure."""
+        if beside is None:
+            with contextlib.suppress(BaseException):  # a progress hook must never stop the cleanup
+                self.plan.emit(self.cfg.name, "clean", "")
         t0 = time.monotonic()
         try:
             # only a push adds a bundle to the host: a run that found its bundle there has nothing to prune
-            if ws.remove(kill_first=kill_first, prune_bundles=bool(self.record.bundle_pushed)):
+            if beside.result() if beside is not None else ws.remove(
+                kill_first=kill_first, prune_bundles=bool(self.record.bundle_pushed)
+            ):
                 self.record.workspace_removed = True
             elif error is not None:  # only a failed create meets a workspace that is not its own
                 self.cleanup_error = f"{ws.path} was not created by this run: left alone"
@@ -371,7 +425,7 @@ class HostJob:
             self.record.workspace_removed = False  # never claimed removed when the answer did not come
             raise
         finally:
-            self.record.stages["clean"] = round(time.monotonic() - t0, 3)
+            self.record.stages["clean"] = round(beside.seconds if beside is not None else time.monotonic() - t0, 3)
 
     def _done_detail(self) -> str:
         fp = self.record.fingerprint or "?"

@@ -21,7 +21,7 @@ import posixpath
 import secrets
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
 from orchestrator.errors import ArchiveRejected, HostError, RunnerCrashed, WorkspaceLeft
@@ -163,19 +163,28 @@ class Workspace:
         return result
 
     def pull(
-        self, into: Path, *, scratch: Path, size: str | None = None, cancel: threading.Event | None = None
+        self,
+        into: Path,
+        *,
+        scratch: Path,
+        size: str | None = None,
+        cancel: threading.Event | None = None,
+        fetched: Callable[[], None] | None = None,
     ) -> int:
         """Bring ``out/`` home into ``into`` as one tar; the number of files accepted. ``size`` is what
         the run's own exec said of ``out.tar`` (``remote.split_out_tar``); without it (the exec was
         cut off) the archive is made and measured here, in one exec. ``scratch``: a local directory on
         the same file system as ``into`` for the tar in transit. The size the host reported is a first
         refusal only: the transfer itself stops at the cap, refuses anything but a regular file, and
-        ends within one chunk of ``cancel`` (Ctrl-C)."""
+        ends within one chunk of ``cancel`` (Ctrl-C). ``fetched`` is called once nothing more is needed
+        from the host (the archive is here, or there is none), before the archive is read."""
         if size is None:
             ws = remote.q(self.path)
             made = self._exec(f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar . && wc -c < {ws}/out.tar")
             size = made.stdout if made.ok else "none"
         if size.strip() == "none":
+            if fetched is not None:
+                fetched()
             return 0
         self._check_archive_size(size)
         with tempfile.TemporaryDirectory(prefix=".pull-", dir=scratch) as tmp:
@@ -183,6 +192,8 @@ class Workspace:
             self.host.get(
                 posixpath.join(self.path, "out.tar"), local, max_bytes=max_archive_bytes(PULL_LIMITS), cancel=cancel
             )
+            if fetched is not None:
+                fetched()
             sha256s: dict[PurePosixPath, str] = {}
             written = read_archive(local, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s)
         self.pulled, self.pulled_sha256 = written, sha256s

@@ -94,3 +94,4 @@ def test_output_changed_after_the_runner_wrote_it_is_the_hosts_error(sshd_hosts:
     assert "OutputTampered" in error and "differs from what the runner wrote" in error, error
     assert "pass" not in _victim(out.run_dir.path)["box-a"]
     assert m.hosts["box-a"].fingerprint != "0" * 16
+    assert m.hosts["box-a"].workspace_removed is True  # removed beside the check that refused the output

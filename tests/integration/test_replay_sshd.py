@@ -112,6 +112,38 @@ def test_replay_on_local_and_two_sshd_hosts(sshd_hosts: Any, tmp_path: Path) -> 
     assert all(rec.bundle_pushed is False for rec in again.manifest.hosts.values())
 
 
+def test_the_workspace_is_removed_on_the_host_while_the_controller_reads_its_archive(
+    sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The clean's exec starts once the archive is home, beside the controller's reading and checking
+    of it: by the time the archive is read the host's workspace is gone (seen on the host), the
+    results are whole, and the manifest says removed."""
+    from orchestrator.hosts import workspace as workspace_module
+
+    read_archive = workspace_module.read_archive
+    gone_before_read: dict[str, bool] = {}
+
+    def read_once_removed(local: Path, into: Path, *, host: str, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + 10
+        gone = False
+        while not gone and time.monotonic() < deadline:
+            gone = not any(n.endswith(f"-{host}") for n in _runs_on(sshd_hosts.inventory_path, host))
+            time.sleep(0.05)
+        gone_before_read[host] = gone
+        return read_archive(local, into, host=host, **kwargs)
+
+    monkeypatch.setattr(workspace_module, "read_archive", read_once_removed)
+    out = replay(ReplayRequest(suite_dir=TRIAGE, inventory_path=sshd_hosts.inventory_path, out=tmp_path / "runs",
+                               hosts=["box-a", "box-b"], tasks=["locale-probe"], repeat=1))  # fmt: skip
+    m = RunDir(out.run_dir.path).read_manifest()
+    assert out.exit_code in (0, 1) and all(rec.error is None for rec in m.hosts.values()), m.hosts
+    assert gone_before_read == {"box-a": True, "box-b": True}
+    assert all(rec.workspace_removed for rec in m.hosts.values())
+    rows = read_jsonl(out.run_dir.path / "results.jsonl")
+    assert sorted(r["env"] for r in rows) == ["box-a", "box-b"]
+    assert _left_of_run(sshd_hosts.inventory_path, out.run_dir.run_id, skip={"local"}) == {"box-a": "", "box-b": ""}
+
+
 def test_controller_secret_reaches_no_runner_and_no_pulled_file(
     sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
