@@ -345,12 +345,13 @@ class Runner:
             return None, "", None
         target = work / PREDICATE
         try:
-            if target.is_dir() and not target.is_symlink():
-                remove_tree(target)
-            elif target.exists() or target.is_symlink():
-                target.unlink()
-            target.write_bytes(pristine)
-            target.chmod(0o755)
+            if not _made_pristine(target, pristine):
+                if target.is_dir() and not target.is_symlink():
+                    remove_tree(target)
+                elif target.exists() or target.is_symlink():
+                    target.unlink()
+                target.write_bytes(pristine)
+                target.chmod(0o755)
         except OSError as exc:
             return None, "", f"could not restore the pristine {PREDICATE}: {exc}"
         try:
@@ -371,6 +372,34 @@ class Runner:
         if got.death is not None:  # what it was, never a timeout
             shown = f"{got.death}\n{shown}".rstrip()
         return (got.returncode if got.returncode is not None else 137), shown, None
+
+
+def _made_pristine(target: Path, pristine: bytes) -> bool:
+    """The workspace's own copy of the predicate made what a fresh write of ``pristine`` makes, without a
+    new file (a new inode per attempt is the dearest step of an attempt on some file systems): only
+    when it is a regular file of one link (not one the attempt shares with a file elsewhere) holding
+    exactly ``pristine``. Then its owner and mode become the runner's and 755 (set-id bits cleared),
+    as a file the runner wrote; its group the one a new file there would get. Nothing of the attempt
+    runs any more (its processes end with their namespaces before the predicate starts), so what is
+    read here is what the predicate runs. False: the caller writes it afresh."""
+    try:
+        fd = os.open(str(target), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size != len(pristine):
+            return False
+        if os.read(fd, len(pristine) + 1) != pristine:
+            return False
+        parent = os.stat(str(target.parent))
+        os.fchown(fd, os.geteuid(), parent.st_gid if parent.st_mode & stat.S_ISGID else os.getegid())
+        os.fchmod(fd, 0o755)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _runner_home() -> str:

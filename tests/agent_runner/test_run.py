@@ -151,6 +151,45 @@ def test_an_agent_that_rewrites_its_pass_test_still_fails(tmp_path: Path) -> Non
     assert honest[-1]["predicate_exit"] == 0 and honest[-1]["verdict"] == "pass"
 
 
+@pytest.mark.parametrize("own_uid", [True, False], ids=["own-uid", "runner-uid"])
+def test_the_predicate_runs_the_same_pristine_file_whatever_the_agent_did_to_its_copy(
+        tmp_path: Path, own_uid: bool) -> None:
+    """The workspace's copy of run_tests.sh is kept only when it is the pristine file (one link, the same
+    bytes), and then made what a fresh write makes: the predicate sees the same owner, group, mode and
+    link count, and the same bytes, whether the agent left it alone or changed its mode (set-id bits
+    too), linked it from another name, replaced it by a FIFO, or changed and restored its text."""
+    look = "stat -c '%u %g %a %h %s' run_tests.sh; sha256sum < run_tests.sh; exit 0\n"
+
+    def shell(*argv: str) -> dict[str, object]:
+        return {"tool_calls": [{"name": "shell", "args": {"argv": list(argv)}}]}
+
+    def write(text: str) -> dict[str, object]:
+        return {"tool_calls": [{"name": "write_file", "args": {"path": "run_tests.sh", "content": text}}]}
+
+    stop = {"content": "done", "finish": "stop"}
+    scripts = {"untouched": [stop], "modes": [shell("chmod", "6777", "run_tests.sh"), stop],
+               "unreadable": [shell("chmod", "000", "run_tests.sh"), stop],
+               "linked": [shell("ln", "run_tests.sh", "other"), stop],
+               "fifo": [shell("rm", "run_tests.sh"), shell("mkfifo", "run_tests.sh"), stop],
+               "restored": [write("exit 0\n"), write(look), stop]}
+    suite = write_suite(tmp_path / "s", {name: {"script": script, "repo": {"run_tests.sh": look}}
+                                         for name, script in scripts.items()},
+                        tools={"allow": ["chmod", "ln", "rm", "mkfifo"], "deny": []})
+    if own_uid:  # the attempts' uid reaches the workspace: pidns+uid as root, its copy is that uid's
+        for d in (tmp_path, *tmp_path.parents):
+            if d != Path("/"):
+                d.chmod(d.stat().st_mode | 0o001)
+    done = run_runner("run", "--suite", str(suite), "--out", str(tmp_path / "out"),
+                      "--workspace-root", str(tmp_path / "ws"))
+    assert done.returncode == 0, done.stderr
+    isolation = json.loads((tmp_path / "out" / "fingerprint.json").read_text())["isolation"]
+    assert isolation.endswith("pidns+uid") == (own_uid and os.geteuid() == 0), isolation
+    seen = {name: records(tmp_path / "out" / "traces" / f"{name}.0.jsonl")[-1]["predicate_output"]
+            for name in scripts}
+    assert seen["untouched"].splitlines()[0].split()[2:] == ["755", "1", str(len(look))], seen
+    assert all(out == seen["untouched"] for out in seen.values()), seen
+
+
 def test_the_predicate_output_is_kept_for_a_pass_as_for_a_fail_and_capped(tmp_path: Path) -> None:
     from agent_runner.runner import PREDICATE_OUTPUT_CAP
 
