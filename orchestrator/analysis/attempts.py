@@ -15,14 +15,15 @@ from typing import Any, cast
 
 from agent_runner.checker import LEAK_KINDS, Contract, Hit, TurnChecker
 from agent_runner.errors import TraceError
-from agent_runner.records import VERDICTS, TraceFinish, TraceHeader
-from agent_runner.trace import fp, iter_records
+from agent_runner.records import VERDICTS, TraceFinish, TraceHeader, TraceTurn
+from agent_runner.trace import CorruptLine, TraceRecord, fp, iter_records
 from orchestrator.analysis.shapes import ShapeHasher, Step, shape_line, step_of
 
 MEMO_TURNS = 4096  # distinct (tool, arguments) remembered at once; cleared when full
 KEEP_FINDINGS = 20  # per attempt; the count is kept in full
 KEEP_PROBLEMS = 10
 KEEP_STRAYS = 10  # paths outside the workspace kept per attempt; the count is kept in full
+KEEP_RECORDS = 50_000  # trace records kept for the report page, in all (``TraceRecords``)
 
 
 @dataclass
@@ -77,6 +78,41 @@ class AttemptSummary:
             self.problems.append(text)
 
 
+class TraceRecords:
+    """The records of the traces a summariser read whole, kept for the report page, which shows the
+    same traces: a trace is then read and parsed once per analysis. At most ``limit`` records in all
+    are kept; a trace past that, or one that could not be read to its end, is read again where it is
+    shown."""
+
+    def __init__(self, limit: int = KEEP_RECORDS) -> None:
+        self.room = limit
+        self._kept: dict[Path, list[tuple[int, dict[str, Any]]]] = {}
+
+    def keep(self, path: Path, records: list[tuple[int, dict[str, Any]]]) -> None:
+        if len(records) <= self.room:
+            self._kept[path] = records
+            self.room -= len(records)
+
+    def typed(self, path: Path) -> Iterator[tuple[int, TraceRecord]] | None:
+        """The trace's records as ``iter_trace`` reads them from its file; None when not kept."""
+        records = self._kept.get(path)
+        return None if records is None else _typed(records)
+
+
+def _typed(records: list[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, TraceRecord]]:
+    # iter_trace's typing, over records already read
+    for number, record in records:
+        kind = record.get("type")
+        if kind == "turn":
+            yield number, TraceTurn.from_json(record)
+        elif kind == "header":
+            yield number, TraceHeader.from_json(record)
+        elif kind == "finish":
+            yield number, TraceFinish.from_json(record)
+        elif kind == "corrupt":
+            yield number, CorruptLine(str(record.get("error") or ""), str(record.get("text") or ""))
+
+
 class TraceSummariser:
     """Summarises the traces of one run: one contract, one set of fingerprints.
 
@@ -91,8 +127,11 @@ class TraceSummariser:
         contract: Mapping[str, Any] | None,
         fingerprints: Sequence[Mapping[str, Any]],
         expected: Mapping[str, Sequence[str]] | None = None,
+        keep: TraceRecords | None = None,
     ) -> None:
         self.contract = contract
+        #: where the records of each trace read whole are kept (the report page shows them again)
+        self.keep = keep
         self.fingerprints = fingerprints
         #: per task, the findings a negative golden task declares ("kind:tool", task.toml expect_findings)
         self.expected = expected or {}
@@ -118,8 +157,13 @@ class TraceSummariser:
         add_line = hasher.add_line
         memo = self._memo
         finish: TraceFinish | None = None
+        kept: list[tuple[int, dict[str, Any]]] | None = [] if self.keep is not None else None
         try:
             for lineno, record in iter_records(path):
+                if kept is not None:
+                    kept.append((lineno, record))
+                    if self.keep is not None and len(kept) > self.keep.room:
+                        kept = None  # past what is kept: the page reads this trace again
                 kind = record.get("type")
                 if finish is not None and kind != "corrupt":  # the runner writes nothing after the finish
                     summary.problem(f"{path}:{lineno}: a {kind} record after the finish")
@@ -166,6 +210,9 @@ class TraceSummariser:
                     summary.problem(f"{path}:{lineno}: unknown record type {kind!r}")
         except (TraceError, OSError) as exc:  # an unreadable file is a problem of this attempt
             summary.problem(str(exc))
+            kept = None
+        if kept is not None and self.keep is not None:
+            self.keep.keep(path, kept)
         summary.steps = hasher.steps
         summary.shape_hash = hasher.shape_hash
         summary.values_hash = hasher.values_hash

@@ -1,7 +1,8 @@
 """``analyse_run``: a run directory in, a ``RunReport`` out (the content of ``report.json``).
 
-One streaming pass over every trace builds a small ``AttemptSummary`` per attempt; everything after
-that works on summaries. Per-step data is re-read from disk only for the shape diff of a task whose
+One streaming pass over every trace builds a small ``AttemptSummary`` per attempt (and, for a replay,
+keeps the records it parsed, up to a bound, for the report page that shows the same traces:
+``TraceRecords``); everything after that works on summaries. Per-step data is re-read from disk only for the shape diff of a task whose
 shapes (or argument values) actually differ, one pair of traces at a time.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.analysis.attempts import AttemptSummary, TraceSummariser
+from orchestrator.analysis.attempts import AttemptSummary, TraceRecords, TraceSummariser
 from orchestrator.analysis.attribution import cause_line, explain_cause, explain_spent, read_explain
 from orchestrator.analysis.flips import TaskFlip, correct_flips, effective_gate, flip_rate, pass_hat_k
 from orchestrator.analysis.leaks import cross_host_leaks
@@ -43,9 +44,12 @@ def _held(run_dir: RunDir) -> HoldSummary | None:
     return HoldSummary.read(run_dir)
 
 
-def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelection | None = None) -> RunReport:
+def analyse_run(
+    run_dir: Path, gate: float | None = None, selection: TaskSelection | None = None, *, keep: TraceRecords | None = None
+) -> RunReport:
     """Analyse ``runs/<run_id>/``; ``gate`` (``--gate``) overrides the suite's flip-rate gate;
-    ``selection`` (``--tasks/--exclude/--tags``) analyses those tasks only (flip rate, validity)."""
+    ``selection`` (``--tasks/--exclude/--tags``) analyses those tasks only (flip rate, validity);
+    ``keep``: where the traces' records are kept for the report page."""
     run = load_run(run_dir)
     alpha = run.alpha if run.alpha is not None else DEFAULT_ALPHA
     correction = _correction(run)
@@ -57,7 +61,7 @@ def analyse_run(run_dir: Path, gate: float | None = None, selection: TaskSelecti
     hold = _held(run.dir)
     summaries: dict[AttemptKey, AttemptSummary] = {}
     # one memo for every trace of the run
-    summariser = TraceSummariser(contract, fingerprints, run.manifest.expect_findings)
+    summariser = TraceSummariser(contract, fingerprints, run.manifest.expect_findings, keep)
     traces = list(run.trace_files())
     rows = run.results()
     tasks = list(dict.fromkeys([*run.manifest.tasks, *sorted({k[1] for k, _ in traces} | {k[1] for k in rows})]))

@@ -15,6 +15,7 @@ from xml.etree import ElementTree as ET
 
 from agent_runner.textguard import printable
 from orchestrator.analysis import analyse_run
+from orchestrator.analysis.attempts import TraceRecords
 from orchestrator.analysis.attribution import again_line, path_line, shown, trial_line
 from orchestrator.analysis.compare import AgentRate, Comparison
 from orchestrator.analysis.models import REPORT_NAME, HostRate, Leak, RunReport, TaskReport
@@ -457,12 +458,13 @@ def render_compare_json(c: Comparison) -> str:
     return c.model_dump_json(indent=2) + "\n"
 
 
-def write_reports(run_dir: Path, report: RunReport) -> None:
-    """Write ``report.json``, ``report.md``, ``junit.xml`` and ``report.html`` into the run directory."""
+def write_reports(run_dir: Path, report: RunReport, traces: TraceRecords | None = None) -> None:
+    """Write ``report.json``, ``report.md``, ``junit.xml`` and ``report.html`` into the run directory
+    (``traces``: the records the analysis kept, shown by the page without reading them again)."""
     write_bytes_atomic(run_dir / REPORT_NAME, render_json(report).encode())
     write_bytes_atomic(run_dir / "report.md", render_markdown(report).encode())
     write_bytes_atomic(run_dir / "junit.xml", render_junit(report).encode())
-    write_bytes_atomic(run_dir / "report.html", render_html(report, run_dir).encode())
+    write_bytes_atomic(run_dir / "report.html", render_html(report, run_dir, traces).encode())
 
 
 def analyse_and_write(
@@ -471,9 +473,11 @@ def analyse_and_write(
     """Analyse a run directory (``gate`` overrides the suite's) and write its reports into it; with a
     ``selection`` of its tasks, analyse those only and write nothing (a subset never replaces the
     run's own reports)."""
-    report = analyse_run(run_dir, gate=gate, selection=selection)
-    if selection is None or selection.everything:
-        write_reports(run_dir, report)
+    if selection is not None and not selection.everything:
+        return analyse_run(run_dir, gate=gate, selection=selection)
+    traces = TraceRecords()  # each trace read once, for the analysis and the page
+    report = analyse_run(run_dir, gate=gate, keep=traces)
+    write_reports(run_dir, report, traces)
     return report
 
 

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from orchestrator.analysis.attempts import TraceRecords
 from orchestrator.analysis.models import RunReport
 from orchestrator.errors import InputError
 from orchestrator.exit_policy import undecided_line
@@ -78,9 +79,9 @@ def _overview(report: RunReport, data: Mapping[str, Any]) -> Iterator[str]:
     yield "</section>"
 
 
-def render_html(report: RunReport, run_dir: Path) -> str:
-    """The whole page for ``report`` of ``run_dir``."""
-    data = build_data(report, run_dir)
+def render_html(report: RunReport, run_dir: Path, traces: TraceRecords | None = None) -> str:
+    """The whole page for ``report`` of ``run_dir`` (``traces``: the records its analysis kept)."""
+    data = build_data(report, run_dir, traces)
     try:
         started = RunDir(run_dir).read_manifest().started
     except InputError:

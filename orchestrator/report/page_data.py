@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, TypedDict
 
+from orchestrator.analysis.attempts import TraceRecords
 from orchestrator.analysis.attribution import again_line, path_line, trial_line
 from orchestrator.analysis.flips import flipped_attempts
 from orchestrator.analysis.models import RunReport, TaskReport
@@ -140,8 +141,9 @@ def _task_order(report: RunReport) -> list[TaskReport]:
 # --- the data the script renders ------------------------------------------------------------------
 
 
-def build_data(report: RunReport, run_dir: Path) -> PageData:
-    """Everything the page's script shows, as plain JSON-able data."""
+def build_data(report: RunReport, run_dir: Path, kept: TraceRecords | None = None) -> PageData:
+    """Everything the page's script shows, as plain JSON-able data (``kept``: the traces' records the
+    analysis kept; the others are read from their files)."""
     hosts = report.host_names()
     reference = report.reference or (hosts[0] if hosts else "")
     files = trace_files(run_dir)
@@ -163,7 +165,7 @@ def build_data(report: RunReport, run_dir: Path) -> PageData:
                     entry["embedded"] = False
                     ids.append(None)
                     continue
-                trace = load_trace(path, min(MAX_STEPS_PER_TRACE, budget))
+                trace = load_trace(path, min(MAX_STEPS_PER_TRACE, budget), kept.typed(path) if kept is not None else None)
                 budget -= max(1, len(trace.steps))
                 loaded[(host, attempt)] = trace
                 ids.append(len(traces))

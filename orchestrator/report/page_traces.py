@@ -7,6 +7,7 @@ alignment (``shapes.align_steps``).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any, NotRequired, TypedDict
 from urllib.parse import quote
 
 from agent_runner.records import TraceFinish, TraceTurn
-from agent_runner.trace import CorruptLine, iter_observations, iter_trace
+from agent_runner.trace import CorruptLine, TraceRecord, iter_observations, iter_trace
 from orchestrator.analysis.shapes import Step, align_steps, turn_step
 from orchestrator.errors import TraceError
 from orchestrator.store.rundir import RunDir
@@ -128,7 +129,9 @@ def _finish_at_end(path: Path) -> TraceFinish | None:
     return TraceFinish.from_json(record) if isinstance(record, dict) and record.get("type") == "finish" else None
 
 
-def load_trace(path: Path, budget: int) -> PageTrace:
+def load_trace(path: Path, budget: int, records: Iterator[tuple[int, TraceRecord]] | None = None) -> PageTrace:
+    """The trace at ``path`` as the page shows it; ``records``: its records already read (as
+    ``iter_trace`` reads them)."""
     steps: list[list[Any]] = []
     shape: list[Step] = []
     finish: TraceFinish | None = None
@@ -136,7 +139,7 @@ def load_trace(path: Path, budget: int) -> PageTrace:
     more = 0
     obs_file = path.with_name(path.name[: -len(".jsonl")] + ".obs.jsonl")
     try:
-        for lineno, record in iter_trace(path):
+        for lineno, record in records if records is not None else iter_trace(path):
             if isinstance(record, TraceTurn):
                 step = turn_step(record)
                 if step is None:
