@@ -474,7 +474,7 @@ def replay_command(
         return outcome
     from orchestrator.store.history import after_replay
 
-    after = after_replay(outcome.run_dir.path, compare=request.compare_last)
+    after = after_replay(outcome.run_dir.path, compare=request.compare_last, report=outcome.report)
     outcome.notes += [n for n in (after.warning, after.message(outcome.manifest.suite_name or "?")) if n]
     code = after.exit_code(outcome.exit_code) if request.compare_last else outcome.exit_code
     if code != outcome.exit_code:

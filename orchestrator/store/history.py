@@ -21,7 +21,7 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CrosshostError, InputError
 from orchestrator.exit_policy import BAD_INPUT, compare_last_exit
@@ -30,6 +30,9 @@ from orchestrator.store.failures import Failure, failures
 from orchestrator.store.run_changes import Changes, changes
 from orchestrator.store.run_row import RunRow, TaskOutcome, read_run
 from orchestrator.store.rundir import RunDir
+
+if TYPE_CHECKING:
+    from orchestrator.analysis.models import RunReport
 
 INDEX_NAME = "index.sqlite"
 BUSY_TIMEOUT_MS = 30_000
@@ -155,9 +158,10 @@ def _insert(conn: sqlite3.Connection, row: RunRow) -> None:
     )
 
 
-def record_run(runs_dir: Path, run_dir: Path) -> RunRow:
-    """Index one finished run directory (idempotent: recording it again replaces its rows)."""
-    row = read_run(run_dir)  # read everything before taking the write lock: keep it short
+def record_run(runs_dir: Path, run_dir: Path, report: RunReport | None = None) -> RunRow:
+    """Index one finished run directory (idempotent: recording it again replaces its rows);
+    ``report``: its report.json as the analysis that wrote it holds it."""
+    row = read_run(run_dir, report)  # read everything before taking the write lock: keep it short
     with _connect(runs_dir) as conn, _write(conn):
         _insert(conn, row)
     return row
@@ -274,13 +278,13 @@ def previous_run(runs_dir: Path, row: RunRow) -> RunRow | None:
         return _row(conn, r) if r else None
 
 
-def compare_last(runs_dir: Path, run_dir: Path) -> list[str]:
+def compare_last(runs_dir: Path, run_dir: Path, report: RunReport | None = None) -> list[str]:
     """Tasks of ``run_dir`` that flip now and did not in the previous run of the same suite.
 
     Records the run first (idempotent), so the answer never depends on whether the caller did.
     No previous run: nothing is "newly" flipping, the list is empty.
     """
-    row = record_run(runs_dir, run_dir)
+    row = record_run(runs_dir, run_dir, report)
     prev = previous_run(runs_dir, row)
     if prev is None:
         return []
@@ -355,8 +359,9 @@ class AfterReplay:
         return f"newly flipping against the previous run of {suite or 'this suite'}: {', '.join(self.newly_flipping)}"
 
 
-def after_replay(run_dir: Path, *, compare: bool = False) -> AfterReplay:
+def after_replay(run_dir: Path, *, compare: bool = False, report: RunReport | None = None) -> AfterReplay:
     """Record a finished replay in ``<its parent>/index.sqlite``; with ``compare``, what newly flips.
+    ``report``: the run's report.json as the analysis that wrote it holds it (not read back).
 
     An index failure never costs the run: the run dir is the source of truth and ``history --rebuild``
     recovers the index, so it comes back as a warning.
@@ -364,8 +369,8 @@ def after_replay(run_dir: Path, *, compare: bool = False) -> AfterReplay:
     runs_dir = Path(run_dir).parent
     try:
         if compare:
-            return AfterReplay(compare_last(runs_dir, run_dir))
-        record_run(runs_dir, run_dir)
+            return AfterReplay(compare_last(runs_dir, run_dir, report))
+        record_run(runs_dir, run_dir, report)
         return AfterReplay([])
     except CrosshostError as exc:
         if compare:

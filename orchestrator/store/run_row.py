@@ -127,8 +127,9 @@ def _pass_rates(run_dir: RunDir, report: RunReport | None, host_names: list[str]
     return {h: pass_rate(c.passes, c.n) for h, c in rates.items()}
 
 
-def read_run(run_dir: Path) -> RunRow:
-    """Read one finished run directory into the row the index keeps for it."""
+def read_run(run_dir: Path, report: RunReport | None = None) -> RunRow:
+    """Read one finished run directory into the row the index keeps for it; ``report``: its
+    report.json as the analysis that just wrote it holds it (not read back)."""
     rundir = RunDir(Path(run_dir))
     manifest = rundir.read_manifest()
     if manifest.shard is not None:  # a part of a run: its merged run is the one indexed
@@ -137,7 +138,8 @@ def read_run(run_dir: Path) -> RunRow:
             "(crosshost merge joins the shards into the run)"
         )
     report_path = rundir.path / REPORT_NAME
-    report = RunReport.read(report_path) if report_path.is_file() else None
+    if report is None:
+        report = RunReport.read(report_path) if report_path.is_file() else None
     repro = rundir.read_repro()
     if report is None and repro is None:
         raise InputError(f"{report_path}: missing; the run has not finished (or crashed before its report)")
