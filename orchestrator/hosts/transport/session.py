@@ -46,6 +46,7 @@ def start_transport(
     transport: paramiko.Transport | None = None
     if isinstance(sock, socket.socket):
         no_delay(sock)
+        sock = acking(sock)
     try:
         try:
             transport = paramiko.Transport(sock)
@@ -88,6 +89,38 @@ def no_delay(sock: socket.socket) -> None:
     replay paid that, several times per host."""
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+#: Linux only: acknowledge what was read now, not after the delayed-ACK timer
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
+
+class _AckingSocket(socket.socket):
+    """A connection's socket that acknowledges every read at once (``TCP_QUICKACK`` after it).
+
+    sshd sends without TCP_NODELAY until a session starts: its answer to the first channel open
+    waits for the ACK of what it sent just before (its host keys, after authentication), and the
+    controller's kernel delays that ACK by up to 40 ms while the controller has nothing to send
+    (every host's first exec paid it). The kernel turns quick ACKs off again whenever the
+    controller answers soon after a read, hence after each read."""
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        if _QUICKACK is not None:
+            with contextlib.suppress(OSError):
+                self.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+        return data
+
+
+def acking(sock: socket.socket) -> socket.socket:
+    """``sock`` as an ``_AckingSocket`` (the same connection; ``sock`` itself is detached from it);
+    ``sock`` as it is where the system has no quick ACKs."""
+    if _QUICKACK is None or isinstance(sock, _AckingSocket):
+        return sock
+    timeout = sock.gettimeout()
+    out = _AckingSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    out.settimeout(timeout)
+    return out
 
 
 def mapped_error(exc: BaseException, owner: str, what: str) -> HostError:
