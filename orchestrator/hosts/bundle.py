@@ -22,6 +22,7 @@ import os
 import posixpath
 import secrets
 import shlex
+import stat
 import tarfile
 import tempfile
 import threading
@@ -69,35 +70,42 @@ def _info(name: str, *, size: int = 0, directory: bool = False, executable: bool
 _REPLACED_BY_SUITE_JSON = "suite.toml"
 
 
-def _suite_files(suite_dir: Path) -> list[Path]:
-    """Every file of the suite, sorted; a symlink is refused (it could pull in anything)."""
-    files: list[Path] = []
-    for root, dirs, names in os.walk(suite_dir):
+def _suite_files(suite_dir: Path) -> list[tuple[str, str]]:
+    """(relative name, path) of every file of the suite, sorted by name; a symlink is refused (it
+    could pull in anything). One ``lstat`` a file, on strings: a suite of hundreds of files is
+    listed before every replay."""
+    top = str(suite_dir)
+    files: list[tuple[str, str]] = []
+    for root, dirs, names in os.walk(top):
         dirs[:] = sorted(d for d in dirs if not is_cache_name(d))
         for d in dirs:
-            if (Path(root) / d).is_symlink():
+            if os.path.islink(os.path.join(root, d)):
                 raise SuiteError(f"{Path(root) / d}: symlinks are not shipped in a suite; copy the files in")
+        prefix = "" if root == top else os.path.relpath(root, top).replace(os.sep, "/") + "/"
         for name in sorted(names):
-            if is_cache_name(name):
+            if is_cache_name(name) or (name == _REPLACED_BY_SUITE_JSON and root == top):
                 continue
-            if name == _REPLACED_BY_SUITE_JSON and Path(root) == suite_dir:
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+            except OSError:  # gone since it was listed: not shipped
                 continue
-            p = Path(root) / name
-            if p.is_symlink():
-                raise SuiteError(f"{p}: symlinks are not shipped in a suite; copy the file in")
-            if p.is_file() and p.lstat().st_nlink > 1:  # a hard link could be any file of the user's
-                raise SuiteError(f"{p}: hard-linked files are not shipped in a suite; copy the file in")
-            if p.is_file():
-                files.append(p)
-    return sorted(files, key=lambda p: p.relative_to(suite_dir).as_posix())
+            if stat.S_ISLNK(st.st_mode):
+                raise SuiteError(f"{Path(root) / name}: symlinks are not shipped in a suite; copy the file in")
+            if stat.S_ISREG(st.st_mode):
+                if st.st_nlink > 1:  # a hard link could be any file of the user's
+                    raise SuiteError(f"{Path(root) / name}: hard-linked files are not shipped in a suite; copy the file in")
+                files.append((prefix + name, path))
+    return sorted(files)
 
 
 def _suite_entries(suite_dir: Path) -> list[tuple[str, bytes, bool]]:
     """(relative name, bytes, executable) of every shipped file, in tar order."""
-    return [
-        (path.relative_to(suite_dir).as_posix(), path.read_bytes(), os.access(path, os.X_OK))
-        for path in _suite_files(suite_dir)
-    ]
+    entries = []
+    for rel, path in _suite_files(suite_dir):
+        with open(path, "rb") as fh:
+            entries.append((rel, fh.read(), os.access(path, os.X_OK)))
+    return entries
 
 
 def _check_no_suite_json(suite_dir: Path) -> None:
