@@ -155,6 +155,7 @@ class HostJob:
             # The runner writes out/fingerprint.json before its first task; the run's exec packs out/.
             slots = self.slots()
             detail = f"{slots} slots" if slots > 1 else ""
+            ws.host.prepare_get()  # the pull's transfer session opens while the runner runs
             result = self._stage("run", lambda: self._run(ws, create=folded), detail)
             if remote.bundle_refused(result, BUNDLE_REFUSED_EXIT):  # not on the host, or changed there
                 self._said_replaced("bundle-replaced" in result.stdout.split())
