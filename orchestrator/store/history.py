@@ -6,7 +6,10 @@ index from every run dir and yields exactly the rows incremental recording would
 
 Concurrency: WAL mode, a busy timeout, one connection per writer and one short ``BEGIN IMMEDIATE``
 transaction per run, so two replays finishing at the same moment serialise instead of failing or
-interleaving half-written rows.
+interleaving half-written rows. Durability: ``synchronous = NORMAL``, WAL's own setting: a commit is
+not flushed to disk by itself (a power cut may lose the last runs' rows, never damage the index),
+and ``--rebuild`` recovers any row from its run directory; a replay does not wait on the disk for a
+cache of what its run directory holds.
 
 What the index keeps of a run is ``run_row.py``; what changed between two runs, ``run_changes.py``.
 """
@@ -83,6 +86,7 @@ def _connect(runs_dir: Path) -> Iterator[sqlite3.Connection]:
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA synchronous = NORMAL")  # the index is a cache of the run dirs (see above)
         _initialise(conn, path)
         yield conn
     except sqlite3.Error as exc:
@@ -112,7 +116,7 @@ def _initialise(conn: sqlite3.Connection, path: Path) -> None:
         try:
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 conn.execute("PRAGMA journal_mode = WAL")
-            conn.executescript(_SCHEMA)
+            conn.executescript(f"BEGIN;{_SCHEMA}COMMIT;")  # one transaction: a new index is one commit
             _add_missing_columns(conn)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
