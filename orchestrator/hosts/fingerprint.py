@@ -47,7 +47,7 @@ def fingerprint_script(
     argv: Callable[[list[str]], list[str]] | None = None,
 ) -> str:
     """``runner.pyz fingerprint`` as shell text, started as a replay's runner is: in ``workspace``'s
-    ``work`` directory (which must exist), through ``env -i`` with the allowlist and the pinned values
+    ``work`` directory (made, 711, when a run's exec left it to a runner that did not get so far), through ``env -i`` with the allowlist and the pinned values
     (from the workspace's pins file, ``Workspace.put_pins``), under ``timeout -s KILL``. The commands
     whose versions it records are those a tools.json (``tools``) or the suite (``suite``, a directory
     on the host) allows. ``argv``: the runner's command line for these arguments (default
@@ -61,7 +61,11 @@ def fingerprint_script(
     cmd = remote.clean_env_command(
         cfg.env_allowlist, command, pinned=list(cfg.env), pins_file=remote.pins_path(workspace)
     )
-    return f"cd {remote.q(work_dir(workspace))} && exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"
+    work = remote.q(work_dir(workspace))
+    return (
+        f"{{ test -d {work} || mkdir -m 711 {work}; }} && cd {work} "
+        f"&& exec timeout -s KILL {FINGERPRINT_KILL_AFTER_S} {cmd}"
+    )
 
 
 def take_fingerprint(

@@ -3,7 +3,8 @@
 ``<workspace_root>/runs/<run_id>-<name>/`` (mode 711; ``name`` the inventory's, so two names for
 one machine never share one) with ``out/`` (700: what the runner writes and the controller brings
 home), ``in/`` (700: what the controller hands the runner, the pinned values; never brought home),
-``work/`` (the attempts' workspaces, the directory the fingerprint describes) and ``owner`` (600: a
+``work/`` (711: the attempts' workspaces, the directory the fingerprint describes; made by the
+runner when the run's own exec makes the workspace) and ``owner`` (600: a
 token only this ``Workspace`` knows). ``Workspace`` creates it (looking for the bundle in the same
 exec) and pushes the bundle when it is missing, runs a script in it, pulls ``out/`` home as one tar
 whose size is checked on the host before anything is transferred, removes it and verifies it is
@@ -83,12 +84,14 @@ class Workspace:
     def _exec(self, script: str, timeout: float = SHORT_TIMEOUT_S) -> ExecResult:
         return self.host.exec(["sh", "-c", script], timeout)
 
-    def _make_script(self, bundle: Bundle | None) -> str:
+    def _make_script(self, bundle: Bundle | None, *, work: bool = True) -> str:
         """Shell text that creates it (an existing one fails: never reused), naming ``bundle`` as the one
-        its run uses: a concurrent run's pruning never removes it (``prune_host_bundles_script``)."""
+        its run uses: a concurrent run's pruning never removes it (``prune_host_bundles_script``).
+        ``work=False``: without ``work/``, for the run's own exec (the runner makes it, 711, and so does
+        the fallback fingerprint: one exec of mkdir fewer)."""
         ws = remote.q(self.path)
         runs = remote.q(posixpath.dirname(self.path))
-        work = remote.q(work_dir(self.path))
+        make_work = f" && mkdir -m 711 {remote.q(work_dir(self.path))}" if work else ""
         mark = f" && {in_use_marker(bundle, self.path)}" if bundle else ""
         # The attempts' uid may pass through the workspace to work/ (711), never into out/ or in/
         # (700). ``mkdir`` claims the path (it fails on one that exists); ``owner`` is written next.
@@ -96,7 +99,7 @@ class Workspace:
         # runs/ exists from the host's first run on: a test (the shell's own) spares an exec of mkdir
         return (
             f"{{ test -d {runs} || mkdir -p {runs}; }} && mkdir -m 711 {ws} && ( umask 077 && echo {self.token} > {owner} ) "
-            f"&& mkdir -m 700 {ws}/out {ws}/{remote.PRIVATE_DIR} && mkdir -m 711 {work}{mark}"
+            f"&& mkdir -m 700 {ws}/out {ws}/{remote.PRIVATE_DIR}{make_work}{mark}"
         )
 
     def create(self, bundle: Bundle | None = None, *, failure: type[HostError] = RunnerCrashed) -> bool:
@@ -146,10 +149,11 @@ class Workspace:
         """Run ``script`` (built by ``remote.run_script`` for this workspace); while it runs, it is
         in ``running``, so Ctrl-C can kill it. ``create``: it does not exist yet, and the same exec
         creates it first (as ``create`` does, naming that bundle; without the look: the runner's start
-        checks the bundle); a failure to create it is ``RunnerCrashed``, and nothing else runs."""
+        checks the bundle, and the runner makes ``work/``); a failure to create it is ``RunnerCrashed``, and
+        nothing else runs."""
         if create is not None:
             # the bundle's mtime (when it was last used) is set by the runner's checked start
-            script = f"if ! {{ {self._make_script(create)}; }}; then echo {NOT_CREATED}; exit 1; fi\n{script}"
+            script = f"if ! {{ {self._make_script(create, work=False)}; }}; then echo {NOT_CREATED}; exit 1; fi\n{script}"
             # whatever the exec's fate, a workspace at this path with this token is this run's
             self.created = True
         if running is None:

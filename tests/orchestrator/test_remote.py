@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import stat
 import subprocess
 import sys
 import time
@@ -156,3 +158,20 @@ def test_the_run_script_removes_the_pins_file_after_the_runner_and_packs_out(tmp
     assert not pins.exists()
     _, size = remote.split_out_tar(done.stdout)
     assert size == str((ws / "out.tar").stat().st_size)
+
+
+def test_a_runner_that_stopped_before_making_work_still_gets_the_fallback_fingerprint_there(tmp_path: Path) -> None:
+    """The run's own exec leaves work/ to the runner: one that stopped before it made work/ (and wrote
+    no fingerprint) still has the host described, from work/ made then with the runner's mode."""
+    from orchestrator.hosts.fingerprint import fingerprint_script
+    from orchestrator.hosts.inventory import HostConfig
+
+    ws = tmp_path / "ws"
+    (ws / "out").mkdir(parents=True)
+    cfg = HostConfig(name="h", transport="local", env_allowlist=["PATH"])
+    describe = fingerprint_script(cfg, "unused", str(ws), argv=lambda _args: ["sh", "-c", 'printf \'{"cwd": "%s"}\' "$PWD"'])
+    script = remote.run_script(str(ws), ["PATH"], [], [sys.executable, "-c", "raise SystemExit(1)"], 60, fingerprint=describe)
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 1, done.stderr
+    assert json.loads((ws / "out" / "fingerprint.json").read_text()) == {"cwd": str(ws / "work")}
+    assert stat.S_IMODE((ws / "work").stat().st_mode) == 0o711
