@@ -5,14 +5,17 @@ init (``zygote_init``), which imports nothing else of the runner. Standard libra
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import os
-import signal
-import socket
 import struct
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+# A slot's zygote imports this module and nothing else of the runner: only what it calls is imported
+# here (its start is paid once per run on every host). What only the runner calls imports the rest
+# where it is called (the runner has imported it before any fork that calls it).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+    from typing import Dict, List, Optional, Sequence, Tuple
 
 _PR_SET_PDEATHSIG = 1
 _SYS_CLOSE_RANGE = 436  # the same number on every Linux architecture (5.9+)
@@ -156,6 +159,93 @@ def refuse_keys(libc: ctypes.CDLL, fprog: Optional[_SockFprog]) -> None:
         _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp: refuse the key calls")
 
 
+_POSIX_SPAWN_SETSIGDEF = 0x04
+_POSIX_SPAWN_SETSID = 0x80
+#: glibc's own signals (thread cancellation, set*id across threads): its ``posix_spawn`` ignores them
+#: in the child, and they stay ignored after the exec, unless they are in the child's default set
+LIBC_SIGNALS = (32, 33)
+_spawn_ok: Optional[bool] = None
+
+
+def _spawn_attr(attr: ctypes.Array) -> bool:
+    """Whether this libc's ``posix_spawn`` starts a session (glibc 2.26, musl 1.1.24 on)."""
+    c = libc()
+    c.posix_spawnattr_init(attr)
+    return c.posix_spawnattr_setflags(attr, ctypes.c_short(_POSIX_SPAWN_SETSIGDEF | _POSIX_SPAWN_SETSID)) == 0
+
+
+def can_spawn() -> bool:
+    """Whether ``spawn`` works here (tried once)."""
+    global _spawn_ok
+    if _spawn_ok is None:
+        attr = ctypes.create_string_buffer(1024)
+        try:
+            _spawn_ok = _spawn_attr(attr)
+            libc().posix_spawnattr_destroy(attr)
+        except AttributeError:  # no posix_spawn in this libc
+            _spawn_ok = False
+    return _spawn_ok
+
+
+def spawn(path: str, argv: Sequence[str], env: Dict[str, str], stdio: Sequence[int], defaults: Sequence[int]) -> int:
+    """``posix_spawn`` (a vfork: nothing of the caller is copied) of ``path`` with ``argv`` and ``env``,
+    in a session of its own, ``stdio`` as its 0, 1, 2, the signals ``defaults`` (by number: libc's own
+    too, which ``os.posix_spawn`` cannot name) back to their default; its pid. Every other descriptor
+    of the caller must be close-on-exec. Raises the exec's error (``OSError``); ``ValueError`` for a
+    NUL byte in an argument. Only where ``can_spawn``."""
+    args = [os.fsencode(a) for a in argv]
+    environ = [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()]
+    if any(b"\0" in a for a in (*args, *environ)):
+        raise ValueError("embedded null byte")
+    c = libc()
+    attr, actions = ctypes.create_string_buffer(1024), ctypes.create_string_buffer(1024)  # glibc: 336 and 80 bytes
+    if not _spawn_attr(attr):
+        raise OSError(22, "posix_spawn: no session of its own in this libc")
+    try:
+        word = 8 * ctypes.sizeof(ctypes.c_ulong)
+        mask = (ctypes.c_ulong * (1024 // word))()  # a sigset_t, set by bit as libc reads it
+        for sig in defaults:
+            mask[(sig - 1) // word] |= 1 << ((sig - 1) % word)
+        c.posix_spawnattr_setsigdefault(attr, mask)
+        c.posix_spawn_file_actions_init(actions)
+        try:
+            for target, fd in enumerate(stdio):
+                err = c.posix_spawn_file_actions_adddup2(actions, fd, target)
+                if err:
+                    raise OSError(err, os.strerror(err))
+            pid = ctypes.c_int()
+            err = c.posix_spawn(ctypes.byref(pid), os.fsencode(path), actions, attr,
+                                (ctypes.c_char_p * (len(args) + 1))(*args, None),
+                                (ctypes.c_char_p * (len(environ) + 1))(*environ, None))
+            if err:
+                raise OSError(err, os.strerror(err))
+            return pid.value
+        finally:
+            c.posix_spawn_file_actions_destroy(actions)
+    finally:
+        c.posix_spawnattr_destroy(attr)
+
+
+#: (setresuid, setresgid) by machine: the system calls themselves, which change the calling thread's
+#: ids only (libc's wrappers change every thread's)
+_SYS_SETRESID = {"x86_64": (117, 119), "aarch64": (147, 149), "riscv64": (147, 149)}
+
+
+def can_take_thread_ids() -> bool:
+    return os.uname().machine in _SYS_SETRESID
+
+
+def take_thread_ids(uid: int, saved: int) -> None:
+    """This thread's real and effective uid and gid ``uid``, the saved ones ``saved``; the process's
+    other threads keep theirs. Only where ``can_take_thread_ids``."""
+    set_uid, set_gid = _SYS_SETRESID[os.uname().machine]
+    c = libc()
+    for number in (set_gid, set_uid):  # the gid while still root
+        if c.syscall(number, uid, uid, saved) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setres{'u' if number == set_uid else 'g'}id: {os.strerror(err)}")
+
+
 def _check(result: int, what: str) -> None:
     if result != 0:
         err = ctypes.get_errno()
@@ -216,6 +306,8 @@ def _loopback(port: Optional[int]) -> Optional[socket.socket]:
     """In the init, inside its new network namespace: bring the loopback up (nothing else is there)
     and, for a forwarder, listen on 127.0.0.1:``port`` before the attempt exists (it never finds the
     port closed)."""
+    import fcntl
+    import socket
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         got = fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack("16sH14x", b"lo", 0))
         flags = struct.unpack("16sH14x", got)[1]
@@ -233,11 +325,15 @@ def _handled_signals() -> List[int]:
     """The signals this process handles in Python (the runner's), to be set back to their default in
     its forks: an init ignores every signal it has no handler for, and a copy of the runner's handler
     would run the runner's code. Read by number (``valid_signals`` builds an enum per signal)."""
+    import signal
+
     handled = []
     for sig in range(1, signal.NSIG):
-        with contextlib.suppress(OSError, ValueError):
+        try:
             if callable(signal.getsignal(sig)):
                 handled.append(sig)
+        except (OSError, ValueError):
+            continue
     return handled
 
 
@@ -266,22 +362,28 @@ class _PidNamespace:
         return cls._usable
 
     @classmethod
-    @contextlib.contextmanager
-    def for_children(cls) -> Iterator[None]:
-        lib = libc()
-        if lib.unshare(_CLONE_NEWPID) != 0:  # this thread's children only (the namespaces are per thread)
+    def for_children(cls) -> "_ChildrenInNewPidNamespace":
+        return _ChildrenInNewPidNamespace()
+
+
+class _ChildrenInNewPidNamespace:
+    """``_PidNamespace.for_children``: while entered, this thread's children fork into a new PID
+    namespace (a class, not ``contextlib``: the zygote imports this module)."""
+
+    def __enter__(self) -> None:
+        if libc().unshare(_CLONE_NEWPID) != 0:  # this thread's children only (the namespaces are per thread)
             err = ctypes.get_errno()
             raise _NoNamespace(f"unshare: {os.strerror(err)}")
-        try:
-            yield
-        finally:
-            # back to its own: every later child of this thread (another attempt's, a tool's) forks
-            # where the runner is
-            _check(lib.setns(cls._own or -1, _CLONE_NEWPID), "setns back to the runner's PID namespace")
+
+    def __exit__(self, *exc: object) -> None:
+        # back to its own: every later child of this thread (another attempt's, a tool's) forks
+        # where the runner is
+        _check(libc().setns(_PidNamespace._own or -1, _CLONE_NEWPID), "setns back to the runner's PID namespace")
 
 
-#: (path, the flags its remount keeps, read-only): the steps of ``shield_home``
-ShieldStep = Tuple[bytes, int, bool]
+if TYPE_CHECKING:
+    #: (path, the flags its remount keeps, read-only): the steps of ``shield_home``
+    ShieldStep = Tuple[bytes, int, bool]
 
 
 def _kept_flags(path: str) -> int:

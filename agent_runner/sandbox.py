@@ -411,6 +411,9 @@ class Started(subprocess.Popen[bytes]):
                 return
             except zygote.ZygoteLost:
                 self._zygote = None  # gone before it started anything: the per-process way
+                # Popen closed the /dev/null it opened but keeps its number, which the start below
+                # would take for its own again (and close, whatever then has that number)
+                self.__dict__.pop("_devnull", None)
         write_end = None
         if box.level != NONE:
             self._status, write_end = os.pipe()

@@ -80,22 +80,19 @@ class Zygote:
         root = pins.import_root()
         # the checked start's sealed zipapp: the zygote imports the same bytes, through its descriptor
         sealed = [int(root[len(pins.SEALED_PREFIX):])] if root.startswith(pins.SEALED_PREFIX) else []
-        # this process, as the zygote may look at it: ended or not (``zygote_init._root_again``)
-        runner = os.pidfd_open(os.getpid())
         code = (f"import sys; sys.path[:0] = [{root!r}]; from agent_runner.zygote_init import serve; "
-                f"serve({theirs.fileno()}, {net!r}, {runner})")
+                f"serve({theirs.fileno()}, {net!r})")
         try:
             with privs._PidNamespace.for_children():
                 self.proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-c", code], preexec_fn=_Prepare(net),
-                    pass_fds=(theirs.fileno(), runner, *sealed), env={}, cwd="/", stdin=subprocess.DEVNULL,
+                    pass_fds=(theirs.fileno(), *sealed), env={}, cwd="/", stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL, start_new_session=True, umask=_UMASK)
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-            os.close(runner)
         self.ctl = ours
         with _all_lock:
             _all.append(self)

@@ -22,18 +22,32 @@ Imports nothing of the runner but ``privs``: its start is paid once per slot. Py
 
 from __future__ import annotations
 
+import _signal
+import _socket
+import _thread
 import marshal
 import os
-import select
-import signal
-import socket
 import struct
-import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from . import privs
+
+# Nothing but what it calls: the zygote's start is paid once per run on every host (``socket``,
+# ``signal``, ``subprocess`` and ``typing`` would double it).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Any, Callable, Dict, List, Optional, Tuple
+
+_SIGKILL = 9  # the same on every Linux machine
+_ENOENT, _ENOTDIR = 2, 20
+#: the signals a process starts with at their default (the rest as the zygote has them: ignored or
+#: default): those Python ignores, as ``subprocess``'s restore_signals does, and libc's own
+_DEFAULTS = (13, 25, *privs.LIBC_SIGNALS)  # SIGPIPE, SIGXFSZ
+#: processes started by ``subprocess`` where ``privs.spawn`` cannot, by pid: reaped by the zygote's own
+#: wait, which tells them so (``subprocess`` must never wait for a pid that is the next process's)
+_POPENS: "Dict[int, subprocess.Popen[bytes]]" = {}
 
 #: the sockets of the namespace the kernel may keep once their processes are gone: Unix ones in flight
 #: (a descriptor sent and never received) until collected. A TCP socket's closing states on the
@@ -47,18 +61,18 @@ _MAX_FDS = 8
 _FD = struct.Struct("i")
 
 
-def recv_fds(sock: socket.socket, size: int = 1 << 20) -> Tuple[bytes, List[int]]:
+def recv_fds(sock: _socket.socket, size: int = 1 << 20) -> Tuple[bytes, List[int]]:
     """One message and the descriptors that came with it."""
-    msg, ancillary, _flags, _addr = sock.recvmsg(size, socket.CMSG_LEN(_MAX_FDS * _FD.size))
+    msg, ancillary, _flags, _addr = sock.recvmsg(size, _socket.CMSG_LEN(_MAX_FDS * _FD.size))
     fds: List[int] = []
     for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
             fds += [fd for (fd,) in _FD.iter_unpack(data[:len(data) - len(data) % _FD.size])]
     return msg, fds
 
 
-def send_fds(sock: socket.socket, msg: bytes, fds: List[int]) -> None:
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, b"".join(_FD.pack(fd) for fd in fds))] if fds else []
+def send_fds(sock: _socket.socket, msg: bytes, fds: List[int]) -> None:
+    ancillary = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, b"".join(_FD.pack(fd) for fd in fds))] if fds else []
     sock.sendmsg([msg], ancillary)
 
 
@@ -103,7 +117,7 @@ def clear(net: bool) -> bool:
     strangers = 0
     while True:
         try:
-            os.kill(-1, signal.SIGKILL)
+            os.kill(-1, _SIGKILL)
         except ProcessLookupError:
             break  # no process but this one
         try:
@@ -125,72 +139,110 @@ def clear(net: bool) -> bool:
     return True
 
 
-def _spawn(req: Dict[str, Any], fds: List[int], runner: int) -> "subprocess.Popen[bytes]":
-    """Start the requested process: a session of its own, its uid without supplementary
+def _spawn(req: Dict[str, Any], fds: List[int], last_pid: Optional[int]) -> int:
+    """Start the requested process; its pid: a session of its own, its uid without supplementary
     groups, its directory, umask and stdio, every other descriptor closed, the signals Python
-    ignores back to their defaults (``subprocess`` does it in C between its fork and the exec, and
-    raises what failed there). Not ``subprocess``'s own change of uid: with one it must fork (a copy
-    of the zygote's page tables, copy-on-write faults in both processes until the exec: about a
-    millisecond per process), without one it uses vfork (Python 3.10 on). So the zygote takes the process's ids
-    itself around the start (single-threaded, nothing else runs meanwhile): real and effective uid
-    and gid the process's, the saved ones root's (to take root back after), no supplementary group
-    (dropped once: ``serve``). The exec makes the saved ids the effective ones: the process has its
-    uid in all four, and no capability (none is kept through an exec whose real and effective uids
-    are not root; the bounding and inheritable sets are empty, no new privileges). Between the vfork
-    and the exec only the interpreter's C code runs, and no process of that uid can reach the zygote
-    or the child meanwhile (their namespace holds nothing else, and no other namespace sees them).
-    The directory is entered as root, as ``subprocess`` did before its change of uid."""
+    ignores back to their defaults. Started by ``privs.spawn`` (a vfork: no copy of the zygote's page
+    tables, no copy-on-write fault in either process until the exec; about a millisecond less per
+    process than ``subprocess``'s fork, which a change of uid in the child needs), which cannot change
+    a uid between its vfork and the exec. So a thread of the zygote takes the process's ids (the
+    system calls, which change that thread's only: the zygote itself, pid 1, stays root throughout,
+    so nothing the process does can reach it) and starts it: real and effective uid and gid the
+    process's, the saved ones root's, no supplementary group (dropped once: ``serve``). The exec makes
+    the saved ids the effective ones: the process has its uid in all four, and no capability (none is
+    kept through an exec whose real and effective uids are not root; the bounding and inheritable sets
+    are empty, no new privileges). Between the vfork and the exec only libc runs. The thread ends with
+    the start. The directory is entered as root, as ``subprocess`` does before its change of uid; the
+    program is looked for as ``subprocess`` does (the process's PATH, as its uid). Where a thread's
+    ids cannot be taken on their own (``privs.can_take_thread_ids``) or libc cannot start a session,
+    ``subprocess`` (a fork) changes them in the child."""
+    argv, env, uid = req["argv"], req["env"], req["uid"]
+    if not (privs.can_spawn() and privs.can_take_thread_ids()):
+        import subprocess
+
+        if last_pid is not None:
+            os.pwrite(last_pid, b"1", 0)  # its first process is pid 2, as in a namespace of its own
+        proc = subprocess.Popen(argv, env=env, cwd=req["cwd"], stdin=fds[0], stdout=fds[1], stderr=fds[2],
+                                start_new_session=True, user=uid, group=uid, extra_groups=[], umask=req["umask"],
+                                close_fds=True, restore_signals=True)
+        _POPENS[proc.pid] = proc
+        return proc.pid
+    for fd in fds:
+        os.set_inheritable(fd, False)  # what the child gets is its 0, 1, 2 only
+    # looked up before the thread takes the ids: nothing is imported as the process's uid
+    paths = [argv[0]] if "/" in argv[0] else [os.path.join(d, argv[0]) for d in env.get("PATH", os.defpath).split(":")]
+
+    def start() -> int:
+        if last_pid is not None:
+            os.pwrite(last_pid, b"1", 0)  # the process is pid 2 (this thread has another), as in a namespace of its own
+        privs.take_thread_ids(uid, 0)
+        return _exec_first(paths, argv, env, fds)
+
     os.chdir(req["cwd"])
     try:
-        uid = req["uid"]
-        os.setresgid(uid, uid, 0)
-        os.setresuid(uid, uid, 0)
-        try:
-            return subprocess.Popen(req["argv"], env=req["env"], stdin=fds[0], stdout=fds[1], stderr=fds[2],
-                                    start_new_session=True, umask=req["umask"], close_fds=True,
-                                    restore_signals=True)
-        finally:
-            _root_again(runner)
+        os.umask(req["umask"])
+        if last_pid is not None:
+            os.pwrite(last_pid, b"2", 0)  # the thread is pid 3: 2 is left for the process
+        return _in_thread(start)
     finally:
         os.chdir("/")  # no attempt's directory kept busy by the zygote
+        # a change of ids (the thread's) makes the process dumpable as the sysctl says: not the zygote
+        privs._check(privs.libc().prctl(privs._PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
 
 
-def _root_again(runner: int) -> None:
-    """Root again after a start (the saved ids are root's), not dumpable and dying with the runner's
-    thread again: a change of ids makes a process dumpable as the sysctl says and clears its
-    parent-death signal. A runner that ended before the signal was set again is not waited for
-    (``runner``: a pidfd of it, readable once it has ended). A zygote that could not is ended: the
-    kernel ends its namespaces, and the runner sees it gone."""
-    try:
-        os.setresuid(0, 0, 0)
-        os.setresgid(0, 0, 0)
-        libc = privs.libc()
-        privs._check(libc.prctl(privs._PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
-        privs._check(libc.prctl(privs._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "dies with the runner")
-        if select.select([runner], [], [], 0)[0]:
-            raise RuntimeError("the runner has ended")
-    except BaseException:  # noqa: B036 (nothing may go on as another uid, or without the runner)
-        os._exit(3)
+def _in_thread(call: "Callable[[], int]") -> int:
+    """``call()`` on a thread of its own, which ends with it; what it returned or raised."""
+    done = _thread.allocate_lock()
+    done.acquire()
+    said: List[Any] = []
+
+    def run() -> None:
+        try:
+            said.append(call())
+        except BaseException as exc:  # noqa: B036 (raised again by the caller)
+            said.append(exc)
+        finally:
+            done.release()
+
+    _thread.start_new_thread(run, ())
+    done.acquire()
+    if isinstance(said[0], BaseException):
+        raise said[0]
+    return int(said[0])
 
 
-def _start(req: Dict[str, Any], fds: List[int], runner: int) -> "subprocess.Popen[bytes]":
+def _exec_first(paths: List[str], argv: List[str], env: Dict[str, str], fds: List[int]) -> int:
+    """Start the first of ``paths`` that execs, as ``subprocess`` does: a missing one (looked at first,
+    as the process's uid, so no start is spent on it) is passed over, and the first other error is
+    raised when none execs."""
+    first, last = 0, _ENOENT
+    for path in paths:
+        try:
+            os.stat(path)
+            return privs.spawn(path, argv, env, fds[:3], _DEFAULTS)
+        except OSError as exc:
+            last = exc.errno or 0
+            if last not in (_ENOENT, _ENOTDIR) and not first:
+                first = last
+    err = first or last
+    raise OSError(err, os.strerror(err), argv[0])
+
+
+def _start(req: Dict[str, Any], fds: List[int], last_pid: Optional[int]) -> int:
     """Start the requested process (``_spawn``) in an IPC namespace of its own (SysV IPC objects and
     POSIX queues outlive their processes: the zygote moves to a new one first, which its child
     inherits and the previous one's processes were the last to hold) and a session keyring of its
-    own."""
+    own; its pid."""
     privs._check(privs.libc().unshare(privs._CLONE_NEWIPC), "unshare --ipc")
     privs.new_session_keyring()  # the same for keys: a session keyring the previous process never had
-    return _spawn(req, fds, runner)
+    return _spawn(req, fds, last_pid)
 
 
-def _run(ctl: socket.socket, req: Dict[str, Any], fds: List[int], net: bool, last_pid: Optional[int],
-         runner: int) -> bool:
+def _run(ctl: _socket.socket, req: Dict[str, Any], fds: List[int], net: bool, last_pid: Optional[int]) -> bool:
     """One request: start, report, wait, clear, report. False when the namespace is not reusable."""
-    if last_pid is not None:
-        os.pwrite(last_pid, b"1", 0)  # its first process is pid 2, as in a namespace of its own
     try:
-        proc = _start(req, fds, runner)
-    except (OSError, subprocess.SubprocessError) as exc:
+        pid = _start(req, fds, last_pid)
+    except OSError as exc:
         errno = getattr(exc, "errno", None) or 0
         failed = {"errno": errno, "where": str(exc), "filename": getattr(exc, "filename", None)}
         clean = clear(net)
@@ -199,32 +251,40 @@ def _run(ctl: socket.socket, req: Dict[str, Any], fds: List[int], net: bool, las
     finally:
         for fd in fds:
             os.close(fd)
-    pidfd = os.pidfd_open(proc.pid)
+    pidfd = os.pidfd_open(pid)
     try:
         send_fds(ctl, encode({}), [pidfd])
     finally:
         os.close(pidfd)
     while True:
         got, status = os.waitpid(-1, 0)  # orphans the init inherits are reaped as they end
-        if got == proc.pid:
+        if got == pid:
             break
-    # reaped here: ``subprocess`` must never look for it again (its pid is the next process's)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    if pid in _POPENS:  # reaped here: ``subprocess`` must never look for it again
+        _POPENS.pop(pid).returncode = os.waitstatus_to_exitcode(status)
     clean = clear(net)
     ctl.send(encode({"status": status, "clean": clean}))
     return clean
 
 
-def serve(fd: int, net: bool, runner: int) -> None:
-    """The zygote's loop on its control socket ``fd`` (``runner``: a pidfd of the runner). Never returns."""
+def serve(fd: int, net: bool) -> None:
+    """The zygote's loop on its control socket ``fd``. Never returns."""
     try:
         if os.getpid() != 1:  # kill(-1) anywhere but in a namespace of its own would reach the host
             raise RuntimeError("not the first process of a PID namespace")
         libc = privs.libc()
         privs._check(libc.prctl(privs._PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
-        ctl = socket.socket(fileno=fd)
+        ctl = _socket.socket(fileno=fd)
         privs._for_children(libc, privs._last_cap())
         os.setgroups([])  # its processes have none: they take its groups (``_spawn``)
+        # nothing of the namespace may interrupt it: an init gets only the signals it handles
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        for name in os.listdir("/proc/self/fd"):  # its control socket, a sealed zipapp: never
+            if int(name) > 2:  # a child's (``privs.spawn`` closes only close-on-exec ones)
+                try:
+                    os.set_inheritable(int(name), False)
+                except OSError:
+                    continue  # the listing's own descriptor, closed since
         privs.refuse_keys(libc, privs.key_filter())  # its processes' uids are drawn again: no key outlives them
         if net:
             # no TIME_WAIT socket outlives its processes, and no TCP metrics are kept for the next
@@ -238,7 +298,7 @@ def serve(fd: int, net: bool, runner: int) -> None:
             msg, fds = recv_fds(ctl)
             if not msg:
                 os._exit(0)  # the runner closed its end: nothing more to start
-            if not _run(ctl, decode(msg), fds, net, last_pid, runner):
+            if not _run(ctl, decode(msg), fds, net, last_pid):
                 os._exit(3)
     except BaseException as exc:
         with_msg = f"crosshost zygote: {exc}\n"
@@ -249,4 +309,4 @@ def serve(fd: int, net: bool, runner: int) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover - started by ``zygote.Zygote`` through -c
-    serve(int(sys.argv[1]), sys.argv[2] == "net", int(sys.argv[3]))
+    serve(int(sys.argv[1]), sys.argv[2] == "net")

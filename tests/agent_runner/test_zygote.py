@@ -81,6 +81,23 @@ def test_the_zygote_is_reused_and_a_busy_one_is_not_waited_for(tmp_path: Path) -
     assert again._zygote is first._zygote and again.wait(timeout=30) == 0
 
 
+def test_a_process_whose_zygote_is_lost_before_it_starts_starts_the_per_process_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A zygote gone before it started the process (``ZygoteLost``): the same process starts on its own,
+    with its stdin from /dev/null as asked (the first start's /dev/null, closed, is not taken again)."""
+    cwd = _attempt_dir(tmp_path)
+
+    def lost(*args: object, **kwargs: object) -> tuple[int, int]:
+        raise zygote.ZygoteLost("gone")
+
+    monkeypatch.setattr(zygote.Zygote, "start", lost)
+    proc = _box(False).popen(["bash", "-c", "read -r line; echo \"read $?\"; ls -l /proc/self/fd/0"], cwd=cwd,
+                             env={"PATH": os.defpath}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=60)
+    assert proc._zygote is None and proc.returncode == 0
+    assert out.decode().splitlines()[0] == "read 1" and out.decode().rstrip().endswith("/dev/null"), out
+
+
 @pytest.mark.parametrize("net", [False, True], ids=["open", "netns"])
 def test_nothing_a_process_left_runs_beside_the_next_one_of_the_slot(tmp_path: Path, net: bool) -> None:
     """Background, new-session, double-forked and nohup'd processes are gone when the process's wait
@@ -100,7 +117,8 @@ def test_nothing_a_process_left_runs_beside_the_next_one_of_the_slot(tmp_path: P
 TAKE_ROOT = r"""
 import os
 said = [os.getresuid(), os.getresgid(), os.getgroups()]
-for name, call in (("setuid", lambda: os.setuid(0)), ("saved", lambda: os.setresuid(-1, -1, 0)),
+for name, call in (("zygote", lambda: os.kill(1, 0)), ("nice", lambda: os.setpriority(os.PRIO_PROCESS, 1, 19)),
+                   ("setuid", lambda: os.setuid(0)), ("saved", lambda: os.setresuid(-1, -1, 0)),
                    ("setgid", lambda: os.setgid(0)), ("groups", lambda: os.setgroups([0]))):
     try:
         call()
@@ -115,10 +133,10 @@ print(said)
 
 @pytest.mark.parametrize("net", [False, True], ids=["open", "netns"])
 def test_a_process_the_zygote_starts_cannot_take_root_back(tmp_path: Path, net: bool) -> None:
-    """The zygote takes a process's ids itself around its start (its saved ids root's, to take root back
-    after): the process execs with its uid in the real, effective and saved ids, no group, no
-    capability, and cannot take root back in any of them; the next process of the slot too (the zygote
-    is root again between them)."""
+    """A thread of the zygote takes a process's ids for its start (the saved ids root's): the process
+    execs with its uid in the real, effective and saved ids, no group, no capability, and cannot take
+    root back in any of them; the zygote itself never had its ids, so the process can neither signal
+    nor renice it, from its first instruction on; the next process of the slot too."""
     cwd = _attempt_dir(tmp_path)
     (tmp_path / "take.py").write_text(TAKE_ROOT)
     (tmp_path / "take.py").chmod(0o644)
@@ -126,29 +144,9 @@ def test_a_process_the_zygote_starts_cannot_take_root_back(tmp_path: Path, net: 
         code, out = _run(_box(net, uid), f"/usr/bin/python3 {tmp_path / 'take.py'}", cwd)
         assert code == 0, out
         ids = (uid, uid, uid)
-        assert out.decode().strip() == str([ids, ids, [], "setuid refused", "saved refused", "setgid refused",
-                                            "groups refused", "0000000000000000", "0000000000000000", "1"])
-
-
-def test_a_zygote_whose_runner_ended_while_it_started_a_process_ends(tmp_path: Path) -> None:
-    """Taking a process's ids clears the zygote's parent-death signal; set again after the start, it would
-    miss a runner that ended meanwhile: the zygote then ends (with what it started) rather than outlive
-    the runner. Its step back to root, in a fork of this (root) process, with a pidfd of a process that
-    has ended and of one that has not."""
-    from agent_runner import zygote_init
-
-    ended = subprocess.Popen(["true"])
-    pidfd = os.pidfd_open(ended.pid)
-    ended.wait()
-    for runner, expected in ((pidfd, 3), (os.pidfd_open(os.getpid()), 0)):
-        child = os.fork()
-        if child == 0:
-            os.setresgid(UID, UID, 0)
-            os.setresuid(UID, UID, 0)
-            zygote_init._root_again(runner)
-            os._exit(0 if os.getresuid() == (0, 0, 0) and os.getresgid() == (0, 0, 0) else 1)
-        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == expected
-        os.close(runner)
+        assert out.decode().strip() == str([ids, ids, [], "zygote refused", "nice refused", "setuid refused",
+                                            "saved refused", "setgid refused", "groups refused",
+                                            "0000000000000000", "0000000000000000", "1"])
 
 
 LEAVE_SOCKETS = r"""
