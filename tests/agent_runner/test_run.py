@@ -175,15 +175,14 @@ def test_the_predicate_runs_the_same_pristine_file_whatever_the_agent_did_to_its
     suite = write_suite(tmp_path / "s", {name: {"script": script, "repo": {"run_tests.sh": look}}
                                          for name, script in scripts.items()},
                         tools={"allow": ["chmod", "ln", "rm", "mkfifo"], "deny": []})
-    if own_uid:  # the attempts' uid reaches the workspace: pidns+uid as root, its copy is that uid's
+    if own_uid:  # the attempts' uid reaches the workspace: pidns+uid as root, its copy is that uid's (not
+        # asserted: another pytest session starting meanwhile closes /tmp/pytest-of-root again)
         for d in (tmp_path, *tmp_path.parents):
             if d != Path("/"):
                 d.chmod(d.stat().st_mode | 0o001)
     done = run_runner("run", "--suite", str(suite), "--out", str(tmp_path / "out"),
                       "--workspace-root", str(tmp_path / "ws"))
     assert done.returncode == 0, done.stderr
-    isolation = json.loads((tmp_path / "out" / "fingerprint.json").read_text())["isolation"]
-    assert isolation.endswith("pidns+uid") == (own_uid and os.geteuid() == 0), isolation
     seen = {name: records(tmp_path / "out" / "traces" / f"{name}.0.jsonl")[-1]["predicate_output"]
             for name in scripts}
     assert seen["untouched"].splitlines()[0].split()[2:] == ["755", "1", str(len(look))], seen
