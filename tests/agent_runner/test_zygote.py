@@ -5,6 +5,7 @@ same slot left: no process, no listener, no socket, no pid count, no IPC object.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -62,7 +63,8 @@ def test_a_process_the_zygote_starts_sees_and_ends_as_one_started_on_its_own(
     shared = _run(_box(net), script, cwd)
     if script == PROBE:
         assert b"processes: 2" in shared[1]  # its own shell and the init
-    assert shared == own
+    assert shared == own, "\n".join(difflib.unified_diff(own[1].decode().splitlines(), shared[1].decode().splitlines(),
+                                                         "own", "zygote", lineterm=""))
 
 
 def test_the_zygote_is_reused_and_a_busy_one_is_not_waited_for(tmp_path: Path) -> None:
