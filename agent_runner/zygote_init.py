@@ -43,8 +43,21 @@ if TYPE_CHECKING:
 _SIGKILL = 9  # the same on every Linux machine
 _ENOENT, _ENOTDIR = 2, 20
 #: the signals a process starts with at their default (the rest as the zygote has them: ignored or
-#: default): those Python ignores, as ``subprocess``'s restore_signals does, and libc's own
-_DEFAULTS = (13, 25, *privs.LIBC_SIGNALS)  # SIGPIPE, SIGXFSZ
+#: default): those Python ignores, as ``subprocess``'s restore_signals does, and libc's own unless the
+#: zygote ignores them (``_defaults``)
+_DEFAULTS = [13, 25]  # SIGPIPE, SIGXFSZ
+
+
+def _defaults() -> List[int]:
+    """``_DEFAULTS`` and those of libc's own signals this process does not ignore (ignored, as under a
+    ``make`` that started its shell with ``posix_spawn``, they stay ignored through a fork and exec:
+    libc's ``posix_spawn`` would ignore them in any case)."""
+    ignored = 0
+    with open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"SigIgn:"):
+                ignored = int(line.split()[1], 16)
+    return [13, 25, *(sig for sig in privs.LIBC_SIGNALS if not ignored >> (sig - 1) & 1)]
 #: processes started by ``subprocess`` where ``privs.spawn`` cannot, by pid: reaped by the zygote's own
 #: wait, which tells them so (``subprocess`` must never wait for a pid that is the next process's)
 _POPENS: "Dict[int, subprocess.Popen[bytes]]" = {}
@@ -279,6 +292,7 @@ def serve(fd: int, net: bool) -> None:
         os.setgroups([])  # its processes have none: they take its groups (``_spawn``)
         # nothing of the namespace may interrupt it: an init gets only the signals it handles
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        _DEFAULTS[:] = _defaults()
         for name in os.listdir("/proc/self/fd"):  # its control socket, a sealed zipapp: never
             if int(name) > 2:  # a child's (``privs.spawn`` closes only close-on-exec ones)
                 try:

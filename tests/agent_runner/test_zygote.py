@@ -67,6 +67,38 @@ def test_a_process_the_zygote_starts_sees_and_ends_as_one_started_on_its_own(
                                                          "own", "zygote", lineterm=""))
 
 
+IGNORED = r"""
+import os, subprocess, sys
+from agent_runner.sandbox import PIDNS_UID, Sandbox
+def look(reuse):
+    box = Sandbox(PIDNS_UID, int(sys.argv[2]), net=False)
+    box.reuse = reuse
+    proc = box.popen(["sh", "-c", "grep SigIgn /proc/self/status"], cwd=sys.argv[1], env={"PATH": os.defpath},
+                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    assert (proc._zygote is not None) == reuse
+    return proc.communicate(timeout=60)[0].decode().split()[1]
+print(look(False), look(True))
+"""
+
+
+def test_libcs_own_signals_ignored_by_the_runner_stay_ignored_on_both_paths(tmp_path: Path) -> None:
+    """A runner started by libc's posix_spawn (as GNU make starts its shells) ignores libc's own signals
+    (32: glibc's thread cancellation): an attempt's process ignores it too, started on its own (a fork
+    and an exec keep it ignored) or by the zygote (whose posix_spawn sets libc's signals by what the
+    zygote has)."""
+    cwd = _attempt_dir(tmp_path)
+    read, write = os.pipe()
+    pid = os.posix_spawn(sys.executable, [sys.executable, "-c", IGNORED, cwd, str(UID)],
+                         {"PATH": os.defpath, "PYTHONPATH": str(REPO)},
+                         file_actions=[(os.POSIX_SPAWN_DUP2, write, 1)])
+    os.close(write)
+    with os.fdopen(read) as f:
+        said = f.read().split()
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    own, shared = said
+    assert own == shared and int(own, 16) >> 31 & 1, said
+
+
 def test_the_zygote_is_reused_and_a_busy_one_is_not_waited_for(tmp_path: Path) -> None:
     """One zygote serves the slot's processes in turn; a process started while another runs (a command
     agent's tool) takes the per-process path."""
