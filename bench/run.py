@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import analysis_bench, explain_bench, proxy_bench, report_html_bench, runner_bench, stats_bench
+from bench import (
+    analysis_bench,
+    explain_bench,
+    history_bench,
+    proxy_bench,
+    report_html_bench,
+    runner_bench,
+    stats_bench,
+)
 from bench.baselines import BaselineError, BenchHost, ansible_bin, run_ansible, run_limit, run_naive
 from bench.gen_suite import BenchSuite, generate_suite
 
@@ -146,6 +154,7 @@ class Bench:
         self.runner: dict[str, Any] | None = None
         self.stats: dict[str, Any] | None = None
         self.proxy: dict[str, Any] | None = None
+        self.history: dict[str, Any] | None = None
 
     # -- hosts and inputs -------------------------------------------------------------------
     def hosts(self, count: int) -> list[BenchHost]:
@@ -296,6 +305,9 @@ class Bench:
             self.stats = stats_bench.measure(self.args.stats_runs)
         if self.args.proxy_requests > 0:
             self.proxy = self.run_proxy()
+        if self.args.history_runs > 1:
+            print(f"  history: a replay after its hosts with 1 and {self.args.history_runs} runs in the index ...", flush=True)
+            self.history = history_bench.measure(self.args.history_runs)
         # The order that decides the targets first: the faster Ansible everywhere, naive at T=100 (the
         # 5x target) at the larger S, default Ansible, then the naive points that only inform.
         pts = self.points()
@@ -378,7 +390,7 @@ class Bench:
                          "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},
             "points": points, "analysis": analysis, "report_html": report_html,
             "explain": self.explain, "runner": self.runner,
-            "statistics": self.stats, "proxy": self.proxy,
+            "statistics": self.stats, "proxy": self.proxy, "history": self.history,
             "fleet_points": self.fleet_result(),
         }
 
@@ -533,6 +545,7 @@ def render_table(result: dict[str, Any]) -> str:
         ]
     lines += stats_bench.markdown(result.get("statistics"))
     lines += proxy_bench.markdown(result.get("proxy"))
+    lines += history_bench.markdown(result.get("history"))
     return "\n".join(lines)
 
 
@@ -569,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="suite sizes of the runner's per-attempt overhead (no-op tasks); '' to skip")
     p.add_argument("--explain-reps", type=int, default=3, help="explain benchmark repetitions (the demo's flips); 0: skip")
     p.add_argument("--stats-runs", type=int, default=1000, help="seeded simulations of the statistics; 0: skip")
+    p.add_argument("--history-runs", type=int, default=500,
+                   help="a replay after its hosts with 1 and this many runs in the history index; 0: skip")
     p.add_argument("--proxy-requests", type=int, default=300,
                    help="model proxy: request pairs (direct, proxied) per kind; 0: skip the proxy benchmark")
     p.add_argument("--proxy-streams", type=lambda s: [int(x) for x in s.split(",") if x], default=list(proxy_bench.STREAMS),
