@@ -4,10 +4,19 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# What the set-up installs from the registries (the venv's pinned packages, the agent CLIs) is copied
+# from a machine-wide cache keyed by the pins' bytes and the interpreter (tools/setupcache.py) when
+# this machine installed the same pins before, so a fresh clone does not download, unpack and
+# compile them again; what was copied is checked as what was installed is.
+SETUP_CACHE ?= /var/cache/crosshost-setup
+SETUPCACHE = CROSSHOST_SETUP_CACHE=$(SETUP_CACHE) python3 tools/setupcache.py
+VENV_KEY = tools/requirements-dev.txt --key-text "$$(python3 -c 'import sys; print(sys.version, sys.base_prefix)')"
+NPM_KEY = tools/agent-clis/package.json tools/agent-clis/package-lock.json --key-text "$$(node --version)"
+MSWEA_KEY = tools/agent-clis/mini-swe-agent.txt --key-text "$$(/usr/bin/python3 -VV)"
 
 .PHONY: setup demo demo-containers test test-fast lint hosts-up hosts-down bench clean browser agent-clis docker docker-up docker-down
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/requirements-dev.txt
 	@command -v /usr/sbin/sshd >/dev/null || { \
 	  echo "installing openssh-server (needed for the real test hosts)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null) \
@@ -20,9 +29,13 @@ $(STAMP): pyproject.toml
 	  echo "installing systemd (systemd-analyze verifies the units crosshost schedule writes)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null) \
 	  || { echo "error: could not install systemd; install it (apt-get install systemd) and rerun" >&2; exit 1; }; }
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	@rm -rf $(VENV); $(SETUPCACHE) restore venv $(VENV) $(VENV_KEY) || { \
+	  echo "python3 -m venv $(VENV) && $(PY) -m pip install -q --no-deps -r tools/requirements-dev.txt"; \
+	  python3 -m venv $(VENV) && $(PY) -m pip install -q --no-deps -r tools/requirements-dev.txt \
+	  && $(SETUPCACHE) store venv $(VENV) $(VENV_KEY); } || exit 1
+	$(PY) -m pip install -q --no-deps -e .
+	@$(PY) tools/setupcache.py satisfied 'crosshost[dev]' || { \
+	  echo "error: tools/requirements-dev.txt does not meet pyproject.toml (above); regenerate it (its first lines say how) and rerun" >&2; exit 1; }
 	touch $(STAMP)
 
 # The report.html tests drive a real headless Chromium (Debian's package); installed when missing.
@@ -60,13 +73,17 @@ $(AGENT_CLIS_STAMP): tools/agent-clis/package.json tools/agent-clis/package-lock
 	  || { echo "error: could not install npm; install Node.js with npm (apt-get install nodejs npm) and rerun" >&2; exit 1; }; }
 	rm -rf $(AGENT_CLIS) && mkdir -p $(AGENT_CLIS)
 	cp tools/agent-clis/package.json tools/agent-clis/package-lock.json $(AGENT_CLIS)/
-	npm ci --prefix $(AGENT_CLIS) --no-fund --no-audit --loglevel=error
-	@for pair in $(NPM_CLIS); do \
+	@from=npm; $(SETUPCACHE) restore agent-clis-npm $(AGENT_CLIS)/node_modules $(NPM_KEY) && from=cache || { \
+	  echo "npm ci --prefix $(AGENT_CLIS) --no-fund --no-audit --loglevel=error"; \
+	  npm ci --prefix $(AGENT_CLIS) --no-fund --no-audit --loglevel=error || exit 1; }; \
+	pids=; for pair in $(NPM_CLIS); do \
 	  bin=$${pair%%:*}; pkg=$${pair#*:}; \
 	  want=$$(node -p "require('./tools/agent-clis/package.json').dependencies['$$pkg']"); \
-	  $(AGENT_CLIS)/node_modules/$$bin --version 2>/dev/null | grep -qwF -- "$$want" || { \
-	    echo "error: $(AGENT_CLIS)/node_modules/$$bin does not run the pinned $$pkg $$want (its postinstall did not place the native binary?); rm -rf $(AGENT_CLIS) and rerun make setup" >&2; exit 1; }; \
-	done
+	  { $(AGENT_CLIS)/node_modules/$$bin --version 2>/dev/null | grep -qwF -- "$$want" || { \
+	    echo "error: $(AGENT_CLIS)/node_modules/$$bin does not run the pinned $$pkg $$want (its postinstall did not place the native binary?); rm -rf $(AGENT_CLIS) $(SETUP_CACHE) and rerun make setup" >&2; exit 1; }; } & pids="$$pids $$!"; \
+	done; \
+	ok=1; for p in $$pids; do wait $$p || ok=0; done; [ $$ok = 1 ] || exit 1; \
+	[ $$from = cache ] || $(SETUPCACHE) store agent-clis-npm $(AGENT_CLIS)/node_modules $(NPM_KEY)
 	touch $@
 
 MSWEA := $(AGENT_CLIS)/mini-swe-agent
@@ -75,10 +92,12 @@ $(MSWEA)/.installed: tools/agent-clis/mini-swe-agent.txt $(AGENT_CLIS_STAMP)
 	  echo "installing python3-venv (the mini-swe-agent venv is made with /usr/bin/python3)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null) \
 	  || { echo "error: could not install python3-venv; install it (apt-get install python3-venv) and rerun" >&2; exit 1; }; }
-	rm -rf $(MSWEA) && /usr/bin/python3 -m venv $(MSWEA)
-	$(MSWEA)/bin/python -m pip install -q --no-deps -r tools/agent-clis/mini-swe-agent.txt
-	@$(MSWEA)/bin/python -c 'import importlib.metadata as m; import sys; want = [l.strip().split("==")[1] for l in open("tools/agent-clis/mini-swe-agent.txt") if l.startswith("mini-swe-agent==")][0]; sys.exit(m.version("mini-swe-agent") != want)' || { \
-	  echo "error: $(MSWEA) does not hold the pinned mini-swe-agent; rm -rf $(MSWEA) and rerun make setup" >&2; exit 1; }
+	@rm -rf $(MSWEA); from=pip; $(SETUPCACHE) restore mini-swe-agent $(MSWEA) $(MSWEA_KEY) && from=cache || { \
+	  echo "/usr/bin/python3 -m venv $(MSWEA) && $(MSWEA)/bin/python -m pip install -q --no-deps -r tools/agent-clis/mini-swe-agent.txt"; \
+	  /usr/bin/python3 -m venv $(MSWEA) && $(MSWEA)/bin/python -m pip install -q --no-deps -r tools/agent-clis/mini-swe-agent.txt || exit 1; }; \
+	$(MSWEA)/bin/python -c 'import importlib.metadata as m; import sys; want = [l.strip().split("==")[1] for l in open("tools/agent-clis/mini-swe-agent.txt") if l.startswith("mini-swe-agent==")][0]; sys.exit(m.version("mini-swe-agent") != want)' || { \
+	  echo "error: $(MSWEA) does not hold the pinned mini-swe-agent; rm -rf $(MSWEA) $(SETUP_CACHE) and rerun make setup" >&2; exit 1; }; \
+	[ $$from = cache ] || $(SETUPCACHE) store mini-swe-agent $(MSWEA) $(MSWEA_KEY)
 	touch $@
 
 agent-clis: $(AGENT_CLIS_STAMP) $(MSWEA)/.installed
