@@ -24,23 +24,25 @@ def trend_points(report: RunReport, run_dir: Path, started: str | None) -> list[
     """This suite's runs from the history index beside the run (when there is one), this run included.
 
     The index is only read: a run directory copied elsewhere gets no trend rather than a new index.
+    Only the newest runs are read, one more than are drawn: this run may be among them, and what it
+    says now wins over what the index holds for it.
     """
     from orchestrator.errors import CrosshostError
-    from orchestrator.store.history import history, index_path
+    from orchestrator.store.history import index_path, newest_rates
 
     runs_dir = run_dir.parent
     if not index_path(runs_dir).is_file():
         return []
     try:
-        rows = history(runs_dir, report.suite, kind="replay")
+        rows = newest_rates(runs_dir, report.suite, "replay", MAX_TREND_RUNS + 1)
     except CrosshostError:
         return []
-    points = [TrendPoint(r.run_id, r.started or r.finished, r.flip_rate, r.pass_rate) for r in rows]
-    if not points:
+    if not rows:
         return []
     this = TrendPoint(
         report.run_id, started, report.flip_rate, {s.host: s.pass_rate for s in report.stats}
     )  # the report being written wins over what the index holds for it (a new --gate, say)
+    points = [TrendPoint(r.run_id, r.started or r.finished, r.flip_rate, r.pass_rate) for r in rows]
     points = [p for p in points if p.run_id != report.run_id] + [this]
     points.sort(key=lambda p: (p.started or "", p.run_id))
     return points[-MAX_TREND_RUNS:]

@@ -63,6 +63,8 @@ CREATE TABLE IF NOT EXISTS task_results (
     PRIMARY KEY (run_id, task)
 );
 CREATE INDEX IF NOT EXISTS runs_by_suite ON runs (suite, started, run_id);
+-- a suite's newest runs read in order, without reading the others (the report page's trend)
+CREATE INDEX IF NOT EXISTS runs_newest ON runs (kind, suite, COALESCE(started, finished, ''), run_id);
 """
 
 
@@ -267,6 +269,37 @@ def history(
     with _connect(runs_dir) as conn:
         rows = [_row(conn, r) for r in conn.execute(sql, args).fetchall()]
     return list(reversed(rows))
+
+
+@dataclass(frozen=True)
+class RunRates:
+    """What a trend draws of one indexed run: its rates, none of its task rows."""
+
+    run_id: str
+    started: str | None
+    finished: str | None
+    flip_rate: float | None
+    pass_rate: dict[str, float | None]
+
+
+def _rates(r: tuple[Any, ...]) -> RunRates:
+    return RunRates(run_id=r[0], started=r[1], finished=r[2], flip_rate=r[3], pass_rate=json.loads(r[4]))
+
+
+def newest_rates(runs_dir: Path, suite: str | None, kind: str, last: int) -> list[RunRates]:
+    """The newest ``last`` runs of ``suite`` (every suite's when None) and ``kind``, newest first:
+    one query that reads the runs' rates only, so its cost is that of ``last`` rows, not of the index."""
+    where, args = "kind = ?", [kind]
+    if suite is not None:
+        where += " AND suite = ?"
+        args.append(suite)
+    with _connect(runs_dir) as conn:
+        found = conn.execute(
+            f"SELECT run_id, started, finished, flip_rate, pass_rate FROM runs WHERE {where}"
+            f" ORDER BY {_NEWEST_FIRST} LIMIT {int(last)}",
+            args,
+        ).fetchall()
+    return [_rates(r) for r in found]
 
 
 def previous_run(runs_dir: Path, row: RunRow) -> RunRow | None:

@@ -17,12 +17,20 @@ from tests.support.runner import REPO, clean_env, records, run_runner, write_sui
 _TIMING = {"wall_ms", "ts", "t_ms", "elapsed_ms", "started", "finished", "duration_ms", "dirs"}
 
 
-def _suite(tmp_path: Path, log: Path, n: int = 8, sleep_s: float = 1.0) -> Path:
-    """``n`` tasks whose predicate sleeps ``sleep_s`` and passes on even, fails on odd tasks."""
+def _suite(tmp_path: Path, log: Path, n: int = 8, sleep_s: float = 0.3) -> Path:
+    """``n`` tasks whose predicate sleeps ``sleep_s`` and passes on even, fails on odd tasks.
+
+    Before its sleep, task ``i``'s predicate waits (30 s at most) until the tasks of its wave have
+    started, a wave being as many tasks as the run has slots (the number in ``<log>.slots``, 1 if
+    absent): N slots that run at once are then seen at once however slowly the machine starts them,
+    and one slot never waits."""
     tasks = {}
     for i in range(n):
         # the predicate logs when it runs (an absolute path: HOME and TMPDIR are the attempt's own)
-        script = (f'echo "start {i} $(date +%s%N) $HOME" >> {log}\nsleep {sleep_s}\n'
+        wave = (f's=$(cat {log}.slots 2>/dev/null || echo 1); w=$(( ({i} / s + 1) * s )); '
+                f'if [ $w -gt {n} ]; then w={n}; fi; k=0; '
+                f'while [ $(grep -c ^start {log}) -lt $w ] && [ $k -lt 300 ]; do sleep 0.1; k=$((k + 1)); done\n')
+        script = (f'echo "start {i} $(date +%s%N) $HOME" >> {log}\n{wave}sleep {sleep_s}\n'
                   f'echo "end {i} $(date +%s%N)" >> {log}\nexit {i % 2}\n')
         tasks[f"t{i}"] = {"script": [], "repo": {"run_tests.sh": script}}
     return write_suite(tmp_path / "suite", tasks)
@@ -53,6 +61,7 @@ def _run(tmp_path: Path, name: str, slots: int) -> tuple[Path, str, subprocess.C
     log = tmp_path / "predicate.log"
     suite = tmp_path / "suite" if (tmp_path / "suite").exists() else _suite(tmp_path, log)
     log.write_text("")
+    Path(f"{log}.slots").write_text(f"{slots}\n")
     out = tmp_path / name
     done = run_runner("run", "--suite", str(suite), "--out", str(out), "--host", "h", "--run-id", "r1",
                       "--workspace-root", str(tmp_path / "ws"), "--slots", str(slots))
