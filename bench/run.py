@@ -1,6 +1,6 @@
 """``make bench``: crosshost against the limit, a naive scp/ssh loop and Ansible, on real sshd hosts.
 
-Starts its own fleet (tools/testhosts.py; free ports picked at start, state under /var/tmp/crosshost-bench), runs the
+Starts its own fleet (tools/testhosts.py; free ports picked at start, state under /var/lib/crosshost-bench), runs the
 grid (H hosts, T tasks, S ms per predicate), the analysis benchmark, prints the ratio table and writes
 ``bench/results/<timestamp>.json`` and ``.md``. Stops the fleet on every exit path.
 
@@ -588,7 +588,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="model proxy: request pairs (direct, proxied) per kind; 0: skip the proxy benchmark")
     p.add_argument("--proxy-streams", type=lambda s: [int(x) for x in s.split(",") if x], default=list(proxy_bench.STREAMS),
                    help="model proxy: streamed answers at once, one wave each (default 64,128,256,512)")
-    p.add_argument("--state", type=Path, default=Path("/var/tmp/crosshost-bench"))
+    # not under /var/tmp: the hosts share the machine's /var/tmp, and every runner walks it at its start
+    # (its stray-file baseline): a host would walk its neighbours' homes there, which no real host has
+    p.add_argument("--state", type=Path, default=Path("/var/lib/crosshost-bench"))
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = p.parse_args(argv)
     unknown = set(args.tools) - set(TOOLS)
