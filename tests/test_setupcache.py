@@ -36,13 +36,20 @@ def test_a_venv_is_restored_for_the_same_pins_only_and_names_its_new_place(tmp_p
     pins.write_text("a==1\n")
     done = _run(cache, "restore", "v", str(new), str(pins), "--key-text", "py1")
     assert done.returncode == 0, done.stderr
-    assert (new / "bin" / "tool").read_text() == f"#!{new}/bin/python\nprint('hi')\n"
+    # a shebang cannot name a path with a space: the /bin/sh lines pip writes for one, and it runs
+    assert (new / "bin" / "tool").read_text() == (
+        "#!/bin/sh\n" + f"'''exec' \"{new}/bin/python\" \"$0\" \"$@\"\n" + "' '''\nprint('hi')\n")
+    ran = subprocess.run([str(new / "bin" / "tool")], capture_output=True, text=True)
+    assert (ran.returncode, ran.stdout) == (0, "hi\n"), ran.stderr
     assert (new / "bin" / "tool").stat().st_mode & 0o777 == 0o755
     assert (new / "bin" / "native").read_bytes() == b"\x7fELF\0" + str(old).encode()  # a binary keeps its bytes
     assert (new / "bin" / "python").readlink() == Path("/usr/bin/python3")
     assert str(new) in (new / "pyvenv.cfg").read_text() and str(old) not in (new / "pyvenv.cfg").read_text()
     assert sorted(p.name for p in new.iterdir()) == ["bin", "pyvenv.cfg"]  # no bookkeeping left behind
     assert (old / "bin" / "tool").read_text().startswith(f"#!{old}/")  # the cache's own copy untouched
+    plain = tmp_path / "three" / "venv"  # a place a shebang can name keeps its plain first line
+    assert _run(cache, "restore", "v", str(plain), str(pins), "--key-text", "py1").returncode == 0
+    assert (plain / "bin" / "tool").read_text() == f"#!{plain}/bin/python\nprint('hi')\n"
     assert sorted(p.name for p in cache.iterdir()) == [next(cache.iterdir()).name]  # one entry, no temporaries
 
 

@@ -65,7 +65,19 @@ def _rewrite(dest: Path, old: str) -> None:
         data = path.read_bytes()
         if b"\0" in data[:8192] or old.encode() not in data:
             continue  # binaries (ruff, the interpreter) keep their bytes
-        path.write_bytes(data.replace(old.encode(), new.encode()))
+        path.write_bytes(_launchable(data.replace(old.encode(), new.encode())))
+
+
+def _launchable(script: bytes) -> bytes:
+    """A script whose first line names an interpreter the kernel cannot start from a shebang (a path
+    with a space, or a line longer than 127 bytes) gets the ``/bin/sh`` first lines pip writes for
+    such a place instead; any other script as it is."""
+    first, nl, rest = script.partition(b"\n")
+    interpreter = first[2:].strip() if first.startswith(b"#!") else b""
+    if not interpreter.startswith(b"/") or (b" " not in interpreter and len(first) <= 127):
+        return script
+    quoted = b'"' + interpreter.replace(b'"', b'\\"') + b'"'
+    return b"#!/bin/sh\n'''exec' " + quoted + b' "$0" "$@"\n' + b"' '''" + nl + rest
 
 
 def restore(name: str, dest: Path, files: list[str], texts: list[str]) -> int:
