@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Tuple, TypedDict, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypedDict, Union
 
 from .digests import HashingWriter
 from .errors import TraceError
@@ -41,7 +41,7 @@ from .redact import redact
 
 PathArg = Union[str, "os.PathLike[str]"]
 SCHEMA = TRACE_SCHEMA
-__all__ = ["FINISH_REASONS", "SCHEMA", "VERDICTS", "CorruptLine", "Trace", "TraceRecord", "TraceWriter", "fp",
+__all__ = ["FINISH_REASONS", "SCHEMA", "VERDICTS", "CorruptLine", "Trace", "TraceRecord", "TraceWriter", "fp", "typed_records",
            "iter_observations", "iter_records", "iter_trace", "read_trace"]
 # A {"tool_calls": [...]} JSON document is loaded whole; JSONL is streamed. Bigger JSON documents are refused.
 _MAX_JSON_DOCUMENT = 64 * 1024 * 1024
@@ -130,7 +130,12 @@ def iter_trace(path: PathArg) -> Iterator[Tuple[int, TraceRecord]]:
     """``iter_records`` typed: ``(line_number, record)`` with each header, turn and finish as its class
     in ``records.py`` (an older header migrated there) and a damaged line as ``CorruptLine``. A record
     of any other type is left out; ``read_trace`` is the reader that names every problem."""
-    for number, record in iter_records(path):
+    return typed_records(iter_records(path))
+
+
+def typed_records(records: Iterable[Tuple[int, Dict[str, Any]]]) -> Iterator[Tuple[int, TraceRecord]]:
+    """``iter_trace``'s typing of records already read (``iter_records``'s pairs)."""
+    for number, record in records:
         kind = record.get("type")
         if kind == "turn":
             yield number, TraceTurn.from_json(record)

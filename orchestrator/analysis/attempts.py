@@ -15,8 +15,8 @@ from typing import Any, cast
 
 from agent_runner.checker import LEAK_KINDS, Contract, Hit, TurnChecker
 from agent_runner.errors import TraceError
-from agent_runner.records import VERDICTS, TraceFinish, TraceHeader, TraceTurn
-from agent_runner.trace import CorruptLine, TraceRecord, fp, iter_records
+from agent_runner.records import VERDICTS, TraceFinish, TraceHeader
+from agent_runner.trace import TraceRecord, fp, iter_records, typed_records
 from orchestrator.analysis.shapes import ShapeHasher, Step, shape_line, step_of
 
 MEMO_TURNS = 4096  # distinct (tool, arguments) remembered at once; cleared when full
@@ -96,21 +96,7 @@ class TraceRecords:
     def typed(self, path: Path) -> Iterator[tuple[int, TraceRecord]] | None:
         """The trace's records as ``iter_trace`` reads them from its file; None when not kept."""
         records = self._kept.get(path)
-        return None if records is None else _typed(records)
-
-
-def _typed(records: list[tuple[int, dict[str, Any]]]) -> Iterator[tuple[int, TraceRecord]]:
-    # iter_trace's typing, over records already read
-    for number, record in records:
-        kind = record.get("type")
-        if kind == "turn":
-            yield number, TraceTurn.from_json(record)
-        elif kind == "header":
-            yield number, TraceHeader.from_json(record)
-        elif kind == "finish":
-            yield number, TraceFinish.from_json(record)
-        elif kind == "corrupt":
-            yield number, CorruptLine(str(record.get("error") or ""), str(record.get("text") or ""))
+        return None if records is None else typed_records(records)
 
 
 class TraceSummariser:
