@@ -43,8 +43,10 @@ def _victims() -> Iterator[Callable[[int], subprocess.Popen[bytes]]]:
     planted: list[subprocess.Popen[bytes]] = []
 
     def plant(pid: int) -> subprocess.Popen[bytes]:
-        for _ in range(50):
-            if Path(f"/proc/{pid}").exists():  # not free yet (a zygote still reaping it)
+        # by time, not by tries: on a loaded machine the reap that frees the pid can take a while
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if Path(f"/proc/{pid}").exists():  # not free yet (a zygote or the namespace's init still reaping it)
                 time.sleep(0.01)
                 continue
             victim = _at_pid(pid)
