@@ -514,7 +514,8 @@ app.add_typer(cache_app, name="cache")
 @guarded
 def cache_prune_cmd() -> int:
     """Empty the local bundle cache (a replay rebuilds what it needs)."""
-    from orchestrator.hosts.bundle import empty_local_cache, user_bundle_cache
+    from orchestrator.hosts.bundle import user_bundle_cache
+    from orchestrator.hosts.bundle_cache import empty_local_cache
 
     cache = user_bundle_cache()
     count, size = empty_local_cache(cache)

@@ -168,7 +168,7 @@ def test_the_local_cache_is_bounded_by_age_and_size_and_keeps_the_bundle_in_use(
     import os
     import time
 
-    from orchestrator.hosts.bundle import prune_local_cache
+    from orchestrator.hosts.bundle_cache import prune_local_cache
 
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -719,7 +719,7 @@ def test_an_inventory_with_a_bom_reads_and_a_fifo_is_refused(tmp_path: Path) -> 
 def test_cache_prune_never_follows_a_symlinked_cache_out_of_it(tmp_path: Path) -> None:
     """bundles/ made a link to a directory of the user's: prune refuses in one line and removes nothing."""
     from orchestrator.errors import InputError as _InputError
-    from orchestrator.hosts.bundle import empty_local_cache, prune_local_cache
+    from orchestrator.hosts.bundle_cache import empty_local_cache, prune_local_cache
 
     precious = tmp_path / "precious"
     precious.mkdir()
