@@ -49,6 +49,26 @@ NONE = "none"
 _SUN_PATH_MAX = 100
 
 
+#: what a fork that could not enter the namespaces writes to the status pipe before its reason
+ENTRY_FAILED = "cannot enter: "
+PIPE_ATOMIC = 512  # a pipe write of at most this many bytes is never split (POSIX's PIPE_BUF floor)
+
+
+def failed_entry(status_fd: int) -> Optional[Tuple[int, str]]:
+    """Why the fork that was to enter the namespaces could not (its errno, or 0, and its message),
+    read from the status pipe's read end once that fork has ended; None if it did not say (it got
+    further: its init may still hold the pipe, so the read never waits)."""
+    try:
+        os.set_blocking(status_fd, False)
+        said = os.read(status_fd, PIPE_ATOMIC).decode(errors="replace")
+    except OSError:
+        return None
+    if not said.startswith(ENTRY_FAILED):
+        return None
+    number, _, message = said[len(ENTRY_FAILED):].partition(" ")
+    return (int(number) if number.isdigit() else 0), message
+
+
 def _pdeathsig() -> None:
     """In the child before exec: die with the runner (a SIGKILLed runner cannot kill its children)."""
     with contextlib.suppress(Exception):
@@ -101,19 +121,25 @@ class _Enter:
         # Only the least Python here: this is a copy of the runner, and every page it touches is
         # copied (what could be prepared was, by the runner in ``__init__``).
         libc = self.libc
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-        _check(libc.unshare(self.flags), "unshare")  # raised here: Popen raises, nothing was started
-        privs.new_session_keyring()  # nor the runner's session keyring: one of the attempt's own
-        for sig in self.handled:
-            signal.signal(sig, signal.SIG_DFL)
-        # listed now where descriptors cannot be closed by range: once the init has mounted the
-        # namespace's /proc, the holder (not in it) has no /proc/self
-        fds = None if _close_range_works() else [int(name) for name in os.listdir("/proc/self/fd")]
-        if not self.direct:
-            init = _fork()
-            if init != 0:
-                _hold(init, fds)
+        try:
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+            _check(libc.unshare(self.flags), "unshare")  # raised here: Popen raises, nothing was started
+            privs.new_session_keyring()  # nor the runner's session keyring: one of the attempt's own
+            for sig in self.handled:
+                signal.signal(sig, signal.SIG_DFL)
+            # listed now where descriptors cannot be closed by range: once the init has mounted the
+            # namespace's /proc, the holder (not in it) has no /proc/self
+            fds = None if _close_range_works() else [int(name) for name in os.listdir("/proc/self/fd")]
+            init = 0 if self.direct else _fork()
+        except BaseException as exc:
+            # subprocess says only "Exception occurred in preexec_fn": the runner reads why from
+            # the status pipe (``failed_entry``)
+            with contextlib.suppress(BaseException):
+                os.write(self.status_fd, (ENTRY_FAILED + f"{getattr(exc, 'errno', 0) or 0} {getattr(exc, 'strerror', None) or exc}").encode()[:PIPE_ATOMIC])
+            raise
+        if init != 0:
+            _hold(init, fds)
         try:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # the init dies with its parent (the holder, or the runner)
             _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")

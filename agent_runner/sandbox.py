@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import os
 import secrets
 import select
@@ -47,7 +48,7 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from . import privs, zygote
-from .launch import NONE, PIDNS, PIDNS_UID, ModelRelay, _Enter, _pdeathsig
+from .launch import NONE, PIDNS, PIDNS_UID, ModelRelay, _Enter, _pdeathsig, failed_entry
 from .privs import (
     _NoNamespace,
     _PidNamespace,
@@ -61,6 +62,9 @@ NETNS = "netns"
 UID_BASE = 1_990_000_000
 UID_SPAN = 1_000_000
 _PROBE_TIMEOUT_S = 10
+#: what a start's fork or unshare may meet under load, and find gone a moment later
+_TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EINTR)
+_TRANSIENT_PAUSES = (0.02, 0.2)
 
 
 
@@ -329,7 +333,16 @@ class Sandbox:
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> "Started":
         """Start ``argv`` in the sandbox, in a session of its own (a ``kill(0)`` inside reaches only the
-        sandbox) that dies with the runner. ``kwargs`` go to ``subprocess.Popen``."""
+        sandbox) that dies with the runner. ``kwargs`` go to ``subprocess.Popen``. A start the kernel
+        refused for want of a resource another process may free (a fork or a namespace under load) is
+        tried again, twice at most."""
+        for pause in _TRANSIENT_PAUSES:
+            try:
+                return Started(self, argv, self._wrap, kwargs)
+            except OSError as exc:
+                if exc.errno not in _TRANSIENT:
+                    raise
+            time.sleep(pause)
         return Started(self, argv, self._wrap, kwargs)
 
     def cannot_start(self, argv0: str, cwd: str, env: Dict[str, str]) -> Optional[str]:
@@ -432,8 +445,11 @@ class Started(subprocess.Popen[bytes]):
                 super().__init__(full, start_new_session=True, preexec_fn=preexec,
                                  pass_fds=() if write_end is None else (write_end,), **kwargs)
         except (subprocess.SubprocessError, _NoNamespace) as exc:  # the namespaces could not be entered: nothing started
+            said = failed_entry(self._status) if self._status is not None else None
             self._close_status()
-            raise OSError(f"cannot enter the sandbox: {exc}") from exc
+            refused = OSError(f"cannot enter the sandbox: {exc if said is None else said[1]}")
+            refused.errno = said[0] if said else None
+            raise refused from exc
         except BaseException:
             self._close_status()
             raise

@@ -7,6 +7,7 @@ environment, view of /proc, exit statuses and end of every process it left; and 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import select
@@ -198,6 +199,45 @@ def test_a_namespace_that_cannot_be_made_is_an_oserror_and_leaves_nothing_open(
     monkeypatch.setattr(privs, "_CLONE_NEWPID", 0x7FFFFFFF)
     with pytest.raises(OSError, match="cannot enter the sandbox"):
         Sandbox(PIDNS_UID, UID).popen(["true"])
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("level", [PIDNS_UID, PIDNS])
+def test_a_refused_start_says_why_and_one_refused_for_want_of_a_resource_is_tried_again(
+        tmp_path: Path, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """subprocess says only "Exception occurred in preexec_fn" of the fork that enters the namespaces:
+    the runner's error names the call the kernel refused and its errno. A refusal that load explains
+    (EAGAIN: no process or namespace to spare a moment) is tried again; the others are not."""
+    cwd = _attempt_dir(tmp_path)
+    marker = tmp_path / "refused-once"
+    calls = tmp_path / "calls"
+
+    def refuse(errno_: int, once: bool) -> None:
+        with open(calls, "a") as f:
+            f.write("x")
+        if once and marker.exists():
+            return
+        marker.touch()
+        raise OSError(errno_, f"keyctl join session keyring: {os.strerror(errno_)}")
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(privs, "new_session_keyring", lambda: refuse(errno.EPERM, False))
+    with pytest.raises(OSError, match="^cannot enter the sandbox: keyctl join session keyring: Operation not permitted$") as refused:
+        Sandbox(level, UID if level == PIDNS_UID else None).popen(["true"], cwd=cwd)
+    assert refused.value.errno == errno.EPERM and calls.read_text() == "x"  # not tried again
+    assert len(os.listdir("/proc/self/fd")) == before
+
+    calls.unlink()
+    marker.unlink()
+    monkeypatch.setattr(privs, "new_session_keyring", lambda: refuse(errno.EAGAIN, True))
+    proc = Sandbox(level, UID if level == PIDNS_UID else None).popen(["true"], cwd=cwd)
+    assert proc.wait(timeout=30) == 0 and calls.read_text() == "xx"
+
+    calls.unlink()
+    monkeypatch.setattr(privs, "new_session_keyring", lambda: refuse(errno.EAGAIN, False))
+    with pytest.raises(OSError, match="Resource temporarily unavailable") as refused:
+        Sandbox(level, UID if level == PIDNS_UID else None).popen(["true"], cwd=cwd)
+    assert refused.value.errno == errno.EAGAIN and calls.read_text() == "xxx"  # three tries, then the error
     assert len(os.listdir("/proc/self/fd")) == before
 
 
