@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import socketserver
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from orchestrator.errors import AuthenticationFailed, HostKeyRejected, HostUnreachable
 from orchestrator.hosts.inventory import HostConfig
 from orchestrator.hosts.transport import CONNECT_ATTEMPTS, open_host, session
-from orchestrator.hosts.transport.ssh import SshHost
+from orchestrator.hosts.transport.ssh import GET_WINDOW, SshHost
 from tests.support.fleet import SshdHosts
 from tools.testhosts import free_port
 
@@ -340,3 +341,44 @@ def test_a_get_prepared_beside_a_run_uses_the_session_opened_then(sshd_hosts: Ss
     closed.prepare_get()  # nothing to open on: nothing happens
     time.sleep(0.2)
     assert closed._sftp is None
+
+
+@pytest.mark.parametrize("lie", [0, 3 << 20, -40_000], ids=["honest", "claims-more", "claims-less"])
+def test_a_host_closed_the_moment_a_get_returns_leaves_no_thread_failing(
+    sshd_hosts: SshdHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lie: int
+) -> None:
+    """A get returns the whole file at every size around the read window's and a request's edges,
+    whatever size the host states; and a host closed the moment the get returns leaves no read-ahead
+    thread still sending (it died of "Socket is closed", its traceback on the terminal)."""
+    failed: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: failed.append(f"{args.thread}: {args.exc_value!r}"))
+    stat = paramiko.SFTPFile.stat
+
+    def stated(self: paramiko.SFTPFile) -> paramiko.SFTPAttributes:
+        attrs = stat(self)
+        attrs.st_size = max(0, (attrs.st_size or 0) + lie)
+        return attrs
+
+    monkeypatch.setattr(paramiko.SFTPFile, "stat", stated)
+    one, window = paramiko.SFTPFile.MAX_REQUEST_SIZE, GET_WINDOW
+    sizes = [0, 1, one - 1, one, one + 1, window - 1, window, window + 1, 3 * window + 5]
+    made = f"/tmp/get-edges-{time.monotonic_ns()}"
+    with open_host(sshd_hosts.config("box-a")) as host:
+        script = f"mkdir -p {made} && " + " && ".join(f"head -c {n} /dev/urandom > {made}/{n}" for n in sizes)
+        assert host.exec(["sh", "-c", f"{script} && cd {made} && sha256sum *"], 30).ok
+        sums = dict(line.split()[::-1] for line in host.exec(["sh", "-c", f"cd {made} && sha256sum *"], 30).stdout.splitlines())
+    try:
+        for n in sizes * 3:
+            host = _ssh(open_host(sshd_hosts.config("box-a")))
+            try:
+                host.get(f"{made}/{n}", tmp_path / "got")
+            finally:
+                host.close()  # at once: a read-ahead still sending would now fail
+            assert hashlib.sha256((tmp_path / "got").read_bytes()).hexdigest() == sums[str(n)], n
+        for thread in threading.enumerate():
+            if thread.name.endswith("(_prefetch_thread)"):
+                thread.join(10)
+        assert failed == []
+    finally:
+        with open_host(sshd_hosts.config("box-a")) as host:
+            host.exec(["rm", "-rf", made], 10)

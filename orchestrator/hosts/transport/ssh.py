@@ -261,7 +261,7 @@ class SshHost(Host):
             with sftp.open(remote, "rb") as rf:
                 attrs = rf.stat()
                 refuse_irregular(self.name, remote, attrs.st_mode)
-                copy_capped(self.name, remote, _windows(rf), Path(local), max_bytes=max_bytes, cancel=cancel)
+                copy_capped(self.name, remote, _windows(rf, attrs.st_size or 0), Path(local), max_bytes=max_bytes, cancel=cancel)
 
     # -- reverse port forwarding -----------------------------------------------------------
     def forward_remote(self, local_port: int) -> int:
@@ -351,25 +351,47 @@ def _pipe(chan: paramiko.Channel, local_port: int, connect_timeout: float) -> No
 
 #: bytes asked for at once by a get (SFTP read requests in flight: WINDOW / 32 KiB)
 GET_WINDOW = 1 << 20
+#: how long a get waits for paramiko's read-ahead to have sent its last request
+_READ_AHEAD_WAIT_S = 2.0
 
 
-def _windows(rf: paramiko.SFTPFile) -> Callable[[int], bytes]:
+def _windows(rf: paramiko.SFTPFile, stated: int) -> Callable[[int], bytes]:
     """A ``read`` for ``copy_capped`` that keeps one window of reads in flight, however long the
     file is: whole-file prefetch queues a request for every chunk up front and keeps asking after
-    the copy stopped. The size the host gave is not used; a short window is the end."""
+    the copy stopped. A short window is the end; the host's word on the size only shapes the windows.
+
+    paramiko's read-ahead thread sends a window's requests while their answers come: an answer that
+    ends the file early would end the read while that thread still sends, onto a connection the
+    caller may close the moment the get returns (the thread then dies of "Socket is closed"). So a
+    window asks for no more than the ``stated`` size and one byte (only its last request can meet
+    the end), past that size one request at a time, and a window that ended early anyway (the file
+    shrank, or the host lied) waits for the read-ahead to have sent its last request."""
     offset = 0
     done = False
+    one = paramiko.SFTPFile.MAX_REQUEST_SIZE
 
     def read(_: int) -> bytes:
         nonlocal offset, done
         if done:
             return b""
-        data = b"".join(rf.readv([(offset, GET_WINDOW)]))
+        ask = min(GET_WINDOW, stated - offset + 1) if stated > offset else one
+        data = b"".join(rf.readv([(offset, ask)]))
         offset += len(data)
-        done = len(data) < GET_WINDOW
+        done = len(data) < ask
+        if done and len(data) < (ask - 1) // one * one:  # ended before the window's last request
+            _wait_for_read_ahead()
         return data
 
     return read
+
+
+def _wait_for_read_ahead() -> None:
+    """Wait (a short while at most) for paramiko's read-ahead threads: they have no handle, only
+    the name Python gives a thread after its target."""
+    deadline = time.monotonic() + _READ_AHEAD_WAIT_S
+    for thread in threading.enumerate():
+        if thread.name.endswith("(_prefetch_thread)"):
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _seconds(timeout: float) -> str:
