@@ -62,9 +62,11 @@ NETNS = "netns"
 UID_BASE = 1_990_000_000
 UID_SPAN = 1_000_000
 _PROBE_TIMEOUT_S = 10
-#: what a start's fork or unshare may meet under load, and find gone a moment later
-_TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EINTR)
-_TRANSIENT_PAUSES = (0.02, 0.2)
+#: what a start may meet under load and find gone a moment later: no process to spare (EAGAIN,
+#: ENOMEM), the count of namespaces (ENOSPC) or the key quota (EDQUOT) still held by ended attempts'
+#: namespaces and keyrings, which the kernel frees a little after they end
+_TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EINTR, errno.ENOSPC, errno.EDQUOT)
+_TRANSIENT_PAUSES = (0.05, 0.25, 1.0)
 
 
 
@@ -335,7 +337,7 @@ class Sandbox:
         """Start ``argv`` in the sandbox, in a session of its own (a ``kill(0)`` inside reaches only the
         sandbox) that dies with the runner. ``kwargs`` go to ``subprocess.Popen``. A start the kernel
         refused for want of a resource another process may free (a fork or a namespace under load) is
-        tried again, twice at most."""
+        tried again, three times at most."""
         for pause in _TRANSIENT_PAUSES:
             try:
                 return Started(self, argv, self._wrap, kwargs)

@@ -220,6 +220,7 @@ def test_a_refused_start_says_why_and_one_refused_for_want_of_a_resource_is_trie
         marker.touch()
         raise OSError(errno_, f"keyctl join session keyring: {os.strerror(errno_)}")
 
+    assert forked_run(level, ["true"], {"PATH": os.defpath}, cwd) == (0, b"")  # what a first start opens for good
     before = len(os.listdir("/proc/self/fd"))
     monkeypatch.setattr(privs, "new_session_keyring", lambda: refuse(errno.EPERM, False))
     with pytest.raises(OSError, match="^cannot enter the sandbox: keyctl join session keyring: Operation not permitted$") as refused:
@@ -237,7 +238,7 @@ def test_a_refused_start_says_why_and_one_refused_for_want_of_a_resource_is_trie
     monkeypatch.setattr(privs, "new_session_keyring", lambda: refuse(errno.EAGAIN, False))
     with pytest.raises(OSError, match="Resource temporarily unavailable") as refused:
         Sandbox(level, UID if level == PIDNS_UID else None).popen(["true"], cwd=cwd)
-    assert refused.value.errno == errno.EAGAIN and calls.read_text() == "xxx"  # three tries, then the error
+    assert refused.value.errno == errno.EAGAIN and calls.read_text() == "xxxx"  # four tries, then the error
     assert len(os.listdir("/proc/self/fd")) == before
 
 
