@@ -4,8 +4,9 @@ Starts its own fleet (tools/testhosts.py; free ports picked at start, state unde
 grid (H hosts, T tasks, S ms per predicate), the analysis benchmark, prints the ratio table and writes
 ``bench/results/<timestamp>.json`` and ``.md``. Stops the fleet on every exit path.
 
-Time budget: crosshost and the limit are measured ``--reps`` times at every point first; then the
-analysis; then the slow baselines, in the order that decides the targets (pipelined Ansible at every
+Time budget: crosshost and the limit are measured ``--reps`` times at every grid point first, then the
+runner's rows, then ``--reps`` times at every fleet point (whose aftermath would load the small points);
+then the analysis; then the slow baselines, in the order that decides the targets (pipelined Ansible at every
 point, naive at T=100, naive elsewhere, default Ansible), each once; then further repetitions of them
 while the budget lasts. A measurement whose estimated cost does not fit the remaining budget is
 skipped and shown as skipped, never guessed. ``--budget-s 0`` means no budget (everything, all reps).
@@ -283,15 +284,20 @@ class Bench:
         started = time.monotonic()
         tools = self.args.tools
         fast = [x for x in ("limit", "crosshost") if x in tools]
+        # The grid's repetitions and the runner's rows first, the fleet points after them: a fleet point
+        # leaves the kernel seconds of work (freeing thousands of attempts' namespaces, which every new
+        # namespace then waits on), so a small point measured right after one paid for the fleet's.
+        # Within each point the two tools alternate which goes first, so both see the same drift.
         for rep in range(self.args.reps):
             for point in self.points():
                 for tool in fast if rep % 2 == 0 else fast[::-1]:  # alternate order: no tool always goes first
                     self.measure(point, tool)
+        if self.args.runner_tasks:
+            self.runner = self.run_runner()
+        for rep in range(self.args.reps):
             for fp in self.args.fleet:
                 for tool in fast if rep % 2 == 0 else fast[::-1]:
                     self.measure_fleet(fp, tool)
-        if self.args.runner_tasks:
-            self.runner = self.run_runner()
         analysis: dict[str, Any] | None = None
         if self.args.analysis_lines > 0:
             analysis = self.run_analysis()

@@ -60,3 +60,36 @@ def test_the_smallest_point_has_its_tighter_bound_beside_the_first() -> None:
     result = {"points": [{"hosts": 2, "tasks": 12, "sleep_ms": 0, "tools": {"limit": ok, "crosshost": ok},
                           "ratios": ratios(meds), "targets": targets((2, 12, 0), meds)}], "analysis": None}
     assert "; ≤limit+0.4s: " in render_table(result).splitlines()[2]
+
+
+def test_every_grid_point_and_the_runner_rows_are_measured_before_any_fleet_point(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """A fleet point leaves the kernel seconds of namespaces to free: nothing small is measured after
+    one. Within a point the tools alternate which goes first."""
+    import argparse
+    import shutil
+
+    from bench import run
+
+    monkeypatch.setattr(run, "crosshost_entry", lambda: "cli")
+    monkeypatch.setattr(run, "machine_info", lambda: {"nproc": 2, "mem_gib": 1, "python": "3", "kernel": "k",
+                                                      "loadavg_at_start": 0.0})
+    done: list[tuple[str, Any, str]] = []
+    monkeypatch.setattr(run.Bench, "measure", lambda self, point, tool: done.append(("grid", point, tool)))
+    monkeypatch.setattr(run.Bench, "measure_fleet", lambda self, fp, tool: done.append(("fleet", fp, tool)))
+    monkeypatch.setattr(run.Bench, "run_runner", lambda self: done.append(("runner", None, "")) or {})
+    monkeypatch.setattr(run.Bench, "result", lambda self, *a: {})
+    args = argparse.Namespace(grid=[(2, 12), (8, 12)], sleeps=[0], fleet=[(32, 100, 0, 1), (128, 12, 0, 1)],
+                              tools=["limit", "crosshost"], reps=3, slow_reps=0, budget_s=0, analysis_lines=0,
+                              html_tasks=0, runner_tasks=[100], explain_reps=0, stats_runs=0, history_runs=0,
+                              proxy_requests=0, state=tmp_path / "state")
+    bench = run.Bench(args)
+    try:
+        bench.run()
+    finally:
+        shutil.rmtree(bench.scratch, ignore_errors=True)
+    kinds = [kind for kind, _, _ in done]
+    assert kinds == ["grid"] * 12 + ["runner"] + ["fleet"] * 12
+    assert [tool for _, _, tool in done[:2]] == ["limit", "crosshost"]
+    assert [tool for _, _, tool in done[4:6]] == ["crosshost", "limit"]  # the second repetition
+    assert [tool for _, _, tool in done[-2:]] == ["limit", "crosshost"]  # the third, at the last fleet point
