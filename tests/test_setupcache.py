@@ -60,3 +60,34 @@ def test_satisfied_says_which_requirement_the_installed_packages_do_not_meet() -
     assert old.returncode == 1 and "unmet: pytest>=9999 (installed:" in old.stderr
     missing = _run(Path("/nonexistent"), "satisfied", "crosshost-no-such-package", python=sys.executable)
     assert missing.returncode == 1 and "unmet: crosshost-no-such-package (not installed)" in missing.stderr
+
+
+def test_a_store_keeps_only_the_entries_of_its_name_used_last(tmp_path: Path) -> None:
+    """A new lock's entry is a GB for the agent CLIs: storing it removes that name's entries but the
+    two stored or restored last; other names' entries stay."""
+    cache, pins, src = tmp_path / "cache", tmp_path / "pins.txt", tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_text("x")
+
+    def store(name: str, pin: str) -> None:
+        pins.write_text(pin)
+        assert _run(cache, "store", name, str(src), str(pins)).returncode == 0
+
+    def entries() -> dict[str, str]:
+        return {p.name: (p / "f").read_text() for p in cache.iterdir()}
+
+    store("v", "a==1\n")
+    first = set(entries())
+    store("v", "a==2\n")
+    second = set(entries()) - first
+    store("w", "a==1\n")  # another name: never counted with v's
+    pins.write_text("a==1\n")
+    assert _run(cache, "restore", "v", str(tmp_path / "dest"), str(pins)).returncode == 0  # a==1 used again
+    store("v", "a==3\n")
+    kept = set(entries())
+    assert first <= kept and not second & kept  # a==2 was used last longest ago
+    assert len([n for n in kept if n.startswith("v-")]) == 2 and len([n for n in kept if n.startswith("w-")]) == 1
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # nothing half-removed left
+    pins.write_text("a==2\n")
+    gone = _run(cache, "restore", "v", str(tmp_path / "dest"), str(pins))
+    assert gone.returncode == 1 and "no v cached" in gone.stderr

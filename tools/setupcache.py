@@ -8,9 +8,10 @@
 The key is the SHA-256 of the key files' bytes and the key texts (e.g. ``node --version``), so an
 entry serves only the pins it was installed from: a changed lockfile or interpreter is a new key, an
 absent or damaged entry a fresh install (the Makefile still checks what was restored). ``restore``
-copies the entry to DEST (exit 0) or says it has none (exit 1); a venv's absolute paths (its scripts'
+copies the entry to DEST (exit 0) or says it has none (exit 1), and marks it used; a venv's absolute paths (its scripts'
 first lines, ``pyvenv.cfg``, ``bin/activate*``) are rewritten from the directory it was stored from to
-DEST. ``store`` copies SRC in, atomically: a concurrent store or an interrupted one leaves no half entry.
+DEST. ``store`` copies SRC in, atomically: a concurrent store or an interrupted one leaves no half entry;
+then it removes the entries of the same name but the ``KEEP`` used last.
 A fresh clone on a machine that already installed the same pins then copies instead of downloading,
 unpacking and compiling again. ``satisfied`` (run by the venv's interpreter: it needs ``packaging``)
 says whether the installed distributions meet a requirement and all it requires in turn, so a lock
@@ -20,8 +21,10 @@ installed with ``--no-deps`` that no longer meets ``pyproject.toml`` fails the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +33,9 @@ from pathlib import Path
 
 ROOT = Path(os.environ.get("CROSSHOST_SETUP_CACHE", "/var/cache/crosshost-setup"))
 ORIGIN = ".crosshost-setupcache-origin"
+#: entries kept of each name, the most recently stored or restored: older pins' copies (a GB each for
+#: the agent CLIs) are removed when a new one is stored
+KEEP = 2
 
 
 def key(files: list[str], texts: list[str]) -> str:
@@ -97,8 +103,13 @@ def restore(name: str, dest: Path, files: list[str], texts: list[str]) -> int:
         _copy(src, tmp / "d")
         (tmp / "d" / ORIGIN).unlink()
         os.rename(tmp / "d", dest)
+    except (OSError, subprocess.CalledProcessError) as exc:  # removed meanwhile (another clone's store)
+        print(f"setupcache: {name} could not be copied from {src} ({exc}): installing", file=sys.stderr)
+        return 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.utime(origin)  # used now: the last an older store removes
     _rewrite(dest, origin.read_text())
     print(f"setupcache: {name} copied from {src} (rm -rf it to install afresh)", file=sys.stderr)
     return 0
@@ -122,7 +133,26 @@ def store(name: str, src: Path, files: list[str], texts: list[str]) -> int:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    prune(name)
     return 0
+
+
+def prune(name: str, keep: int = KEEP) -> list[Path]:
+    """Remove the entries of ``name`` but the ``keep`` used last (stored or restored); each is renamed
+    away first, so a restore finds an entry whole or not at all. The entries removed."""
+    pattern = re.compile(re.escape(name) + r"-[0-9a-f]{24}")
+    used: list[tuple[float, Path]] = []
+    for path in ROOT.iterdir():
+        if pattern.fullmatch(path.name):
+            with contextlib.suppress(OSError):
+                used.append(((path / ORIGIN).stat().st_mtime, path))
+    removed = [path for _, path in sorted(used, reverse=True)[keep:]]
+    for path in removed:
+        gone = Path(tempfile.mkdtemp(prefix=f".{path.name}.gone.", dir=ROOT))
+        with contextlib.suppress(OSError):
+            os.rename(path, gone / "d")
+        shutil.rmtree(gone, ignore_errors=True)
+    return removed
 
 
 def satisfied(requirement: str) -> int:
