@@ -23,9 +23,16 @@ from orchestrator.exit_policy import OK
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point. The process ends without the interpreter's finalisation
+    (orchestrator/exiting.py)."""
+    from orchestrator.exiting import end_process
+
     collector.pause()  # until the command has loaded (orchestrator/collector.py)
-    app_for(sys.argv[1:])()
+    try:
+        app_for(sys.argv[1:])()
+    except SystemExit as exc:  # how typer ends every command
+        end_process(exc.code)
+    end_process(0)
 
 
 @app.command()

@@ -12,7 +12,6 @@ directory is complete without the analysis, which runs last. The exit code is ``
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import importlib
@@ -405,15 +404,6 @@ def outcome_interrupted(fan: FanoutResult[HostRecord]) -> bool:
     return any(isinstance(o.error, Interrupted) for o in fan.outcomes.values())
 
 
-def _quick_exit_gc() -> None:
-    """At interpreter exit: collect the garbage there is, then freeze what is left, so that the
-    interpreter's shutdown does not walk every object paramiko, pydantic and rich created once more
-    (measured: 0.10-0.13 s of a replay's wall time here -> 0.04-0.05 s). Objects still alive are
-    freed by reference counting as before; only the cyclic collector skips them."""
-    gc.collect()
-    gc.freeze()
-
-
 def planned_hosts(request: ReplayRequest) -> list[str]:
     """The names of the hosts ``request`` replays on, in inventory order (for the progress view)."""
     return [h.name for h in _resolve_hosts(request)]
@@ -446,8 +436,6 @@ def replay_command(
 
     if request.shard is not None and request.compare_last:
         raise InputError("--compare-last with --shard: a shard is part of a run; compare the merged run instead")
-    atexit.unregister(_quick_exit_gc)  # once per process, however often this is called
-    atexit.register(_quick_exit_gc)
     # `crosshost lint`'s checks first, on the selected tasks: an error is bad input before any host is
     # touched (exit 2); warnings, and errors of tasks not selected, are said with the summary and the
     # run goes on (lint=False: a stand-in suite in tests). The suite is read once: the lint checks it and
@@ -459,9 +447,8 @@ def replay_command(
     if suite is not None and "bundle" not in kwargs:
         kwargs["suite"] = suite
     # What is loaded by now (modules, classes, the suite) lives as long as the process: out of the
-    # cyclic collector's sight, its full passes while the hosts run and the one at exit walk only what
-    # the replay makes (the one at exit, 2 hosts: 23-32 -> 2-3 ms). Frozen garbage is never freed:
-    # one command's worth at most. The collector, paused for the start (orchestrator/collector.py),
+    # cyclic collector's sight, its full passes while the hosts run walk only what the replay makes.
+    # Frozen garbage is never freed: one command's worth at most. The collector, paused for the start (orchestrator/collector.py),
     # runs again from here: before any host is touched.
     gc.freeze()
     collector.resume()

@@ -20,7 +20,7 @@ SUITE = Path(__file__).resolve().parents[2] / "examples" / "suites" / "triage"
 
 # crosshost replay, with every SSH connect watched: what is imported once it is made
 WATCHED = """
-import gc, json, os, sys
+import atexit, gc, json, os, sys
 import orchestrator.hosts.transport as transport
 
 made = []
@@ -36,12 +36,14 @@ def watched(*args, **kwargs):
 transport.SshHost = watched
 from orchestrator.cli import main
 
-sys.argv = ["crosshost", *sys.argv[2:]]
-try:
-    main()
-finally:
+def write_made():
     with open(os.environ["WATCHED_OUT"], "w") as f:
         json.dump(made, f)
+
+
+atexit.register(write_made)  # the command's end runs atexit's handlers, then no more Python
+sys.argv = ["crosshost", *sys.argv[2:]]
+main()
 """
 
 

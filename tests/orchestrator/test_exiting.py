@@ -1,0 +1,61 @@
+"""A crosshost process ends without the interpreter's finalisation, but with all of a normal exit a
+user relies on: the exit status, the command's other threads finished, atexit's handlers run, and
+stdout and stderr whole even through a pipe."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.exiting import exit_status
+
+PROGRAM = """
+import atexit, sys, threading, time
+from orchestrator.exiting import end_process
+
+class Finalised:
+    def __del__(self):
+        print("finalised", flush=True)
+
+kept = Finalised()  # freed by a normal exit's teardown of this module, never by end_process
+atexit.register(lambda: print("atexit ran"))
+def slow():
+    time.sleep(0.3)
+    print("thread done")
+threading.Thread(target=slow).start()
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a daemon is not waited for
+sys.stdout.write("x" * 100_000 + "\\n")  # buffered: a pipe takes 64 KiB at once
+print("to stderr", file=sys.stderr)
+end_process(CODE)
+"""
+
+
+@pytest.mark.parametrize("code,status", [(None, 0), (0, 0), (3, 3), (130, 130), (256 + 2, 2), ("no such run", 1)])
+def test_a_process_ends_with_its_status_its_threads_done_and_its_output_whole(code: object, status: int) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # its output is buffered, as by default
+    done = subprocess.run([sys.executable, "-c", PROGRAM.replace("CODE", repr(code))], capture_output=True,
+                          text=True, timeout=30, env=env)
+    assert done.returncode == status, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines == ["x" * 100_000, "thread done", "atexit ran"]  # and never "finalised"
+    assert done.stderr.splitlines() == ["to stderr", *([code] if isinstance(code, str) else [])]
+
+
+def test_exit_status_is_what_sys_exit_would_end_with() -> None:
+    assert [exit_status(c) for c in (None, 0, 1, 2, 255)] == [0, 0, 1, 2, 255]
+
+
+def test_a_reader_that_left_is_no_traceback() -> None:
+    """Output still buffered when the reader has gone (``crosshost ... | head``): the flush's EPIPE is
+    no traceback and the status stays the command's."""
+    program = ("import sys, time\nfrom orchestrator.exiting import end_process\n"
+               "sys.stdout.write('y' * 100)\ntime.sleep(0.5)\nend_process(4)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # its output is buffered, as by default
+    proc = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # gone before the program flushes
+    err = proc.stderr.read()
+    assert proc.wait(timeout=30) == 4 and err == b"", err
