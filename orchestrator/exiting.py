@@ -31,9 +31,12 @@ def exit_status(code: object) -> int:
 def end_process(code: object) -> NoReturn:
     """End the process as ``sys.exit(code)`` would, without the interpreter's finalisation."""
     status = exit_status(code)
-    current = threading.current_thread()
+    if threading.current_thread() is threading.main_thread():
+        # as the interpreter's exit: first the hooks that end idle pools' workers (an executor never
+        # shut down), then every other thread that is not a daemon
+        threading._shutdown()  # type: ignore[attr-defined]
     for thread in threading.enumerate():
-        if thread is not current and not thread.daemon:
+        if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

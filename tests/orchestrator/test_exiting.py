@@ -59,3 +59,12 @@ def test_a_reader_that_left_is_no_traceback() -> None:
     proc.stdout.close()  # gone before the program flushes
     err = proc.stderr.read()
     assert proc.wait(timeout=30) == 4 and err == b"", err
+
+
+def test_a_pool_never_shut_down_does_not_keep_the_process() -> None:
+    """An executor's idle workers are not daemons: the interpreter's exit tells them to end before it
+    waits for them, and so does this end."""
+    program = ("from concurrent.futures import ThreadPoolExecutor\nfrom orchestrator.exiting import end_process\n"
+               "pool = ThreadPoolExecutor(2)\nprint(pool.submit(lambda: 6 * 7).result())\nend_process(0)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr
