@@ -29,7 +29,11 @@ def exit_status(code: object) -> int:
 
 
 def end_process(code: object) -> NoReturn:
-    """End the process as ``sys.exit(code)`` would, without the interpreter's finalisation."""
+    """End the process as ``sys.exit(code)`` would, without the interpreter's finalisation; as
+``sys.exit`` itself under a profiler or a tracer (``python -m cProfile``, a debugger), which write
+what they saw once the program returns."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        raise SystemExit(code)
     status = exit_status(code)
     if threading.current_thread() is threading.main_thread():
         # as the interpreter's exit: first the hooks that end idle pools' workers (an executor never

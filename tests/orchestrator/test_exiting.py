@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,13 @@ def test_a_pool_never_shut_down_does_not_keep_the_process() -> None:
                "pool = ThreadPoolExecutor(2)\nprint(pool.submit(lambda: 6 * 7).result())\nend_process(0)\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30)
     assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr
+
+
+def test_under_a_profiler_the_process_ends_as_sys_exit_so_the_profile_is_written(tmp_path: Path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text("from orchestrator.exiting import end_process\nend_process(5)\n")
+    out = tmp_path / "prof.out"
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), str(script)], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr  # cProfile ends every program it ran so, sys.exit's too
+    assert out.stat().st_size > 0
