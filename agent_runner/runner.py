@@ -144,8 +144,7 @@ class Runner:
         self.run_id = run_id
         self.env_allow = env_allow
         self.isolation, self.net = split_level(fingerprint.isolation or NONE)
-        if self.isolation == PIDNS_UID and options.slots <= 1 and all(
-                reachable_by_others(p) for p in (str(workspace_root / "work"), str(suite.root / "suite.json"))):
+        if self.isolation == PIDNS_UID and _may_reuse(options, workspace_root, suite):
             zygote.prestart(self.net)  # the attempts run on this thread: its zygote starts meanwhile
         self.fingerprint_json = fingerprint.to_json()  # what every attempt's turns are checked against
         self.home = os.environ.get("HOME")
@@ -414,6 +413,14 @@ def _select_tasks(suite: Suite, wanted: Optional[List[str]]) -> List[Task]:
     return [suite.task(task_id) for task_id in wanted]
 
 
+def _may_reuse(options: RunOptions, workspace_root: Path, suite: Suite) -> bool:
+    """Whether this run's attempts may start through a zygote, as far as it is known before the
+    isolation probe has said its level (which must also be ``pidns+uid``): as root, one slot, and the
+    attempts' uids can reach their work and the suite."""
+    return os.geteuid() == 0 and options.slots <= 1 and all(
+        reachable_by_others(p) for p in (str(workspace_root / "work"), str(suite.root / "suite.json")))
+
+
 def run_suite(options: RunOptions) -> int:
     refuse_visible_secrets(dict(os.environ))
     suite = load_suite(options.suite)
@@ -455,6 +462,11 @@ def run_suite(options: RunOptions) -> int:
         run_id = options.run_id or time.strftime("%Y%m%dT%H%M%S") + "-" + os.urandom(3).hex()  # as uuid4().hex[:6]
         # only where its attempts may get uids of their own (root); on a thread, while the fingerprint is taken
         stray_walk = walk_beside(os.environ.get("HOME")) if os.geteuid() == 0 else None
+        if _may_reuse(options, workspace_root, suite):
+            # before the fingerprint waits on the isolation probe: the zygote's interpreter starts
+            # meanwhile. A level the probe then refuses (no uids of their own, no network namespace)
+            # never takes it: it ends with the run's other zygotes.
+            zygote.prestart(suite.network != "open")
         fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
                               allowed_commands=commands_of(suite.tools), open_network=suite.network == "open")
         write_announced(out, out / "fingerprint.json",

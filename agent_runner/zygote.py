@@ -82,6 +82,10 @@ class Zygote:
         sealed = [int(root[len(pins.SEALED_PREFIX):])] if root.startswith(pins.SEALED_PREFIX) else []
         code = (f"import sys; sys.path[:0] = [{root!r}]; from agent_runner.zygote_init import serve; "
                 f"serve({theirs.fileno()}, {net!r})")
+        if not privs._PidNamespace.usable():  # also opens the runner's own, which the start comes back to
+            ours.close()
+            theirs.close()
+            raise OSError("no PID namespace of its own can be made and left here")
         try:
             with privs._PidNamespace.for_children():
                 self.proc = subprocess.Popen(

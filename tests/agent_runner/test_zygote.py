@@ -380,3 +380,44 @@ def test_a_key_an_attempt_leaves_in_its_uids_keyrings_is_never_the_next_attempts
         said.append(proc.communicate(timeout=60)[0].decode().splitlines())
     refused = ["u none", "u Operation not permitted", "us none", "us Operation not permitted"]
     assert said == [refused, refused], said
+
+
+@pytest.mark.parametrize("level", [sandbox.PIDNS, sandbox.NONE])
+def test_a_zygote_started_before_the_probe_said_another_level_is_never_used_and_ends_with_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, level: str) -> None:
+    """A root run starts its zygote before the isolation probe has answered; where the probe then says
+    the attempts get no uid of their own, they run at that level, and the zygote ends with the run
+    (no process of it is left)."""
+    from agent_runner.runner import RunOptions, run_suite
+    from tests.support.runner import write_suite
+
+    for d in (tmp_path, *tmp_path.parents):
+        if d != Path("/"):
+            d.chmod(d.stat().st_mode | 0o001)  # the attempts' uids could reach it: the zygote is started
+    suite = write_suite(tmp_path / "suite", {"t": {"script": [{"content": "x", "finish": "stop"}],
+                                                   "repo": {"run_tests.sh": "exit 0\n"}}})
+    monkeypatch.setattr(sandbox, "detect", lambda network=True: level)
+    started: list[bool] = []
+    real = zygote.Zygote.__init__
+
+    def counted(self: zygote.Zygote, net: bool) -> None:
+        started.append(net)
+        real(self, net)
+
+    monkeypatch.setattr(zygote.Zygote, "__init__", counted)
+    code = run_suite(RunOptions(suite=str(suite), out=str(tmp_path / "out"), workspace_root=str(tmp_path / "ws"),
+                                run_id="r", host="h"))
+    assert code == 0
+    assert [r["verdict"] for r in records(tmp_path / "out" / "results.jsonl")] == ["pass"]
+    assert started == [True]  # started early, never taken
+    assert zygote._all == []
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
+    assert children == [], children
+
+
+def _parent(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
