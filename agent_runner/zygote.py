@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import pins, privs
+from . import privs
 from .zygote_init import decode, encode, recv_fds, send_fds
 
 #: off: every process takes the per-process path (the reference the zygote is tested against)
@@ -77,6 +77,8 @@ class Zygote:
         self.broken = False
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        from . import pins  # here: the sandbox (and its isolation probe) loads without the suite's modules
+
         root = pins.import_root()
         # the checked start's sealed zipapp: the zygote imports the same bytes, through its descriptor
         sealed = [int(root[len(pins.SEALED_PREFIX):])] if root.startswith(pins.SEALED_PREFIX) else []

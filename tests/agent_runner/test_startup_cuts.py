@@ -1,7 +1,7 @@
 """What the runner's start no longer pays for says what the plain version it replaces said: the
 secret-name globs matched without ``fnmatch``, the fingerprint's platform facts without ``platform``,
 the isolation probe with shell builtins only, a shipped suite's field names; and a run imports
-neither ``concurrent.futures``, ``platform`` nor, without ``--trace-files``, the tracer."""
+neither ``concurrent.futures``, ``platform``, ``secrets`` nor, without ``--trace-files``, the tracer."""
 
 from __future__ import annotations
 
@@ -91,11 +91,11 @@ def test_the_tracer_imported_when_a_run_wants_it_still_keeps_the_evidence(tmp_pa
     assert evidence["traced"] is True, evidence
 
 
-def test_a_run_imports_neither_concurrent_futures_nor_platform_nor_the_tracer(tmp_path: Path) -> None:
+def test_a_run_imports_neither_concurrent_futures_nor_platform_nor_secrets_nor_the_tracer(tmp_path: Path) -> None:
     """A run of a suite as a host starts it (its import list, after the run, from the same process);
     as root at ``pidns+uid``, where attempt directories are removed beside the run (``Removals``)."""
     modules = _run_in_a_process(tmp_path)
-    assert not {"concurrent.futures", "logging", "platform", "agent_runner.filetrace"} & modules
+    assert not {"concurrent.futures", "logging", "platform", "secrets", "agent_runner.filetrace"} & modules
     if os.geteuid() == 0:
         isolation = json.loads((tmp_path / "out" / "fingerprint.json").read_text())["isolation"]
         assert isolation.endswith("pidns+uid"), isolation
