@@ -338,7 +338,11 @@ def _handled_signals() -> List[int]:
 
 
 class _NoNamespace(Exception):
-    """The PID namespace could not be made (the kernel refused it)."""
+    """The PID namespace could not be made (the kernel refused it); ``errno`` says why."""
+
+    def __init__(self, message: str, errno: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class _PidNamespace:
@@ -373,7 +377,7 @@ class _ChildrenInNewPidNamespace:
     def __enter__(self) -> None:
         if libc().unshare(_CLONE_NEWPID) != 0:  # this thread's children only (the namespaces are per thread)
             err = ctypes.get_errno()
-            raise _NoNamespace(f"unshare: {os.strerror(err)}")
+            raise _NoNamespace(f"unshare: {os.strerror(err)}", err)
 
     def __exit__(self, *exc: object) -> None:
         # back to its own: every later child of this thread (another attempt's, a tool's) forks

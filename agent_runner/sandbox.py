@@ -101,10 +101,11 @@ def probe_script(level: str, net: bool, proc: str = "/proc") -> str:
 
 
 def _works(level: str, net: bool = False) -> bool:
-    """Try the level once (``probe_script``)."""
+    """Try the level once (``probe_script``): a refusal is an answer (a kernel that allows no user
+    namespace refuses one with ENOSPC every time), never tried again."""
     try:
         proc = Sandbox(level, UID_BASE + UID_SPAN - 1, net=net).popen(
-            ["sh", "-c", probe_script(level, net)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            ["sh", "-c", probe_script(level, net)], again=False, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env={"PATH": os.defpath})
     except OSError:
         return False
@@ -334,15 +335,15 @@ class Sandbox:
         other._wrap = wrap
         return other
 
-    def popen(self, argv: Sequence[str], **kwargs: Any) -> "Started":
+    def popen(self, argv: Sequence[str], *, again: bool = True, **kwargs: Any) -> "Started":
         """Start ``argv`` in the sandbox, in a session of its own (a ``kill(0)`` inside reaches only the
-        sandbox) that dies with the runner. ``kwargs`` go to ``subprocess.Popen``. A start the kernel
-        refused for want of a resource another process may free (a fork or a namespace under load) is
-        tried again, three times at most."""
-        for pause in _TRANSIENT_PAUSES:
+        sandbox) that dies with the runner. ``kwargs`` go to ``subprocess.Popen``. ``again``: a start
+        the kernel refused before any process of it ran, for want of a resource another process may
+        free (a fork, a namespace under load), is tried again, three times at most."""
+        for pause in _TRANSIENT_PAUSES if again else ():
             try:
                 return Started(self, argv, self._wrap, kwargs)
-            except OSError as exc:
+            except StartRefused as exc:
                 if exc.errno not in _TRANSIENT:
                     raise
             time.sleep(pause)
@@ -400,6 +401,10 @@ def kill_every_started() -> None:
         proc.kill_group()
 
 
+class StartRefused(OSError):
+    """A start refused before any process of it ran (the namespaces, the fork): safe to try again."""
+
+
 class Started(subprocess.Popen[bytes]):
     """A process started in a sandbox: its ``returncode`` is the attempt's own (``-9`` for a SIGKILL
     death, as ``subprocess`` says it), read from the init's status pipe; ``oom_killed`` says whether
@@ -450,11 +455,18 @@ class Started(subprocess.Popen[bytes]):
         except (subprocess.SubprocessError, _NoNamespace) as exc:  # the namespaces could not be entered: nothing started
             said = failed_entry(self._status) if self._status is not None else None
             self._close_status()
-            refused = OSError(f"cannot enter the sandbox: {exc if said is None else said[1]}")
-            refused.errno = said[0] if said else None
+            refused = StartRefused(f"cannot enter the sandbox: {exc if said is None else said[1]}")
+            refused.errno = said[0] if said else getattr(exc, "errno", None)
             raise refused from exc
+        except OSError as exc:
+            self._close_status()
+            if self.pid is None:  # the fork itself was refused: nothing started
+                raise StartRefused(exc.errno, exc.strerror) from exc
+            self._end_what_started()
+            raise
         except BaseException:
             self._close_status()
+            self._end_what_started()
             raise
         finally:
             if write_end is not None:
@@ -463,6 +475,18 @@ class Started(subprocess.Popen[bytes]):
             self._pidfd = os.pidfd_open(self.pid)  # not reaped yet: the pid is this process's
         with _live_lock:
             _live.add(self)
+
+    def _end_what_started(self) -> None:
+        """A start that failed once its process ran (the runner could not come back to its own PID
+        namespace after the fork): that process is killed and reaped, never left running unwatched."""
+        if self.pid is not None and self.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(self.pid, 0)
+                self.returncode = -signal.SIGKILL
 
     def _execute_child(self, args: Any, executable: Any, preexec_fn: Any, close_fds: Any, pass_fds: Any, cwd: Any,
                        env: Any, startupinfo: Any, creationflags: Any, shell: Any, p2cread: int, p2cwrite: int,

@@ -196,7 +196,7 @@ def take(net: bool) -> Optional[Zygote]:
             got.discard()
         try:
             got = mine[net] = Zygote(net)
-        except (OSError, subprocess.SubprocessError):
+        except (OSError, subprocess.SubprocessError, privs._NoNamespace):  # the per-process way, then
             mine[net] = False
             return None
     if got.busy:

@@ -11,6 +11,7 @@ code that writes them, never by finalisation.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import threading
@@ -32,7 +33,7 @@ def end_process(code: object) -> NoReturn:
     """End the process as ``sys.exit(code)`` would, without the interpreter's finalisation; as
 ``sys.exit`` itself under a profiler or a tracer (``python -m cProfile``, a debugger), which write
 what they saw once the program returns."""
-    if sys.getprofile() is not None or sys.gettrace() is not None:
+    if _observed():
         raise SystemExit(code)
     status = exit_status(code)
     if threading.current_thread() is threading.main_thread():
@@ -43,10 +44,24 @@ what they saw once the program returns."""
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
         try:
             if stream is not None:
                 stream.flush()
-        except (OSError, ValueError):  # a reader that left (a closed pipe), or a stream closed already
+        except (BrokenPipeError, ValueError):  # a reader that left (`... | head`), or a stream closed already
             pass
+        except OSError as exc:  # the end of the output is lost (a full disk): said, and not a success
+            with contextlib.suppress(OSError):
+                os.write(2, f"crosshost: the last of {name} could not be written: {exc.strerror or exc}\n".encode())
+            status = status or 120  # what the interpreter's own exit gives then
     os._exit(status)
+
+
+def _observed() -> bool:
+    """A profiler or a debugger watches this process (``sys.setprofile``/``settrace``, or from 3.12
+    ``sys.monitoring``, which cProfile uses there)."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return True
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is not None and any(
+        monitoring.get_tool(tool) is not None for tool in (monitoring.PROFILER_ID, monitoring.DEBUGGER_ID))

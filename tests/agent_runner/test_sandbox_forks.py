@@ -357,3 +357,54 @@ def test_the_oom_kill_count_is_the_one_a_plain_read_of_vmstat_gives() -> None:
         plain = next((int(line.split()[1]) for line in f if line.startswith(b"oom_kill ")), None)
     assert plain is not None  # this machine's kernel counts them
     assert sandbox.oom_kills() == plain
+
+
+def test_a_start_that_failed_after_its_process_ran_is_never_tried_again_and_leaves_nothing_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root's start forks the init straight into a new PID namespace and then brings the thread back to
+    its own; should that last step fail (ENOMEM), the process already runs: it is killed and reaped,
+    and the start is not tried again (the attempt would run twice)."""
+    cwd = _attempt_dir(tmp_path)
+    marker = tmp_path / "runs"
+    token = uuid.uuid4().hex
+    real_exit = privs._ChildrenInNewPidNamespace.__exit__
+
+    starts: list[int] = []
+
+    def failing_exit(self: object, *exc: object) -> None:
+        starts.append(1)
+        real_exit(self, *exc)  # type: ignore[arg-type]
+        raise OSError(errno.ENOMEM, "setns back to the runner's PID namespace: Cannot allocate memory")
+
+    monkeypatch.setattr(privs._ChildrenInNewPidNamespace, "__exit__", failing_exit)
+    script = f"echo started >> {marker}; exec sleep 30 {token}"
+    with pytest.raises(OSError, match="Cannot allocate memory") as refused:
+        Sandbox(PIDNS_UID, UID).popen(["sh", "-c", script], env={"PATH": os.defpath}, cwd=cwd)
+    assert not isinstance(refused.value, sandbox.StartRefused) and starts == [1]  # not tried again
+    time.sleep(0.3)
+    assert (marker.read_text() if marker.exists() else "") in ("", "started\n")  # killed, at most once begun
+    alive = [p for p in os.listdir("/proc") if p.isdigit() and token.encode() in _cmdline(p)]
+    assert alive == []
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def test_the_isolation_probe_takes_a_refusal_as_its_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel that allows no user namespace refuses one with ENOSPC every time: the probe answers at
+    once instead of trying again."""
+    calls: list[int] = []
+
+    def refuse() -> None:
+        calls.append(1)
+        raise OSError(errno.ENOSPC, "keyctl join session keyring: No space left on device")
+
+    monkeypatch.setattr(privs, "new_session_keyring", refuse)
+    began = time.monotonic()
+    assert sandbox._works(PIDNS) is False
+    assert time.monotonic() - began < 1.0 and len(calls) <= 1

@@ -6,6 +6,7 @@ same slot left: no process, no listener, no socket, no pid count, no IPC object.
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
 import re
@@ -382,34 +383,53 @@ def test_a_key_an_attempt_leaves_in_its_uids_keyrings_is_never_the_next_attempts
     assert said == [refused, refused], said
 
 
+@pytest.fixture
+def reachable(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path`` with every directory above it passable by another uid (as a host's workspace root),
+    put back as it was afterwards."""
+    dirs = [d for d in (tmp_path, *tmp_path.parents) if d != Path("/")]
+    modes = {d: d.stat().st_mode & 0o7777 for d in dirs}
+    for d in dirs:
+        d.chmod(modes[d] | 0o001)
+    try:
+        yield tmp_path
+    finally:
+        for d, mode in modes.items():
+            d.chmod(mode)
+
+
 @pytest.mark.parametrize("level", [sandbox.PIDNS, sandbox.NONE])
 def test_a_zygote_started_before_the_probe_said_another_level_is_never_used_and_ends_with_the_run(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, level: str) -> None:
+        reachable: Path, monkeypatch: pytest.MonkeyPatch, level: str) -> None:
     """A root run starts its zygote before the isolation probe has answered; where the probe then says
     the attempts get no uid of their own, they run at that level, and the zygote ends with the run
     (no process of it is left)."""
     from agent_runner.runner import RunOptions, run_suite
     from tests.support.runner import write_suite
 
-    for d in (tmp_path, *tmp_path.parents):
-        if d != Path("/"):
-            d.chmod(d.stat().st_mode | 0o001)  # the attempts' uids could reach it: the zygote is started
+    tmp_path = reachable
     suite = write_suite(tmp_path / "suite", {"t": {"script": [{"content": "x", "finish": "stop"}],
                                                    "repo": {"run_tests.sh": "exit 0\n"}}})
     monkeypatch.setattr(sandbox, "detect", lambda network=True: level)
-    started: list[bool] = []
-    real = zygote.Zygote.__init__
+    made: list[bool] = []
+    used: list[object] = []
+    real_init, real_start = zygote.Zygote.__init__, zygote.Zygote.start
 
     def counted(self: zygote.Zygote, net: bool) -> None:
-        started.append(net)
-        real(self, net)
+        made.append(net)
+        real_init(self, net)
+
+    def start(self: zygote.Zygote, *args: object, **kwargs: object) -> object:
+        used.append(args)
+        return real_start(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(zygote.Zygote, "__init__", counted)
+    monkeypatch.setattr(zygote.Zygote, "start", start)
     code = run_suite(RunOptions(suite=str(suite), out=str(tmp_path / "out"), workspace_root=str(tmp_path / "ws"),
                                 run_id="r", host="h"))
     assert code == 0
     assert [r["verdict"] for r in records(tmp_path / "out" / "results.jsonl")] == ["pass"]
-    assert started == [True]  # started early, never taken
+    assert made == [True] and used == []  # started early, never used
     assert zygote._all == []
     children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
     assert children == [], children
@@ -421,3 +441,16 @@ def _parent(pid: str) -> int:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def test_a_zygote_whose_pid_namespace_is_refused_is_none_and_the_start_goes_the_per_process_way(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root runner may be refused a PID namespace (a count reached): ``take`` says none, never raises."""
+    from agent_runner import privs
+
+    def refused(self: object) -> None:
+        raise privs._NoNamespace("unshare: No space left on device", errno.ENOSPC)
+
+    monkeypatch.setattr(privs._ChildrenInNewPidNamespace, "__enter__", refused)
+    monkeypatch.setattr(zygote, "_local", type(zygote._local)())  # this thread's zygotes: none yet
+    assert zygote.take(True) is None

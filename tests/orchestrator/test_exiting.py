@@ -79,3 +79,14 @@ def test_under_a_profiler_the_process_ends_as_sys_exit_so_the_profile_is_written
                           text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr  # cProfile ends every program it ran so, sys.exit's too
     assert out.stat().st_size > 0
+
+
+def test_output_the_disk_could_not_take_is_said_and_the_status_is_not_a_success() -> None:
+    """The interpreter's own exit says so and exits 120 when its last flush fails; so does this end."""
+    program = "import sys\nfrom orchestrator.exiting import end_process\nsys.stdout.write('z' * 100)\nend_process(0)\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-c", program], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=30, env=env)
+    assert done.returncode == 120
+    assert done.stderr == "crosshost: the last of stdout could not be written: No space left on device\n"
