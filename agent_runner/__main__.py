@@ -104,7 +104,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(json.dumps({"version": __version__, "runner_source_sha": runner_source_sha()}))
         return 0
     if args.command == "run":
-        from .sandbox import detect_soon
+        from .isolation_probe import detect_soon
 
         detect_soon()  # the isolation probe's processes run while the runner is imported
         from .runner import RunOptions, run_suite

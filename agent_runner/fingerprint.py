@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import sandbox
+from . import isolation_probe, sandbox
 from .records import Fingerprint
 from .redact import redact_text, secret_env_keys
 
@@ -182,10 +182,10 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
     getuid = getattr(os, "getuid", None)
     uid = getuid() if getuid else None
     now = time.localtime()
-    isolation = sandbox.detect(network=not open_network)
+    isolation = isolation_probe.detect(network=not open_network)
     if isolation == sandbox.PIDNS_UID and not sandbox.reachable_by_others(os.path.join(cwd, "x")):
         isolation = sandbox.PIDNS  # attempts under cwd cannot be reached by another uid (what they get)
-    isolation = sandbox.level_name(isolation, not open_network and sandbox.detect_network(isolation))
+    isolation = sandbox.level_name(isolation, not open_network and isolation_probe.detect_network(isolation))
     home_norm = home.rstrip("/")
     system, machine, python = platform_facts()
     data: Dict[str, Any] = {

@@ -6,24 +6,24 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runner import launch, sandbox
+from agent_runner import isolation_probe, launch, sandbox
 
 
 def _found(monkeypatch: pytest.MonkeyPatch, one_probe: bool) -> tuple[str, bool, int]:
     """(level, network, probes run) on a fresh process's first try."""
     probes = []
-    real = sandbox._works
+    real = isolation_probe._works
 
     def counted(level: str, net: bool = False) -> bool:
         probes.append((level, net))
         return real(level, net)
 
     with monkeypatch.context() as m:
-        m.setattr(sandbox, "_detected", None)
-        m.setattr(sandbox, "_net_works", {})
-        m.setattr(sandbox, "_works", counted)
-        level = sandbox.detect(network=True) if one_probe else sandbox.detect()
-        return level, sandbox.detect_network(level), len(probes)
+        m.setattr(isolation_probe, "_detected", None)
+        m.setattr(isolation_probe, "_net_works", {})
+        m.setattr(isolation_probe, "_works", counted)
+        level = isolation_probe.detect(network=True) if one_probe else isolation_probe.detect()
+        return level, isolation_probe.detect_network(level), len(probes)
 
 
 @pytest.mark.root

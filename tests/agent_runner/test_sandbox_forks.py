@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runner import launch, privs, sandbox
+from agent_runner import isolation_probe, launch, privs, sandbox
 from agent_runner.sandbox import PIDNS, PIDNS_UID, Sandbox
 
 UID = sandbox.UID_BASE + 777
@@ -406,5 +406,5 @@ def test_the_isolation_probe_takes_a_refusal_as_its_answer(monkeypatch: pytest.M
 
     monkeypatch.setattr(privs, "new_session_keyring", refuse)
     began = time.monotonic()
-    assert sandbox._works(PIDNS) is False
+    assert isolation_probe._works(PIDNS) is False
     assert time.monotonic() - began < 1.0 and len(calls) <= 1

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runner import fingerprint, redact, sandbox, strays, suite
+from agent_runner import fingerprint, isolation_probe, redact, sandbox, strays, suite
 from tests.support.runner import clean_env, predicate_suite
 
 
@@ -129,7 +129,7 @@ def test_the_probe_with_shell_builtins_passes_and_fails_where_the_plain_one_did(
         (bin_dir / "id").chmod(0o755)
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
         said = [subprocess.run(["sh", "-c", script(level, net, str(proc))], env=env, check=False).returncode == 0
-                for script in (sandbox.probe_script, _plain_probe_script)]
+                for script in (isolation_probe.probe_script, _plain_probe_script)]
         assert said[0] == said[1], (pids, ruid, euid, tcp, unix, level, net)
         outcomes.add(said[0])
     assert outcomes == {True, False}
@@ -159,28 +159,28 @@ def test_the_last_runs_stray_watch_stays_open_until_the_next_run_or_the_exit(tmp
 
 def test_detect_soon_finds_what_detect_finds_and_raises_what_it_raised(monkeypatch: pytest.MonkeyPatch) -> None:
     def fresh() -> None:
-        monkeypatch.setattr(sandbox, "_detected", None)
-        monkeypatch.setattr(sandbox, "_net_works", {})
-        monkeypatch.setattr(sandbox, "_detecting", None)
-        monkeypatch.setattr(sandbox, "_detect_failed", [])
+        monkeypatch.setattr(isolation_probe, "_detected", None)
+        monkeypatch.setattr(isolation_probe, "_net_works", {})
+        monkeypatch.setattr(isolation_probe, "_detecting", None)
+        monkeypatch.setattr(isolation_probe, "_detect_failed", [])
 
     fresh()
-    plain = sandbox.detect(network=True)
-    plain_net = sandbox.detect_network(plain)
+    plain = isolation_probe.detect(network=True)
+    plain_net = isolation_probe.detect_network(plain)
     fresh()
-    sandbox.detect_soon()
-    assert sandbox._detecting is not None
-    assert (sandbox.detect(), sandbox.detect_network(sandbox.detect())) == (plain, plain_net)
+    isolation_probe.detect_soon()
+    assert isolation_probe._detecting is not None
+    assert (isolation_probe.detect(), isolation_probe.detect_network(isolation_probe.detect())) == (plain, plain_net)
     fresh()
 
     def broken(level: str, net: bool = False) -> bool:
         raise RuntimeError("the probe broke")
 
-    monkeypatch.setattr(sandbox, "_works", broken)
-    monkeypatch.setattr(sandbox.sys, "platform", "linux")
-    sandbox.detect_soon()
+    monkeypatch.setattr(isolation_probe, "_works", broken)
+    monkeypatch.setattr(isolation_probe.sys, "platform", "linux")
+    isolation_probe.detect_soon()
     with pytest.raises(RuntimeError, match="the probe broke"):
-        sandbox.detect()
+        isolation_probe.detect()
 
 
 def test_a_shipped_suites_field_names_are_what_they_were() -> None:

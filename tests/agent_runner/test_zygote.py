@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_runner import sandbox, zygote
+from agent_runner import isolation_probe, sandbox, zygote
 from agent_runner.sandbox import PIDNS_UID, Sandbox
 from tests.agent_runner.test_sandbox_forks import (
     CASES,
@@ -410,7 +410,7 @@ def test_a_zygote_started_before_the_probe_said_another_level_is_never_used_and_
     tmp_path = reachable
     suite = write_suite(tmp_path / "suite", {"t": {"script": [{"content": "x", "finish": "stop"}],
                                                    "repo": {"run_tests.sh": "exit 0\n"}}})
-    monkeypatch.setattr(sandbox, "detect", lambda network=True: level)
+    monkeypatch.setattr(isolation_probe, "detect", lambda network=True: level)
     made: list[bool] = []
     used: list[object] = []
     real_init, real_start = zygote.Zygote.__init__, zygote.Zygote.start
