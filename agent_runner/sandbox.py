@@ -367,14 +367,10 @@ class Started(subprocess.Popen[bytes]):
             refused = StartRefused(f"cannot enter the sandbox: {exc if said is None else said[1]}")
             refused.errno = said[0] if said else getattr(exc, "errno", None)
             raise refused from exc
-        except OSError as exc:
+        except BaseException as exc:
             self._close_status()
-            if self.pid is None:  # the fork itself was refused: nothing started
+            if isinstance(exc, OSError) and self.pid is None:  # the fork itself was refused: nothing started
                 raise StartRefused(exc.errno, exc.strerror) from exc
-            self._end_what_started()
-            raise
-        except BaseException:
-            self._close_status()
             self._end_what_started()
             raise
         finally:

@@ -51,6 +51,8 @@ class _Prepare:
     thread. Then it execs the zygote."""
 
     def __init__(self, net: bool) -> None:
+        if not privs._PidNamespace.usable():  # also opens the runner's own, which the start comes back to
+            raise OSError("no PID namespace of its own can be made and left here")
         self.net = net
         self.libc = privs.libc()
         self.handled = privs._handled_signals()
@@ -72,6 +74,8 @@ class Zygote:
     """One zygote: its process (a child of the runner) and the runner's end of its control socket."""
 
     def __init__(self, net: bool) -> None:
+        if not privs._PidNamespace.usable():  # also opens the runner's own, which the start comes back to
+            raise OSError("no PID namespace of its own can be made and left here")
         self.net = net
         self.busy = False
         self.broken = False
@@ -84,10 +88,6 @@ class Zygote:
         sealed = [int(root[len(pins.SEALED_PREFIX):])] if root.startswith(pins.SEALED_PREFIX) else []
         code = (f"import sys; sys.path[:0] = [{root!r}]; from agent_runner.zygote_init import serve; "
                 f"serve({theirs.fileno()}, {net!r})")
-        if not privs._PidNamespace.usable():  # also opens the runner's own, which the start comes back to
-            ours.close()
-            theirs.close()
-            raise OSError("no PID namespace of its own can be made and left here")
         try:
             with privs._PidNamespace.for_children():
                 self.proc = subprocess.Popen(
@@ -96,6 +96,10 @@ class Zygote:
                     stdout=subprocess.DEVNULL, start_new_session=True, umask=_UMASK)
         except BaseException:
             ours.close()
+            started = self.__dict__.get("proc")
+            if started is not None:  # the thread could not come back to its own PID namespace after it
+                started.kill()
+                started.wait()
             raise
         finally:
             theirs.close()

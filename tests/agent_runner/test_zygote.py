@@ -454,3 +454,30 @@ def test_a_zygote_whose_pid_namespace_is_refused_is_none_and_the_start_goes_the_
     monkeypatch.setattr(privs._ChildrenInNewPidNamespace, "__enter__", refused)
     monkeypatch.setattr(zygote, "_local", type(zygote._local)())  # this thread's zygotes: none yet
     assert zygote.take(True) is None
+
+
+def test_a_zygote_started_when_the_thread_cannot_come_back_to_its_pid_namespace_is_ended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should bringing the thread back to its own PID namespace fail after the zygote's process ran,
+    that process is killed and reaped, and the start goes the per-process way."""
+    from agent_runner import privs
+
+    made: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def recorded(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        proc = real_popen(*args, **kwargs)  # type: ignore[call-overload]
+        made.append(proc)
+        return proc
+
+    real_exit = privs._ChildrenInNewPidNamespace.__exit__
+
+    def failing_exit(self: object, *exc: object) -> None:
+        real_exit(self, *exc)  # type: ignore[arg-type]
+        raise OSError(errno.ENOMEM, "setns back to the runner's PID namespace: Cannot allocate memory")
+
+    monkeypatch.setattr(zygote.subprocess, "Popen", recorded)
+    monkeypatch.setattr(privs._ChildrenInNewPidNamespace, "__exit__", failing_exit)
+    monkeypatch.setattr(zygote, "_local", type(zygote._local)())
+    assert zygote.take(True) is None
+    assert len(made) == 1 and made[0].returncode is not None  # killed and reaped
