@@ -31,8 +31,8 @@ def exit_status(code: object) -> int:
 
 def end_process(code: object) -> NoReturn:
     """End the process as ``sys.exit(code)`` would, without the interpreter's finalisation; as
-``sys.exit`` itself under a profiler or a tracer (``python -m cProfile``, a debugger), which write
-what they saw once the program returns."""
+    ``sys.exit`` itself under a profiler or a tracer (``python -m cProfile``, a debugger), which write
+    what they saw once the program returns."""
     if _observed():
         raise SystemExit(code)
     status = exit_status(code)
@@ -40,9 +40,10 @@ what they saw once the program returns."""
         # as the interpreter's exit: first the hooks that end idle pools' workers (an executor never
         # shut down), then every other thread that is not a daemon
         threading._shutdown()  # type: ignore[attr-defined]
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
     atexit._run_exitfuncs()
     for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
         try:
