@@ -383,16 +383,7 @@ def test_a_start_that_failed_after_its_process_ran_is_never_tried_again_and_leav
     assert not isinstance(refused.value, sandbox.StartRefused) and starts == [1]  # not tried again
     time.sleep(0.3)
     assert (marker.read_text() if marker.exists() else "") in ("", "started\n")  # killed, at most once begun
-    alive = [p for p in os.listdir("/proc") if p.isdigit() and token.encode() in _cmdline(p)]
-    assert alive == []
-
-
-def _cmdline(pid: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
+    assert _alive(token) == []
 
 
 def test_the_isolation_probe_takes_a_refusal_as_its_answer(monkeypatch: pytest.MonkeyPatch) -> None:
