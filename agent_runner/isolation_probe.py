@@ -1,5 +1,5 @@
-"""Which isolation level this host gives a runner of this uid, found once per process by trying each
-(``sandbox`` starts the processes; this only decides which level it starts them at).
+"""Which isolation level this host gives a runner of this uid, found once per process by trying each,
+and the sandbox an attempt gets at it (``sandbox`` starts the processes; this decides the level).
 
 The strongest first: ``pidns+uid`` (root, with ``setpriv`` for a traced attempt), then ``pidns``, else
 ``none``; each with a network namespace of the attempt's own where the host gives one. One ``sh`` in
@@ -13,10 +13,10 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from .launch import NONE, PIDNS, PIDNS_UID
-from .sandbox import UID_BASE, UID_SPAN, Sandbox, system_tool
+from .sandbox import UID_BASE, UID_SPAN, Sandbox, reachable_by_others, system_tool
 
 _PROBE_TIMEOUT_S = 10
 
@@ -110,3 +110,17 @@ def detect_network(level: str) -> bool:
     if level not in _net_works:
         _net_works[level] = _works(level, net=True)
     return _net_works[level]
+
+
+def attempt_sandbox(level: str, uid: int, *paths: str, net: bool = False, writable: Sequence[str] = ()) -> Sandbox:
+    """An attempt's sandbox at the run's ``level`` (``uid``: the attempt's, see ``attempt_uid``; ``net``:
+    a network namespace of its own; ``writable``: the runner's workspace, see ``Sandbox.writable``); a
+    root runner whose ``paths`` another uid cannot reach gives it ``pidns`` where that works."""
+    if level == PIDNS_UID:
+        if all(reachable_by_others(p) for p in paths):
+            box = Sandbox(level, uid, net)
+            box.reuse = True
+            return box
+        level = PIDNS if _works(PIDNS) else NONE
+        net = net and detect_network(level)
+    return Sandbox(level, net=net, writable=writable)

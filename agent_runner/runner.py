@@ -35,6 +35,7 @@ from .digests import HashingWriter, write_announced
 from .envkeys import ATTEMPT_ENV_KEYS
 from .errors import InputError, RunnerError, SecretVisible, SuiteError
 from .fingerprint import collect, commands_of
+from .isolation_probe import attempt_sandbox
 from .loop import LoopOutcome, drive
 from .pins import env_sha, runner_home, task_pins
 from .recordclass import dataclass
@@ -196,9 +197,9 @@ class Runner:
         attempt_dir.chmod(0o711)
         with self._lock:
             uid = attempt_uid(self._uids)
-        box = Sandbox.for_attempt(self.isolation, uid, str(attempt_dir / "work"),
-                                  str(self.suite.root / "suite.json"), net=self.net,
-                                  writable=(str(self.workspace_root),))
+        box = attempt_sandbox(self.isolation, uid, str(attempt_dir / "work"),
+                              str(self.suite.root / "suite.json"), net=self.net,
+                              writable=(str(self.workspace_root),))
         mark = self.stray_watch.mark() if self.stray_watch is not None and box.uid is not None else None
         try:
             work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))

@@ -203,23 +203,6 @@ class Sandbox:
         #: an attempt's: its processes may be started by its slot's zygote (``zygote``)
         self.reuse = False
 
-    @classmethod
-    def for_attempt(cls, level: str, uid: int, *paths: str, net: bool = False,
-                    writable: Sequence[str] = ()) -> "Sandbox":
-        """A sandbox at ``level`` (``uid``: the attempt's, see ``attempt_uid``; ``net``: a network
-        namespace of its own; ``writable``: the runner's workspace, see ``Sandbox.writable``); a root
-        runner whose ``paths`` another uid cannot reach gets ``pidns``."""
-        if level == PIDNS_UID:
-            if all(reachable_by_others(p) for p in paths):
-                box = cls(level, uid, net)
-                box.reuse = True
-                return box
-            from .isolation_probe import _works, detect_network  # here: the probe starts sandboxes itself
-
-            level = PIDNS if _works(PIDNS) else NONE
-            net = net and detect_network(level)
-        return cls(level, net=net, writable=writable)
-
     @contextlib.contextmanager
     def reaching(self, url: str, directory: str) -> Iterator["Sandbox"]:
         """This sandbox whose processes reach the model proxy at ``url`` (``http://127.0.0.1:<port>``)

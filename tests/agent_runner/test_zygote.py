@@ -42,7 +42,7 @@ def _no_zygote_left() -> Iterator[None]:
 
 def _box(net: bool, uid: int = UID, reuse: bool = True) -> Sandbox:
     box = Sandbox(PIDNS_UID, uid, net=net)
-    box.reuse = reuse  # what ``Sandbox.for_attempt`` sets for an attempt whose paths its uid reaches
+    box.reuse = reuse  # what ``isolation_probe.attempt_sandbox`` sets for an attempt whose paths its uid reaches
     return box
 
 
