@@ -281,7 +281,9 @@ class TraceWriter:
     """Writes header/turn/finish records (``records.py``), redacting each one first.
 
     Raw observations go to the sidecar ``<task>.<attempt>.obs.jsonl`` (records of type ``"obs"``), so
-    the trace itself stays small and ``crosshost repro`` can answer fixture tools from it.
+    the trace itself stays small and ``crosshost repro`` can answer fixture tools from it. The sidecar
+    is made with the first turn: an attempt without turns (a predicate-only task) has none, which
+    saves the file (and its copy home) that would hold nothing.
     """
 
     def __init__(self, path: PathArg, obs_path: Optional[PathArg] = None, *,
@@ -291,7 +293,9 @@ class TraceWriter:
         # ``announce_under`` (the runner's out/), each file's digest is announced when it closes.
         out = Path(announce_under) if announce_under is not None else None
         self._handle = HashingWriter(out, Path(self.path))
-        self._obs: Optional[HashingWriter] = HashingWriter(out, Path(obs_path)) if obs_path else None
+        self._out = out
+        self._obs_path = Path(obs_path) if obs_path else None
+        self._obs: Optional[HashingWriter] = None
         self.steps = 0
 
     def _write(self, handle: HashingWriter, record: "Union[JSONObject, TraceTurnJSON, ObsRecord, Dict[str, Any]]") -> None:
@@ -317,7 +321,9 @@ class TraceWriter:
                            completion_tokens=completion_tokens, latency_ms=latency_ms, reason=reason,
                            model=model).to_json()
         self._write(self._handle, record)
-        if self._obs is not None:
+        if self._obs_path is not None:
+            if self._obs is None:
+                self._obs = HashingWriter(self._out, self._obs_path)
             self._write(self._obs, {"type": "obs", "step": self.steps, "tool": tool, "content": safe_obs})
         return record  # args and observation fingerprints are already of the redacted values
 

@@ -160,3 +160,29 @@ def test_the_observation_sidecar_reads_back_typed(tmp_path: Path) -> None:
         {"type": "obs", "step": 2, "tool": "ls", "content": '["a", "b"]'},
     ]
     assert len(got) == 3 and got[2][0] == 4 and isinstance(got[2][1], CorruptLine)  # line 4: the damage
+
+
+def test_the_observation_sidecar_is_made_with_the_first_turn_only(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # A predicate-only attempt has no turns: no sidecar is made (nor announced), so none comes home;
+    # an attempt with turns gets its sidecar, announced with the digest of what it holds.
+    from agent_runner import paced
+
+    out = tmp_path / "out"
+    (out / "traces").mkdir(parents=True)
+    none_trace, none_obs = out / "traces" / "p.0.jsonl", out / "traces" / "p.0.obs.jsonl"
+    turn_trace, turn_obs = out / "traces" / "s.0.jsonl", out / "traces" / "s.0.obs.jsonl"
+    with TraceWriter(none_trace, none_obs, announce_under=out) as w:
+        w.header(run_id="r", host="h", task="p", attempt=0, fingerprint="f" * 16, pins={})
+        w.finish(reason="stop", final="", predicate_exit=0, verdict="pass", why="ok", wall_ms=1)
+    with TraceWriter(turn_trace, turn_obs, announce_under=out) as w:
+        w.header(run_id="r", host="h", task="s", attempt=0, fingerprint="f" * 16, pins={})
+        w.turn(tool="read", args={"path": "a"}, observation="hello", error=None)
+        w.finish(reason="stop", final="", predicate_exit=None, verdict="pass", why="ok", wall_ms=1)
+    paced.flush_all()
+    announced = {line.split()[2]: line.split()[1] for line in capfd.readouterr().out.splitlines()}
+    assert not none_obs.exists() and "traces/p.0.obs.jsonl" not in announced
+    assert announced["traces/p.0.jsonl"] == hashlib.sha256(none_trace.read_bytes()).hexdigest()
+    assert announced["traces/s.0.obs.jsonl"] == hashlib.sha256(turn_obs.read_bytes()).hexdigest()
+    assert [r for _, r in iter_observations(turn_obs)] == [{"type": "obs", "step": 1, "tool": "read", "content": "hello"}]
