@@ -65,6 +65,8 @@ class Cell:
     errors: list[str] = field(default_factory=list)
     skipped: str | None = None
     extra: list[dict[str, Any]] = field(default_factory=list)
+    #: what the whole machine's CPUs did during each measurement (``MachineCpu.since``)
+    machine: list[dict[str, float]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         s = sorted(self.seconds)
@@ -73,11 +75,50 @@ class Cell:
             "median": round(statistics.median(s), 3) if s else None,
             "min": round(s[0], 3) if s else None, "max": round(s[-1], 3) if s else None,
             "errors": self.errors, "skipped": self.skipped if not s else None, "extra": self.extra,
+            "machine": self.machine, "steal_share_median": self.steal_share(),
         }
+
+    def steal_share(self) -> float | None:
+        """The median share of the machine's CPU time the hypervisor took during a measurement."""
+        shares = [m["steal_s"] / m["total_s"] for m in self.machine if m.get("total_s")]
+        return round(statistics.median(shares), 3) if shares else None
 
     @property
     def median(self) -> float | None:
         return statistics.median(self.seconds) if self.seconds else None
+
+
+class MachineCpu:
+    """The machine's CPU time by kind, from ``/proc/stat``'s ``cpu`` line: a measurement's neighbours
+    (other processes, the hypervisor's steal) are read beside its wall time, never guessed."""
+
+    def __init__(self) -> None:
+        self.ticks = self._read()
+
+    @staticmethod
+    def _read() -> list[int]:
+        try:
+            with open("/proc/stat") as fh:
+                first = fh.readline().split()
+        except OSError:
+            return []
+        return [int(x) for x in first[1:9]] if len(first) >= 9 and first[0] == "cpu" else []
+
+    def since(self) -> dict[str, float]:
+        """CPU seconds since this snapshot, all CPUs together: busy (user, nice, system, irq, softirq),
+        idle (with iowait), the hypervisor's steal, and their total; empty without ``/proc/stat``."""
+        now = self._read()
+        if not now or not self.ticks:
+            return {}
+        user, nice, system, idle, iowait, irq, softirq, steal = (b - a for a, b in zip(self.ticks, now, strict=True))
+        hz = os.sysconf("SC_CLK_TCK")
+        out = {"busy_s": user + nice + system + irq + softirq, "idle_s": idle + iowait, "steal_s": steal}
+        out["total_s"] = sum(out.values())
+        return {k: round(v / hz, 2) for k, v in out.items()}
+
+
+def _steal_note(machine: dict[str, float]) -> str:
+    return f"  (steal {machine['steal_s'] / machine['total_s']:.0%})" if machine.get("total_s") else ""
 
 
 def machine_info() -> dict[str, Any]:
@@ -208,6 +249,7 @@ class Bench:
             "ansible_pipelined": lambda: run_ansible(suite, hosts, scratch, pipelined=True),
             "crosshost": lambda: self.run_crosshost(point, scratch, cell),
         }
+        cpu = MachineCpu()
         try:
             seconds = runners[tool]()
         except (BaselineError, OSError) as exc:
@@ -217,9 +259,10 @@ class Bench:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         cell.seconds.append(seconds)
+        cell.machine.append(cpu.since())
         if tool in self.unit_cost:
             self.unit_cost[tool] = seconds / self.work_units(tool, point)
-        print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  {seconds:7.2f} s", flush=True)
+        print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  {seconds:7.2f} s{_steal_note(cell.machine[-1])}", flush=True)
 
     def measure_fleet(self, fp: FleetPoint, tool: str) -> None:
         """A fleet point: crosshost (``slots`` per host) or the limit with the same parallelism."""
@@ -229,6 +272,7 @@ class Bench:
             return
         point = (h, t, s)
         scratch = self.scratch / f"fleet-{tool}-H{h}-T{t}-S{s}-P{slots}-{len(cell.seconds) + len(cell.errors)}"
+        cpu = MachineCpu()
         try:
             if tool == "limit":
                 seconds = run_limit(self.suite(point), self.hosts(h), slots=slots)
@@ -241,7 +285,9 @@ class Bench:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         cell.seconds.append(seconds)
-        print(f"  {tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}  {seconds:7.2f} s", flush=True)
+        cell.machine.append(cpu.since())
+        print(f"  {tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}  {seconds:7.2f} s{_steal_note(cell.machine[-1])}",
+              flush=True)
 
     def run_crosshost(self, point: Point, scratch: Path, cell: Cell, *, slots: int = 1) -> float:
         """``crosshost replay SUITE -i hosts.toml``: the whole command, as a user runs it."""
@@ -462,6 +508,19 @@ def _mark(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "MISSED")
 
 
+def _steal_lines(points: list[dict[str, Any]]) -> list[str]:
+    """Below a table: the hypervisor's median share of the machine's CPU while each point's limit and
+    crosshost ran (a miss measured under steal says so beside it)."""
+    said = []
+    for p in points:
+        shares = {tool: (p["tools"].get(tool) or {}).get("steal_share_median") for tool in ("limit", "crosshost")}
+        if any(v is not None for v in shares.values()):
+            slots = f", {p['slots']} slots" if p.get("slots", 1) > 1 else ""
+            said.append(f"({p['hosts']}, {p['tasks']}, {p['sleep_ms']}{slots}) "
+                        + ", ".join(f"{tool} {v:.0%}" for tool, v in shares.items() if v is not None))
+    return ["", "Steal during the measurements (median share of the machine's CPU time): " + "; ".join(said)] if said else []
+
+
 def render_table(result: dict[str, Any]) -> str:
     """The Markdown table printed by make bench and pasted into BENCHMARKS.md."""
     lines = [
@@ -490,6 +549,7 @@ def render_table(result: dict[str, Any]) -> str:
             f"| {_mark(tg['5x_faster_than_naive'])} "
             f"| {_mark(tg['faster_than_ansible'])} |"
         )
+    lines += _steal_lines(result["points"])
     fleet = result.get("fleet_points") or []
     if fleet:
         lines += ["", "| H | T | S ms | slots | limit s (same parallelism) | crosshost s | crosshost/limit | ≤1.3×limit+1s |",
@@ -506,6 +566,7 @@ def render_table(result: dict[str, Any]) -> str:
                 f"| {p['hosts']} | {p['tasks']} | {p['sleep_ms']} | {p['slots']} | {fcell('limit')} | {fcell('crosshost')} "
                 f"| {_fmt(p['ratios']['crosshost/limit'], '×')} | {_mark(p['targets']['within_1.3x_limit_plus_1s'])} |"
             )
+        lines += _steal_lines(fleet)
     a = result.get("analysis")
     if a:
         lines += [

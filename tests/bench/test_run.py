@@ -1,4 +1,5 @@
 import statistics
+import time
 from typing import Any
 
 from bench.run import Cell, ratios, render_table, targets
@@ -93,3 +94,26 @@ def test_every_grid_point_and_the_runner_rows_are_measured_before_any_fleet_poin
     assert [tool for _, _, tool in done[:2]] == ["limit", "crosshost"]
     assert [tool for _, _, tool in done[4:6]] == ["crosshost", "limit"]  # the second repetition
     assert [tool for _, _, tool in done[-2:]] == ["limit", "crosshost"]  # the third, at the last fleet point
+
+
+def test_each_measurement_keeps_what_the_machines_cpus_did_and_the_table_says_the_steal() -> None:
+    from bench.run import MachineCpu
+
+    cpu = MachineCpu()
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:  # busy: the machine's busy time grows by at least this
+        pass
+    seen = cpu.since()
+    assert set(seen) == {"busy_s", "idle_s", "steal_s", "total_s"}
+    assert seen["busy_s"] >= 0.03 and seen["total_s"] >= seen["busy_s"] + seen["steal_s"] - 0.011
+    quiet, stolen = Cell(seconds=[1.0]), Cell(seconds=[2.0, 2.2])
+    quiet.machine = [{"busy_s": 1.0, "idle_s": 1.0, "steal_s": 0.0, "total_s": 2.0}]
+    stolen.machine = [{"busy_s": 1.0, "idle_s": 0.0, "steal_s": 1.0, "total_s": 2.0},
+                      {"busy_s": 1.5, "idle_s": 0.0, "steal_s": 0.5, "total_s": 2.0}]
+    assert quiet.summary()["steal_share_median"] == 0.0 and stolen.summary()["steal_share_median"] == 0.375
+    meds = {"limit": 1.0, "crosshost": 2.1}
+    result = {"points": [{"hosts": 2, "tasks": 12, "sleep_ms": 0,
+                          "tools": {"limit": quiet.summary(), "crosshost": stolen.summary()},
+                          "ratios": ratios(meds), "targets": targets((2, 12, 0), meds)}], "analysis": None}
+    assert render_table(result).splitlines()[-1] == (
+        "Steal during the measurements (median share of the machine's CPU time): (2, 12, 0) limit 0%, crosshost 38%")
