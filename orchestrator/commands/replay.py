@@ -35,7 +35,7 @@ from orchestrator.errors import (
 )
 from orchestrator.exit_policy import COMPARE_LAST_REASON, replay_exit
 from orchestrator.hosts.bundle import Bundle, bundle_cache_dir, replay_bundle
-from orchestrator.hosts.fanout import FanoutResult, Interrupted, default_jobs, fan_out
+from orchestrator.hosts.fanout import FanoutResult, Interrupted, default_jobs, fan_out, sigint_calls
 from orchestrator.hosts.host_job import UNREACHABLE, EventSink, HostJob, HostPlan
 from orchestrator.hosts.inventory import HostConfig, load_inventory
 from orchestrator.hosts.transport import Opener, default_opener
@@ -308,6 +308,7 @@ def replay(
     plan.slots = request.slots
     plan.trace_files = request.trace_files
     plan.first_attempt = request.first_attempt
+    plan.defer_removal = with_analysis  # the workspaces go while the results are merged and analysed
     reference = manifest.reference or names[0]
     if model is not None:  # a live model: the held model's module (and the proxy's) load only then
         from orchestrator.model.hold import ModelHold, hold_mode
@@ -317,58 +318,100 @@ def replay(
     manifest.hold_model = plan.hold.mode if plan.hold is not None else None
     jobs = {h.name: HostJob(h, plan) for h in selected}
     fan: FanoutResult[HostRecord] = FanoutResult()
+    errors: dict[str, str] = {}
+
+    def host_failed(name: str, job: HostJob, exc: BaseException) -> None:
+        rec = job.record
+        line = _error_line(exc, request)
+        if job.cleanup_error:
+            line += f" (cleanup: {job.cleanup_error})"
+        rec.error = f"{rec.error} (also: {line})" if rec.error else line
+        if isinstance(exc, UNREACHABLE):
+            rec.reachable = False
+        errors[name] = rec.error
+        emit(name, "failed", rec.error)
+
     try:
-        # a held model: the reference starts first (the others wait for its record, never it for theirs)
-        order = [reference, *(n for n in names if n != reference)] if plan.hold else names
-        fan = fan_out(
-            order,
-            lambda n: jobs[n](n),
-            jobs=request.jobs or default_jobs(len(names)),
-            cancel=plan.running.cancel,
-            on_interrupt=plan.running.stop_all,
-            on_waiting=lambda: emit("*", "waiting", "cleaning remote workspaces; please wait"),
-        )
-    finally:
-        plan.running.over()
-        errors: dict[str, str] = {}
-        for name, job in jobs.items():
-            rec = job.record
-            host_outcome = fan.outcomes.get(name)
-            exc = host_outcome.error if host_outcome is not None else None
-            if exc is not None:
-                rec.error = _error_line(exc, request)
-                if job.cleanup_error:
-                    rec.error += f" (cleanup: {job.cleanup_error})"
-                if isinstance(exc, UNREACHABLE):
-                    rec.reachable = False
-                errors[name] = rec.error
-                emit(name, "failed", rec.error)
-            manifest.hosts[name] = rec
-        manifest.retries = list(plan.retries)
-        manifest.interrupted = fan.interrupted or outcome_interrupted(fan)
-        rows, bad_results = _merge_results(run_dir, names, tasks, repeat, manifest.hosts, request.first_attempt)
-        for name, line in bad_results.items():
-            errors[name] = manifest.hosts[name].error or line
-            emit(name, "failed", line)
-        run_dir.write_results(rows)
-        if plan.hold is not None:
-            plan.hold.write(run_dir, write_bytes_atomic)
-        manifest.pins = run_dir.trace_pins(names)
-        manifest.finished = utc_now()
-        run_dir.write_manifest(manifest)
-
-    outcome = ReplayOutcome(run_dir, manifest, 0, results=rows, errors=errors)
-    if not manifest.interrupted:
-        from orchestrator.report import analyse_and_write
-
         try:
-            outcome.report = analyse_and_write(run_dir.path, gate) if with_analysis else None
-        except KeyboardInterrupt:  # the hosts are done; the run is kept, and says it was cut short
-            manifest.interrupted = True
-            manifest.notes.append("interrupted during the analysis: reports not written (crosshost report RUN_DIR)")
+            # a held model: the reference starts first (the others wait for its record, never it for theirs)
+            order = [reference, *(n for n in names if n != reference)] if plan.hold else names
+            fan = fan_out(
+                order,
+                lambda n: jobs[n](n),
+                jobs=request.jobs or default_jobs(len(names)),
+                cancel=plan.running.cancel,
+                on_interrupt=plan.running.stop_all,
+                on_waiting=lambda: emit("*", "waiting", "cleaning remote workspaces; please wait"),
+            )
+        finally:
+            for name, job in jobs.items():
+                host_outcome = fan.outcomes.get(name)
+                if host_outcome is not None and host_outcome.error is not None:
+                    host_failed(name, job, host_outcome.error)
+                manifest.hosts[name] = job.record
+            manifest.retries = list(plan.retries)
+            manifest.interrupted = fan.interrupted or outcome_interrupted(fan)
+            rows, bad_results = _merge_results(run_dir, names, tasks, repeat, manifest.hosts, request.first_attempt)
+            for name, line in bad_results.items():
+                errors[name] = manifest.hosts[name].error or line
+                emit(name, "failed", line)
+            run_dir.write_results(rows)
+            if plan.hold is not None:
+                plan.hold.write(run_dir, write_bytes_atomic)
+            manifest.pins = run_dir.trace_pins(names)
+            manifest.finished = utc_now()
             run_dir.write_manifest(manifest)
+
+        outcome = ReplayOutcome(run_dir, manifest, 0, results=rows, errors=errors)
+        if not manifest.interrupted and with_analysis:
+            outcome.report = _analyse(run_dir, manifest, gate)
+    finally:
+        deferred = [name for name, job in jobs.items() if job.removing]
+        late = _finish_removals(jobs, plan, emit)  # every workspace's removal answered, whatever happened
+        plan.running.over()
+    for name, exc in late.items():
+        host_failed(name, jobs[name], exc)
+    if deferred:
+        run_dir.write_manifest(manifest)  # what the removals answered
+    if late and outcome.report is not None:  # a host failed after the analysis read the run: again
+        outcome.report = _analyse(run_dir, manifest, gate)
     outcome.exit_code, outcome.exit_reason = replay_exit(manifest, outcome.report, gate, rows)
     return outcome
+
+
+def _analyse(run_dir: RunDir, manifest: Manifest, gate: float) -> RunReport | None:
+    """The run's analysis and reports; None when Ctrl-C cut it short (the run is kept, and says so)."""
+    from orchestrator.report import analyse_and_write
+
+    try:
+        return analyse_and_write(run_dir.path, gate)
+    except KeyboardInterrupt:  # the hosts are done; the run is kept, and says it was cut short
+        manifest.interrupted = True
+        manifest.notes.append("interrupted during the analysis: reports not written (crosshost report RUN_DIR)")
+        run_dir.write_manifest(manifest)
+        return None
+
+
+def _finish_removals(jobs: dict[str, HostJob], plan: HostPlan, emit: EventSink) -> dict[str, BaseException]:
+    """Take the answer of every removal a host left running (``HostPlan.defer_removal``); the hosts
+    whose removal failed, with what it raised. Ctrl-C meanwhile stops nothing: it says so, and (as
+    during the fan-out) hosts that no longer answer are abandoned."""
+    failed: dict[str, BaseException] = {}
+    presses: list[None] = []
+
+    def pressed() -> None:
+        emit("*", "waiting", "cleaning remote workspaces; please wait")
+        if not presses:  # the first: silent hosts are abandoned from now on
+            plan.running.stop_all()
+        presses.append(None)
+
+    with sigint_calls(pressed):
+        for name, job in jobs.items():
+            try:
+                job.finish_removal()
+            except Exception as exc:  # the host's failure, recorded like any other
+                failed[name] = exc
+    return failed
 
 
 #: what a replay needs once its hosts are done: the analysis and its reports, the history index, and

@@ -101,7 +101,7 @@ def fan_out(
 
     pool = cf.ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="crosshost-host")
     futures: dict[cf.Future[T], str] = {}
-    with _sigint_calls(pressed):
+    with sigint_calls(pressed):
         try:
             for host in hosts:
                 futures[pool.submit(guarded_work, host)] = host
@@ -139,7 +139,7 @@ def fan_out(
 
 
 @contextlib.contextmanager
-def _sigint_calls(pressed: Callable[[], None]) -> Iterator[None]:
+def sigint_calls(pressed: Callable[[], None]) -> Iterator[None]:
     """While in it, SIGINT calls ``pressed`` instead of raising ``KeyboardInterrupt``, and the handler
     that was there is put back after. Nothing changes outside the main thread (no handler can be set
     there) or where SIGINT is ignored (a run started in the background, under ``nohup``)."""

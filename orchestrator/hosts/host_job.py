@@ -81,6 +81,10 @@ class HostPlan:
     trace_files: bool = False
     #: the number of the first attempt (a later round of ``replay --until-decided`` goes on numbering)
     first_attempt: int = 0
+    #: a host whose run, pull and checks went well returns while its workspace's removal goes on; the
+    #: replay takes the removal's answer (``HostJob.finish_removal``) once its own work after the hosts
+    #: is done, so that work and the removal overlap. Off: each host waits for its removal.
+    defer_removal: bool = False
 
 
 class _CleanBeside:
@@ -111,6 +115,16 @@ class _CleanBeside:
         return self._removed
 
 
+@dataclass
+class _Removal:
+    """A removal still running when the host's job returned (``HostPlan.defer_removal``): what
+    ``HostJob.finish_removal`` needs to take its answer and let the host go."""
+
+    ws: Workspace
+    beside: _CleanBeside
+    watched: contextlib.ExitStack
+
+
 class _Connecting(TypedDict, total=False):
     """What the connecting thread left: the host, or the error, or that the job gave up on it."""
 
@@ -128,6 +142,7 @@ class HostJob:
         self.record = HostRecord()
         self.cleanup_error: str | None = None
         self.host_dir = plan.run_dir.host_dir(cfg.name)
+        self._removal: _Removal | None = None
 
     def __call__(self, _name: str) -> HostRecord:
         ws: Workspace | None = None
@@ -189,12 +204,35 @@ class HostJob:
             if self.plan.hold is not None and self.cfg.name == self.plan.hold.reference:
                 self.plan.hold.reference_done.set()  # also when it failed: the others go on, unheld
             self._record_fingerprint()
-            if ws is not None:
-                self._clean(ws, run_started and not run_finished, error, beside[0] if beside else None)
-                ws.host.close()
-            watched.close()
-        self.plan.emit(self.cfg.name, "done", self._done_detail())
+            if ws is not None and error is None and beside and self.plan.defer_removal:
+                self._removal = _Removal(ws, beside[0], watched)  # its answer: finish_removal
+            else:
+                if ws is not None:
+                    self._clean(ws, run_started and not run_finished, error, beside[0] if beside else None)
+                    ws.host.close()
+                watched.close()
+        if self._removal is None:
+            self.plan.emit(self.cfg.name, "done", self._done_detail())
         return self.record
+
+    @property
+    def removing(self) -> bool:
+        """Its workspace's removal is still to be answered (``finish_removal``)."""
+        return self._removal is not None
+
+    def finish_removal(self) -> None:
+        """Take the answer of the removal this job left running (``HostPlan.defer_removal``), as
+        ``_clean`` takes it, then close the host: the host is done. A removal that failed raises its
+        ``HostError`` (the host failed, as if its job had waited); nothing left running: nothing."""
+        pending, self._removal = self._removal, None
+        if pending is None:
+            return
+        try:
+            self._clean(pending.ws, False, None, pending.beside)
+        finally:
+            pending.ws.host.close()
+            pending.watched.close()
+        self.plan.emit(self.cfg.name, "done", self._done_detail())
 
     def _wait_for_the_reference(self) -> None:
         """A held model: every other host runs once the reference's record is complete (no race)."""

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,6 +13,7 @@ from typing import Any
 from orchestrator.commands.replay import replay
 from orchestrator.hosts.transport.base import ExecResult, Host
 from orchestrator.hosts.transport.local import LocalHost
+from orchestrator.store.rundir import RunDir
 from tests.orchestrator.test_replay import _left, _req, _setup
 
 
@@ -60,3 +65,91 @@ def test_a_failed_cleanup_is_said_even_when_the_host_had_already_failed(tmp_path
     assert rec.error and "TransferError" in rec.error  # the first failure stays the headline
     assert "cleanup: " in rec.error and "WorkspaceLeft" in rec.error and "still there" in rec.error
     assert out.exit_code == 3
+
+
+class RemovalWaitsForTheReport(LocalHost):
+    """A host whose workspace removal starts only once the run's report.json exists (or 10 s went):
+    it tells whether the replay analysed the run while the removal was still to be answered."""
+
+    saw_report: list[bool] = []
+
+    def exec(self, argv: list[str], timeout: float) -> ExecResult:
+        if argv[:2] == ["sh", "-c"] and "is still there after rm -rf" in argv[2]:  # the removal
+            runs = Path(self.root_hint)
+            deadline = time.monotonic() + 10
+            while not list(runs.glob("*/report.json")) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.saw_report.append(bool(list(runs.glob("*/report.json"))))
+        return super().exec(argv, timeout)
+
+
+def test_the_workspaces_go_while_the_run_is_analysed_and_the_manifest_says_they_went(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+    RemovalWaitsForTheReport.saw_report = []
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        host = RemovalWaitsForTheReport(cfg.name)
+        host.root_hint = str(tmp_path / "runs")  # type: ignore[attr-defined]
+        return host
+
+    events: list[tuple[str, str]] = []
+    out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle, on_event=lambda h, s, d: events.append((h, s)))
+    assert RemovalWaitsForTheReport.saw_report == [True, True]  # neither host's removal held the analysis up
+    on_disk = RunDir(out.run_dir.path).read_manifest()
+    for host in ("local", "box-b"):
+        rec = on_disk.hosts[host]
+        assert rec.workspace_removed is True and rec.error is None and "clean" in rec.stages
+        assert _left(tmp_path, host) == []
+        assert events.index((host, "done")) > events.index((host, "clean"))
+    assert out.exit_code in (0, 1) and not out.errors
+
+
+def test_a_removal_that_fails_after_the_analysis_fails_its_host_in_the_manifest_and_the_report(
+    tmp_path: Path,
+) -> None:
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        return RmThatLeavesFiles(cfg.name) if cfg.name == "box-b" else LocalHost(cfg.name)
+
+    out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle)
+    assert _left(tmp_path, "box-b") != []
+    for manifest in (out.manifest, RunDir(out.run_dir.path).read_manifest()):
+        rec = manifest.hosts["box-b"]
+        assert rec.workspace_removed is False and rec.error and "WorkspaceLeft" in rec.error
+        assert manifest.hosts["local"].workspace_removed is True and manifest.hosts["local"].error is None
+    report = json.loads((out.run_dir.path / "report.json").read_text())
+    said = {h["name"]: h.get("error") for h in report["hosts"]}
+    assert said["box-b"] and "WorkspaceLeft" in said["box-b"] and said["local"] is None
+    assert out.report is not None and out.exit_code == 3 and "box-b" in out.errors
+
+
+class RemovalInterruptedByCtrlC(LocalHost):
+    """A host whose workspace removal, once the run's report.json exists, presses Ctrl-C (SIGINT to the
+    replay's process) before it goes on: the replay is then waiting for it."""
+
+    def exec(self, argv: list[str], timeout: float) -> ExecResult:
+        if argv[:2] == ["sh", "-c"] and "is still there after rm -rf" in argv[2]:  # the removal
+            deadline = time.monotonic() + 10
+            while not list(Path(self.root_hint).glob("*/report.json")) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # the replay is in its wait for this answer by now
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        return super().exec(argv, timeout)
+
+
+def test_ctrl_c_while_the_workspaces_go_after_the_analysis_waits_for_them(tmp_path: Path) -> None:
+    inv, bundle = _setup(tmp_path, ["local"])
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        host = RemovalInterruptedByCtrlC(cfg.name)
+        host.root_hint = str(tmp_path / "runs")  # type: ignore[attr-defined]
+        return host
+
+    events: list[tuple[str, str, str]] = []
+    out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle, on_event=lambda h, s, d: events.append((h, s, d)))
+    assert ("*", "waiting", "cleaning remote workspaces; please wait") in events
+    assert ("local", "done") in [(h, s) for h, s, _ in events]
+    rec = RunDir(out.run_dir.path).read_manifest().hosts["local"]
+    assert rec.workspace_removed is True and rec.error is None and _left(tmp_path, "local") == []
