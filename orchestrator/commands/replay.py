@@ -331,6 +331,7 @@ def replay(
         errors[name] = rec.error
         emit(name, "failed", rec.error)
 
+    cut_short = True  # until the work after the hosts is done: what the last step writes is best effort
     try:
         try:
             # a held model: the reference starts first (the others wait for its record, never it for theirs)
@@ -365,14 +366,21 @@ def replay(
         outcome = ReplayOutcome(run_dir, manifest, 0, results=rows, errors=errors)
         if not manifest.interrupted and with_analysis:
             outcome.report = _analyse(run_dir, manifest, gate)
+        cut_short = False
     finally:
+        # Every workspace's removal is answered and its answer recorded, whatever happened above (a
+        # failure there still propagates: the record is then written as well as it can be).
         deferred = [name for name, job in jobs.items() if job.removing]
-        late = _finish_removals(jobs, plan, emit)  # every workspace's removal answered, whatever happened
+        late = _finish_removals(jobs, plan, emit)
         plan.running.over()
-    for name, exc in late.items():
-        host_failed(name, jobs[name], exc)
-    if deferred:
-        run_dir.write_manifest(manifest)  # what the removals answered
+        for name, exc in late.items():
+            host_failed(name, jobs[name], exc)
+        if deferred:
+            with contextlib.suppress(Exception) if cut_short else contextlib.nullcontext():
+                run_dir.write_manifest(manifest)  # what the removals answered
+        for name in deferred:
+            if name not in late and jobs[name].record.error is None:  # a host the merge failed stays failed
+                emit(name, "done", jobs[name].done_detail())
     if late and outcome.report is not None:  # a host failed after the analysis read the run: again
         outcome.report = _analyse(run_dir, manifest, gate)
     outcome.exit_code, outcome.exit_reason = replay_exit(manifest, outcome.report, gate, rows)
@@ -395,7 +403,8 @@ def _analyse(run_dir: RunDir, manifest: Manifest, gate: float) -> RunReport | No
 def _finish_removals(jobs: dict[str, HostJob], plan: HostPlan, emit: EventSink) -> dict[str, BaseException]:
     """Take the answer of every removal a host left running (``HostPlan.defer_removal``); the hosts
     whose removal failed, with what it raised. Ctrl-C meanwhile stops nothing: it says so, and (as
-    during the fan-out) hosts that no longer answer are abandoned."""
+    during the fan-out) hosts that no longer answer are abandoned. Nothing else is said from here:
+    Ctrl-C's message is said by the main thread, and must not meet another of its own."""
     failed: dict[str, BaseException] = {}
     presses: list[None] = []
 

@@ -2,8 +2,9 @@
 
 ``HostJob`` drives the host's ``Workspace`` (``orchestrator/hosts/workspace.py``) through its lifecycle and
 fills the host's record for the manifest: the fingerprint its runner sent, the runner's exit, whether
-the workspace is gone. It never leaves the run's workspace behind; the first error is the host's
-error, a cleanup failure is said beside it.
+the workspace is gone. It never leaves the run's workspace behind: it waits for the removal, or
+(``HostPlan.defer_removal``, after a run that went well) leaves it running for ``finish_removal``,
+which the replay always calls; the first error is the host's error, a cleanup failure is said beside it.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ class _Connecting(TypedDict, total=False):
 
 
 class HostJob:
-    """Everything one host does in one replay; ``__call__`` never leaves the run's workspace behind."""
+    """Everything one host does in one replay; ``__call__`` never leaves the run's workspace behind
+    (a removal it leaves running is ``finish_removal``'s)."""
 
     def __init__(self, cfg: HostConfig, plan: HostPlan) -> None:
         self.cfg = cfg
@@ -212,7 +214,7 @@ class HostJob:
                     ws.host.close()
                 watched.close()
         if self._removal is None:
-            self.plan.emit(self.cfg.name, "done", self._done_detail())
+            self.plan.emit(self.cfg.name, "done", self.done_detail())
         return self.record
 
     @property
@@ -222,8 +224,9 @@ class HostJob:
 
     def finish_removal(self) -> None:
         """Take the answer of the removal this job left running (``HostPlan.defer_removal``), as
-        ``_clean`` takes it, then close the host: the host is done. A removal that failed raises its
-        ``HostError`` (the host failed, as if its job had waited); nothing left running: nothing."""
+        ``_clean`` takes it, then close the host; the caller then says the host is done
+        (``done_detail``). A removal that failed raises its ``HostError`` (the host failed, as if its
+        job had waited); nothing left running: nothing."""
         pending, self._removal = self._removal, None
         if pending is None:
             return
@@ -232,7 +235,6 @@ class HostJob:
         finally:
             pending.ws.host.close()
             pending.watched.close()
-        self.plan.emit(self.cfg.name, "done", self._done_detail())
 
     def _wait_for_the_reference(self) -> None:
         """A held model: every other host runs once the reference's record is complete (no race)."""
@@ -466,7 +468,7 @@ class HostJob:
         finally:
             self.record.stages["clean"] = round(beside.seconds if beside is not None else time.monotonic() - t0, 3)
 
-    def _done_detail(self) -> str:
+    def done_detail(self) -> str:
         fp = self.record.fingerprint or "?"
         state = "replaced (the cached one had changed)" if self.record.bundle_replaced else "pushed" if self.record.bundle_pushed else "cached"
         return f"fingerprint {fp}, bundle {state}"

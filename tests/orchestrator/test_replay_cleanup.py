@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from orchestrator.commands.replay import replay
 from orchestrator.hosts.transport.base import ExecResult, Host
 from orchestrator.hosts.transport.local import LocalHost
 from orchestrator.store.rundir import RunDir
-from tests.orchestrator.test_replay import _left, _req, _setup
+from tests.orchestrator.test_replay import _left, _local_opener, _req, _setup
 
 
 class RmThatLeavesFiles(LocalHost):
@@ -100,7 +103,7 @@ def test_the_workspaces_go_while_the_run_is_analysed_and_the_manifest_says_they_
         rec = on_disk.hosts[host]
         assert rec.workspace_removed is True and rec.error is None and "clean" in rec.stages
         assert _left(tmp_path, host) == []
-        assert events.index((host, "done")) > events.index((host, "clean"))
+        assert events.count((host, "done")) == 1
     assert out.exit_code in (0, 1) and not out.errors
 
 
@@ -125,31 +128,86 @@ def test_a_removal_that_fails_after_the_analysis_fails_its_host_in_the_manifest_
 
 
 class RemovalInterruptedByCtrlC(LocalHost):
-    """A host whose workspace removal, once the run's report.json exists, presses Ctrl-C (SIGINT to the
-    replay's process) before it goes on: the replay is then waiting for it."""
+    """A host whose workspace removal, once the replay waits for its answer (``waiting`` set), presses
+    Ctrl-C (SIGINT to the replay's process) before it goes on."""
+
+    waiting = threading.Event()
 
     def exec(self, argv: list[str], timeout: float) -> ExecResult:
         if argv[:2] == ["sh", "-c"] and "is still there after rm -rf" in argv[2]:  # the removal
-            deadline = time.monotonic() + 10
-            while not list(Path(self.root_hint).glob("*/report.json")) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            assert self.waiting.wait(10)
             time.sleep(0.2)  # the replay is in its wait for this answer by now
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.2)
         return super().exec(argv, timeout)
 
 
-def test_ctrl_c_while_the_workspaces_go_after_the_analysis_waits_for_them(tmp_path: Path) -> None:
+def test_ctrl_c_while_the_workspaces_go_after_the_analysis_waits_for_them(tmp_path: Path, monkeypatch: Any) -> None:
+    import orchestrator.commands.replay as replay_module
+
     inv, bundle = _setup(tmp_path, ["local"])
+    RemovalInterruptedByCtrlC.waiting = threading.Event()
+    finish = replay_module._finish_removals
+
+    def finish_after_saying(*args: Any) -> Any:
+        RemovalInterruptedByCtrlC.waiting.set()
+        return finish(*args)
+
+    monkeypatch.setattr(replay_module, "_finish_removals", finish_after_saying)
 
     def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
-        host = RemovalInterruptedByCtrlC(cfg.name)
-        host.root_hint = str(tmp_path / "runs")  # type: ignore[attr-defined]
-        return host
+        return RemovalInterruptedByCtrlC(cfg.name)
 
     events: list[tuple[str, str, str]] = []
-    out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle, on_event=lambda h, s, d: events.append((h, s, d)))
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as in a terminal
+    try:
+        out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle,
+                     on_event=lambda h, s, d: events.append((h, s, d)))
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert ("*", "waiting", "cleaning remote workspaces; please wait") in events
     assert ("local", "done") in [(h, s) for h, s, _ in events]
+    assert out.report is not None and not out.manifest.interrupted  # the analysis was done before the press
     rec = RunDir(out.run_dir.path).read_manifest().hosts["local"]
     assert rec.workspace_removed is True and rec.error is None and _left(tmp_path, "local") == []
+
+
+def test_a_removal_is_recorded_even_when_the_analysis_crashes(tmp_path: Path, monkeypatch: Any) -> None:
+    # The removal overlaps the analysis: an analysis that raises must not take the removal's answer
+    # with it (a workspace left on the host, and the manifest saying nothing of it).
+    import orchestrator.report as report
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("a bug in the analysis")
+
+    monkeypatch.setattr(report, "analyse_and_write", broken)
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        return RmThatLeavesFiles(cfg.name) if cfg.name == "box-b" else LocalHost(cfg.name)
+
+    with pytest.raises(RuntimeError, match="a bug in the analysis"):
+        replay(_req(tmp_path, inv), opener=opener, bundle=bundle)
+    assert _left(tmp_path, "box-b") != [] and _left(tmp_path, "local") == []
+    manifest = RunDir(next((tmp_path / "runs").iterdir())).read_manifest()
+    assert manifest.hosts["box-b"].workspace_removed is False
+    assert manifest.hosts["box-b"].error and "WorkspaceLeft" in manifest.hosts["box-b"].error
+    assert manifest.hosts["local"].workspace_removed is True and manifest.hosts["local"].error is None
+
+
+def test_a_host_the_merge_fails_is_never_said_done_after(tmp_path: Path) -> None:
+    from orchestrator.progress import ProgressView
+
+    inv, bundle = _setup(tmp_path, ["local", "box-b"], {"box-b": "badresults"})
+    view = ProgressView(["local", "box-b"])
+    said: list[tuple[str, str]] = []
+
+    def sink(host: str, stage: str, detail: str) -> None:
+        said.append((host, stage))
+        view(host, stage, detail)
+
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, on_event=sink)
+    assert out.exit_code == 3 and "box-b" in out.errors
+    assert [s for h, s in said if h == "box-b" and s in ("done", "failed")][-1] == "failed"
+    assert view.state["box-b"][0] == "failed" and view.state["local"][0] == "done"
+    assert _left(tmp_path, "box-b") == []  # its workspace went all the same
