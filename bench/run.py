@@ -80,7 +80,7 @@ class Cell:
 
     def steal_share(self) -> float | None:
         """The median share of the machine's CPU time the hypervisor took during a measurement."""
-        shares = [m["steal_s"] / m["total_s"] for m in self.machine if m.get("total_s")]
+        shares = [share for share in map(_steal_share, self.machine) if share is not None]
         return round(statistics.median(shares), 3) if shares else None
 
     @property
@@ -117,8 +117,14 @@ class MachineCpu:
         return {k: round(v / hz, 2) for k, v in out.items()}
 
 
+def _steal_share(machine: dict[str, float]) -> float | None:
+    """The share of the machine's CPU time the hypervisor took during one measurement (``MachineCpu.since``)."""
+    return machine["steal_s"] / machine["total_s"] if machine.get("total_s") else None
+
+
 def _steal_note(machine: dict[str, float]) -> str:
-    return f"  (steal {machine['steal_s'] / machine['total_s']:.0%})" if machine.get("total_s") else ""
+    share = _steal_share(machine)
+    return "" if share is None else f"  (steal {share:.0%})"
 
 
 def machine_info() -> dict[str, Any]:
@@ -252,6 +258,7 @@ class Bench:
         cpu = MachineCpu()
         try:
             seconds = runners[tool]()
+            machine = cpu.since()  # the measured command's window, not the scratch's removal after it
         except (BaselineError, OSError) as exc:
             cell.errors.append(str(exc)[:500])
             print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  FAILED: {str(exc)[:300]}", flush=True)
@@ -259,7 +266,7 @@ class Bench:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         cell.seconds.append(seconds)
-        cell.machine.append(cpu.since())
+        cell.machine.append(machine)
         if tool in self.unit_cost:
             self.unit_cost[tool] = seconds / self.work_units(tool, point)
         print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  {seconds:7.2f} s{_steal_note(cell.machine[-1])}", flush=True)
@@ -278,6 +285,7 @@ class Bench:
                 seconds = run_limit(self.suite(point), self.hosts(h), slots=slots)
             else:
                 seconds = self.run_crosshost(point, scratch, cell, slots=slots)
+            machine = cpu.since()  # the measured command's window, not the scratch's removal after it
         except (BaselineError, OSError) as exc:
             cell.errors.append(str(exc)[:500])
             print(f"  {tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}  FAILED: {str(exc)[:300]}", flush=True)
@@ -285,7 +293,7 @@ class Bench:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         cell.seconds.append(seconds)
-        cell.machine.append(cpu.since())
+        cell.machine.append(machine)
         print(f"  {tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}  {seconds:7.2f} s{_steal_note(cell.machine[-1])}",
               flush=True)
 

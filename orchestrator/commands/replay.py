@@ -342,7 +342,7 @@ def replay(
                 jobs=request.jobs or default_jobs(len(names)),
                 cancel=plan.running.cancel,
                 on_interrupt=plan.running.stop_all,
-                on_waiting=lambda: emit("*", "waiting", "cleaning remote workspaces; please wait"),
+                on_waiting=lambda: emit("*", "waiting", WAITING_FOR_CLEANUP),
             )
         finally:
             for name, job in jobs.items():
@@ -387,6 +387,10 @@ def replay(
     return outcome
 
 
+#: what Ctrl-C says while the replay waits for its hosts' workspaces to go (during the fan-out or after)
+WAITING_FOR_CLEANUP = "cleaning remote workspaces; please wait"
+
+
 def _analyse(run_dir: RunDir, manifest: Manifest, gate: float) -> RunReport | None:
     """The run's analysis and reports; None when Ctrl-C cut it short (the run is kept, and says so)."""
     from orchestrator.report import analyse_and_write
@@ -406,13 +410,14 @@ def _finish_removals(jobs: dict[str, HostJob], plan: HostPlan, emit: EventSink) 
     during the fan-out) hosts that no longer answer are abandoned. Nothing else is said from here:
     Ctrl-C's message is said by the main thread, and must not meet another of its own."""
     failed: dict[str, BaseException] = {}
-    presses: list[None] = []
+    stopping = False
 
     def pressed() -> None:
-        emit("*", "waiting", "cleaning remote workspaces; please wait")
-        if not presses:  # the first: silent hosts are abandoned from now on
+        nonlocal stopping
+        emit("*", "waiting", WAITING_FOR_CLEANUP)
+        if not stopping:  # the first press: silent hosts are abandoned from now on
+            stopping = True
             plan.running.stop_all()
-        presses.append(None)
 
     with sigint_calls(pressed):
         for name, job in jobs.items():
@@ -500,8 +505,8 @@ def replay_command(
         kwargs["suite"] = suite
     # What is loaded by now (modules, classes, the suite) lives as long as the process: out of the
     # cyclic collector's sight, its full passes while the hosts run walk only what the replay makes.
-    # Frozen garbage is never freed: one command's worth at most. The collector, paused for the start (orchestrator/collector.py),
-    # runs again from here: before any host is touched.
+    # Frozen garbage is never freed: one command's worth at most. The collector, paused for the start
+    # (orchestrator/collector.py), runs again from here: before any host is touched.
     gc.freeze()
     collector.resume()
     outcome = (rounds or replay)(request, **kwargs)
