@@ -10,6 +10,10 @@ then the analysis; then the slow baselines, in the order that decides the target
 point, naive at T=100, naive elsewhere, default Ansible), each once; then further repetitions of them
 while the budget lasts. A measurement whose estimated cost does not fit the remaining budget is
 skipped and shown as skipped, never guessed. ``--budget-s 0`` means no budget (everything, all reps).
+
+Each measurement starts on a quiet machine (``wait_quiet``: at most 15 % of its CPU busy over half a
+second, waited for up to 30 s), so the fleet's start, the previous command's aftermath or another job on
+the machine land on no tool; the JSON keeps the wait and the busy share before each measurement.
 """
 
 from __future__ import annotations
@@ -117,14 +121,47 @@ class MachineCpu:
         return {k: round(v / hz, 2) for k, v in out.items()}
 
 
+#: a measurement starts once the machine's CPUs were this idle over one window (the bench's own set-up,
+#: the previous command's aftermath such as sshd sessions ending and the kernel freeing namespaces, and
+#: anything else on the machine then land on no tool), or after ``QUIET_MAX_S`` in any case
+QUIET_BUSY_SHARE = 0.15
+QUIET_WINDOW_S = 0.5
+QUIET_MAX_S = 30.0
+
+
+def wait_quiet(*, busy_share: float = QUIET_BUSY_SHARE, window_s: float = QUIET_WINDOW_S,
+               max_s: float = QUIET_MAX_S, sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.monotonic) -> dict[str, float]:
+    """Wait until one ``window_s`` window of the machine's CPU time was at most ``busy_share`` busy,
+    for at most ``max_s``: what was waited (``quiet_wait_s``) and the last window's busy share
+    (``busy_before``, above the threshold when the wait gave up); empty without ``/proc/stat``."""
+    started = clock()
+    while True:
+        cpu = MachineCpu()
+        if not cpu.ticks:
+            return {}
+        sleep(window_s)
+        window = cpu.since()
+        share = window["busy_s"] / window["total_s"] if window.get("total_s") else 0.0
+        waited = clock() - started
+        if share <= busy_share or waited >= max_s:
+            return {"quiet_wait_s": round(waited, 2), "busy_before": round(share, 3)}
+
+
 def _steal_share(machine: dict[str, float]) -> float | None:
     """The share of the machine's CPU time the hypervisor took during one measurement (``MachineCpu.since``)."""
     return machine["steal_s"] / machine["total_s"] if machine.get("total_s") else None
 
 
 def _steal_note(machine: dict[str, float]) -> str:
+    """The printed line's note: the steal, and a wait for a quiet machine that was long or gave up."""
     share = _steal_share(machine)
-    return "" if share is None else f"  (steal {share:.0%})"
+    said = [] if share is None else [f"steal {share:.0%}"]
+    if machine.get("busy_before", 0.0) > QUIET_BUSY_SHARE:
+        said.append(f"machine {machine['busy_before']:.0%} busy before it: waited {machine['quiet_wait_s']:.0f} s, no quieter")
+    elif machine.get("quiet_wait_s", 0.0) >= 2:
+        said.append(f"waited {machine['quiet_wait_s']:.0f} s for a quiet machine")
+    return f"  ({', '.join(said)})" if said else ""
 
 
 def machine_info() -> dict[str, Any]:
@@ -255,10 +292,11 @@ class Bench:
             "ansible_pipelined": lambda: run_ansible(suite, hosts, scratch, pipelined=True),
             "crosshost": lambda: self.run_crosshost(point, scratch, cell),
         }
+        quiet = wait_quiet()
         cpu = MachineCpu()
         try:
             seconds = runners[tool]()
-            machine = cpu.since()  # the measured command's window, not the scratch's removal after it
+            machine = {**cpu.since(), **quiet}  # the measured command's window, not the scratch's removal after it
         except (BaselineError, OSError) as exc:
             cell.errors.append(str(exc)[:500])
             print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  FAILED: {str(exc)[:300]}", flush=True)
@@ -279,13 +317,14 @@ class Bench:
             return
         point = (h, t, s)
         scratch = self.scratch / f"fleet-{tool}-H{h}-T{t}-S{s}-P{slots}-{len(cell.seconds) + len(cell.errors)}"
+        quiet = wait_quiet()
         cpu = MachineCpu()
         try:
             if tool == "limit":
                 seconds = run_limit(self.suite(point), self.hosts(h), slots=slots)
             else:
                 seconds = self.run_crosshost(point, scratch, cell, slots=slots)
-            machine = cpu.since()  # the measured command's window, not the scratch's removal after it
+            machine = {**cpu.since(), **quiet}  # the measured command's window, not the scratch's removal after it
         except (BaselineError, OSError) as exc:
             cell.errors.append(str(exc)[:500])
             print(f"  {tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}  FAILED: {str(exc)[:300]}", flush=True)
@@ -347,6 +386,7 @@ class Bench:
                 for tool in fast if rep % 2 == 0 else fast[::-1]:  # alternate order: no tool always goes first
                     self.measure(point, tool)
         if self.args.runner_tasks:
+            wait_quiet()
             self.runner = self.run_runner()
         for rep in range(self.args.reps):
             for fp in self.args.fleet:

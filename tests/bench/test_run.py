@@ -80,6 +80,7 @@ def test_every_grid_point_and_the_runner_rows_are_measured_before_any_fleet_poin
     monkeypatch.setattr(run.Bench, "measure_fleet", lambda self, fp, tool: done.append(("fleet", fp, tool)))
     monkeypatch.setattr(run.Bench, "run_runner", lambda self: done.append(("runner", None, "")) or {})
     monkeypatch.setattr(run.Bench, "result", lambda self, *a: {})
+    monkeypatch.setattr(run, "wait_quiet", lambda: {})
     args = argparse.Namespace(grid=[(2, 12), (8, 12)], sleeps=[0], fleet=[(32, 100, 0, 1), (128, 12, 0, 1)],
                               tools=["limit", "crosshost"], reps=3, slow_reps=0, budget_s=0, analysis_lines=0,
                               html_tasks=0, runner_tasks=[100], explain_reps=0, stats_runs=0, history_runs=0,
@@ -117,3 +118,44 @@ def test_each_measurement_keeps_what_the_machines_cpus_did_and_the_table_says_th
                           "ratios": ratios(meds), "targets": targets((2, 12, 0), meds)}], "analysis": None}
     assert render_table(result).splitlines()[-1] == (
         "Steal during the measurements (median share of the machine's CPU time): (2, 12, 0) limit 0%, crosshost 38%")
+
+
+def test_a_measurement_waits_for_a_quiet_machine_and_keeps_the_wait(tmp_path: Any, monkeypatch: Any,
+                                                                    capsys: Any) -> None:
+    """The wait ends on the first window at most that busy, or gives up after its limit and says so;
+    each measurement keeps what was waited and how busy the machine was before it."""
+    import argparse
+    import shutil
+
+    from bench import run
+
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    quiet = run.wait_quiet(busy_share=1.0, window_s=0.01, sleep=sleep, clock=lambda: now[0])
+    assert quiet["quiet_wait_s"] == 0.01 and 0.0 <= quiet["busy_before"] <= 1.0  # one window: any share is quiet
+    now[0] = 0.0
+    never = run.wait_quiet(busy_share=-1.0, window_s=0.01, max_s=0.05, sleep=sleep, clock=lambda: now[0])
+    assert never["quiet_wait_s"] >= 0.05 and never["busy_before"] > -1.0  # gave up, with the last share
+
+    monkeypatch.setattr(run, "crosshost_entry", lambda: "cli")
+    monkeypatch.setattr(run, "run_limit", lambda suite, hosts: 0.25)
+    monkeypatch.setattr(run.Bench, "suite", lambda self, point: None)
+    monkeypatch.setattr(run.Bench, "hosts", lambda self, count: [])
+    waits = iter([{"quiet_wait_s": 3.0, "busy_before": 0.05}, {"quiet_wait_s": 30.0, "busy_before": 0.6}])
+    monkeypatch.setattr(run, "wait_quiet", lambda: next(waits))
+    args = argparse.Namespace(grid=[(2, 12)], sleeps=[0], fleet=[], tools=["limit"], reps=1, slow_reps=0,
+                              budget_s=0, state=tmp_path / "state")
+    bench = run.Bench(args)
+    try:
+        bench.measure((2, 12, 0), "limit")
+        bench.measure((2, 12, 0), "limit")
+    finally:
+        shutil.rmtree(bench.scratch, ignore_errors=True)
+    machine = bench.cells[((2, 12, 0), "limit")].machine
+    assert [(m["quiet_wait_s"], m["busy_before"]) for m in machine] == [(3.0, 0.05), (30.0, 0.6)]
+    printed = capsys.readouterr().out.splitlines()
+    assert "waited 3 s for a quiet machine" in printed[-2]
+    assert "machine 60% busy before it: waited 30 s, no quieter" in printed[-1]
