@@ -25,7 +25,8 @@ def _agent_host(project: Path) -> str:
     key = project / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     return (f"\n[[hosts]]\nname = 'box-c'\ntransport = 'ssh'\naddress = '127.0.0.1'\nport = 2\n"
-            f"user = 'root'\nidentity_file = '{key}'\nuse_agent = true\n")
+            f"user = 'root'\nidentity_file = '{key}'\nuse_agent = true\n"
+            "connect_timeout_s = 1\n")  # nothing listens there: its refused connects retried for 2 s, not 20
 
 
 @pytest.fixture()
