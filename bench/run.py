@@ -164,6 +164,20 @@ def _steal_note(machine: dict[str, float]) -> str:
     return f"  ({', '.join(said)})" if said else ""
 
 
+def cpu_reference_ms(reps: int = 5) -> float:
+    """The median milliseconds of one fixed pure-Python loop on one core, on a quiet machine: how fast
+    this machine's CPU was during the run. The same hardware has measured 30-40 % slower within an
+    hour with no steal reported; a target with an absolute allowance (limit + 0.4 s) moves with it,
+    so each run's results are read beside its reference."""
+    wait_quiet()
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        sum(i * i for i in range(1_000_000))
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 1)
+
+
 def machine_info() -> dict[str, Any]:
     mem_kb = 0
     with open("/proc/meminfo") as fh:
@@ -182,6 +196,7 @@ def machine_info() -> dict[str, Any]:
         "cpu": _cpu_model(), "kernel": platform.release(), "python": platform.python_version(),
         "host_python": host_py, "openssh": ssh_v, "ansible": ansible_v,
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu_reference_ms_at_start": cpu_reference_ms(),
     }
 
 
@@ -373,7 +388,8 @@ class Bench:
         info = machine_info()
         print(f"crosshost measured via: {self.crosshost_via}", flush=True)
         print(f"machine: {info['nproc']} cores, {info['mem_gib']} GiB, Python {info['python']}, "
-              f"kernel {info['kernel']}, load {info['loadavg_at_start']}", flush=True)
+              f"kernel {info['kernel']}, load {info['loadavg_at_start']}, "
+              f"CPU reference {info['cpu_reference_ms_at_start']} ms (bench.run.cpu_reference_ms)", flush=True)
         started = time.monotonic()
         tools = self.args.tools
         fast = [x for x in ("limit", "crosshost") if x in tools]
@@ -485,6 +501,7 @@ class Bench:
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "machine": info, "wall_s": round(wall_s, 1),
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+            "cpu_reference_ms_at_end": cpu_reference_ms(),
             "crosshost_via": self.crosshost_via,
             "settings": {"reps": self.args.reps, "slow_reps": self.args.slow_reps,
                          "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},
@@ -741,7 +758,8 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{stamp}.md").write_text(table + "\n")
     print()
     print(table)
-    print(f"\nwall {result['wall_s']:.0f} s; results: {args.out / (stamp + '.json')}")
+    print(f"\nwall {result['wall_s']:.0f} s; CPU reference {result['machine']['cpu_reference_ms_at_start']} ms at the "
+          f"start, {result['cpu_reference_ms_at_end']} ms at the end; results: {args.out / (stamp + '.json')}")
     return 0
 
 

@@ -74,7 +74,7 @@ def test_every_grid_point_and_the_runner_rows_are_measured_before_any_fleet_poin
 
     monkeypatch.setattr(run, "crosshost_entry", lambda: "cli")
     monkeypatch.setattr(run, "machine_info", lambda: {"nproc": 2, "mem_gib": 1, "python": "3", "kernel": "k",
-                                                      "loadavg_at_start": 0.0})
+                                                      "loadavg_at_start": 0.0, "cpu_reference_ms_at_start": 80.0})
     done: list[tuple[str, Any, str]] = []
     monkeypatch.setattr(run.Bench, "measure", lambda self, point, tool: done.append(("grid", point, tool)))
     monkeypatch.setattr(run.Bench, "measure_fleet", lambda self, fp, tool: done.append(("fleet", fp, tool)))
@@ -139,6 +139,15 @@ def test_a_measurement_waits_for_a_quiet_machine_and_keeps_the_wait(tmp_path: An
     now[0] = 0.0
     never = run.wait_quiet(busy_share=-1.0, window_s=0.01, max_s=0.05, sleep=sleep, clock=lambda: now[0])
     assert never["quiet_wait_s"] >= 0.05 and never["busy_before"] > -1.0  # gave up, with the last share
+
+    waited: list[int] = []
+
+    def quiet_now() -> dict[str, float]:
+        waited.append(1)
+        return {}
+
+    monkeypatch.setattr(run, "wait_quiet", quiet_now)
+    assert run.cpu_reference_ms(reps=3) > 0 and waited == [1]  # the CPU's reference is taken on a quiet machine
 
     monkeypatch.setattr(run, "crosshost_entry", lambda: "cli")
     monkeypatch.setattr(run, "run_limit", lambda suite, hosts: 0.25)
