@@ -111,7 +111,8 @@ def test_each_cli_passes_a_two_tool_task_on_every_host_held_with_the_key_at_home
     assert {r.path for r in provider.requests} == paths.get(preset, {"/v1/chat/completions"})
     # every follower's request answered from the reference's record (else: where it diverged)
     hold = json.loads((run_dir / "model_hold.json").read_text())
-    assert hold["held"] == {h: {"answer.0": len(script)} for h in HOSTS}, hold["divergences"]
+    # the divergences whole (a string: pytest would cut a dict's repr), with both requests' texts
+    assert hold["held"] == {h: {"answer.0": len(script)} for h in HOSTS}, json.dumps(hold["divergences"], indent=1)
     # one request per scripted turn; a CLI that resent a request (its own retry, as under heavy load)
     # sent the same body again, which the provider answers alike: counted once
     bodies = {json.dumps(r.body, sort_keys=True) for r in provider.requests}
