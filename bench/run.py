@@ -11,9 +11,10 @@ point, naive at T=100, naive elsewhere, default Ansible), each once; then furthe
 while the budget lasts. A measurement whose estimated cost does not fit the remaining budget is
 skipped and shown as skipped, never guessed. ``--budget-s 0`` means no budget (everything, all reps).
 
-Each measurement starts on a quiet machine (``wait_quiet``: at most 15 % of its CPU busy over half a
-second, waited for up to 30 s), so the fleet's start, the previous command's aftermath or another job on
-the machine land on no tool; the JSON keeps the wait and the busy share before each measurement.
+Each measurement, and each of the other benchmarks, starts on a quiet machine (``wait_quiet``: at most
+15 % of its CPU busy over half a second, waited for up to 30 s), so the fleet's start, the previous
+command's aftermath or another job on the machine land on no tool; the JSON keeps the wait and the busy
+share before each grid and fleet measurement.
 """
 
 from __future__ import annotations
@@ -410,18 +411,24 @@ class Bench:
                     self.measure_fleet(fp, tool)
         analysis: dict[str, Any] | None = None
         if self.args.analysis_lines > 0:
+            wait_quiet()
             analysis = self.run_analysis()
         report_html: dict[str, Any] | None = None
         if self.args.html_tasks > 0:
+            wait_quiet()
             report_html = self.run_report_html()
         if self.args.explain_reps > 0:
+            wait_quiet()
             self.explain = self.run_explain()
         if self.args.stats_runs > 0:
+            wait_quiet()
             print(f"  statistics: seeded simulations of the suite-wide rule, {self.args.stats_runs} runs ...", flush=True)
             self.stats = stats_bench.measure(self.args.stats_runs)
         if self.args.proxy_requests > 0:
+            wait_quiet()  # the last fleet point's aftermath (its sshd sessions, its namespaces) first
             self.proxy = self.run_proxy()
         if self.args.history_runs > 1:
+            wait_quiet()
             print(f"  history: a replay after its hosts with 1 and {self.args.history_runs} runs in the index ...", flush=True)
             self.history = history_bench.measure(self.args.history_runs)
         # The order that decides the targets first: the faster Ansible everywhere, naive at T=100 (the
