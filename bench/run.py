@@ -12,9 +12,9 @@ while the budget lasts. A measurement whose estimated cost does not fit the rema
 skipped and shown as skipped, never guessed. ``--budget-s 0`` means no budget (everything, all reps).
 
 Each measurement, and each of the other benchmarks, starts on a quiet machine (``wait_quiet``: at most
-15 % of its CPU busy over half a second, waited for up to 30 s), so the fleet's start, the previous
-command's aftermath or another job on the machine land on no tool; the JSON keeps the wait and the busy
-share before each grid and fleet measurement.
+15 % of its CPU busy over half a second, waited for about 30 s at most), so the fleet's start and the
+previous command's aftermath land on no tool; the JSON keeps every wait (a grid or fleet measurement's
+with its CPU seconds, the other benchmarks' under ``quiet_waits``).
 """
 
 from __future__ import annotations
@@ -122,9 +122,9 @@ class MachineCpu:
         return {k: round(v / hz, 2) for k, v in out.items()}
 
 
-#: a measurement starts once the machine's CPUs were this idle over one window (the bench's own set-up,
-#: the previous command's aftermath such as sshd sessions ending and the kernel freeing namespaces, and
-#: anything else on the machine then land on no tool), or after ``QUIET_MAX_S`` in any case
+#: a measurement starts once the machine's CPUs were this idle over one window (the bench's own set-up and
+#: the previous command's aftermath, such as sshd sessions ending and the kernel freeing namespaces, then
+#: land on no tool), or after about ``QUIET_MAX_S`` in any case
 QUIET_BUSY_SHARE = 0.15
 QUIET_WINDOW_S = 0.5
 QUIET_MAX_S = 30.0
@@ -133,9 +133,10 @@ QUIET_MAX_S = 30.0
 def wait_quiet(*, busy_share: float = QUIET_BUSY_SHARE, window_s: float = QUIET_WINDOW_S,
                max_s: float = QUIET_MAX_S, sleep: Callable[[float], None] = time.sleep,
                clock: Callable[[], float] = time.monotonic) -> dict[str, float]:
-    """Wait until one ``window_s`` window of the machine's CPU time was at most ``busy_share`` busy,
-    for at most ``max_s``: what was waited (``quiet_wait_s``) and the last window's busy share
-    (``busy_before``, above the threshold when the wait gave up); empty without ``/proc/stat``."""
+    """Wait until one ``window_s`` window of the machine's CPU time (all CPUs, steal not counted as
+    busy) was at most ``busy_share`` busy, or until ``max_s`` passed (plus the window under way): what
+    was waited (``quiet_wait_s``), the last window's busy share (``busy_before``) and whether it was
+    quiet (``quiet``: False when the wait gave up); empty without ``/proc/stat``."""
     started = clock()
     while True:
         cpu = MachineCpu()
@@ -146,7 +147,7 @@ def wait_quiet(*, busy_share: float = QUIET_BUSY_SHARE, window_s: float = QUIET_
         share = window["busy_s"] / window["total_s"] if window.get("total_s") else 0.0
         waited = clock() - started
         if share <= busy_share or waited >= max_s:
-            return {"quiet_wait_s": round(waited, 2), "busy_before": round(share, 3)}
+            return {"quiet_wait_s": round(waited, 2), "busy_before": round(share, 3), "quiet": share <= busy_share}
 
 
 def _steal_share(machine: dict[str, float]) -> float | None:
@@ -158,7 +159,7 @@ def _steal_note(machine: dict[str, float]) -> str:
     """The printed line's note: the steal, and a wait for a quiet machine that was long or gave up."""
     share = _steal_share(machine)
     said = [] if share is None else [f"steal {share:.0%}"]
-    if machine.get("busy_before", 0.0) > QUIET_BUSY_SHARE:
+    if machine.get("quiet") is False:
         said.append(f"machine {machine['busy_before']:.0%} busy before it: waited {machine['quiet_wait_s']:.0f} s, no quieter")
     elif machine.get("quiet_wait_s", 0.0) >= 2:
         said.append(f"waited {machine['quiet_wait_s']:.0f} s for a quiet machine")
@@ -166,11 +167,10 @@ def _steal_note(machine: dict[str, float]) -> str:
 
 
 def cpu_reference_ms(reps: int = 5) -> float:
-    """The median milliseconds of one fixed pure-Python loop on one core, on a quiet machine: how fast
-    this machine's CPU was during the run. The same hardware has measured 30-40 % slower within an
-    hour with no steal reported; a target with an absolute allowance (limit + 0.4 s) moves with it,
-    so each run's results are read beside its reference."""
-    wait_quiet()
+    """The median milliseconds of one fixed pure-Python loop on one core (taken after ``wait_quiet``):
+    how fast this machine's CPU was during the run. The same hardware has measured between 59 and 90 ms
+    within one hour with no steal reported; a target with an absolute allowance (limit + 0.4 s) moves
+    with it, so each run's results are read beside its reference."""
     times = []
     for _ in range(reps):
         started = time.perf_counter()
@@ -197,6 +197,7 @@ def machine_info() -> dict[str, Any]:
         "cpu": _cpu_model(), "kernel": platform.release(), "python": platform.python_version(),
         "host_python": host_py, "openssh": ssh_v, "ansible": ansible_v,
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu_reference_quiet_at_start": wait_quiet(),
         "cpu_reference_ms_at_start": cpu_reference_ms(),
     }
 
@@ -248,6 +249,8 @@ class Bench:
         most = max([h for h, _ in args.grid] + [f[0] for f in args.fleet])
         self.names = [f"bench-{i:02d}" for i in range(most)]
         self.fleet_cells: dict[tuple[FleetPoint, str], Cell] = {}
+        #: the wait for a quiet machine before each benchmark that is not a grid or fleet measurement
+        self.quiet_waits: dict[str, dict[str, float]] = {}
         self.suites: dict[Point, BenchSuite] = {}
         self.unit_cost: dict[str, float] = {"naive": 0.75, "ansible": 0.35, "ansible_pipelined": 0.3}
         self.crosshost_via = crosshost_entry()
@@ -288,18 +291,27 @@ class Bench:
             return 5.0
         return self.unit_cost[tool] * self.work_units(tool, point)
 
+    def settle(self, stage: str) -> dict[str, float]:
+        """``wait_quiet`` before ``stage`` (kept in the JSON's ``quiet_waits``; a wait that gave up is said)."""
+        quiet = self.quiet_waits[stage] = wait_quiet()
+        if quiet.get("quiet") is False:
+            print(f"  {stage}: the machine stayed {quiet['busy_before']:.0%} busy for {quiet['quiet_wait_s']:.0f} s;"
+                  " measured anyway", flush=True)
+        return quiet
+
     def measure(self, point: Point, tool: str) -> None:
         cell = self.cells.setdefault((point, tool), Cell())
         if cell.errors and not cell.seconds:
             return  # it failed here once: repeating it measures nothing and costs the budget
+        h, t, s = point
+        suite, hosts = self.suite(point), self.hosts(h)
+        quiet = wait_quiet()  # before the budget's check: the wait is spent either way
         left = self.deadline - time.monotonic()
         est = self.estimate(tool, point)
         if est > left:
             if not cell.seconds:
                 cell.skipped = f"time budget (estimated {est:.0f} s, {max(left, 0):.0f} s left)"
             return
-        h, t, s = point
-        suite, hosts = self.suite(point), self.hosts(h)
         scratch = self.scratch / f"{tool}-H{h}-T{t}-S{s}-{len(cell.seconds) + len(cell.errors)}"
         runners: dict[str, Callable[[], float]] = {
             "limit": lambda: run_limit(suite, hosts),
@@ -308,7 +320,6 @@ class Bench:
             "ansible_pipelined": lambda: run_ansible(suite, hosts, scratch, pipelined=True),
             "crosshost": lambda: self.run_crosshost(point, scratch, cell),
         }
-        quiet = wait_quiet()
         cpu = MachineCpu()
         try:
             seconds = runners[tool]()
@@ -333,11 +344,12 @@ class Bench:
             return
         point = (h, t, s)
         scratch = self.scratch / f"fleet-{tool}-H{h}-T{t}-S{s}-P{slots}-{len(cell.seconds) + len(cell.errors)}"
+        suite, hosts = self.suite(point), self.hosts(h)  # made outside the measured window
         quiet = wait_quiet()
         cpu = MachineCpu()
         try:
             if tool == "limit":
-                seconds = run_limit(self.suite(point), self.hosts(h), slots=slots)
+                seconds = run_limit(suite, hosts, slots=slots)
             else:
                 seconds = self.run_crosshost(point, scratch, cell, slots=slots)
             machine = {**cpu.since(), **quiet}  # the measured command's window, not the scratch's removal after it
@@ -403,7 +415,7 @@ class Bench:
                 for tool in fast if rep % 2 == 0 else fast[::-1]:  # alternate order: no tool always goes first
                     self.measure(point, tool)
         if self.args.runner_tasks:
-            wait_quiet()
+            self.settle("runner")
             self.runner = self.run_runner()
         for rep in range(self.args.reps):
             for fp in self.args.fleet:
@@ -411,24 +423,24 @@ class Bench:
                     self.measure_fleet(fp, tool)
         analysis: dict[str, Any] | None = None
         if self.args.analysis_lines > 0:
-            wait_quiet()
+            self.settle("analysis")
             analysis = self.run_analysis()
         report_html: dict[str, Any] | None = None
         if self.args.html_tasks > 0:
-            wait_quiet()
+            self.settle("report.html")
             report_html = self.run_report_html()
         if self.args.explain_reps > 0:
-            wait_quiet()
+            self.settle("explain")
             self.explain = self.run_explain()
         if self.args.stats_runs > 0:
-            wait_quiet()
+            self.settle("statistics")
             print(f"  statistics: seeded simulations of the suite-wide rule, {self.args.stats_runs} runs ...", flush=True)
             self.stats = stats_bench.measure(self.args.stats_runs)
         if self.args.proxy_requests > 0:
-            wait_quiet()  # the last fleet point's aftermath (its sshd sessions, its namespaces) first
+            self.settle("proxy")  # the last fleet point's aftermath (its sshd sessions, its namespaces) first
             self.proxy = self.run_proxy()
         if self.args.history_runs > 1:
-            wait_quiet()
+            self.settle("history")
             print(f"  history: a replay after its hosts with 1 and {self.args.history_runs} runs in the index ...", flush=True)
             self.history = history_bench.measure(self.args.history_runs)
         # The order that decides the targets first: the faster Ansible everywhere, naive at T=100 (the
@@ -508,7 +520,9 @@ class Bench:
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "machine": info, "wall_s": round(wall_s, 1),
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+            "cpu_reference_quiet_at_end": self.settle("cpu reference at the end"),
             "cpu_reference_ms_at_end": cpu_reference_ms(),
+            "quiet_waits": self.quiet_waits,
             "crosshost_via": self.crosshost_via,
             "settings": {"reps": self.args.reps, "slow_reps": self.args.slow_reps,
                          "budget_s": self.args.budget_s, "grid": self.args.grid, "sleeps": self.args.sleeps},

@@ -200,7 +200,7 @@ def _stop_locked() -> None:
     if _pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
     # dockerd's own containerd goes with it; a shim of a container still running is left to the daemon's
-    # next start (live containers are removed by the tests that made them)
+    # next start (a lease removes the session's containers before it stops the daemon)
 
 
 def _remove_leftovers_locked() -> None:
@@ -255,10 +255,13 @@ class Lease:
             self.path.unlink(missing_ok=True)
             if not self._others() and STARTED_BY_LEASE.exists():
                 # a container still running makes the daemon's stop wait out its stop timeout (10 s
-                # each, measured 11-30 s at the end of a test session): removed first, they cost none
-                _remove_leftovers_locked()
-                _stop_locked()
-                STARTED_BY_LEASE.unlink(missing_ok=True)
+                # each, measured 11-30 s at the end of a test session): removed first, they cost none;
+                # the stop happens whatever the removal did (a hung daemon is when it matters most)
+                try:
+                    _remove_leftovers_locked()
+                finally:
+                    _stop_locked()
+                    STARTED_BY_LEASE.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------- images

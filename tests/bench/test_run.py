@@ -134,26 +134,36 @@ def test_a_measurement_waits_for_a_quiet_machine_and_keeps_the_wait(tmp_path: An
     def sleep(seconds: float) -> None:
         now[0] += seconds
 
-    quiet = run.wait_quiet(busy_share=1.0, window_s=0.01, sleep=sleep, clock=lambda: now[0])
-    assert quiet["quiet_wait_s"] == 0.01 and 0.0 <= quiet["busy_before"] <= 1.0  # one window: any share is quiet
+    def windows(*shares: tuple[int, int, int]) -> None:
+        """/proc/stat as it reads around each window: (busy, idle, steal) ticks of the window."""
+        reads: list[list[int]] = []
+        total = [0] * 8  # user, nice, system, idle, iowait, irq, softirq, steal
+        for busy, idle, steal in shares:
+            reads.append(list(total))
+            total[0] += busy // 2
+            total[2] += busy - busy // 2
+            total[3] += idle
+            total[7] += steal
+            reads.append(list(total))
+        script = iter(reads)
+        monkeypatch.setattr(run.MachineCpu, "_read", staticmethod(lambda: next(script)))
+
+    windows((80, 20, 0), (10, 60, 30))  # busy, then quiet (a hypervisor's steal is not this machine busy)
+    quiet = run.wait_quiet(window_s=0.5, sleep=sleep, clock=lambda: now[0])
+    assert quiet == {"quiet_wait_s": 1.0, "busy_before": 0.1, "quiet": True}
     now[0] = 0.0
-    never = run.wait_quiet(busy_share=-1.0, window_s=0.01, max_s=0.05, sleep=sleep, clock=lambda: now[0])
-    assert never["quiet_wait_s"] >= 0.05 and never["busy_before"] > -1.0  # gave up, with the last share
-
-    waited: list[int] = []
-
-    def quiet_now() -> dict[str, float]:
-        waited.append(1)
-        return {}
-
-    monkeypatch.setattr(run, "wait_quiet", quiet_now)
-    assert run.cpu_reference_ms(reps=3) > 0 and waited == [1]  # the CPU's reference is taken on a quiet machine
+    windows(*[(80, 20, 0)] * 10)  # busy throughout: gives up once max_s has passed, and says so
+    assert run.wait_quiet(window_s=0.5, max_s=1.5, sleep=sleep, clock=lambda: now[0]) == {
+        "quiet_wait_s": 1.5, "busy_before": 0.8, "quiet": False}
+    monkeypatch.undo()
+    assert run.cpu_reference_ms(reps=3) > 0
 
     monkeypatch.setattr(run, "crosshost_entry", lambda: "cli")
     monkeypatch.setattr(run, "run_limit", lambda suite, hosts: 0.25)
     monkeypatch.setattr(run.Bench, "suite", lambda self, point: None)
     monkeypatch.setattr(run.Bench, "hosts", lambda self, count: [])
-    waits = iter([{"quiet_wait_s": 3.0, "busy_before": 0.05}, {"quiet_wait_s": 30.0, "busy_before": 0.6}])
+    waits = iter([{"quiet_wait_s": 3.0, "busy_before": 0.05, "quiet": True},
+                  {"quiet_wait_s": 30.0, "busy_before": 0.6, "quiet": False}])
     monkeypatch.setattr(run, "wait_quiet", lambda: next(waits))
     args = argparse.Namespace(grid=[(2, 12)], sleeps=[0], fleet=[], tools=["limit"], reps=1, slow_reps=0,
                               budget_s=0, state=tmp_path / "state")
