@@ -194,7 +194,10 @@ def _stop_locked() -> None:
     if pid is None:
         return
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
+    # an idle daemon ends within 3 s; after a test session it has been seen to wait out the whole
+    # deadline (its containerd gone, a container's removal still "in progress"): killed after 10 s,
+    # which leaves what the 30 s did (the next start removes the leftovers)
+    deadline = time.monotonic() + 10
     while _pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     if _pid_alive(pid):

@@ -133,62 +133,68 @@ def test_each_cli_passes_a_two_tool_task_on_every_host_held_with_the_key_at_home
     assert out.exit_code == 0
 
 
-def test_a_cli_pointed_at_an_api_the_suite_did_not_declare_is_the_runs_error(roots: Any, tmp_path: Path) -> None:
-    """Codex speaks only OpenAI Responses; a suite that says api = "anthropic" gets no answer for it:
-    every host's attempt is an error that names the API and the fix, the run is not valid."""
-    key, inventory = roots
-    script, _ = _script("codex")
-    with FakeProvider(script=script, key=key) as provider:
-        suite = _suite(tmp_path, "codex", provider.base_url, api="anthropic")
-        out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
-    run_dir = out.run_dir.path
-    assert provider.requests == []
-    rows = read_jsonl(run_dir / "results.jsonl")
-    assert {r["verdict"] for r in rows} == {"error"} and len(rows) == 3
-    for row in rows:
-        assert "/v1/responses (OpenAI Responses)" in row["why"] and "api is 'anthropic'" in row["why"], row["why"]
-    calls = read_jsonl(run_dir / "hosts" / "box-a" / "model_calls.jsonl")
-    assert calls and {(c["path"], c["error"]) for c in calls} == {("/v1/responses", "crosshost_refused")}
-    assert out.exit_code != 0
-    report = json.loads((run_dir / "report.json").read_text())
-    assert report["valid"] is False
+class TestARefusalAndAnExplanation:
+    """A class of their own: pytest-xdist's ``--dist loadscope`` schedules a class apart from its
+    module's functions, so these two (about 60 s) run on another worker than the four CLIs (about
+    105 s), not after them on the same one."""
 
-
-def test_mini_swe_agent_host_coupled_task_is_found_and_explained_by_the_opt_file_it_looked_up(
-    roots: Any, sshd_hosts: Any, tmp_path: Path
-) -> None:
-    """mini-swe-agent checks a feature flag under /opt that only box-b has: the run finds the flip and
-    explain names the flag file the agent looked up, among the thousands of paths its Python and
-    litellm read when they start (those rank last, and are the ones dropped past the cap, said so)."""
-    key, _ = roots
-    inventory, workspace_root = own_roots(sshd_hosts.fleet, tmp_path / "one.toml", ("box-b",))
-    top = f"crosshost-cli-{secrets.token_hex(3)}"
-    flag = f"/opt/{top}/feature.flag"
-    on_box_b = sshd_hosts.fleet.hosts["box-b"].dir / "opt" / top
-    on_box_b.mkdir(parents=True)
-    (on_box_b / "feature.flag").write_text("on\n")
-    commands = [f"if test -f {flag}; then echo on; else echo off; fi > answer.txt",
-                "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
-    script = [{"tool_calls": [{"name": "bash", "args": {"command": c}}]} for c in commands]
-    try:
+    def test_a_cli_pointed_at_an_api_the_suite_did_not_declare_is_the_runs_error(
+        self, roots: Any, tmp_path: Path
+    ) -> None:
+        """Codex speaks only OpenAI Responses; a suite that says api = "anthropic" gets no answer for it:
+        every host's attempt is an error that names the API and the fix, the run is not valid."""
+        key, inventory = roots
+        script, _ = _script("codex")
         with FakeProvider(script=script, key=key) as provider:
-            suite = _suite(tmp_path, "mini-swe-agent", provider.base_url, predicate='test "$(cat answer.txt)" = off\n')
-            run = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
-            rows = read_jsonl(run.run_dir.path / "results.jsonl")
-            assert sorted((r["env"], r["verdict"]) for r in rows) == [("box-b", "fail"), ("local", "pass")], rows
-            assert run.report is not None and [t.flip for t in run.report.tasks] == [True]
-            out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
-        assert out.exit_code == 0 and not out.errors, out.errors
-        [entry] = out.record.tasks
-        assert flag in [p.path for p in entry.paths], ([p.path for p in entry.paths][:8], entry.not_collected)
-        evidence = next(p for p in entry.paths if p.path == flag)
-        assert evidence.by == ["agent"] and evidence.state["local"] == "absent", evidence
-        assert entry.paths[0].path in (flag, f"/opt/{top}"), [p.path for p in entry.paths][:5]
-        # what was cut is said, with where: the agent's interpreter and library files, not the flag
-        cuts = [n for n in entry.not_collected if n.startswith("file evidence cut")]
-        assert all(flag not in n for n in cuts), cuts
-        record = json.loads((run.run_dir.path / "explain.json").read_text())
-        assert [t["not_collected"] for t in record["tasks"]] == [entry.not_collected]
-    finally:
-        shutil.rmtree(on_box_b, ignore_errors=True)
-        shutil.rmtree(workspace_root, ignore_errors=True)
+            suite = _suite(tmp_path, "codex", provider.base_url, api="anthropic")
+            out = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+        run_dir = out.run_dir.path
+        assert provider.requests == []
+        rows = read_jsonl(run_dir / "results.jsonl")
+        assert {r["verdict"] for r in rows} == {"error"} and len(rows) == 3
+        for row in rows:
+            assert "/v1/responses (OpenAI Responses)" in row["why"] and "api is 'anthropic'" in row["why"], row["why"]
+        calls = read_jsonl(run_dir / "hosts" / "box-a" / "model_calls.jsonl")
+        assert calls and {(c["path"], c["error"]) for c in calls} == {("/v1/responses", "crosshost_refused")}
+        assert out.exit_code != 0
+        report = json.loads((run_dir / "report.json").read_text())
+        assert report["valid"] is False
+
+    def test_mini_swe_agent_host_coupled_task_is_found_and_explained_by_the_opt_file_it_looked_up(
+        self, roots: Any, sshd_hosts: Any, tmp_path: Path
+    ) -> None:
+        """mini-swe-agent checks a feature flag under /opt that only box-b has: the run finds the flip and
+        explain names the flag file the agent looked up, among the thousands of paths its Python and
+        litellm read when they start (those rank last, and are the ones dropped past the cap, said so)."""
+        key, _ = roots
+        inventory, workspace_root = own_roots(sshd_hosts.fleet, tmp_path / "one.toml", ("box-b",))
+        top = f"crosshost-cli-{secrets.token_hex(3)}"
+        flag = f"/opt/{top}/feature.flag"
+        on_box_b = sshd_hosts.fleet.hosts["box-b"].dir / "opt" / top
+        on_box_b.mkdir(parents=True)
+        (on_box_b / "feature.flag").write_text("on\n")
+        commands = [f"if test -f {flag}; then echo on; else echo off; fi > answer.txt",
+                    "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+        script = [{"tool_calls": [{"name": "bash", "args": {"command": c}}]} for c in commands]
+        try:
+            with FakeProvider(script=script, key=key) as provider:
+                suite = _suite(tmp_path, "mini-swe-agent", provider.base_url, predicate='test "$(cat answer.txt)" = off\n')
+                run = replay(ReplayRequest(suite_dir=suite, inventory_path=inventory, out=tmp_path / "runs"))
+                rows = read_jsonl(run.run_dir.path / "results.jsonl")
+                assert sorted((r["env"], r["verdict"]) for r in rows) == [("box-b", "fail"), ("local", "pass")], rows
+                assert run.report is not None and [t.flip for t in run.report.tasks] == [True]
+                out = explain(ExplainRequest(run_dir=run.run_dir.path, inventory_path=inventory))
+            assert out.exit_code == 0 and not out.errors, out.errors
+            [entry] = out.record.tasks
+            assert flag in [p.path for p in entry.paths], ([p.path for p in entry.paths][:8], entry.not_collected)
+            evidence = next(p for p in entry.paths if p.path == flag)
+            assert evidence.by == ["agent"] and evidence.state["local"] == "absent", evidence
+            assert entry.paths[0].path in (flag, f"/opt/{top}"), [p.path for p in entry.paths][:5]
+            # what was cut is said, with where: the agent's interpreter and library files, not the flag
+            cuts = [n for n in entry.not_collected if n.startswith("file evidence cut")]
+            assert all(flag not in n for n in cuts), cuts
+            record = json.loads((run.run_dir.path / "explain.json").read_text())
+            assert [t["not_collected"] for t in record["tasks"]] == [entry.not_collected]
+        finally:
+            shutil.rmtree(on_box_b, ignore_errors=True)
+            shutil.rmtree(workspace_root, ignore_errors=True)
