@@ -6,7 +6,10 @@ answers. That is enough for a trace: every tool call the model asked for (tool n
 turn, and the tool's result is the one the agent sends back in its next request (each API's module
 says where: OpenAI chat, a ``tool`` message with the call's ``tool_call_id``; Anthropic, a
 ``tool_result`` block with its ``tool_use_id``).
-A call whose result never came back (the agent stopped) keeps an empty observation.
+A call whose result never came back (the agent stopped) keeps an empty observation. The two may
+arrive in either order: a streamed answer's turns are booked once its stream has ended, and a fast
+agent's next request (another connection, another thread) can be booked before that; its results
+then wait for the calls they answer.
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ class AttemptLog:
     prompt_tokens: int = 0  # every answer's, also those without a tool call
     completion_tokens: int = 0
     text: str | None = None  # what the model said last (an exec agent's final answer)
+    #: results a request carried for calls not booked yet (their answer's stream still ending)
+    early: dict[str, ToolResult] = field(default_factory=dict)
 
     def to_json(self) -> AttemptTurns:
         return {"turns": self.turns, "requests": self.requests, "stopped": self.stopped, "error": self.error,
@@ -112,9 +117,15 @@ class ExchangeBook:
         with self._lock:
             log = self._attempts.setdefault(attempt, AttemptLog())
             log.requests += 1
-            for turn in log.turns:
-                if turn["observation"] is None and turn["call_id"] in results:
-                    turn["observation"], turn["error"] = results[turn["call_id"]]
+            for call_id, result in results.items():
+                same = [t for t in log.turns if t["call_id"] == call_id]
+                waiting = [t for t in same if t["observation"] is None]
+                for turn in waiting:
+                    turn["observation"], turn["error"] = result
+                if not waiting and (not same or (same[-1]["observation"], same[-1]["error"]) != result):
+                    # no booked call has it (yet): a request resends every earlier result, so one
+                    # already booked is the last call's of that id (a provider without ids: its name)
+                    log.early[call_id] = result
 
     def call(self, attempt: str, record: CallRecord) -> None:
         """The proxy's record of one request of ``attempt`` (answered, held, refused or failed)."""
@@ -129,8 +140,9 @@ class ExchangeBook:
             if answer.text and answer.text.strip():
                 log.text = answer.text.strip()
             for i, (call_id, name, args) in enumerate(answer.calls):
+                observation, error = log.early.pop(call_id, (None, None))
                 log.turns.append({
-                    "call_id": call_id, "tool": name, "args": args, "observation": None, "error": None,
+                    "call_id": call_id, "tool": name, "args": args, "observation": observation, "error": error,
                     # the answer's tokens and request record go to its first call, like the built-in agent's
                     "prompt_tokens": answer.prompt_tokens if i == 0 else 0,
                     "completion_tokens": answer.completion_tokens if i == 0 else 0,
