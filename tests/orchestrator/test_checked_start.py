@@ -8,6 +8,7 @@ import ctypes
 import io
 import json
 import os
+import select
 import shutil
 import struct
 import subprocess
@@ -41,16 +42,19 @@ class _Swapper(threading.Thread):
     def __init__(self, bundle: Path, planted: bytes) -> None:
         super().__init__(daemon=True)
         self.bundle, self.planted, self.opens, self.swapped = bundle, planted, 0, False
+        self.done = threading.Event()  # set when the start is over: the thread reads what is left, then ends
         libc = ctypes.CDLL(None, use_errno=True)
         self.fd = libc.inotify_init1(os.O_CLOEXEC)
         assert self.fd >= 0 and libc.inotify_add_watch(self.fd, str(bundle).encode(), _IN_OPEN | _IN_CLOSE_NOWRITE) >= 0
 
     def run(self) -> None:
         while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except OSError:
-                return  # closed: the start is over
+            # a blocking read would outlive the close of its descriptor: a short wait, then look again
+            if not select.select([self.fd], [], [], 0.05)[0]:
+                if self.done.is_set():
+                    return
+                continue
+            data = os.read(self.fd, 65536)
             while data:
                 _wd, mask, _cookie, size = _EVENT.unpack_from(data)
                 name = data[_EVENT.size:_EVENT.size + size].rstrip(b"\0")
@@ -80,8 +84,10 @@ def test_a_zipapp_renamed_over_the_bundles_after_its_digest_is_never_run(tmp_pat
     swapper.start()
     done = subprocess.run(checked_runner_argv(bundle, str(root), SYSTEM_PYTHON, ["version"]),
                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
-    os.close(swapper.fd)
+    swapper.done.set()
     swapper.join(5)
+    os.close(swapper.fd)
+    assert not swapper.is_alive()
     assert swapper.swapped  # the attack happened
     assert not marker.exists() and "planted" not in done.stdout, done.stdout
     # the bytes it checked ran (or, had the swap shown in the digest, nothing ran)
