@@ -51,9 +51,7 @@ class _Prepare:
     thread. Then it execs the zygote."""
 
     def __init__(self, net: bool) -> None:
-        if not privs._PidNamespace.usable():  # also opens the runner's own, which the start comes back to
-            raise OSError("no PID namespace of its own can be made and left here")
-        self.net = net
+        self.net = net  # made by ``Zygote``, which has checked the PID namespace can be left
         self.libc = privs.libc()
         self.handled = privs._handled_signals()
 

@@ -166,6 +166,26 @@ def _steal_note(machine: dict[str, float]) -> str:
     return f"  ({', '.join(said)})" if said else ""
 
 
+def _timed(cell: Cell, label: str, run: Callable[[], float], scratch: Path, quiet: dict[str, float]) -> float | None:
+    """One measurement of ``cell``, started once the machine was quiet (``quiet``: that wait): its
+    seconds and the machine's CPU over the command's window (not the scratch's removal after it) are
+    kept and printed after ``label``; a failure is kept and printed instead (None)."""
+    cpu = MachineCpu()
+    try:
+        seconds = run()
+        machine = {**cpu.since(), **quiet}
+    except (BaselineError, OSError) as exc:
+        cell.errors.append(str(exc)[:500])
+        print(f"  {label}  FAILED: {str(exc)[:300]}", flush=True)
+        return None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    cell.seconds.append(seconds)
+    cell.machine.append(machine)
+    print(f"  {label}  {seconds:7.2f} s{_steal_note(machine)}", flush=True)
+    return seconds
+
+
 def cpu_reference_ms(reps: int = 5) -> float:
     """The median milliseconds of one fixed pure-Python loop on one core (taken after ``wait_quiet``):
     how fast this machine's CPU was during the run. The same hardware has measured between 59 and 90 ms
@@ -320,21 +340,9 @@ class Bench:
             "ansible_pipelined": lambda: run_ansible(suite, hosts, scratch, pipelined=True),
             "crosshost": lambda: self.run_crosshost(point, scratch, cell),
         }
-        cpu = MachineCpu()
-        try:
-            seconds = runners[tool]()
-            machine = {**cpu.since(), **quiet}  # the measured command's window, not the scratch's removal after it
-        except (BaselineError, OSError) as exc:
-            cell.errors.append(str(exc)[:500])
-            print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  FAILED: {str(exc)[:300]}", flush=True)
-            return
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        cell.seconds.append(seconds)
-        cell.machine.append(machine)
-        if tool in self.unit_cost:
+        seconds = _timed(cell, f"{tool:<18} H={h} T={t:<3} S={s:<2}", runners[tool], scratch, quiet)
+        if seconds is not None and tool in self.unit_cost:
             self.unit_cost[tool] = seconds / self.work_units(tool, point)
-        print(f"  {tool:<18} H={h} T={t:<3} S={s:<2}  {seconds:7.2f} s{_steal_note(cell.machine[-1])}", flush=True)
 
     def measure_fleet(self, fp: FleetPoint, tool: str) -> None:
         """A fleet point: crosshost (``slots`` per host) or the limit with the same parallelism."""
@@ -345,24 +353,9 @@ class Bench:
         point = (h, t, s)
         scratch = self.scratch / f"fleet-{tool}-H{h}-T{t}-S{s}-P{slots}-{len(cell.seconds) + len(cell.errors)}"
         suite, hosts = self.suite(point), self.hosts(h)  # made outside the measured window
-        quiet = wait_quiet()
-        cpu = MachineCpu()
-        try:
-            if tool == "limit":
-                seconds = run_limit(suite, hosts, slots=slots)
-            else:
-                seconds = self.run_crosshost(point, scratch, cell, slots=slots)
-            machine = {**cpu.since(), **quiet}  # the measured command's window, not the scratch's removal after it
-        except (BaselineError, OSError) as exc:
-            cell.errors.append(str(exc)[:500])
-            print(f"  {tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}  FAILED: {str(exc)[:300]}", flush=True)
-            return
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        cell.seconds.append(seconds)
-        cell.machine.append(machine)
-        print(f"  {tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}  {seconds:7.2f} s{_steal_note(cell.machine[-1])}",
-              flush=True)
+        run: Callable[[], float] = ((lambda: run_limit(suite, hosts, slots=slots)) if tool == "limit"
+                                    else (lambda: self.run_crosshost(point, scratch, cell, slots=slots)))
+        _timed(cell, f"{tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}", run, scratch, wait_quiet())
 
     def run_crosshost(self, point: Point, scratch: Path, cell: Cell, *, slots: int = 1) -> float:
         """``crosshost replay SUITE -i hosts.toml``: the whole command, as a user runs it."""
@@ -516,12 +509,13 @@ class Bench:
                 "tools": {tool: self.cells[(point, tool)].summary() for tool in TOOLS if (point, tool) in self.cells},
                 "ratios": ratios(med), "targets": targets(point, med),
             })
+        self.settle("cpu reference at the end")  # kept under quiet_waits
+        reference_at_end = cpu_reference_ms()
         return {
             "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "machine": info, "wall_s": round(wall_s, 1),
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-            "cpu_reference_quiet_at_end": self.settle("cpu reference at the end"),
-            "cpu_reference_ms_at_end": cpu_reference_ms(),
+            "cpu_reference_ms_at_end": reference_at_end,
             "quiet_waits": self.quiet_waits,
             "crosshost_via": self.crosshost_via,
             "settings": {"reps": self.args.reps, "slow_reps": self.args.slow_reps,

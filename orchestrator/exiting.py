@@ -4,8 +4,8 @@ A replay's interpreter holds paramiko's, pydantic's, rich's and crosshost's obje
 thousand; its finalisation tears every module down and frees each of them: 60-80 ms of a replay's wall
 time, for a process that is about to be gone. ``end_process`` keeps what that exit gives a user: the
 command's other threads finish, every ``atexit`` handler runs (logging's flush, ``weakref.finalize``,
-temporary directories), stdout and stderr are flushed; then the process ends with ``os._exit``. Files crosshost writes are closed by the
-code that writes them, never by finalisation.
+temporary directories), stdout and stderr are flushed; then the process ends with ``os._exit``. Files
+crosshost writes are closed by the code that writes them, never by finalisation.
 """
 
 from __future__ import annotations

@@ -30,11 +30,19 @@ class RmThatLeavesFiles(LocalHost):
         return super().exec(argv, timeout)
 
 
+def _box_b_as(host: Callable[[str], Host]) -> Callable[..., Host]:
+    """An opener that gives box-b ``host`` and every other host a plain ``LocalHost``."""
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        return host(cfg.name) if cfg.name == "box-b" else LocalHost(cfg.name)
+
+    return opener
+
+
 def test_a_workspace_still_there_after_the_run_is_that_hosts_error(tmp_path: Path) -> None:
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
 
-    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
-        return RmThatLeavesFiles(cfg.name) if cfg.name == "box-b" else LocalHost(cfg.name)
+    opener = _box_b_as(RmThatLeavesFiles)
 
     out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle, with_analysis=False)
     rec = out.manifest.hosts["box-b"]
@@ -58,8 +66,7 @@ class PullFailsAndRmLeavesFiles(RmThatLeavesFiles):
 def test_a_failed_cleanup_is_said_even_when_the_host_had_already_failed(tmp_path: Path) -> None:
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
 
-    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
-        return PullFailsAndRmLeavesFiles(cfg.name) if cfg.name == "box-b" else LocalHost(cfg.name)
+    opener = _box_b_as(PullFailsAndRmLeavesFiles)
 
     out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle, with_analysis=False)
     rec = out.manifest.hosts["box-b"]
@@ -112,8 +119,7 @@ def test_a_removal_that_fails_after_the_analysis_fails_its_host_in_the_manifest_
 ) -> None:
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
 
-    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
-        return RmThatLeavesFiles(cfg.name) if cfg.name == "box-b" else LocalHost(cfg.name)
+    opener = _box_b_as(RmThatLeavesFiles)
 
     out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle)
     assert _left(tmp_path, "box-b") != []
@@ -183,8 +189,7 @@ def test_a_removal_is_recorded_even_when_the_analysis_crashes(tmp_path: Path, mo
     monkeypatch.setattr(report, "analyse_and_write", broken)
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
 
-    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
-        return RmThatLeavesFiles(cfg.name) if cfg.name == "box-b" else LocalHost(cfg.name)
+    opener = _box_b_as(RmThatLeavesFiles)
 
     with pytest.raises(RuntimeError, match="a bug in the analysis"):
         replay(_req(tmp_path, inv), opener=opener, bundle=bundle)
