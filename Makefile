@@ -51,7 +51,7 @@ browser:
 # make setup and make test install it too (their own prerequisites are listed where they are defined)
 setup test: slurm
 slurm:
-	@for p in munged slurmctld slurmd sbatch scontrol; do command -v $$p >/dev/null || [ -x /usr/sbin/$$p ] || exit 1; done || { \
+	@(for p in munged slurmctld slurmd sbatch scontrol; do command -v $$p >/dev/null || [ -x /usr/sbin/$$p ] || exit 1; done) || { \
 	  echo "installing slurmctld, slurmd, slurm-client and munge (the Slurm job-array tests)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null) \
 	  || { echo "error: could not install Slurm; install it (apt-get install slurmctld slurmd slurm-client munge) and rerun" >&2; exit 1; }; }
