@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
                      "exists and keep the paths they touched")
     run.add_argument("--slots", type=_positive, default=1,
                      help="attempts at once, each in its own workspace, HOME, TMPDIR and budget (default 1)")
+    run.add_argument("--attempts-on-disk", action="store_true",
+                     help="keep the attempts' directories on the workspace root's file system (default, as "
+                     "root: in a tmpfs of the run's own over the workspace root)")
 
     check = sub.add_parser("check", help="check a trace against a contract: PASS or FAIL, one reason a line")
     check.add_argument("contract")
@@ -106,6 +109,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from .isolation_probe import detect_soon
 
+        if args.workspace_root and not args.attempts_on_disk:  # before any thread: see attempt_memory
+            from .attempt_memory import mount_over
+
+            mount_over(args.workspace_root)
         detect_soon()  # the isolation probe's processes run while the runner is imported
         from .runner import RunOptions, run_suite
 

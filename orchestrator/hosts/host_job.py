@@ -358,6 +358,8 @@ class HostJob:
             args.append("--trace-files")
         if self.slots() > 1:
             args += ["--slots", str(self.slots())]
+        if not self.cfg.attempts_in_memory:
+            args.append("--attempts-on-disk")
         runner = self._runner_argv(args)
         # A live model: the controller's proxy (key added there), reached through a reverse forward on
         # an SSH host; the runner itself gets CROSSHOST_MODEL_URL only (not in --env-allow: tools never see it).

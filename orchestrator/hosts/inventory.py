@@ -69,6 +69,9 @@ class HostConfig(BaseModel):
     bastion_connections: int = Field(default=8, ge=1, le=64, strict=True)
     #: attempts at once on this host, each in its own workspace, HOME, TMPDIR and budget
     slots: int = Field(default=1, ge=1, le=64, strict=True)
+    #: a root runner's attempts' directories in a tmpfs of the run's own (agent_runner/attempt_memory.py);
+    #: false: on workspace_root's file system (a task whose files would not fit in memory)
+    attempts_in_memory: bool = Field(default=True, strict=True)
     #: docker: a container started from this image for the run, removed after it
     image: str | None = Field(default=None, min_length=1, strict=True)
     #: docker: an existing, running container (left running)

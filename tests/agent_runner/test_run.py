@@ -251,11 +251,13 @@ def test_workspace_root_is_empty_when_the_runner_is_terminated(tmp_path: Path) -
     proc = subprocess.Popen([sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out",
                              str(tmp_path / "out"), "--workspace-root", str(ws)], env=clean_env(), cwd=REPO,
                             stderr=subprocess.PIPE, text=True)
+    # the attempts' directories as the runner sees them (a root runner's are in a tmpfs of its own)
+    seen = Path(f"/proc/{proc.pid}/root{ws}")
     for _ in range(100):
-        if ws.is_dir() and any(ws.iterdir()) and any(ws.glob("*/work/left-behind.txt")):
+        if seen.is_dir() and any(seen.iterdir()) and any(seen.glob("*/work/left-behind.txt")):
             break
         subprocess.run(["sleep", "0.1"])
-    assert any(ws.iterdir()), "the attempt never started"
+    assert any(seen.iterdir()), "the attempt never started"
     proc.terminate()
     assert proc.wait(timeout=20) == 143
     assert list(ws.iterdir()) == []

@@ -1,0 +1,111 @@
+"""A root runner's attempts live in a tmpfs only its run sees (``agent_runner.attempt_memory``): a process
+outside the run cannot find an attempt's files at the path the attempt works in, nothing of the tmpfs
+is left when the run ends, and ``--attempts-on-disk`` keeps them on the workspace root's file system."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_runner.attempt_memory import mount_over
+from tests.support.runner import REPO, clean_env, predicate_suite, records
+
+pytestmark = pytest.mark.root
+
+#: the predicate: say where it works and on what, then wait for the test to look from outside the run
+PREDICATE = (
+    'root=$(dirname "$(dirname "$PWD")")\n'
+    "echo secret > left-here\n"
+    # the mount over the workspace root, as this attempt's namespace sees it ("none": there is none)
+    'fs=$(awk -v r="$root" \'$5 == r { for (i = 6; i <= NF; i++) if ($i == "-") print $(i + 1) }\' '
+    "/proc/self/mountinfo)\n"
+    'printf "%s %s\\n" "$PWD" "${fs:-none}" > "$SEEN/said.tmp" && mv "$SEEN/said.tmp" "$SEEN/said"\n'
+    'i=0; while ! test -e "$SEEN/looked" && test $i -lt 100; do sleep 0.05; i=$((i+1)); done\n'
+)
+
+
+def _mounts_at(path: Path) -> list[str]:
+    """The mounts at ``path`` in this (the host's) mount namespace."""
+    with open("/proc/self/mountinfo") as fh:
+        return [line for line in fh if line.split()[4] == str(path)]
+
+
+def _run_and_look(tmp_path: Path, *extra: str) -> tuple[str, str, bool]:
+    """Run a one-task suite through the runner's CLI; while its predicate waits, look from outside the
+    run for the file it wrote. (its directory, the file system there, whether the file was seen)."""
+    for d in (tmp_path, *tmp_path.parents):
+        if d != Path("/"):
+            d.chmod(d.stat().st_mode | 0o001)  # the attempts' own uid reaches its workspace (pidns+uid)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    seen.chmod(0o777)
+    suite = predicate_suite(tmp_path, PREDICATE.replace("$SEEN", str(seen)), tasks=1)
+    ws, out = tmp_path / "ws" / "work", tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out", str(out),
+         "--workspace-root", str(ws), "--host", "h", *extra],
+        env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (seen / "said").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        where, fs = (seen / "said").read_text().split()
+        visible = (Path(where) / "left-here").exists()
+        (seen / "looked").touch()
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    [row] = records(out / "results.jsonl")
+    assert row["verdict"] == "pass", row
+    # nothing of the run is left: no attempt directory, no mount
+    assert list(ws.iterdir()) == []
+    assert _mounts_at(ws) == []
+    return where, fs, visible
+
+
+def test_an_attempts_files_are_in_a_tmpfs_no_process_outside_the_run_sees(tmp_path: Path) -> None:
+    where, fs, visible = _run_and_look(tmp_path)
+    assert where.startswith(str(tmp_path / "ws" / "work") + "/")
+    assert fs == "tmpfs"
+    assert not visible, "a process outside the run found the attempt's file"
+
+
+def test_attempts_on_disk_keeps_them_on_the_workspace_roots_file_system(tmp_path: Path) -> None:
+    where, fs, visible = _run_and_look(tmp_path, "--attempts-on-disk")
+    assert where.startswith(str(tmp_path / "ws" / "work") + "/")
+    assert fs == "none"
+    assert visible
+
+
+def test_a_workspace_root_that_holds_anything_is_never_hidden(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "kept").write_text("x")
+    assert mount_over(str(root)) is False  # it says no before it changes this process's namespace
+    assert _mounts_at(root) == []
+    assert (root / "kept").read_text() == "x"
+
+
+def test_the_mount_is_the_runs_alone_and_goes_with_its_last_process(tmp_path: Path) -> None:
+    root = tmp_path / "new" / "root"
+    code = (
+        "import json, os, sys\n"
+        "from agent_runner.attempt_memory import mount_over\n"
+        "ok = mount_over(sys.argv[1])\n"
+        "open(os.path.join(sys.argv[1], 'f'), 'w').write('x')\n"
+        "st = os.stat(sys.argv[1])\n"
+        "print(json.dumps([ok, oct(st.st_mode & 0o7777), st.st_uid]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(root)], env=clean_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=30, check=True)
+    assert json.loads(done.stdout) == [True, "0o711", 0]
+    assert list(root.iterdir()) == []  # the file went with the tmpfs, the tmpfs with the process
+    assert _mounts_at(root) == []
+    assert oct(os.stat(root).st_mode & 0o777) == "0o711"
