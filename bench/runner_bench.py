@@ -5,7 +5,8 @@ The suite is the grid's (``bench.gen_suite`` at S = 0), as a host receives it in
 ``run_tests.sh`` is ``exit 0`` (one sandboxed start: namespaces, the uid change, ``sh``), half scripted
 tasks calling three fixture tools (no process at all). The runner runs as crosshost starts it on a
 host (``env -i`` with PATH only, its own workspace root, as this machine's user: ``pidns+uid`` as
-root), and the whole command is timed. Per attempt = (wall(T) - wall(1)) / (T - 1): the interpreter's
+root, the attempts' directories then in a tmpfs of the run's own, ``agent_runner/attempt_memory.py``),
+and the whole command is timed. Per attempt = (wall(T) - wall(1)) / (T - 1): the interpreter's
 start, the isolation probe and the fingerprint are paid once per run and cancel out. Medians of
 ``reps`` runs, interleaved so both sizes see the same load.
 
