@@ -196,6 +196,7 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
         "python_executable": sys.executable,
         "cwd": cwd,
         "cwd_exists": os.path.isdir(cwd),
+        "cwd_fs": filesystem_of(cwd),
         "user_home_in_cwd": bool(home_norm) and (cwd == home_norm or cwd.startswith(home_norm + "/")),
         "env_keys": sorted(k for k in env if k not in _SHELL_NOISE_KEYS),
         # the PATH attempts start from (when the allowlist passes it): which python3 or jq they meet
@@ -214,6 +215,29 @@ def collect(cwd: Optional[str] = None, allowed_commands: Sequence[str] = (),
     data["machine_identity"], data["machine_identity_complete"] = machine_identity()
     data["captured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return Fingerprint.from_json(data)
+
+
+def filesystem_of(path: str) -> Optional[str]:
+    """The type of the file system ``path`` is on, as this process's mount namespace has it (the last
+    mount at the deepest mount point above it in ``/proc/self/mountinfo``); None where that cannot be read."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    path = os.path.realpath(path)
+    deepest, found = -1, None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields = left.split()
+        if not sep or len(fields) < 5 or not right.split():
+            continue
+        point = fields[4]
+        for escaped, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+            point = point.replace(escaped, char)
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= deepest:
+            deepest, found = len(point), right.split()[0]
+    return found
 
 
 def digest(data: Mapping[str, Any]) -> str:

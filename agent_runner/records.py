@@ -417,6 +417,8 @@ class Fingerprint:
     python_executable: Optional[str] = None
     cwd: Optional[str] = None
     cwd_exists: Optional[bool] = None
+    #: the type of the file system the attempts work on ("tmpfs": a root runner's, agent_runner/attempt_memory.py)
+    cwd_fs: Optional[str] = None
     user_home_in_cwd: Optional[bool] = None
     env_keys: List[str] = field(default_factory=list)
     #: the runner's PATH, which an attempt starts from when the allowlist passes PATH (None: it had none)

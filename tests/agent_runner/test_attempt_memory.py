@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agent_runner.attempt_memory import mount_over
+from agent_runner.fingerprint import filesystem_of
 from tests.support.runner import REPO, clean_env, predicate_suite, records
 
 pytestmark = pytest.mark.root
@@ -67,6 +68,9 @@ def _run_and_look(tmp_path: Path, *extra: str) -> tuple[str, str, bool]:
     # nothing of the run is left: no attempt directory, no mount
     assert list(ws.iterdir()) == []
     assert _mounts_at(ws) == []
+    # the host's fingerprint says what its attempts worked on
+    assert json.loads((out / "fingerprint.json").read_text())["cwd_fs"] == (
+        "tmpfs" if fs == "tmpfs" else filesystem_of(str(ws)))
     return where, fs, visible
 
 
@@ -108,4 +112,40 @@ def test_the_mount_is_the_runs_alone_and_goes_with_its_last_process(tmp_path: Pa
     assert json.loads(done.stdout) == [True, "0o711", 0]
     assert list(root.iterdir()) == []  # the file went with the tmpfs, the tmpfs with the process
     assert _mounts_at(root) == []
+    assert oct(os.stat(root).st_mode & 0o777) == "0o711"
+
+
+def test_a_process_with_threads_is_refused(tmp_path: Path) -> None:
+    """The namespace would be the calling thread's alone: another thread's children would miss the tmpfs."""
+    root = tmp_path / "root"
+    code = (
+        "import sys, threading\n"
+        "from agent_runner.attempt_memory import mount_over\n"
+        "done = threading.Event()\n"
+        "threading.Thread(target=done.wait).start()\n"
+        "print(mount_over(sys.argv[1])); done.set()\n"
+    )
+    said = subprocess.run([sys.executable, "-c", code, str(root)], env=clean_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=30, check=True)
+    assert said.stdout.split() == ["False"]
+    assert _mounts_at(root) == []
+
+
+def test_a_refused_mount_leaves_a_root_other_uids_can_pass_whatever_the_umask(tmp_path: Path) -> None:
+    """Where the kernel refuses the mount (a container without CAP_SYS_ADMIN), the root it made is
+    still 711 under umask 027: the attempts' own uids pass through it to their directories."""
+    root = tmp_path / "root"
+    code = (
+        "import os, sys\n"
+        "from agent_runner import attempt_memory, privs\n"
+        "class Refusing:\n"
+        "    def unshare(self, flags): return 0\n"
+        "    def mount(self, *args): return -1\n"
+        "privs.libc = Refusing\n"
+        "os.umask(0o027)\n"
+        "print(attempt_memory.mount_over(sys.argv[1]))\n"
+    )
+    said = subprocess.run([sys.executable, "-c", code, str(root)], env=clean_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=30, check=True)
+    assert said.stdout.split() == ["False"]
     assert oct(os.stat(root).st_mode & 0o777) == "0o711"

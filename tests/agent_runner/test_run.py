@@ -243,14 +243,15 @@ def test_workspace_root_is_empty_after_crash_and_timeout(tmp_path: Path) -> None
     assert _sleepers(mark) == "", "the agent's child outlived the attempt"
 
 
-def test_workspace_root_is_empty_when_the_runner_is_terminated(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", [[], ["--attempts-on-disk"]], ids=["in-memory", "on-disk"])
+def test_workspace_root_is_empty_when_the_runner_is_terminated(tmp_path: Path, where: list[str]) -> None:
     ws, mark = tmp_path / "ws", str(secrets.randbelow(10**9))
     suite = write_suite(tmp_path / "s", {
         "hang": {"toml": '[agent]\nkind = "command"\ncommand = ["python3", "{suite}/agent/hang.py"]\n'
                          '[budget]\ntimeout_s = 60\n'}}, agent_files={"hang.py": hang_agent(mark)})
     proc = subprocess.Popen([sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out",
-                             str(tmp_path / "out"), "--workspace-root", str(ws)], env=clean_env(), cwd=REPO,
-                            stderr=subprocess.PIPE, text=True)
+                             str(tmp_path / "out"), "--workspace-root", str(ws), *where], env=clean_env(),
+                            cwd=REPO, stderr=subprocess.PIPE, text=True)
     # the attempts' directories as the runner sees them (a root runner's are in a tmpfs of its own)
     seen = Path(f"/proc/{proc.pid}/root{ws}")
     for _ in range(100):

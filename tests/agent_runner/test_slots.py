@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.runner import REPO, clean_env, records, run_runner, write_suite
 
 #: fields that say when or how long, not what happened
@@ -95,13 +97,15 @@ def test_slots_must_be_at_least_one(tmp_path: Path) -> None:
     assert done.returncode == 2 and "--slots: must be a whole number of at least 1, got '0'" in done.stderr
 
 
-def test_sigterm_with_slots_stops_every_attempt_and_leaves_no_workspace(tmp_path: Path) -> None:
+# a root runner's attempts are in a tmpfs that goes with it: on disk, the runner's own removal is what is tested
+@pytest.mark.parametrize("where", [[], ["--attempts-on-disk"]], ids=["in-memory", "on-disk"])
+def test_sigterm_with_slots_stops_every_attempt_and_leaves_no_workspace(tmp_path: Path, where: list[str]) -> None:
     log = tmp_path / "log"
     sleep_s = 300 + (time.time_ns() % 1000) / 1000 + 0.0001
     suite = _suite(tmp_path, log, n=6, sleep_s=sleep_s)
     ws = tmp_path / "ws"
     proc = subprocess.Popen([sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out",
-                             str(tmp_path / "out"), "--workspace-root", str(ws), "--slots", "3"],
+                             str(tmp_path / "out"), "--workspace-root", str(ws), "--slots", "3", *where],
                             env=clean_env(), cwd=REPO, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while not (log.exists() and log.read_text().count("start") >= 3):
