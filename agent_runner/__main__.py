@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -33,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     fp.add_argument("--cwd", help="the working directory to describe (default: the current one)")
     fp.add_argument("--tools", help="tools.json: record the versions of the commands it allows")
     fp.add_argument("--suite", help="a suite directory: record the versions of the commands its tools allow")
+    fp.add_argument("--attempts-on-disk", action="store_true",
+                    help="describe the directory as it is (default, as root: as a run's attempts get it, in a "
+                    "tmpfs of its own when it is empty)")
 
     run = sub.add_parser("run", help="replay a suite's tasks on this host")
     run.add_argument("--suite", required=True, help="suite directory (suite.toml or suite.json)")
@@ -76,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "fingerprint":
+        where = args.cwd or os.getcwd()
+        if not args.attempts_on_disk and os.path.isdir(where):  # as a run's attempts get it (attempt_memory)
+            from .attempt_memory import mount_over
+
+            mount_over(where)
         from .fingerprint import collect, commands_of
         from .tools import load_policy
 

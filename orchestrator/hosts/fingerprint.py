@@ -57,6 +57,8 @@ def fingerprint_script(
         args += ["--tools", tools]
     if suite:
         args += ["--suite", suite]
+    if not cfg.attempts_in_memory:  # described as the run's attempts get it (agent_runner/attempt_memory.py)
+        args.append("--attempts-on-disk")
     command = argv(args) if argv is not None else remote.runner_argv(cfg.python, runner, args)
     cmd = remote.clean_env_command(
         cfg.env_allowlist, command, pinned=list(cfg.env), pins_file=remote.pins_path(workspace)
