@@ -37,6 +37,13 @@ def _mounts_at(path: Path) -> list[str]:
         return [line for line in fh if line.split()[4] == str(path)]
 
 
+def _in_a_process(code: str, root: Path) -> str:
+    """What ``code`` prints, run in a Python of its own with ``root`` as its argument (a mount namespace
+    it moves to is its own, never the test's)."""
+    return subprocess.run([sys.executable, "-c", code, str(root)], env=clean_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=30, check=True).stdout
+
+
 def _run_and_look(tmp_path: Path, *extra: str) -> tuple[str, str, bool]:
     """Run a one-task suite through the runner's CLI; while its predicate waits, look from outside the
     run for the file it wrote. (its directory, the file system there, whether the file was seen)."""
@@ -107,9 +114,7 @@ def test_the_mount_is_the_runs_alone_and_goes_with_its_last_process(tmp_path: Pa
         "st = os.stat(sys.argv[1])\n"
         "print(json.dumps([ok, oct(st.st_mode & 0o7777), st.st_uid]))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(root)], env=clean_env(), cwd=REPO,
-                          capture_output=True, text=True, timeout=30, check=True)
-    assert json.loads(done.stdout) == [True, "0o711", 0]
+    assert json.loads(_in_a_process(code, root)) == [True, "0o711", 0]
     assert list(root.iterdir()) == []  # the file went with the tmpfs, the tmpfs with the process
     assert _mounts_at(root) == []
     assert oct(os.stat(root).st_mode & 0o777) == "0o711"
@@ -125,9 +130,7 @@ def test_a_process_with_threads_is_refused(tmp_path: Path) -> None:
         "threading.Thread(target=done.wait).start()\n"
         "print(mount_over(sys.argv[1])); done.set()\n"
     )
-    said = subprocess.run([sys.executable, "-c", code, str(root)], env=clean_env(), cwd=REPO,
-                          capture_output=True, text=True, timeout=30, check=True)
-    assert said.stdout.split() == ["False"]
+    assert _in_a_process(code, root).split() == ["False"]
     assert _mounts_at(root) == []
 
 
@@ -145,7 +148,5 @@ def test_a_refused_mount_leaves_a_root_other_uids_can_pass_whatever_the_umask(tm
         "os.umask(0o027)\n"
         "print(attempt_memory.mount_over(sys.argv[1]))\n"
     )
-    said = subprocess.run([sys.executable, "-c", code, str(root)], env=clean_env(), cwd=REPO,
-                          capture_output=True, text=True, timeout=30, check=True)
-    assert said.stdout.split() == ["False"]
+    assert _in_a_process(code, root).split() == ["False"]
     assert oct(os.stat(root).st_mode & 0o777) == "0o711"
