@@ -25,8 +25,6 @@ import sys
 
 from . import privs
 
-_MS_SLAVE = 0x80000
-
 
 def mount_over(root: str) -> bool:
     """Mount a private tmpfs over ``root`` (made, 711, when missing); True when the attempts' directories
@@ -45,7 +43,7 @@ def mount_over(root: str) -> bool:
         libc = privs.libc()
         privs._check(libc.unshare(privs._CLONE_NEWNS), "unshare")
         # its mounts reach no other namespace (the host's own keep reaching it)
-        privs._check(libc.mount(None, b"/", None, privs._MS_REC | _MS_SLAVE, None), "mount --make-rslave /")
+        privs._check(libc.mount(None, b"/", None, privs._MS_REC | privs._MS_SLAVE, None), "mount --make-rslave /")
         # at most half the host's memory (the kernel's default, said here): the attempts' files are
         # memory another process cannot take back, as a disk's are space
         privs._check(libc.mount(b"tmpfs", os.fsencode(root), b"tmpfs", privs._MS_NOSUID | privs._MS_NODEV,

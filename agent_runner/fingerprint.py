@@ -229,14 +229,14 @@ def filesystem_of(path: str) -> Optional[str]:
     deepest, found = -1, None
     for line in lines:
         left, sep, right = line.partition(" - ")
-        fields = left.split()
-        if not sep or len(fields) < 5 or not right.split():
+        fields, types = left.split(), right.split()
+        if not sep or len(fields) < 5 or not types:
             continue
         point = fields[4]
         for escaped, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
             point = point.replace(escaped, char)
         if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= deepest:
-            deepest, found = len(point), right.split()[0]
+            deepest, found = len(point), types[0]
     return found
 
 

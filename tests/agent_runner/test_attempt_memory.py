@@ -15,19 +15,23 @@ import pytest
 
 from agent_runner.attempt_memory import mount_over
 from agent_runner.fingerprint import filesystem_of
-from tests.support.runner import REPO, clean_env, predicate_suite, records
+from tests.support.runner import (
+    ATTEMPTS_ROOT_MOUNT_SH,
+    REPO,
+    clean_env,
+    passable_to_attempts,
+    predicate_suite,
+    records,
+)
 
 pytestmark = pytest.mark.root
 
 #: the predicate: say where it works and on what, then wait for the test to look from outside the run
 PREDICATE = (
-    'root=$(dirname "$(dirname "$PWD")")\n'
     "echo secret > left-here\n"
-    # the mount over the workspace root, as this attempt's namespace sees it ("none": there is none)
-    'fs=$(awk -v r="$root" \'$5 == r { for (i = 6; i <= NF; i++) if ($i == "-") print $(i + 1) }\' '
-    "/proc/self/mountinfo)\n"
-    'printf "%s %s\\n" "$PWD" "${fs:-none}" > "$SEEN/said.tmp" && mv "$SEEN/said.tmp" "$SEEN/said"\n'
-    'i=0; while ! test -e "$SEEN/looked" && test $i -lt 100; do sleep 0.05; i=$((i+1)); done\n'
+    + ATTEMPTS_ROOT_MOUNT_SH
+    + 'printf "%s %s\\n" "$PWD" "${fs:-none}" > "$SEEN/said.tmp" && mv "$SEEN/said.tmp" "$SEEN/said"\n'
+    + 'i=0; while ! test -e "$SEEN/looked" && test $i -lt 100; do sleep 0.05; i=$((i+1)); done\n'
 )
 
 
@@ -47,9 +51,7 @@ def _in_a_process(code: str, root: Path) -> str:
 def _run_and_look(tmp_path: Path, *extra: str) -> tuple[str, str, bool]:
     """Run a one-task suite through the runner's CLI; while its predicate waits, look from outside the
     run for the file it wrote. (its directory, the file system there, whether the file was seen)."""
-    for d in (tmp_path, *tmp_path.parents):
-        if d != Path("/"):
-            d.chmod(d.stat().st_mode | 0o001)  # the attempts' own uid reaches its workspace (pidns+uid)
+    passable_to_attempts(tmp_path)
     seen = tmp_path / "seen"
     seen.mkdir()
     seen.chmod(0o777)

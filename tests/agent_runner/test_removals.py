@@ -16,7 +16,7 @@ import pytest
 from agent_runner import removals, runner
 from agent_runner.errors import RunnerError
 from agent_runner.runner import RunOptions, run_suite
-from tests.support.runner import records, write_suite
+from tests.support.runner import passable_to_attempts, records, write_suite
 
 #: an agent that leaves a tree behind in every directory of its own: files, a read-only directory, depth
 LEAVES = [{"tool_calls": [{"name": "shell", "args": {"argv": ["sh", "leave.sh"]}}]},
@@ -26,9 +26,7 @@ LEAVE_SH = ('for d in . "$HOME" "$TMPDIR"; do mkdir -p "$d/a/b/c" "$d/ro" && ech
 
 
 def _suite(tmp_path: Path) -> Path:
-    for d in (tmp_path, *tmp_path.parents):
-        if d != Path("/"):
-            d.chmod(d.stat().st_mode | 0o001)  # the attempts' own uid reaches its workspace (pidns+uid)
+    passable_to_attempts(tmp_path)
     return write_suite(tmp_path / "suite", {
         "leaves": {"script": LEAVES, "repo": {"run_tests.sh": "test -f a/b/c/f\n", "leave.sh": LEAVE_SH}},
         "fails": {"script": [{"content": "nothing", "finish": "stop"}], "repo": {"run_tests.sh": "exit 3\n"}},

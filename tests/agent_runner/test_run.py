@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from agent_runner.redact import is_secret_env_key
-from tests.support.runner import REPO, TRIAGE, clean_env, records, run_runner, write_suite
+from tests.support.runner import (
+    REPO,
+    TRIAGE,
+    clean_env,
+    passable_to_attempts,
+    records,
+    run_runner,
+    write_suite,
+)
 
 
 def test_triage_suite_writes_one_trace_per_task_and_attempt(tmp_path: Path) -> None:
@@ -177,9 +185,7 @@ def test_the_predicate_runs_the_same_pristine_file_whatever_the_agent_did_to_its
                         tools={"allow": ["chmod", "ln", "rm", "mkfifo"], "deny": []})
     if own_uid:  # the attempts' uid reaches the workspace: pidns+uid as root, its copy is that uid's (not
         # asserted: another pytest session starting meanwhile closes /tmp/pytest-of-root again)
-        for d in (tmp_path, *tmp_path.parents):
-            if d != Path("/"):
-                d.chmod(d.stat().st_mode | 0o001)
+        passable_to_attempts(tmp_path)
     done = run_runner("run", "--suite", str(suite), "--out", str(tmp_path / "out"),
                       "--workspace-root", str(tmp_path / "ws"))
     assert done.returncode == 0, done.stderr

@@ -24,6 +24,7 @@ import pytest
 
 from agent_runner import isolation_probe, launch, privs, sandbox
 from agent_runner.sandbox import PIDNS, PIDNS_UID, Sandbox
+from tests.support.runner import passable_to_attempts
 
 UID = sandbox.UID_BASE + 777
 
@@ -101,9 +102,7 @@ def _attempt_dir(tmp_path: Path) -> str:
     work = tmp_path / "work"
     work.mkdir()
     os.chown(work, UID, UID)
-    for d in (tmp_path, *tmp_path.parents):
-        if d != Path("/"):
-            d.chmod(d.stat().st_mode | 0o001)  # the attempt's uid passes through to its work
+    passable_to_attempts(tmp_path)
     return str(work)
 
 

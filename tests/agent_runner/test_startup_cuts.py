@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent_runner import fingerprint, isolation_probe, redact, sandbox, strays, suite
-from tests.support.runner import clean_env, predicate_suite
+from tests.support.runner import clean_env, passable_to_attempts, predicate_suite
 
 
 def test_the_secret_name_globs_match_what_fnmatch_matched() -> None:
@@ -66,9 +66,7 @@ def test_the_platform_string_is_formatted_as_the_platform_module_formats_it(part
 def _run_in_a_process(tmp_path: Path, *extra: str) -> set[str]:
     """A run of a one-task suite in a process of its own (``main``, as the zipapp calls it): the
     modules it imported."""
-    for d in (tmp_path, *tmp_path.parents):
-        if d != Path("/"):
-            d.chmod(d.stat().st_mode | 0o001)  # the attempts' own uid reaches its workspace (pidns+uid)
+    passable_to_attempts(tmp_path)
     suite = predicate_suite(tmp_path, "exit 0\n", tasks=2)
     code = (
         "import sys, json\n"

@@ -10,23 +10,20 @@ from pathlib import Path
 import pytest
 
 from orchestrator.commands.replay import ReplayRequest, replay_command
-from tests.support.runner import own_machine_python, predicate_suite
+from tests.support.runner import (
+    ATTEMPTS_ROOT_MOUNT_SH,
+    own_machine_python,
+    passable_to_attempts,
+    predicate_suite,
+)
 
 pytestmark = pytest.mark.root
 
-#: the mount over the attempts' root, as the attempt's namespace sees it ("none": no mount there)
-PREDICATE = (
-    'root=$(dirname "$(dirname "$PWD")")\n'
-    'fs=$(awk -v r="$root" \'$5 == r { for (i = 6; i <= NF; i++) if ($i == "-") print $(i + 1) }\' '
-    "/proc/self/mountinfo)\n"
-    'echo "attempts on: ${fs:-none}"\n'
-)
+PREDICATE = ATTEMPTS_ROOT_MOUNT_SH + 'echo "attempts on: ${fs:-none}"\n'
 
 
 def test_the_inventory_key_decides_where_each_hosts_attempts_live(tmp_path: Path) -> None:
-    for d in (tmp_path, *tmp_path.parents):
-        if d != Path("/"):
-            d.chmod(d.stat().st_mode | 0o001)  # the attempts' own uid reaches its workspace (pidns+uid)
+    passable_to_attempts(tmp_path)
     suite = predicate_suite(tmp_path, PREDICATE, tasks=1)
     inventory = tmp_path / "hosts.toml"
     inventory.write_text(

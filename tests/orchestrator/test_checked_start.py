@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator.hosts.bundle import BUNDLE_REFUSED_EXIT, build_bundle, checked_runner_argv, ensure_bundle
 from orchestrator.hosts.transport.local import LocalHost
-from tests.support.runner import REPO, TRIAGE, clean_env, records
+from tests.support.runner import REPO, TRIAGE, clean_env, passable_to_attempts, records
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 _IN_OPEN, _IN_CLOSE_NOWRITE = 0x20, 0x10
@@ -104,9 +104,7 @@ def test_a_root_runner_without_a_compiled_copy_runs_its_zygotes_and_attempts_fro
     """A root runner whose bundle lies below a directory others may write keeps no compiled copy: the
     runner, the slots' zygotes (which import the same sealed bytes through the descriptor they are
     given) and the attempts run as from the source tree."""
-    for d in (tmp_path, *tmp_path.parents):
-        if d != Path("/"):
-            d.chmod(d.stat().st_mode | 0o001)  # the attempts' uids pass through to their work
+    passable_to_attempts(tmp_path)
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)  # anyone may rename what is in it: no compiled copy below

@@ -62,6 +62,23 @@ def write_suite(root: Path, tasks: dict[str, dict[str, Any]], *, suite_toml: str
     return root
 
 
+def passable_to_attempts(path: Path) -> None:
+    """Let every uid pass through ``path`` and the directories above it (o+x, never listing): a root
+    runner's attempts run as uids of their own (``pidns+uid``) and must reach their workspace under it."""
+    for d in (path, *path.parents):
+        if d != Path("/"):
+            d.chmod(d.stat().st_mode | 0o001)
+
+
+#: shell text: the type of the mount over the attempts' root (``<root>/<task>.<attempt>.xxx/work`` is the
+#: current directory), as the attempt's own mount namespace sees it, in ``$fs`` ("" when there is none)
+ATTEMPTS_ROOT_MOUNT_SH = (
+    'root=$(dirname "$(dirname "$PWD")")\n'
+    'fs=$(awk -v r="$root" \'$5 == r { for (i = 6; i <= NF; i++) if ($i == "-") print $(i + 1) }\' '
+    "/proc/self/mountinfo)\n"
+)
+
+
 def predicate_suite(root: Path, predicate: str, *, tasks: int, prefix: str = "t", name: str = "slow",
                     timeout_s: int = 30) -> Path:
     """``root/<name>``: a suite of predicate-only tasks (no agent), ``<prefix>-0`` ... each running the
