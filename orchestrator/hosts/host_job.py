@@ -172,7 +172,6 @@ class HostJob:
             # The runner writes out/fingerprint.json before its first task; the run's exec packs out/.
             slots = self.slots()
             detail = f"{slots} slots" if slots > 1 else ""
-            ws.host.prepare_get()  # the pull's transfer session opens while the runner runs
             result = self._stage("run", lambda: self._run(ws, create=folded), detail)
             if remote.bundle_refused(result, BUNDLE_REFUSED_EXIT):  # not on the host, or changed there
                 self._said_replaced("bundle-replaced" in result.stdout.split())
@@ -187,10 +186,12 @@ class HostJob:
                                         f"was pushed under {bundle.remote_dir(root)} (what changes it on the host?)")
             run_finished = True
             self.record.runner_exit = result.exit_code
-            stdout, size = remote.split_out_tar(result.stdout)
+            stdout, out_tar = remote.split_out_tar(result.stdout)
             result = dataclasses.replace(result, stdout=stdout)
             # the workspace is removed on the host while the controller reads and checks the archive
-            pulled = self._stage("pull", lambda: self._pull(made, size, fetched=lambda: beside.append(self._clean_beside(made))))
+            pulled = self._stage(
+                "pull", lambda: self._pull(made, out_tar, fetched=lambda: beside.append(self._clean_beside(made)))
+            )
             self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
             self._judge(result, pulled)
             expected = {t.id: t.expect_findings for t in self.plan.bundle.suite.tasks if t.expect_findings}
@@ -373,6 +374,7 @@ class HostJob:
                 runner,
                 self.kill_after_s(),
                 fingerprint=self._fingerprint_script(ws),
+                inline_max=ws.inline_max(),
                 # removed only when it is still not the bundle: another name of this machine may have
                 # published it since this runner's start looked (the same recheck as ensure_bundle's look)
                 refused=(BUNDLE_REFUSED_EXIT, f"{{ {bundle_present_test(self.plan.bundle, self.cfg.workspace_root, self.cfg.python)}; }} "
@@ -393,23 +395,26 @@ class HostJob:
     def _pull(
         self,
         ws: Workspace,
-        size: str | None = None,
+        out_tar: remote.OutTar | None = None,
         *,
         within_s: float | None = None,
         fetched: Callable[[], None] | None = None,
     ) -> int:
         """Pull ``out/`` home; Ctrl-C during it stops it. The partial results of a run already stopped
         (by Ctrl-C too) still come home, for at most ``within_s`` (default ``PARTIAL_PULL_S``).
+        ``out_tar``: what the run's exec said of the archive (None: nothing, make it now).
         ``fetched``: called once the archive is home (``Workspace.pull``), in a pull not cut short."""
+        size, inline = (out_tar.size, out_tar.inline) if out_tar is not None else (None, None)
         if within_s is None and not self.plan.running.cancel.is_set():
             return ws.pull(
-                self.host_dir, scratch=self.plan.run_dir.path, size=size, cancel=self.plan.running.cancel, fetched=fetched
+                self.host_dir, scratch=self.plan.run_dir.path, size=size, inline=inline,
+                cancel=self.plan.running.cancel, fetched=fetched,
             )
         give_up = threading.Event()
         timer = threading.Timer(within_s or PARTIAL_PULL_S, give_up.set)
         timer.start()
         try:
-            return ws.pull(self.host_dir, scratch=self.plan.run_dir.path, size=size, cancel=give_up)
+            return ws.pull(self.host_dir, scratch=self.plan.run_dir.path, size=size, inline=inline, cancel=give_up)
         finally:
             timer.cancel()
 

@@ -12,11 +12,13 @@ controller's environment is ever part of a command.
 
 from __future__ import annotations
 
+import binascii
 import posixpath
 import re
 import secrets
 import shlex
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -90,8 +92,15 @@ def pins_text(pinned: Mapping[str, str]) -> str:
     return "".join(f"{_check_key(key)}={q(value)}\n" for key, value in pinned.items())
 
 
-#: the run script's last stdout line: ``<marker> <bytes of out.tar>`` or ``<marker> none``
+#: the run script's last stdout line: ``<marker> <bytes of out.tar>``, ``<marker> <bytes> inline`` (the
+#: archive is in the lines above it, after ``INLINE_MARKER``) or ``<marker> none``
 OUT_TAR_MARKER = "crosshost-out-tar"
+#: the line before an archive sent in the run's own output, base64 (a character no base64 line has)
+INLINE_MARKER = "crosshost-out-tar-base64"
+#: an archive up to this size comes home in the run's own output: no transfer session of its own (an
+#: SFTP server started on the host, its channel, the client's round trips), a third of what a host's
+#: results cost to bring home at a fleet's scale; a larger one, or a host without ``base64``, is fetched
+INLINE_MAX_BYTES = 4 << 20
 
 
 def run_script(
@@ -103,11 +112,13 @@ def run_script(
     *,
     fingerprint: str | None = None,
     refused: tuple[int, str] | None = None,
+    inline_max: int | None = None,
 ) -> str:
     """The runner's command line: in its workspace, under ``timeout -s KILL``, with a clean env (the
     ``pinned`` keys' values from the workspace's pins file, removed once the runner and the fallback
     fingerprint are done); then, in the same exec, ``out/`` packed as ``out.tar`` and its size
-    printed (``split_out_tar``).
+    printed (``split_out_tar``); an archive of at most ``inline_max`` bytes (default ``INLINE_MAX_BYTES``)
+    is printed too, as base64.
 
     ``timeout`` puts itself and the runner in a new process group; its pid (= the group id) is
     written to ``pid`` so an interrupted run can be killed as a whole (``kill_script``). The packing
@@ -139,8 +150,10 @@ def run_script(
     if unpin:
         lines.append(unpin)
     lines.append(
-        f"if test -d out && tar -C out -cf out.tar . 2>/dev/null; then s=$(wc -c < out.tar); else s=none; fi; "
-        f"echo; echo {OUT_TAR_MARKER} $s; exit $rc"
+        f"if test -d out && tar -C out -cf out.tar . 2>/dev/null; then s=$(wc -c < out.tar); else s=none; fi; i=; "
+        f'if test "$s" != none && test "$s" -le {INLINE_MAX_BYTES if inline_max is None else int(inline_max)} && command -v base64 >/dev/null 2>&1; '
+        f"then echo; echo {INLINE_MARKER}; base64 < out.tar && i=inline; fi; "
+        f"echo; echo {OUT_TAR_MARKER} $s $i; exit $rc"
     )
     return "\n".join(lines)
 
@@ -154,16 +167,37 @@ def bundle_refused(result: ExecResult, code: int) -> bool:
     return result.exit_code == code and REFUSED_MARKER in result.stdout.split()
 
 
-def split_out_tar(stdout: str) -> tuple[str, str | None]:
-    """``run_script``'s stdout without its marker line, and what the marker said (None: no marker,
-    e.g. the exec was cut off; "none": no archive; else the archive's size in bytes as text)."""
+@dataclass(frozen=True)
+class OutTar:
+    """What ``run_script``'s exec said of ``out.tar``: ``size`` as the host printed it (None: no marker,
+    e.g. the exec was cut off; "none": no archive; else its size in bytes, as text), and the archive
+    itself when it came in the output (``inline``: the host's bytes, checked like fetched ones)."""
+
+    size: str | None
+    inline: bytes | None = None
+
+
+def split_out_tar(stdout: str) -> tuple[str, OutTar]:
+    """``run_script``'s stdout without its marker line and inline archive, and what they said. An
+    inline archive that does not decode to the size printed is dropped: the archive is fetched."""
     head, sep, last = stdout.rstrip("\n").rpartition("\n")
     if not sep:
         head, last = "", stdout.rstrip("\n")
     words = last.split()
-    if len(words) != 2 or words[0] != OUT_TAR_MARKER:
-        return stdout, None
-    return head.removesuffix("\n"), words[1]
+    if len(words) not in (2, 3) or words[0] != OUT_TAR_MARKER or words[2:] not in ([], ["inline"]):
+        return stdout, OutTar(None)
+    head = head.removesuffix("\n")
+    if len(words) == 2:
+        return head, OutTar(words[1])
+    # base64 has no "-": the runner's own lines can hold the marker, the archive's cannot
+    before, sep, encoded = head.rpartition(f"\n{INLINE_MARKER}\n")
+    if not sep:
+        return head, OutTar(words[1])
+    try:
+        data = binascii.a2b_base64(encoded.replace("\n", ""), strict_mode=True)
+    except (binascii.Error, ValueError):
+        return before, OutTar(words[1])
+    return before, OutTar(words[1], data if str(len(data)) == words[1] else None)
 
 
 def kill_script(workspace: str) -> str:

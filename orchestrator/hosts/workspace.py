@@ -166,17 +166,25 @@ class Workspace:
             raise RunnerCrashed(self.name, f"cannot create {self.path}: {tail(result.stderr)}")
         return result
 
+    @staticmethod
+    def inline_max() -> int:
+        """The largest archive the run's own output may carry (``remote.run_script``'s ``inline_max``):
+        never one over the pull's cap, which must be refused before anything of it leaves the host."""
+        return min(remote.INLINE_MAX_BYTES, max_archive_bytes(PULL_LIMITS))
+
     def pull(
         self,
         into: Path,
         *,
         scratch: Path,
         size: str | None = None,
+        inline: bytes | None = None,
         cancel: threading.Event | None = None,
         fetched: Callable[[], None] | None = None,
     ) -> int:
         """Bring ``out/`` home into ``into`` as one tar; the number of files accepted. ``size`` is what
-        the run's own exec said of ``out.tar`` (``remote.split_out_tar``); without it (the exec was
+        the run's own exec said of ``out.tar`` (``remote.split_out_tar``), ``inline`` the archive when it
+        came in that output (then nothing is fetched); without ``size`` (the exec was
         cut off) the archive is made and measured here, in one exec. ``scratch``: a local directory on
         the same file system as ``into`` for the tar in transit. The size the host reported is a first
         refusal only: the transfer itself stops at the cap, refuses anything but a regular file, and
@@ -193,9 +201,12 @@ class Workspace:
         self._check_archive_size(size)
         with tempfile.TemporaryDirectory(prefix=".pull-", dir=scratch) as tmp:
             local = Path(tmp) / f"{self.name}.out.tar"
-            self.host.get(
-                posixpath.join(self.path, "out.tar"), local, max_bytes=max_archive_bytes(PULL_LIMITS), cancel=cancel
-            )
+            if inline is not None:
+                local.write_bytes(inline)
+            else:
+                self.host.get(
+                    posixpath.join(self.path, "out.tar"), local, max_bytes=max_archive_bytes(PULL_LIMITS), cancel=cancel
+                )
             if fetched is not None:
                 fetched()
             sha256s: dict[PurePosixPath, str] = {}

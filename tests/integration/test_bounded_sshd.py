@@ -85,7 +85,9 @@ import json, shlex, sys
 from pathlib import Path
 from orchestrator.hosts.inventory import load_inventory
 from orchestrator.commands.replay import ReplayRequest, replay
+from orchestrator.hosts import remote
 from orchestrator.hosts.transport import open_host
+remote.INLINE_MAX_BYTES = 0  # the archive is fetched after the run: the host's change to it then is what comes home
 suite, inventory, out = (Path(a) for a in sys.argv[1:4])
 cfg = load_inventory(inventory).get("box-a")
 BOMB = (

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from orchestrator.commands.replay import ReplayRequest, replay
-from orchestrator.hosts.transport import open_host
+from orchestrator.hosts import remote
+from orchestrator.hosts.transport import SshHost, open_host
 from orchestrator.store.jsonl import read_jsonl
 from orchestrator.store.rundir import RunDir
 from tests.support.runner import predicate_suite
@@ -112,13 +113,25 @@ def test_replay_on_local_and_two_sshd_hosts(sshd_hosts: Any, tmp_path: Path) -> 
     assert all(rec.bundle_pushed is False for rec in again.manifest.hosts.values())
 
 
+@pytest.mark.parametrize("inline_max", [remote.INLINE_MAX_BYTES, 0], ids=["in-the-runs-output", "fetched"])
 def test_the_workspace_is_removed_on_the_host_while_the_controller_reads_its_archive(
-    sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inline_max: int
 ) -> None:
     """The clean's exec starts once the archive is home, beside the controller's reading and checking
     of it: by the time the archive is read the host's workspace is gone (seen on the host), the
-    results are whole, and the manifest says removed."""
+    results are whole, and the manifest says removed. Alike for an archive that came in the run's own
+    output and one fetched over SFTP (a host's archive over the inline size)."""
     from orchestrator.hosts import workspace as workspace_module
+
+    monkeypatch.setattr(remote, "INLINE_MAX_BYTES", inline_max)
+    fetched: list[str] = []
+    get = SshHost.get
+
+    def counting_get(self: SshHost, remote_path: str, local: Path, **kwargs: Any) -> None:
+        fetched.append(self.name)
+        get(self, remote_path, local, **kwargs)
+
+    monkeypatch.setattr(SshHost, "get", counting_get)
 
     read_archive = workspace_module.read_archive
     gone_before_read: dict[str, bool] = {}
@@ -142,6 +155,7 @@ def test_the_workspace_is_removed_on_the_host_while_the_controller_reads_its_arc
     rows = read_jsonl(out.run_dir.path / "results.jsonl")
     assert sorted(r["env"] for r in rows) == ["box-a", "box-b"]
     assert _left_of_run(sshd_hosts.inventory_path, out.run_dir.run_id, skip={"local"}) == {"box-a": "", "box-b": ""}
+    assert sorted(fetched) == ([] if inline_max else ["box-a", "box-b"])
 
 
 def test_controller_secret_reaches_no_runner_and_no_pulled_file(

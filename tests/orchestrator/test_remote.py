@@ -7,6 +7,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,55 @@ def test_the_run_script_removes_the_pins_file_after_the_runner_and_packs_out(tmp
     assert done.returncode == 3, done.stderr
     assert (ws / "out" / "tz").read_text() == pinned.get("TZ", "-")
     assert not pins.exists()
-    _, size = remote.split_out_tar(done.stdout)
-    assert size == str((ws / "out.tar").stat().st_size)
+    _, out_tar = remote.split_out_tar(done.stdout)
+    assert out_tar.size == str((ws / "out.tar").stat().st_size)
+    assert out_tar.inline == (ws / "out.tar").read_bytes()
+
+
+def _run_and_pack(tmp_path: Path, runner_says: str, **kwargs: int) -> tuple[subprocess.CompletedProcess[str], Path]:
+    ws = tmp_path / "ws"
+    (ws / "out").mkdir(parents=True)
+    argv = [sys.executable, "-c", "import sys; open(sys.argv[2] + '/trace.jsonl', 'wb').write(bytes(range(256)) * 40); "
+            f"print({runner_says!r}, end='')", "--out", f"{ws}/out"]
+    script = remote.run_script(str(ws), ["PATH"], [], argv, 60, **kwargs)
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return done, ws / "out.tar"
+
+
+@pytest.mark.parametrize("runner_says", ["digest line\n", "no newline at the end", "", f"{remote.INLINE_MARKER}\n"])
+def test_a_small_archive_comes_home_in_the_runs_own_output_and_the_runners_lines_stay_its_own(
+    tmp_path: Path, runner_says: str
+) -> None:
+    """No transfer session for a small out.tar: its bytes (binary, every byte value) are in the run's
+    output, and what the runner printed is given back as it was, even a line that reads like the
+    marker before the archive."""
+    done, tar = _run_and_pack(tmp_path, runner_says)
+    stdout, out_tar = remote.split_out_tar(done.stdout)
+    assert out_tar.inline == tar.read_bytes() and out_tar.size == str(len(out_tar.inline))
+    assert stdout.rstrip("\n") == runner_says.rstrip("\n")
+
+
+def test_an_archive_over_the_inline_size_is_left_to_be_fetched(tmp_path: Path) -> None:
+    done, tar = _run_and_pack(tmp_path, "line\n", inline_max=1000)
+    stdout, out_tar = remote.split_out_tar(done.stdout)
+    assert (stdout, out_tar) == ("line", remote.OutTar(str(tar.stat().st_size)))
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda b64: b64[:-30] + "\n",  # cut short: decodes to fewer bytes than the size printed
+    lambda b64: "!=" + b64,        # not base64
+])
+def test_an_inline_archive_that_does_not_decode_to_its_size_is_fetched_instead(
+    tmp_path: Path, mangle: Callable[[str], str]
+) -> None:
+    """The host's output is its word like the fetched file is: an inline archive that does not decode
+    to the size printed is dropped (then fetched, and checked as every archive is)."""
+    done, tar = _run_and_pack(tmp_path, "")
+    head, sep, rest = done.stdout.partition(f"\n{remote.INLINE_MARKER}\n")
+    b64, marker_sep, last = rest.rpartition("\n\n")
+    assert remote.split_out_tar(head + sep + b64 + marker_sep + last)[1].inline == tar.read_bytes()
+    assert remote.split_out_tar(head + sep + mangle(b64) + marker_sep + last)[1] == remote.OutTar(str(tar.stat().st_size))
 
 
 def test_a_runner_that_stopped_before_making_work_still_gets_the_fallback_fingerprint_there(tmp_path: Path) -> None:

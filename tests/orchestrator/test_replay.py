@@ -253,7 +253,7 @@ def test_an_archive_over_the_cap_is_refused_before_it_is_transferred(
     err = out.manifest.hosts["box-b"].error
     assert out.exit_code == 3 and err and err.startswith("box-b: ArchiveRejected:")
     assert "out.tar" in err and str(max_archive_bytes(limits)) in err and "not transferred" in err
-    assert fetched == ["local"]  # box-b's archive never left the host
+    assert fetched == []  # local's archive came in its run's output; box-b's never left the host
     assert not (out.run_dir.path / "hosts" / "box-b" / "traces").exists()
     assert out.manifest.hosts["local"].error is None and _left(tmp_path, "box-b") == []
 

@@ -63,7 +63,12 @@ class PullFailsAndRmLeavesFiles(RmThatLeavesFiles):
         raise TransferError(self.name, f"{remote}: connection lost")
 
 
-def test_a_failed_cleanup_is_said_even_when_the_host_had_already_failed(tmp_path: Path) -> None:
+def test_a_failed_cleanup_is_said_even_when_the_host_had_already_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.hosts import remote
+
+    monkeypatch.setattr(remote, "INLINE_MAX_BYTES", 0)  # the archive is fetched, and that fails
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
 
     opener = _box_b_as(PullFailsAndRmLeavesFiles)

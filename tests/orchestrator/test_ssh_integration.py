@@ -319,30 +319,6 @@ def test_the_accept_new_hint_is_complete_and_pasting_it_acts_on_the_same_files(
     assert crosshost("hosts", "-i", str(inv)).returncode == 0  # trusted now, without the flag
 
 
-def test_a_get_prepared_beside_a_run_uses_the_session_opened_then(sshd_hosts: SshdHosts, tmp_path: Path) -> None:
-    """prepare_get opens the SFTP session while the host is busy (the run's exec): the get that
-    follows uses it instead of opening one then; a host closed meanwhile is no error."""
-    host = _ssh(open_host(sshd_hosts.config("box-a")))
-    try:
-        assert host._sftp is None
-        host.prepare_get()
-        assert host.exec(["sh", "-c", "sleep 0.5; echo made > /tmp/prepared"], 10).ok
-        deadline = time.monotonic() + 10
-        while host._sftp is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        opened = host._sftp
-        assert opened is not None
-        host.get("/tmp/prepared", tmp_path / "prepared")
-        assert (tmp_path / "prepared").read_text() == "made\n" and host._sftp is opened
-    finally:
-        host.close()
-    closed = _ssh(open_host(sshd_hosts.config("box-a")))
-    closed.close()
-    closed.prepare_get()  # nothing to open on: nothing happens
-    time.sleep(0.2)
-    assert closed._sftp is None
-
-
 @pytest.mark.parametrize("lie", [0, 3 << 20, -40_000], ids=["honest", "claims-more", "claims-less"])
 def test_a_host_closed_the_moment_a_get_returns_leaves_no_thread_failing(
     sshd_hosts: SshdHosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lie: int

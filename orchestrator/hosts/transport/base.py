@@ -124,11 +124,6 @@ class Host(abc.ABC):
         """How long a reply the host owes has been outstanding; 0.0 when it owes none (or cannot tell)."""
         return 0.0
 
-    def prepare_get(self) -> None:
-        """A ``get`` will follow (e.g. when the run now starting ends): a backend whose transfers need a
-        session of their own may start it now, beside what runs. A no-op by default."""
-        return None
-
     def abandon(self) -> None:
         """Give up on the host at once (Ctrl-C, a silent host): every call waiting on it ends."""
         self.close()

@@ -234,17 +234,6 @@ class SshHost(Host):
                 self._sftp = client
             return self._sftp
 
-    def prepare_get(self) -> None:
-        """The SFTP session (a channel, and sftp-server started on the host) opened on a thread of its
-        own, so the next get does not wait for it; a failure here is the get's to meet again."""
-
-        def open_sftp() -> None:
-            with contextlib.suppress(Exception):
-                if not self._closing.is_set():
-                    self._sftp_client()
-
-        threading.Thread(target=open_sftp, daemon=True, name=f"sftp-{self.name}").start()
-
     def put(self, local: Path, remote: str) -> None:
         with self._mapped(f"put {local} -> {remote}", transfer=True):
             self._sftp_client().put(str(local), remote, confirm=True)
