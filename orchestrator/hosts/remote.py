@@ -261,22 +261,20 @@ def this_host(pid):
     # Paths are per mount namespace: hosts that share this /proc (containers, test hosts) may use
     # the same workspace path. A process is this host's when the workspace path, resolved in its
     # own mount namespace, is our workspace directory (a sandbox made here sees the same one;
-    # another host sees its own or none); without the workspace, by namespace ancestry.
+    # another host sees its own or none); without the workspace, by ancestry: it or a process above it
+    # is in our mount namespace (an attempt's namespace is made from its runner's, itself made from ours).
     if ws_id is not None:
         try:
             st = os.stat("/proc/%s/root%s" % (pid, ws))
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == ws_id
-    own = mnt(pid)
-    if own == ours:
-        return True
     for _ in range(64):
+        if mnt(pid) == ours:
+            return True
         pid = ppid(pid)
         if pid <= 0:
             return False
-        if mnt(pid) != own:
-            return mnt(pid) == ours
     return False
 def scan():
     found = []

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from orchestrator.hosts import remote
 
 #: the scan as it was before it asked "this host's?" first (the reference for the one now used)
@@ -84,3 +86,36 @@ def test_the_scan_finds_what_the_plain_scan_finds(tmp_path: Path) -> None:
         for p in started.values():
             p.kill()
             p.wait()
+
+
+@pytest.mark.root
+def test_with_the_workspace_gone_a_process_two_mount_namespaces_below_is_this_hosts(tmp_path: Path) -> None:
+    """An attempt's mount namespace is made from its runner's, which is made from the host's (the
+    attempts' directories in memory): once the workspace is gone, the scan still tells such a process
+    is this host's, by its ancestry through both namespaces."""
+    ws = tmp_path / "runs" / "r1-box"  # gone: never made
+    marker = "crosshost-clean-0123456789abcdef"
+    inner = f"sleep 300; : {ws}/work"
+    runner = subprocess.Popen(
+        ["unshare", "--mount", "sh", "-c", f"unshare --mount sh -c {remote.q(inner)} & wait"], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        attempt = None
+        while attempt is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            for pid in os.listdir("/proc"):
+                try:
+                    named = f"{ws}/work".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if pid.isdigit() and named:
+                    attempt = int(pid)
+        assert attempt is not None
+        own = os.readlink("/proc/self/ns/mnt")
+        between = os.readlink(f"/proc/{runner.pid}/ns/mnt")
+        assert len({own, between, os.readlink(f"/proc/{attempt}/ns/mnt")}) == 3  # two namespaces below ours
+        assert attempt in _listing(remote._SURVIVORS_PY, ws, marker)
+    finally:
+        os.killpg(runner.pid, 9)  # both shells and the sleep
+        runner.wait()
