@@ -152,3 +152,50 @@ def test_a_refused_mount_leaves_a_root_other_uids_can_pass_whatever_the_umask(tm
     )
     assert _in_a_process(code, root).split() == ["False"]
     assert oct(os.stat(root).st_mode & 0o777) == "0o711"
+
+
+#: run in a mount namespace whose "/" is shared (as on a host booted by systemd): a child mounts over
+#: argv[1], then this namespace (the host's, here) reads its own mounts there; argv[2] says how the
+#: child mounts: "runner" (attempt_memory.mount_over) or "unshared" (a new namespace and a tmpfs,
+#: nothing more: what the mount would do without making "/" a slave first)
+SHARED_HOST = r"""
+import os, subprocess, sys
+root, how = sys.argv[1], sys.argv[2]
+with open("/proc/self/mountinfo") as fh:
+    slash = [line.split(" - ")[0].split()[6:] for line in fh if line.split()[4] == "/"][0]
+assert any(tag.startswith("shared:") for tag in slash), slash
+child = (
+    "import os, sys\n"
+    "from agent_runner import attempt_memory, privs\n"
+    "if sys.argv[2] == 'runner':\n"
+    "    ok = attempt_memory.mount_over(sys.argv[1])\n"
+    "else:\n"
+    "    libc = privs.libc()\n"
+    "    ok = libc.unshare(privs._CLONE_NEWNS) == 0 and libc.mount(b'tmpfs', os.fsencode(sys.argv[1]), b'tmpfs', 0, None) == 0\n"
+    "print(ok, flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+os.makedirs(root, exist_ok=True)
+proc = subprocess.Popen([sys.executable, "-c", child, root, how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+mounted = proc.stdout.readline().strip()
+with open("/proc/self/mountinfo") as fh:
+    seen = sum(1 for line in fh if line.split()[4] == root)
+proc.communicate("\n")
+print(mounted, seen)
+"""
+
+
+def test_under_a_shared_root_the_mount_never_reaches_the_hosts_namespace(tmp_path: Path) -> None:
+    """On a host whose "/" is shared (systemd's default), a mount made in a new namespace propagates
+    back to the host's; the runner's "/" is made a slave first, so its tmpfs stays its own. The same
+    mount without that step is seen by the host: the set-up can tell."""
+    root = tmp_path / "root"
+
+    def host_sees(how: str) -> list[str]:
+        argv = ["unshare", "--mount", "--propagation", "shared", sys.executable, "-c", SHARED_HOST, str(root), how]
+        return subprocess.run(argv, env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=30,
+                              check=True).stdout.split()
+
+    assert host_sees("runner") == ["True", "0"]
+    assert host_sees("unshared") == ["True", "1"]
+    assert _mounts_at(root) == []
