@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import os
 import tarfile
 from dataclasses import dataclass
@@ -89,18 +90,20 @@ def read_archive(
     host: str,
     limits: ArchiveLimits | None = None,
     sha256s: dict[PurePosixPath, str] | None = None,
+    data: bytes | None = None,
 ) -> list[PurePosixPath]:
     """Check every member of ``archive``, then write its regular files under ``dest``.
 
     Returns the relative paths written; ``sha256s`` (when given) gets each one's sha256, of the bytes
     as they were written (what reading the file back would give: nothing else writes there). Raises
     ``ArchiveRejected`` (nothing written) when any member is unsafe, when there are too many members
-    or too many bytes, or when the file is not a tar.
+    or too many bytes, or when the file is not a tar. ``data``: the archive's bytes, already in
+    memory (then ``archive`` only names it).
     """
     limits = limits or ArchiveLimits()
     source = archive.name
     try:
-        size = archive.stat().st_size
+        size = archive.stat().st_size if data is None else len(data)
     except OSError as exc:
         raise ArchiveRejected(host, f"{source}: cannot read it ({exc.strerror or exc})") from exc
     max_size = max_archive_bytes(limits)
@@ -110,7 +113,7 @@ def read_archive(
         )
     try:
         # Plain tar only (hosts send `tar -cf`): a compressed stream could inflate without bound.
-        with tarfile.open(archive, mode="r:") as tar:
+        with tarfile.open(archive, mode="r:") if data is None else tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             members: list[tarfile.TarInfo] = []
             # Iterate rather than getmembers(): the count cap must stop a header flood early.
             for member in tar:
@@ -180,12 +183,18 @@ def _write_members(
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         written.append(rel)  # ours from here on, so a failure below takes it back
         digest = hashlib.sha256()
-        with src, os.fdopen(fd, "wb") as out:
-            while chunk := src.read(min(_CHUNK, budget + 1)):
-                budget -= len(chunk)
-                if budget < 0:
-                    raise ArchiveRejected(host, f"{source}: content larger than its headers say")
-                out.write(chunk)
-                digest.update(chunk)
+        # plain writes: a file object's set-up (fstat, isatty, lseek) was most of a small file's calls
+        try:
+            with src:
+                while chunk := src.read(min(_CHUNK, budget + 1)):
+                    budget -= len(chunk)
+                    if budget < 0:
+                        raise ArchiveRejected(host, f"{source}: content larger than its headers say")
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    digest.update(chunk)
+        finally:
+            os.close(fd)
         if sha256s is not None:
             sha256s[rel] = digest.hexdigest()

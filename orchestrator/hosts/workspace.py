@@ -199,18 +199,21 @@ class Workspace:
                 fetched()
             return 0
         self._check_archive_size(size)
-        with tempfile.TemporaryDirectory(prefix=".pull-", dir=scratch) as tmp:
-            local = Path(tmp) / f"{self.name}.out.tar"
-            if inline is not None:
-                local.write_bytes(inline)
-            else:
+        sha256s: dict[PurePosixPath, str] = {}
+        if inline is not None:  # in memory already: read from there
+            if fetched is not None:
+                fetched()
+            named = Path(f"{self.name}.out.tar")
+            written = read_archive(named, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s, data=inline)
+        else:
+            with tempfile.TemporaryDirectory(prefix=".pull-", dir=scratch) as tmp:
+                local = Path(tmp) / f"{self.name}.out.tar"
                 self.host.get(
                     posixpath.join(self.path, "out.tar"), local, max_bytes=max_archive_bytes(PULL_LIMITS), cancel=cancel
                 )
-            if fetched is not None:
-                fetched()
-            sha256s: dict[PurePosixPath, str] = {}
-            written = read_archive(local, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s)
+                if fetched is not None:
+                    fetched()
+                written = read_archive(local, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s)
         self.pulled, self.pulled_sha256 = written, sha256s
         return len(written)
 
