@@ -54,6 +54,11 @@ if TYPE_CHECKING:
 RUN_MARGIN_S = 60
 #: how long the partial results of a stopped run may take to come home
 PARTIAL_PULL_S = 15.0
+#: how many hosts' archives are written and checked at once. That is the controller's own CPU, under
+#: one interpreter lock: with every host of a fleet at it at once (they end together), a third of the
+#: controller's CPU went to handing that lock from thread to thread, and the last host finished no sooner
+PULLING_AT_ONCE = 2
+_pulling = threading.BoundedSemaphore(PULLING_AT_ONCE)
 #: connection-level failures: the host is unreachable, not merely failing
 UNREACHABLE = (HostUnreachable, HostKeyRejected, AuthenticationFailed)
 #: (host, stage, detail): stage is one of workspace.STAGES, or "retry", "done", "failed"
@@ -189,13 +194,14 @@ class HostJob:
             stdout, out_tar = remote.split_out_tar(result.stdout)
             result = dataclasses.replace(result, stdout=stdout)
             # the workspace is removed on the host while the controller reads and checks the archive
-            pulled = self._stage(
-                "pull", lambda: self._pull(made, out_tar, fetched=lambda: beside.append(self._clean_beside(made)))
-            )
-            self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
-            self._judge(result, pulled)
-            expected = {t.id: t.expect_findings for t in self.plan.bundle.suite.tasks if t.expect_findings}
-            verify_host_output(self.cfg.name, self.host_dir, ws.pulled, result.stdout, expected, ws.pulled_sha256)
+            with _pulling:
+                pulled = self._stage(
+                    "pull", lambda: self._pull(made, out_tar, fetched=lambda: beside.append(self._clean_beside(made)))
+                )
+                self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
+                self._judge(result, pulled)
+                expected = {t.id: t.expect_findings for t in self.plan.bundle.suite.tasks if t.expect_findings}
+                verify_host_output(self.cfg.name, self.host_dir, ws.pulled, result.stdout, expected, ws.pulled_sha256)
         except BaseException as exc:
             error = exc
             if ws is not None and ws.created and run_started and not run_finished:

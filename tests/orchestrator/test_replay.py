@@ -526,3 +526,34 @@ def test_only_a_replay_that_pushed_a_bundle_prunes_the_hosts_bundles(tmp_path: P
     pushed = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=other, with_analysis=False)
     assert pushed.exit_code == 0 and pushed.manifest.hosts["local"].bundle_pushed is True
     assert sorted(p.name for p in bundles.iterdir()) == sorted([other.sha, bundle.sha, *old[3:]])
+
+
+def test_at_most_pulling_at_once_hosts_write_and_check_their_archives_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's CPU work of a pull (writing a host's archive, checking it) is done by a few
+    hosts at a time, never by a whole fleet that ends together; every host's results still arrive."""
+    from orchestrator.hosts import host_job, workspace
+
+    hosts = [f"box-{c}" for c in "abcdef"]
+    inv, bundle = _setup(tmp_path, hosts)
+    read_archive = workspace.read_archive
+    lock = threading.Lock()
+    now, most = [0], [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        try:
+            time.sleep(0.2)  # long enough for every host to arrive here meanwhile, were it let in
+            return read_archive(*args, **kwargs)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(workspace, "read_archive", counted)
+    out = replay(_req(tmp_path, inv), opener=_local_opener(), bundle=bundle, with_analysis=False)
+    assert most[0] == host_job.PULLING_AT_ONCE == 2
+    assert out.exit_code == 0 and all(rec.error is None for rec in out.manifest.hosts.values())
+    assert sorted(r["env"] for r in read_jsonl(out.run_dir.path / "results.jsonl")) == sorted(hosts * 4)
