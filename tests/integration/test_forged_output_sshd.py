@@ -70,9 +70,16 @@ def test_the_forging_agent_cannot_touch_the_victims_verdict(sshd_hosts: Any, tmp
     assert rows[("box-a", "first-victim")]["exit_code"] == 1
 
 
-def test_output_changed_after_the_runner_wrote_it_is_the_hosts_error(sshd_hosts: Any, tmp_path: Path) -> None:
-    """What the sandbox keeps the agent from doing, done by the host itself before the pull."""
+def test_output_changed_after_the_runner_wrote_it_is_the_hosts_error(
+    sshd_hosts: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the sandbox keeps the agent from doing, done by the host itself before the pull. The
+    archive is fetched after the run here (none comes in the run's output), so that the host's change
+    at the pull is what comes home; the check is the same for an archive that came in the output."""
+    from orchestrator.hosts import remote
     from orchestrator.hosts.transport import open_host
+
+    monkeypatch.setattr(remote, "INLINE_MAX_BYTES", 0)
 
     def hook(name: str, stage: str, detail: str) -> None:
         if stage != "pull":

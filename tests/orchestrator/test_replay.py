@@ -3,6 +3,7 @@ stay one host's, retries in the manifest, Ctrl-C, the clean environment, and no 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ from agent_runner.suite import suite_from_dict
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.errors import HostUnreachable
 from orchestrator.hosts.bundle import Bundle, build_bundle
-from orchestrator.hosts.transport.base import Host
+from orchestrator.hosts.transport.base import ExecResult, Host
 from orchestrator.hosts.transport.local import LocalHost, login_path
 from orchestrator.store.jsonl import read_jsonl
 from orchestrator.store.rundir import RunDir
@@ -557,3 +558,47 @@ def test_at_most_pulling_at_once_hosts_write_and_check_their_archives_together(
     assert most[0] == host_job.PULLING_AT_ONCE == 2
     assert out.exit_code == 0 and all(rec.error is None for rec in out.manifest.hosts.values())
     assert sorted(r["env"] for r in read_jsonl(out.run_dir.path / "results.jsonl")) == sorted(hosts * 4)
+
+
+class _ForgesItsInlineArchive(LocalHost):
+    """A host whose run sends home, in its output, an archive whose results rows say fail where the
+    runner wrote pass: the same size, a consistent tar, its base64 and size line made to match."""
+
+    def exec(self, argv: list[str], timeout: float) -> ExecResult:
+        import base64
+        import io
+        import tarfile
+
+        from orchestrator.hosts import remote
+
+        done = super().exec(argv, timeout)
+        stdout, out_tar = remote.split_out_tar(done.stdout)
+        if out_tar.inline is None:
+            return done
+        forged = io.BytesIO()
+        with tarfile.open(fileobj=io.BytesIO(out_tar.inline)) as src, tarfile.open(fileobj=forged, mode="w") as dst:
+            for member in src:
+                data = src.extractfile(member).read() if member.isreg() else None  # type: ignore[union-attr]
+                if member.name.endswith("results.jsonl") and data is not None:
+                    data = data.replace(b'"pass"', b'"fail"')
+                dst.addfile(member, io.BytesIO(data) if data is not None else None)
+        raw = forged.getvalue()
+        text = (f"{stdout}\n{remote.INLINE_MARKER}\n{base64.b64encode(raw).decode()}\n\n"
+                f"{remote.OUT_TAR_MARKER} {len(raw)} inline\n")
+        return dataclasses.replace(done, stdout=text)
+
+
+def test_an_archive_forged_in_the_runs_own_output_is_the_hosts_error(tmp_path: Path) -> None:
+    """The archive that comes in the run's output is checked against the digests the runner announced,
+    as a fetched one is: a forged results row is that host's error and no forged verdict is kept."""
+    inv, bundle = _setup(tmp_path, ["local", "box-b"])
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        return (_ForgesItsInlineArchive if cfg.name == "box-b" else LocalHost)(cfg.name)
+
+    out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle, with_analysis=False)
+    err = out.manifest.hosts["box-b"].error or ""
+    assert out.exit_code == 3 and "OutputTampered" in err and "results.jsonl" in err, err
+    rows = read_jsonl(out.run_dir.path / "results.jsonl")
+    assert rows and not [r for r in rows if r["env"] == "box-b" and r["verdict"] == "fail"]
+    assert out.manifest.hosts["local"].error is None
