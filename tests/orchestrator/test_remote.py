@@ -223,3 +223,24 @@ def test_a_runner_that_stopped_before_making_work_still_gets_the_fallback_finger
     assert done.returncode == 1, done.stderr
     assert json.loads((ws / "out" / "fingerprint.json").read_text()) == {"cwd": str(ws / "work")}
     assert stat.S_IMODE((ws / "work").stat().st_mode) == 0o711
+
+
+def test_a_host_without_base64_sends_no_archive_in_its_output(tmp_path: Path) -> None:
+    """Where the host has no ``base64`` the archive is left to be fetched, as an oversized one is."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sh", "timeout", "env", "tar", "wc", "rm", "mv"):
+        found = shutil.which(tool)
+        assert found is not None, tool
+        (bin_dir / tool).symlink_to(found)
+    ws = tmp_path / "ws"
+    (ws / "out").mkdir(parents=True)
+    argv = [sys.executable, "-c", "import sys; open(sys.argv[2] + '/f', 'w').write('x')", "--out", f"{ws}/out"]
+    script = remote.run_script(str(ws), ["PATH"], [], argv, 60)
+    done = subprocess.run([str(bin_dir / "sh"), "-c", script], capture_output=True, text=True, timeout=60,
+                          env={"PATH": str(bin_dir)})
+    assert done.returncode == 0, done.stderr
+    assert remote.INLINE_MARKER not in done.stdout
+    assert remote.split_out_tar(done.stdout)[1] == remote.OutTar(str((ws / "out.tar").stat().st_size))
