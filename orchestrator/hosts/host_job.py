@@ -54,9 +54,10 @@ if TYPE_CHECKING:
 RUN_MARGIN_S = 60
 #: how long the partial results of a stopped run may take to come home
 PARTIAL_PULL_S = 15.0
-#: how many hosts' archives are written and checked at once. That is the controller's own CPU, under
-#: one interpreter lock: with every host of a fleet at it at once (they end together), a third of the
-#: controller's CPU went to handing that lock from thread to thread, and the last host finished no sooner
+#: how many hosts' archives are written and checked at once (never held while one travels). That is the
+#: controller's own CPU, under one interpreter lock: with every host of a fleet at it at once (they end
+#: together), a third of the controller's CPU went to handing that lock from thread to thread, and the
+#: last host finished no sooner
 PULLING_AT_ONCE = 2
 _pulling = threading.BoundedSemaphore(PULLING_AT_ONCE)
 #: connection-level failures: the host is unreachable, not merely failing
@@ -194,13 +195,13 @@ class HostJob:
             stdout, out_tar = remote.split_out_tar(result.stdout)
             result = dataclasses.replace(result, stdout=stdout)
             # the workspace is removed on the host while the controller reads and checks the archive
+            pulled = self._stage(
+                "pull", lambda: self._pull(made, out_tar, fetched=lambda: beside.append(self._clean_beside(made)))
+            )
+            self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
+            self._judge(result, pulled)
+            expected = {t.id: t.expect_findings for t in self.plan.bundle.suite.tasks if t.expect_findings}
             with _pulling:
-                pulled = self._stage(
-                    "pull", lambda: self._pull(made, out_tar, fetched=lambda: beside.append(self._clean_beside(made)))
-                )
-                self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
-                self._judge(result, pulled)
-                expected = {t.id: t.expect_findings for t in self.plan.bundle.suite.tasks if t.expect_findings}
                 verify_host_output(self.cfg.name, self.host_dir, ws.pulled, result.stdout, expected, ws.pulled_sha256)
         except BaseException as exc:
             error = exc
@@ -414,7 +415,7 @@ class HostJob:
         if within_s is None and not self.plan.running.cancel.is_set():
             return ws.pull(
                 self.host_dir, scratch=self.plan.run_dir.path, size=size, inline=inline,
-                cancel=self.plan.running.cancel, fetched=fetched,
+                cancel=self.plan.running.cancel, fetched=fetched, gate=_pulling,
             )
         give_up = threading.Event()
         timer = threading.Timer(within_s or PARTIAL_PULL_S, give_up.set)

@@ -179,7 +179,8 @@ class OutTar:
 
 def split_out_tar(stdout: str) -> tuple[str, OutTar]:
     """``run_script``'s stdout without its marker line and inline archive, and what they said. An
-    inline archive that does not decode to the size printed is dropped: the archive is fetched."""
+    inline archive that does not decode to the size printed is dropped: the archive is fetched. Text
+    of a base64 that failed part of the way (no ``inline`` said) is dropped too, never the runner's."""
     head, sep, last = stdout.rstrip("\n").rpartition("\n")
     if not sep:
         head, last = "", stdout.rstrip("\n")
@@ -187,17 +188,20 @@ def split_out_tar(stdout: str) -> tuple[str, OutTar]:
     if len(words) not in (2, 3) or words[0] != OUT_TAR_MARKER or words[2:] not in ([], ["inline"]):
         return stdout, OutTar(None)
     head = head.removesuffix("\n")
-    if len(words) == 2:
-        return head, OutTar(words[1])
     # base64 has no "-": the runner's own lines can hold the marker, the archive's cannot
     before, sep, encoded = head.rpartition(f"\n{INLINE_MARKER}\n")
     if not sep:
         return head, OutTar(words[1])
+    if len(words) == 2 or not words[1].isdigit():
+        return before, OutTar(words[1])
+    compact = encoded.replace("\n", "")
+    if len(compact) != 4 * ((int(words[1]) + 2) // 3):  # the host's word on its size bounds what is decoded
+        return before, OutTar(words[1])
     try:
-        data = binascii.a2b_base64(encoded.replace("\n", ""), strict_mode=True)
+        data = binascii.a2b_base64(compact, strict_mode=True)
     except (binascii.Error, ValueError):
         return before, OutTar(words[1])
-    return before, OutTar(words[1], data if str(len(data)) == words[1] else None)
+    return before, OutTar(words[1], data if len(data) == int(words[1]) else None)
 
 
 def kill_script(workspace: str) -> str:

@@ -181,6 +181,7 @@ class Workspace:
         inline: bytes | None = None,
         cancel: threading.Event | None = None,
         fetched: Callable[[], None] | None = None,
+        gate: contextlib.AbstractContextManager[object] | None = None,
     ) -> int:
         """Bring ``out/`` home into ``into`` as one tar; the number of files accepted. ``size`` is what
         the run's own exec said of ``out.tar`` (``remote.split_out_tar``), ``inline`` the archive when it
@@ -189,7 +190,8 @@ class Workspace:
         the same file system as ``into`` for the tar in transit. The size the host reported is a first
         refusal only: the transfer itself stops at the cap, refuses anything but a regular file, and
         ends within one chunk of ``cancel`` (Ctrl-C). ``fetched`` is called once nothing more is needed
-        from the host (the archive is here, or there is none), before the archive is read."""
+        from the host (the archive is here, or there is none), before the archive is read. ``gate`` is
+        held while the archive is read and written (the controller's CPU), never while it travels."""
         if size is None:
             ws = remote.q(self.path)
             made = self._exec(f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar . && wc -c < {ws}/out.tar")
@@ -204,7 +206,8 @@ class Workspace:
             if fetched is not None:
                 fetched()
             named = Path(f"{self.name}.out.tar")
-            written = read_archive(named, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s, data=inline)
+            with gate or contextlib.nullcontext():
+                written = read_archive(named, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s, data=inline)
         else:
             with tempfile.TemporaryDirectory(prefix=".pull-", dir=scratch) as tmp:
                 local = Path(tmp) / f"{self.name}.out.tar"
@@ -213,7 +216,8 @@ class Workspace:
                 )
                 if fetched is not None:
                     fetched()
-                written = read_archive(local, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s)
+                with gate or contextlib.nullcontext():
+                    written = read_archive(local, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s)
         self.pulled, self.pulled_sha256 = written, sha256s
         return len(written)
 

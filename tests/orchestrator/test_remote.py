@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import stat
 import subprocess
@@ -244,3 +245,20 @@ def test_a_host_without_base64_sends_no_archive_in_its_output(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     assert remote.INLINE_MARKER not in done.stdout
     assert remote.split_out_tar(done.stdout)[1] == remote.OutTar(str((ws / "out.tar").stat().st_size))
+
+
+@pytest.mark.parametrize(("said", "encoded"), [
+    ("3", "YWI="),                                  # strict base64 of the right length, but of 2 bytes
+    ("3", base64.b64encode(b"x" * 300).decode()),  # far more than the size printed: not even decoded
+    ("none", "YWJj"),                               # no size at all
+])
+def test_an_inline_archive_is_taken_only_at_exactly_the_size_printed(said: str, encoded: str) -> None:
+    text = f"runner line\n{remote.INLINE_MARKER}\n{encoded}\n\n{remote.OUT_TAR_MARKER} {said} inline\n"
+    assert remote.split_out_tar(text) == ("runner line", remote.OutTar(said))
+
+
+def test_the_text_of_a_base64_that_failed_is_not_left_in_the_runners_output() -> None:
+    """``base64`` stopped part of the way (no ``inline`` said): its text is no runner line."""
+    text = f"digest line\n{remote.INLINE_MARKER}\nYWJjZGVm\nYWJj\n\n{remote.OUT_TAR_MARKER} 9\n"
+    assert remote.split_out_tar(text) == ("digest line", remote.OutTar("9"))
+    assert remote.split_out_tar(f"digest line\n\n{remote.OUT_TAR_MARKER} 9\n") == ("digest line", remote.OutTar("9"))

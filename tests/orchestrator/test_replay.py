@@ -602,3 +602,42 @@ def test_an_archive_forged_in_the_runs_own_output_is_the_hosts_error(tmp_path: P
     rows = read_jsonl(out.run_dir.path / "results.jsonl")
     assert rows and not [r for r in rows if r["env"] == "box-b" and r["verdict"] == "fail"]
     assert out.manifest.hosts["local"].error is None
+
+
+def test_hosts_whose_archives_travel_slowly_hold_up_no_other_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the controller's own work on an archive waits its turn, never its transfer: two hosts
+    whose archives take long to fetch do not keep the others' results from being written."""
+    from orchestrator.hosts import host_job, remote, workspace
+
+    monkeypatch.setattr(remote, "INLINE_MAX_BYTES", 0)  # every archive is fetched
+    hosts = ["slow-a", "slow-b", "box-c", "box-d"]
+    inv, bundle = _setup(tmp_path, hosts)
+    fetched_slowly = threading.Event()
+    read_before: dict[str, bool] = {}
+    read_archive = workspace.read_archive
+
+    class SlowToFetch(LocalHost):
+        def get(self, remote_path: str, local: Path, **kw: Any) -> None:
+            time.sleep(3)  # both slow hosts are in their transfer while the others are read
+            fetched_slowly.set()
+            super().get(remote_path, local, **kw)
+
+    def noting(*args: Any, host: str, **kwargs: Any) -> Any:
+        read_before[host] = not fetched_slowly.is_set()
+        return read_archive(*args, host=host, **kwargs)
+
+    class EndsLater(LocalHost):
+        def exec(self, argv: list[str], timeout: float) -> ExecResult:
+            if remote.OUT_TAR_MARKER in " ".join(argv):  # the run: the slow hosts are in their pull by its end
+                time.sleep(1)
+            return super().exec(argv, timeout)
+
+    def opener(cfg: Any, *, accept_new: bool = False, on_retry: Callable[[dict[str, Any]], None]) -> Host:
+        return (SlowToFetch if cfg.name.startswith("slow") else EndsLater)(cfg.name)
+
+    monkeypatch.setattr(workspace, "read_archive", noting)
+    out = replay(_req(tmp_path, inv), opener=opener, bundle=bundle, with_analysis=False)
+    assert host_job.PULLING_AT_ONCE == 2 and out.exit_code == 0
+    assert read_before == {"slow-a": False, "slow-b": False, "box-c": True, "box-d": True}

@@ -47,10 +47,11 @@ def scan():
 """
 
 
-def _listing(script: str, ws: Path, marker: str) -> set[int]:
-    """The pids ``script``'s scan finds (nothing killed: the script stops before its kill loop)."""
+def _listing(script: str, ws: Path, marker: str, *, within: tuple[str, ...] = ()) -> set[int]:
+    """The pids ``script``'s scan finds (nothing killed: the script stops before its kill loop);
+    ``within``: the command the scan runs under (a mount namespace of its own)."""
     head = script.split("left = scan()")[0]
-    proc = subprocess.run([sys.executable, "-I", "-B", "-c", head + "\nprint(' '.join(map(str, scan())))", str(ws), marker],
+    proc = subprocess.run([*within, sys.executable, "-I", "-B", "-c", head + "\nprint(' '.join(map(str, scan())))", str(ws), marker],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return {int(x) for x in proc.stdout.split()}
@@ -100,22 +101,42 @@ def test_with_the_workspace_gone_a_process_two_mount_namespaces_below_is_this_ho
         ["unshare", "--mount", "sh", "-c", f"unshare --mount sh -c {remote.q(inner)} & wait"], start_new_session=True
     )
     try:
-        deadline = time.monotonic() + 10
-        attempt = None
-        while attempt is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            for pid in os.listdir("/proc"):
-                try:
-                    named = f"{ws}/work".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if pid.isdigit() and named:
-                    attempt = int(pid)
-        assert attempt is not None
         own = os.readlink("/proc/self/ns/mnt")
-        between = os.readlink(f"/proc/{runner.pid}/ns/mnt")
-        assert len({own, between, os.readlink(f"/proc/{attempt}/ns/mnt")}) == 3  # two namespaces below ours
+        attempt = _named_below(f"{ws}/work".encode(), exclude={own, os.readlink(f"/proc/{runner.pid}/ns/mnt")})
+        assert attempt is not None  # the inner shell: two namespaces below ours
         assert attempt in _listing(remote._SURVIVORS_PY, ws, marker)
     finally:
         os.killpg(runner.pid, 9)  # both shells and the sleep
         runner.wait()
+
+
+def _named_below(named: bytes, exclude: set[str]) -> int | None:
+    """The pid of a process whose command line holds ``named`` and whose mount namespace is none of
+    ``exclude`` (waited for up to 10 s: the namespaces are made by processes starting meanwhile)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if named in Path(f"/proc/{pid}/cmdline").read_bytes() and os.readlink(f"/proc/{pid}/ns/mnt") not in exclude:
+                    return int(pid)
+            except OSError:
+                continue
+        time.sleep(0.05)
+    return None
+
+
+@pytest.mark.root
+def test_with_the_workspace_gone_a_process_not_below_the_scans_namespace_is_left_alone(tmp_path: Path) -> None:
+    """Another host's process on a machine shared by namespaces (its own, not made from this host's)
+    is never this host's, even when it names this host's workspace path."""
+    ws = tmp_path / "runs" / "r1-box"  # gone: never made
+    marker = "crosshost-clean-0123456789abcdef"
+    other = subprocess.Popen(["unshare", "--mount", "sh", "-c", f"sleep 300; : {ws}/work"], start_new_session=True)
+    try:
+        found = _named_below(f"{ws}/work".encode(), exclude={os.readlink("/proc/self/ns/mnt")})
+        assert found == other.pid
+        assert found in _listing(remote._SURVIVORS_PY, ws, marker)  # from the machine's namespace: below it
+        assert found not in _listing(remote._SURVIVORS_PY, ws, marker, within=("unshare", "--mount"))
+    finally:
+        os.killpg(other.pid, 9)
+        other.wait()
