@@ -202,22 +202,17 @@ class Workspace:
             return 0
         self._check_archive_size(size)
         sha256s: dict[PurePosixPath, str] = {}
-        if inline is not None:  # in memory already: read from there
-            if fetched is not None:
-                fetched()
-            named = Path(f"{self.name}.out.tar")
-            with gate or contextlib.nullcontext():
-                written = read_archive(named, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s, data=inline)
-        else:
-            with tempfile.TemporaryDirectory(prefix=".pull-", dir=scratch) as tmp:
-                local = Path(tmp) / f"{self.name}.out.tar"
+        with contextlib.ExitStack() as transit:
+            local = Path(f"{self.name}.out.tar")  # in memory already: the name alone, nothing fetched
+            if inline is None:
+                local = Path(transit.enter_context(tempfile.TemporaryDirectory(prefix=".pull-", dir=scratch))) / local
                 self.host.get(
                     posixpath.join(self.path, "out.tar"), local, max_bytes=max_archive_bytes(PULL_LIMITS), cancel=cancel
                 )
-                if fetched is not None:
-                    fetched()
-                with gate or contextlib.nullcontext():
-                    written = read_archive(local, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s)
+            if fetched is not None:
+                fetched()
+            with gate or contextlib.nullcontext():
+                written = read_archive(local, into, host=self.name, limits=PULL_LIMITS, sha256s=sha256s, data=inline)
         self.pulled, self.pulled_sha256 = written, sha256s
         return len(written)
 
