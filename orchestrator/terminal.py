@@ -5,6 +5,8 @@ while a replay runs."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -65,14 +67,23 @@ def say(console: Console, text: str) -> None:
 class WholeColumn:
     """A table whose first column holds identifiers a user pastes back (a task's id into ``--tasks``):
     never cut with "…". Where the table is wider than the terminal, the first column keeps its longest
-    value and the others give way down to their longest word; where even that does not fit, the
-    first column gets what is left and folds onto more lines. No column is ever cut."""
+    value and the others give way down to their longest word. Where even that does not fit (many hosts
+    side by side), the table is drawn as several, one under the other: each has the first column and
+    as many of the others, in their order, as fit whole (``parts``). Where the first column cannot stay
+    whole beside any other, it gets what is left and folds onto more lines. No column is ever cut."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, measured: dict[int, list[tuple[int, int]]] | None = None) -> None:
         self.table = table
         self.laid_out = [(c.width, c.overflow) for c in table.columns]
+        #: by width: each column's narrowest and widest measure (``ranges``)
+        self._measured: dict[int, list[tuple[int, int]]] = measured or {}
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for part in self.parts(console, options):
+            yield from part.draw(console, options)
+
+    def draw(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """This table, laid out for ``options`` (``lay_out``), its cells each drawn once."""
         highs = self.lay_out(console, options)
         if highs is not None and self.table.show_header and not self.table.show_footer:
             # every column whole at its longest: the widths rich would measure every cell again for
@@ -82,18 +93,55 @@ class WholeColumn:
         # the table draws through the console's every method, render_lines remembered per cell
         yield from self.table.__rich_console__(cast(Console, _SameCells(console)), options)
 
+    def ranges(self, console: Console, options: ConsoleOptions) -> list[tuple[int, int]]:
+        """Each column's narrowest and widest measure (header and cells) as the table was built."""
+        columns = self.table.columns
+        for column, (width, overflow) in zip(columns, self.laid_out, strict=True):  # as built, at every width
+            column.width, column.overflow = width, overflow
+        ranges = self._measured.get(options.max_width)
+        if ranges is None:  # a measure is capped at the width: measured again at another
+            ranges = self._measured[options.max_width] = []
+            for column in columns:
+                cells = [Measurement.get(console, options, c) for c in [column.header, *column.cells] if c is not None]
+                ranges.append((max((m.minimum for m in cells), default=1), max((m.maximum for m in cells), default=1)))
+        return ranges
+
+    def parts(self, console: Console, options: ConsoleOptions) -> list[WholeColumn]:
+        """The tables this one is drawn as at ``options``' width: itself where it fits with its other
+        columns at their narrowest, or where its first column cannot stay whole beside any other;
+        else one table per run of the other columns that fits whole beside the first."""
+        ranges = self.ranges(console, options)
+        room, longest, others = options.max_width, ranges[0][1], ranges[1:]
+        if len(others) < 2 or _fits(longest, [low for low, _ in others], room) or not _fits(
+            longest, [min(high for _, high in others)], room
+        ):
+            return [self]
+        runs: list[list[int]] = [[]]
+        for i, (_, high) in enumerate(others, start=1):
+            if runs[-1] and not _fits(longest, [ranges[j][1] for j in runs[-1]] + [high], room):
+                runs.append([])
+            runs[-1].append(i)
+        return [self._part(run, ranges, options.max_width, first=k == 0, last=k == len(runs) - 1)
+                for k, run in enumerate(runs)]  # fmt: skip
+
+    def _part(
+        self, indexes: list[int], ranges: list[tuple[int, int]], width: int, *, first: bool, last: bool
+    ) -> WholeColumn:
+        """The first column and the columns at ``indexes`` as a table of their own (the title above the
+        first part, the caption under the last)."""
+        table = copy.copy(self.table)
+        chosen = [0, *indexes]
+        table.columns = [dataclasses.replace(self.table.columns[i], _index=n) for n, i in enumerate(chosen)]
+        table.title = table.title if first else None
+        table.caption = table.caption if last else None
+        return WholeColumn(table, {width: [ranges[i] for i in chosen]})
+
     def lay_out(self, console: Console, options: ConsoleOptions) -> list[int] | None:
         """The columns' widths and overflow for ``options``' width; where the table fits, every column's
         longest value (the widths are then rich's own), else None."""
         columns = self.table.columns
-        for column, (width, overflow) in zip(columns, self.laid_out, strict=True):  # as built, at every width
-            column.width, column.overflow = width, overflow
-        ranges = []
-        for column in columns:
-            cells = [Measurement.get(console, options, c) for c in [column.header, *column.cells] if c is not None]
-            ranges.append((max((m.minimum for m in cells), default=1), max((m.maximum for m in cells), default=1)))
-        overhead = len(columns) + 1 + 2 * len(columns)  # borders, one space of padding each side
-        room = options.max_width - overhead
+        ranges = self.ranges(console, options)
+        room = options.max_width - _overhead(len(columns))
         longest, lows, highs = ranges[0][1], [r[0] for r in ranges[1:]], [r[1] for r in ranges[1:]]
         if longest + sum(highs) <= room:
             return [longest, *highs]
@@ -111,6 +159,15 @@ class WholeColumn:
         for column, width in zip(columns, widths, strict=True):
             column.width, column.overflow = width, "fold"
         return None
+
+
+def _overhead(columns: int) -> int:
+    """A table's characters beside its cells: its borders, and one space of padding each side of a cell."""
+    return columns + 1 + 2 * columns
+
+
+def _fits(first: int, others: list[int], room: int) -> bool:
+    return first + sum(others) + _overhead(len(others) + 1) <= room
 
 
 class _SameCells:

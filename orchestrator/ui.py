@@ -124,7 +124,7 @@ def render_replay(
     out the report's cause lines, so each cause is said once."""
     out = out or out_console()
     err = err or err_console()
-    out.print(summary_table(outcome))
+    out.print(WholeColumn(summary_table(outcome)))
     if outcome.report is not None:
         out.print(report_table(outcome.report, causes=causes))
     elif not outcome.manifest.interrupted:

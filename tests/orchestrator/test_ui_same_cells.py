@@ -20,15 +20,16 @@ from orchestrator.commands.replay import ReplayOutcome
 from orchestrator.store.jsonl import iter_results
 from orchestrator.store.rundir import RunDir
 from orchestrator.terminal import Table, Text, WholeColumn, plain
-from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
+from tests.support.rundirs import Attempt, RunSpec, build_run, fingerprint, two_hosts
 
 
 class PlainWholeColumn(WholeColumn):
-    """The same layout, then the table drawn by rich itself: every cell measured and drawn again."""
+    """The same layout, then each of its tables drawn by rich itself: every cell measured and drawn again."""
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        self.lay_out(console, options)
-        yield self.table
+        for part in self.parts(console, options):
+            part.lay_out(console, options)
+            yield part.table
 
 
 NAMES = ["agree-000", "deploy-missing-version-" + "x" * 40, "[bold]markup[red]-task", "任务-ü-wide", "t\tab"]
@@ -143,3 +144,23 @@ def test_a_cell_drawn_once_is_not_drawn_again(monkeypatch: pytest.MonkeyPatch) -
     Console(file=io.StringIO(), width=120).print(terminal.WholeColumn(table))
     cells = [r for r in drawn if type(r).__name__ == "Padding"]
     assert len(cells) == 100 + 2 + 3  # every task id, "pass" and "agree" once, the three headers
+
+
+@pytest.mark.parametrize("console", CONSOLES, ids=[str(c["width"]) + c.get("color_system", "") for c in CONSOLES])
+def test_many_hosts_drawn_as_several_tables_are_the_ones_rich_draws_itself(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, console: dict[str, Any]
+) -> None:
+    """Twenty hosts: at most widths the report is drawn as several tables (``WholeColumn.parts``)."""
+    hosts = {"local": fingerprint("devbox-ref", "a" * 16), **{f"box-{i:02d}": fingerprint(f"box-{i:02d}", f"{i:016x}")
+                                                              for i in range(1, 20)}}  # fmt: skip
+    attempts = {(h, t, n): Attempt("fail" if (h, t, n) == ("box-03", "flaky-1", 1) else "pass", why="w")
+                for h in hosts for t in ("flaky-1", "steady-2", NAMES[1]) for n in range(2)}  # fmt: skip
+    report = analyse_run(build_run(tmp_path, RunSpec(hosts=hosts, attempts=attempts)))
+
+    def draw(c: Console) -> None:
+        ui.print_report(report, console=c)
+
+    plain_text = _drawn(monkeypatch, PlainWholeColumn, draw, **console)
+    assert _drawn(monkeypatch, WholeColumn, draw, **console) == plain_text
+    if console["width"] == 120:
+        assert plain_text.count("┃ task") > 1

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from orchestrator import ui
 from orchestrator.analysis import analyse_run
-from tests.support.rundirs import Attempt, RunSpec, build_run, two_hosts
+from tests.support.rundirs import Attempt, RunSpec, build_run, fingerprint, two_hosts
 
 _BOX = re.compile(r"[│┃]")
 
@@ -65,3 +65,36 @@ def test_a_table_printed_narrow_then_wide_is_laid_out_for_each_width(tmp_path: P
         lines = console.export_text().splitlines()
         assert max(len(line) for line in lines) <= width
     assert any(name in line and "<- flip" in line for line in lines), "\n".join(lines)  # whole at 200
+
+
+def _many_hosts_report_at(tmp_path: Path, hosts: int, tasks: list[str], width: int) -> tuple[list[str], list[str]]:
+    names = ["local", *(f"box-{i:02d}" for i in range(1, hosts))]
+    fingerprints = {n: fingerprint(n, f"{i:016x}") for i, n in enumerate(names)}
+    attempts = {(h, t, 0): Attempt("fail" if (h, t) == ("box-07", tasks[0]) else "pass", why="w")
+                for h in names for t in tasks}  # fmt: skip
+    report = analyse_run(build_run(tmp_path, RunSpec(hosts=fingerprints, attempts=attempts)))
+    console = Console(file=io.StringIO(), width=width, record=True, color_system=None, force_terminal=True)
+    ui.print_report(report, console=console)
+    return console.export_text().splitlines(), names
+
+
+def test_many_hosts_side_by_side_are_drawn_as_several_tables_each_with_every_task_whole(tmp_path: Path) -> None:
+    """32 hosts do not fit 120 columns even at their narrowest: the table is drawn as several, each
+    with the task column whole and a run of hosts in order; every host's header once, no line wider
+    than the terminal (folded into one-character columns, no task's id could be read)."""
+    tasks = ["deploy-missing-version", "restart-unhealthy-only", "short"]
+    lines, hosts = _many_hosts_report_at(tmp_path, 32, tasks, 120)
+    drawn = [line for line in lines if line.startswith(("│", "┃", "┏", "└", "┡"))]
+    assert max(len(line) for line in drawn) <= 120, "\n".join(lines)
+    headers = [cell.strip() for line in lines if line.startswith("┃") for cell in _BOX.split(line)[1:-1]]
+    parts = headers.count("task")
+    assert parts > 1
+    assert [h for h in headers if h.startswith(("local", "box-"))] == ["local (ref)", *hosts[1:]]
+    for task in tasks:
+        assert len([cell for cell in _task_cells(lines) if cell == task]) == parts, "\n".join(lines)
+    assert headers[-3:] == ["flip", "classification", "action"]  # the last part, once
+
+
+def test_a_table_that_fits_is_one_table(tmp_path: Path) -> None:
+    lines, _ = _many_hosts_report_at(tmp_path, 3, ["a-task"], 120)
+    assert sum(line.startswith("┏") for line in lines) == 1
