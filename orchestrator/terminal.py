@@ -75,7 +75,8 @@ class WholeColumn:
     def __init__(self, table: Table, measured: dict[int, list[tuple[int, int]]] | None = None) -> None:
         self.table = table
         self.laid_out = [(c.width, c.overflow) for c in table.columns]
-        #: by width: each column's narrowest and widest measure (``ranges``)
+        #: by width: each column's narrowest and widest measure, as the table this one is part of
+        #: measured them (``ranges``)
         self._measured: dict[int, list[tuple[int, int]]] = measured or {}
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -98,9 +99,9 @@ class WholeColumn:
         columns = self.table.columns
         for column, (width, overflow) in zip(columns, self.laid_out, strict=True):  # as built, at every width
             column.width, column.overflow = width, overflow
-        ranges = self._measured.get(options.max_width)
-        if ranges is None:  # a measure is capped at the width: measured again at another
-            ranges = self._measured[options.max_width] = []
+        ranges = self._measured.get(options.max_width)  # a measure is capped at the width
+        if ranges is None:  # measured at each drawing, never kept: rows may be added before the next
+            ranges = []
             for column in columns:
                 cells = [Measurement.get(console, options, c) for c in [column.header, *column.cells] if c is not None]
                 ranges.append((max((m.minimum for m in cells), default=1), max((m.maximum for m in cells), default=1)))
@@ -115,7 +116,7 @@ class WholeColumn:
         if len(others) < 2 or _fits(longest, [low for low, _ in others], room) or not _fits(
             longest, [min(high for _, high in others)], room
         ):
-            return [self]
+            return [WholeColumn(self.table, {room: ranges})]  # measured once for this drawing
         runs: list[list[int]] = [[]]
         for i, (_, high) in enumerate(others, start=1):
             if runs[-1] and not _fits(longest, [ranges[j][1] for j in runs[-1]] + [high], room):
