@@ -112,17 +112,17 @@ class WholeColumn:
         columns at their narrowest, or where its first column cannot stay whole beside any other;
         else one table per run of the other columns that fits whole beside the first."""
         ranges = self.ranges(console, options)
-        room, longest, others = options.max_width, ranges[0][1], ranges[1:]
-        if len(others) < 2 or _fits(longest, [low for low, _ in others], room) or not _fits(
-            longest, [min(high for _, high in others)], room
+        width, longest, others = options.max_width, ranges[0][1], ranges[1:]
+        if len(others) < 2 or _fits(longest, [low for low, _ in others], width) or not _fits(
+            longest, [min(high for _, high in others)], width
         ):
-            return [WholeColumn(self.table, {room: ranges})]  # measured once for this drawing
+            return [WholeColumn(self.table, {width: ranges})]  # measured once for this drawing
         runs: list[list[int]] = [[]]
         for i, (_, high) in enumerate(others, start=1):
-            if runs[-1] and not _fits(longest, [ranges[j][1] for j in runs[-1]] + [high], room):
+            if runs[-1] and not _fits(longest, [ranges[j][1] for j in runs[-1]] + [high], width):
                 runs.append([])
             runs[-1].append(i)
-        return [self._part(run, ranges, options.max_width, first=k == 0, last=k == len(runs) - 1)
+        return [self._part(run, ranges, width, first=k == 0, last=k == len(runs) - 1)
                 for k, run in enumerate(runs)]  # fmt: skip
 
     def _part(
@@ -144,9 +144,9 @@ class WholeColumn:
         ranges = self.ranges(console, options)
         room = options.max_width - _overhead(len(columns))
         longest, lows, highs = ranges[0][1], [r[0] for r in ranges[1:]], [r[1] for r in ranges[1:]]
-        if longest + sum(highs) <= room:
+        if _fits(longest, highs, options.max_width):
             return [longest, *highs]
-        if longest + sum(lows) <= room:
+        if _fits(longest, lows, options.max_width):
             first = longest  # whole: the others give way
         else:  # folded anyway: the others keep what they need, the first at least a few words
             first = max(1, min(room - sum(lows), max(min(longest, 16), room - sum(highs))))
@@ -167,8 +167,9 @@ def _overhead(columns: int) -> int:
     return columns + 1 + 2 * columns
 
 
-def _fits(first: int, others: list[int], room: int) -> bool:
-    return first + sum(others) + _overhead(len(others) + 1) <= room
+def _fits(first: int, others: list[int], width: int) -> bool:
+    """A table of a first column this wide and ``others`` this wide fits ``width`` characters."""
+    return first + sum(others) + _overhead(len(others) + 1) <= width
 
 
 class _SameCells:
