@@ -129,6 +129,9 @@ setup: $(STAMP) browser agent-clis docker
 # the cores: a fifth of its time is spent waiting on subprocesses; on 2 cores 76 s against 92 s with 2);
 # a test there that starts sshd or Docker fails naming the marker it lacks (tests/support/lanes.py).
 TEST_WORKERS ?= 4
+# The tests keep the bytecode they compile whatever the shell says: under PYTHONDONTWRITEBYTECODE every
+# worker and every crosshost a test starts compiled each module again (the main lane: 301 s -> 278 s).
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/pytest
 FAST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 # mypy (a fresh clone has no cache: CPU for a while) runs beside the main lane, whose workers mostly
 # wait on hosts; its output follows that lane, it is done before the serial lane, and it fails the target.
@@ -136,12 +139,12 @@ test: $(STAMP) browser agent-clis docker
 	$(VENV)/bin/ruff check .
 	@rc=0; out=$$(mktemp); echo "$(VENV)/bin/mypy (beside the tests; its output follows them)"; \
 	$(VENV)/bin/mypy >$$out 2>&1 & mypy=$$!; \
-	$(VENV)/bin/pytest -q -ra -n $(TEST_WORKERS) --dist loadscope -m "not serial" || rc=$$?; \
+	$(PYTEST) -q -ra -n $(TEST_WORKERS) --dist loadscope -m "not serial" || rc=$$?; \
 	wait $$mypy || rc=1; cat $$out; rm -f $$out; \
-	$(VENV)/bin/pytest -q -ra -m serial || rc=$$?; exit $$rc
+	$(PYTEST) -q -ra -m serial || rc=$$?; exit $$rc
 
 test-fast: $(STAMP)
-	CROSSHOST_TEST_LANE=fast $(VENV)/bin/pytest -q -ra -n $(FAST_WORKERS) -p no:cacheprovider \
+	CROSSHOST_TEST_LANE=fast $(PYTEST) -q -ra -n $(FAST_WORKERS) -p no:cacheprovider \
 	  -m "not sshd and not docker and not browser and not root and not serial"
 
 lint: $(STAMP)
