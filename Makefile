@@ -129,10 +129,10 @@ setup: $(STAMP) browser agent-clis docker
 # the cores: a fifth of its time is spent waiting on subprocesses; on 2 cores 76 s against 92 s with 2);
 # a test there that starts sshd or Docker fails naming the marker it lacks (tests/support/lanes.py).
 TEST_WORKERS ?= 4
+FAST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 # The tests keep the bytecode they compile whatever the shell says: under PYTHONDONTWRITEBYTECODE every
 # worker and every crosshost a test starts compiled each module again (the main lane: 301 s -> 278 s).
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/pytest
-FAST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
 # mypy (a fresh clone has no cache: CPU for a while) runs beside the main lane, whose workers mostly
 # wait on hosts; its output follows that lane, it is done before the serial lane, and it fails the target.
 test: $(STAMP) browser agent-clis docker
