@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--attempts-on-disk", action="store_true",
                      help="keep the attempts' directories on the workspace root's file system (default, as "
                      "root: in a tmpfs of the run's own over the workspace root)")
+    run.add_argument("--trace-stream", action="store_true",
+                     help="write the attempts' traces as frames of one file, out/traces.stream, which "
+                     "crosshost splits into traces/ when it brings out/ home (default: one file each)")
 
     check = sub.add_parser("check", help="check a trace against a contract: PASS or FAIL, one reason a line")
     check.add_argument("contract")
@@ -130,7 +133,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             tasks=[t for t in args.tasks.split(",") if t] if args.tasks else None,
             repeat=args.repeat, first_attempt=args.first_attempt, workspace_root=args.workspace_root,
             env_allow=[k for k in args.env_allow.split(",") if k] if args.env_allow is not None else None,
-            slots=args.slots, trace_files=args.trace_files,
+            slots=args.slots, trace_files=args.trace_files, trace_stream=args.trace_stream,
         )
         return run_suite(options)
     raise RunnerError(f"unknown command {args.command!r}")

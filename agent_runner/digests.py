@@ -13,9 +13,12 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, TYPE_CHECKING, Optional
 
 from . import paced
+
+if TYPE_CHECKING:
+    from .trace_stream import TraceStream
 
 MARKER = "crosshost-digest"
 
@@ -35,29 +38,44 @@ def write_announced(out: Path, path: Path, text: str) -> None:
 
 
 class HashingWriter:
-    """A text file whose written bytes are hashed as they go; ``close`` announces them."""
+    """A text file whose written bytes are hashed as they go; ``close`` announces them. With a
+    ``stream`` (``trace_stream.py``) the file is that stream's frames of its name, each ``write`` one
+    frame written at once (``flush`` then has nothing left to do), and ``out`` must be given."""
 
-    def __init__(self, out: Optional[Path], path: Path) -> None:
+    def __init__(self, out: Optional[Path], path: Path, stream: "Optional[TraceStream]" = None) -> None:
         self.out = out
         self.path = path
-        self._handle: IO[bytes] = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self._stream = stream
+        self._name = Path(os.path.relpath(path, out)).as_posix() if stream is not None and out is not None else ""
+        if stream is not None and out is None:
+            raise ValueError("a file of a trace stream is named relative to out/: give out")
+        self._handle: Optional[IO[bytes]] = None if stream is not None else open(path, "wb")  # noqa: SIM115
         self._sha = hashlib.sha256()
+        self._written = False
         self.closed = False
 
     def write(self, text: str) -> int:
         data = text.encode("utf-8")
         self._sha.update(data)
-        self._handle.write(data)
+        if self._handle is not None:
+            self._handle.write(data)
+        elif self._stream is not None:
+            self._stream.write(self._name, data)
+            self._written = True
         return len(text)
 
     def flush(self) -> None:
-        self._handle.flush()
+        if self._handle is not None:
+            self._handle.flush()
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
+        elif self._stream is not None and not self._written:
+            self._stream.write(self._name, b"")  # an empty file still comes home as one
         if self.out is not None:
             announce(self.out, self.path, self._sha.hexdigest())
 

@@ -55,6 +55,7 @@ from .suite import Suite, Task, load_suite
 from .suite_digest import EMPTY_DIGEST, SHARED_PART, BundleChanged, part_digest, suite_state, task_part
 from .tools import ToolBox
 from .trace import TraceWriter
+from .trace_stream import STREAM, TraceStream
 
 if TYPE_CHECKING:  # imported where used: only a run in slots needs a pool (~7 ms of imports), only
     # one under --trace-files the tracer (its import and regular expressions, ~2.5 ms)
@@ -100,6 +101,8 @@ class RunOptions:
     slots: int = 1
     #: run every process of an attempt under strace where it exists; keep the paths touched (filetrace.py)
     trace_files: bool = False
+    #: the attempts' traces as frames of one file, ``out/traces.stream`` (trace_stream.py)
+    trace_stream: bool = False
 
 
 @dataclass
@@ -146,10 +149,12 @@ def _owner_writable(top: Path) -> None:
 class Runner:
     def __init__(self, suite: Suite, options: RunOptions, out: Path, workspace_root: Path,
                  fingerprint: Fingerprint, host: str, run_id: str, env_allow: List[str],
-                 stray_walk: Optional[Callable[[], StrayWatch]] = None) -> None:
+                 stray_walk: Optional[Callable[[], StrayWatch]] = None,
+                 stream: Optional[TraceStream] = None) -> None:
         self.suite = suite
         self.options = options
         self.out = out
+        self.stream = stream  # the attempts' traces, when they go into one file (trace_stream.py)
         self.workspace_root = workspace_root
         self.fingerprint = fingerprint
         self.host = host
@@ -232,7 +237,7 @@ class Runner:
             # The predicate was read when the run started, from the bundle as the controller verified it.
             pristine = self.predicates.get(task.id)
             env = self.attempt_env(work, home, tmp)
-            writer = TraceWriter(trace_path, obs_path, announce_under=self.out)
+            writer = TraceWriter(trace_path, obs_path, announce_under=self.out, stream=self.stream)
             writer.header(run_id=self.run_id, host=self.host, task=task.id, attempt=attempt,
                           fingerprint=digest, pins=pins, env_sha=this_env_sha,
                           agent=task.agent.kind,
@@ -468,6 +473,12 @@ def run_suite(options: RunOptions) -> int:
         except OSError as exc:
             raise InputError(f"{workspace_root}: cannot create the workspace root: {exc.strerror or exc}") from exc
     workspace_root = workspace_root.resolve()
+    stream: Optional[TraceStream] = None
+    if options.trace_stream:
+        try:
+            stream = TraceStream(out / STREAM)
+        except OSError as exc:
+            raise InputError(f"{out / STREAM}: cannot create it: {exc.strerror or exc}") from exc
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     runner: Optional[Runner] = None
@@ -486,7 +497,8 @@ def run_suite(options: RunOptions) -> int:
         write_announced(out, out / "fingerprint.json",
                         json.dumps(redact(fingerprint.to_json()), indent=2, sort_keys=True) + "\n")
         host = options.host or fingerprint.hostname or default_host()
-        runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow, stray_walk)
+        runner = Runner(suite, options, out, workspace_root, fingerprint, host, run_id, env_allow, stray_walk,
+                        stream)
         failed = False
         first = options.first_attempt
         attempts = [(task, attempt) for task in tasks for attempt in range(first, first + repeat)]
@@ -526,6 +538,8 @@ def run_suite(options: RunOptions) -> int:
         paced.STDERR.line("terminated: workspaces removed")
         return 143
     finally:
+        if stream is not None:
+            stream.close()
         paced.flush_all()  # the run's last digests and progress lines, before anything else is said
         zygote.close_all()  # every slot's namespaces end with the run
         if runner is not None:

@@ -18,7 +18,20 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, TypedDict, Union
+from typing import (
+    IO,
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Tuple,
+    TypedDict,
+    Union,
+)
 
 from .digests import HashingWriter
 from .errors import TraceError
@@ -38,6 +51,9 @@ from .records import (
     migrate_trace_header,
 )
 from .redact import redact
+
+if TYPE_CHECKING:
+    from .trace_stream import TraceStream
 
 PathArg = Union[str, "os.PathLike[str]"]
 SCHEMA = TRACE_SCHEMA
@@ -287,13 +303,15 @@ class TraceWriter:
     """
 
     def __init__(self, path: PathArg, obs_path: Optional[PathArg] = None, *,
-                 announce_under: Optional[PathArg] = None) -> None:
+                 announce_under: Optional[PathArg] = None, stream: "Optional[TraceStream]" = None) -> None:
         self.path = os.fspath(path)
         # Open for the writer's lifetime; close() (or the with-block) releases them. With
-        # ``announce_under`` (the runner's out/), each file's digest is announced when it closes.
+        # ``announce_under`` (the runner's out/), each file's digest is announced when it closes; with
+        # ``stream`` too, both files are frames of that run's stream (trace_stream.py).
         out = Path(announce_under) if announce_under is not None else None
-        self._handle = HashingWriter(out, Path(self.path))
+        self._handle = HashingWriter(out, Path(self.path), stream)
         self._out = out
+        self._stream = stream
         self._obs_path = Path(obs_path) if obs_path else None
         self._obs: Optional[HashingWriter] = None
         self.steps = 0
@@ -323,7 +341,7 @@ class TraceWriter:
         self._write(self._handle, record)
         if self._obs_path is not None:
             if self._obs is None:
-                self._obs = HashingWriter(self._out, self._obs_path)
+                self._obs = HashingWriter(self._out, self._obs_path, self._stream)
             self._write(self._obs, {"type": "obs", "step": self.steps, "tool": tool, "content": safe_obs})
         return record  # args and observation fingerprints are already of the redacted values
 

@@ -3,7 +3,9 @@
 A host is not trusted to name files: ``extractall`` would follow ``../x``, absolute names, symlinks and
 device nodes wherever they point. Here every member is checked first (regular files and directories
 with safe relative names only, count and total size capped); only when the whole archive passes is
-anything written, member by member through ``extractfile``, under the destination directory.
+anything written, member by member through ``extractfile``, under the destination directory. A
+runner's trace stream (``agent_runner/trace_stream.py``) is written as the files it holds, each checked
+as a member of its own would be, never as itself.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import IO
 
+from agent_runner.trace_stream import STREAM, StreamError, frames
 from orchestrator.errors import ArchiveRejected
 
 MAX_MEMBERS = 20_000
@@ -24,6 +28,10 @@ _CHUNK = 1024 * 1024
 #: tar's own bytes per member (header, long-name blocks, padding) on top of the content; beyond this the
 #: file holds something else (e.g. a huge pax header, which tarfile reads into memory)
 _OVERHEAD_PER_MEMBER = 4096
+_STREAM = PurePosixPath(STREAM)
+#: the files of a trace stream kept open at once while it is split (its frames of one file mostly follow
+#: each other; one closed too early is opened again to append)
+_STREAM_OPEN_MAX = 32
 
 
 @dataclass(frozen=True)
@@ -170,15 +178,15 @@ def _write_members(
         rel = safe_member_name(member.name)
         assert rel is not None  # checked above
         target = root.joinpath(*rel.parts)
-        if target.parent not in ready:
-            # The destination is ours, but a directory inside it could still be a link planted earlier.
-            if not target.parent.resolve().is_relative_to(root):
-                raise ArchiveRejected(host, f"{source}: member {member.name!r} resolves outside {dest}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            ready.add(target.parent)
         src = tar.extractfile(member)
         if src is None:
             raise ArchiveRejected(host, f"{source}: member {member.name!r} has no content")
+        if rel == _STREAM:
+            with src:
+                budget = _split_stream(src, root, dest, host, source, budget, limits.max_members - len(members),
+                                       ready, written, sha256s)
+            continue
+        _make_parent(target, root, dest, ready, host, f"{source}: member {member.name!r}")
         # O_EXCL|O_NOFOLLOW: never write through an existing file or link.
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         written.append(rel)  # ours from here on, so a failure below takes it back
@@ -198,3 +206,73 @@ def _write_members(
             os.close(fd)
         if sha256s is not None:
             sha256s[rel] = digest.hexdigest()
+
+
+def _make_parent(target: Path, root: Path, dest: Path, ready: set[Path], host: str, what: str) -> None:
+    """Make ``target``'s directory under ``root`` once (``ready``: those made already)."""
+    if target.parent not in ready:
+        # The destination is ours, but a directory inside it could still be a link planted earlier.
+        if not target.parent.resolve().is_relative_to(root):
+            raise ArchiveRejected(host, f"{what} resolves outside {dest}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        ready.add(target.parent)
+
+
+def _split_stream(
+    src: IO[bytes],
+    root: Path,
+    dest: Path,
+    host: str,
+    source: str,
+    budget: int,
+    files_allowed: int,
+    ready: set[Path],
+    written: list[PurePosixPath],
+    sha256s: dict[PurePosixPath, str] | None,
+) -> int:
+    """Write the files of the trace stream ``src`` under ``root``, each created as a member would be (a
+    name the archive also holds, or a file already there, refuses the archive); returns ``budget``
+    less their bytes. At most ``files_allowed`` files (the archive's members count against the cap)."""
+    where = f"{source}: {STREAM}"
+    digests: dict[PurePosixPath, hashlib._Hash] = {}
+    open_fds: dict[PurePosixPath, int] = {}
+    try:
+        for name, piece in frames(src, _CHUNK):
+            rel = PurePosixPath(name)
+            fd = open_fds.get(rel)
+            if fd is None:
+                if len(open_fds) >= _STREAM_OPEN_MAX:
+                    for held in open_fds.values():
+                        os.close(held)
+                    open_fds.clear()
+                target = root.joinpath(*rel.parts)
+                if rel in digests:  # its descriptor was closed above: append to what this stream wrote
+                    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+                else:
+                    if len(digests) >= files_allowed:
+                        raise ArchiveRejected(host, f"{where}: more files than an archive may hold; nothing was written")
+                    _make_parent(target, root, dest, ready, host, f"{where}: {name!r}")
+                    try:
+                        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                    except FileExistsError:
+                        raise ArchiveRejected(
+                            host, f"{where}: {name!r} appears twice (in the stream and the archive); nothing was written"
+                        ) from None
+                    written.append(rel)  # ours from here on, so a failure below takes it back
+                    digests[rel] = hashlib.sha256()
+                open_fds[rel] = fd
+            budget -= len(piece)
+            if budget < 0:
+                raise ArchiveRejected(host, f"{where}: content larger than its headers say")
+            view = memoryview(piece)
+            while view:
+                view = view[os.write(fd, view) :]
+            digests[rel].update(piece)
+    except StreamError as exc:
+        raise ArchiveRejected(host, f"{where}: {exc}; nothing was written") from exc
+    finally:
+        for held in open_fds.values():
+            os.close(held)
+    if sha256s is not None:
+        sha256s.update((rel, digest.hexdigest()) for rel, digest in digests.items())
+    return budget

@@ -356,6 +356,7 @@ class HostJob:
             "--host", self.cfg.name, "--run-id", self.plan.run_dir.run_id,
             "--workspace-root", posixpath.join(ws.path, "work"),
             "--env-allow", ",".join(self.cfg.env_allowlist),
+            "--trace-stream",  # one file of traces on the host, split as the pull reads it (archive.py)
         ]  # fmt: skip
         if not self.plan.all_tasks:
             args += ["--tasks", ",".join(self.plan.tasks)]

@@ -1,8 +1,9 @@
 """Forging what the harness reports, on a real sshd host and on local.
 
 "first-victim" fails (its predicate exits 1). "then-forger", a command agent run after it on the same
-host, tries to rewrite the victim's trace to a pass, out/results.jsonl and out/fingerprint.json: in
-the sandbox it cannot write out/ at all, so the victim keeps its real verdict. Whoever can write
+host, tries to rewrite the victim's trace to a pass (its frames in out/traces.stream), out/results.jsonl
+and out/fingerprint.json: in the sandbox it cannot write out/ at all, so the victim keeps its real
+verdict. Whoever can write
 there (a host without the sandbox, the host itself) is caught by the digests the runner announced
 over the SSH channel: the forgery is that host's error, and no forged pass reaches the report.
 """
@@ -30,10 +31,18 @@ here = os.getcwd()
 while here != "/" and not os.path.isfile(os.path.join(here, "out", "results.jsonl")):
     here = os.path.dirname(here)
 out = os.path.join(here, "out")
-trace = os.path.join(out, "traces", "first-victim.0.jsonl")
-lines = [json.loads(l) for l in open(trace)]
-lines[-1].update(verdict="pass", predicate_exit=0, why="ok")
-open(trace, "w").write("".join(json.dumps(l) + "\n" for l in lines))
+stream = os.path.join(out, "traces.stream")  # the runner crosshost starts: every trace a frame of it
+data, frames, i = open(stream, "rb").read(), [], 0
+while i < len(data):
+    j = data.index(b"\n", i)
+    name, size = data[i:j].split(b" ")
+    frames.append([name, data[j + 1:j + 1 + int(size)]])
+    i = j + 1 + int(size)
+finish = [f for f in frames if f[0] == b"traces/first-victim.0.jsonl"][-1]  # one frame a record
+record = json.loads(finish[1])
+record.update(verdict="pass", predicate_exit=0, why="ok")
+finish[1] = (json.dumps(record) + "\n").encode()
+open(stream, "wb").write(b"".join(n + b" %d\n" % len(b) + b for n, b in frames))
 rows = [json.loads(l) for l in open(os.path.join(out, "results.jsonl"))]
 for r in rows:
     r.update(verdict="pass", passed=True)

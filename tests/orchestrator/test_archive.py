@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -165,3 +166,50 @@ def test_a_link_planted_in_a_second_directory_is_refused_after_the_first_was_wri
         read_archive(arc, dest, host="h")
     assert list(outside.iterdir()) == []
     assert list((dest / "a").iterdir()) == []  # half an archive is taken back
+
+
+def _stream(*frames: tuple[str, bytes]) -> bytes:
+    return b"".join(f"{name} {len(data)}\n".encode() + data for name, data in frames)
+
+
+def test_a_trace_stream_is_written_as_the_files_it_holds(tmp_path: Path) -> None:
+    # 40 files interleaved: more than are kept open at once, so some are opened again to append
+    parts = [(f"traces/t{i:02d}.0.jsonl", f"line {j} of {i}\n".encode()) for j in range(3) for i in range(40)]
+    arc = _tar(tmp_path / "out.tar", [_file("./results.jsonl", b"{}\n"), _file("./traces.stream", _stream(*parts))])
+    dest = tmp_path / "run" / "hosts" / "h"
+    sha256s: dict = {}
+    written = read_archive(arc, dest, host="h", sha256s=sha256s)
+    want = {f"traces/t{i:02d}.0.jsonl": "".join(f"line {j} of {i}\n" for j in range(3)).encode() for i in range(40)}
+    assert _all_files(dest) == {"results.jsonl", *want}  # the stream itself is not kept
+    assert {k: (dest / k).read_bytes() for k in want} == want
+    assert sorted(map(str, written)) == sorted(["results.jsonl", *want])
+    assert {str(k): v for k, v in sha256s.items() if str(k) != "results.jsonl"} == {
+        k: hashlib.sha256(v).hexdigest() for k, v in want.items()}
+
+
+@pytest.mark.parametrize("order", ["stream first", "member first"])
+def test_a_stream_file_the_archive_also_holds_is_refused_and_nothing_is_written(tmp_path: Path, order: str) -> None:
+    # an attempt with the runner's uid (no isolation) adds a file of its own beside the stream's
+    stream = _file("./traces.stream", _stream(("traces/t.0.jsonl", b"the runner's\n")))
+    forged = _file("./traces/t.0.jsonl", b"forged\n")
+    arc = _tar(tmp_path / "out.tar", [_file("./results.jsonl"), *([stream, forged] if order == "stream first" else [forged, stream])])
+    with pytest.raises(ArchiveRejected, match="appears twice|cannot read or unpack"):
+        read_archive(arc, tmp_path / "dest", host="h")
+    assert _all_files(tmp_path) == {"out.tar"}
+
+
+@pytest.mark.parametrize("name", ["../x", "traces/../../x", "fingerprint.json", "traces/sub/x", "/etc/x"])
+def test_a_stream_frame_named_outside_traces_is_refused_and_nothing_is_written(tmp_path: Path, name: str) -> None:
+    data = _stream(("traces/ok.0.jsonl", b"ok\n")) + f"{name} 5\n".encode() + b"pwned"
+    arc = _tar(tmp_path / "out.tar", [_file("./results.jsonl"), _file("./traces.stream", data)])
+    with pytest.raises(ArchiveRejected, match="traces.stream"):
+        read_archive(arc, tmp_path / "dest", host="h")
+    assert _all_files(tmp_path) == {"out.tar"}
+
+
+def test_a_stream_of_more_files_than_an_archive_may_hold_is_refused(tmp_path: Path) -> None:
+    data = _stream(*[(f"traces/t{i}.0.jsonl", b"x") for i in range(6)])
+    arc = _tar(tmp_path / "out.tar", [_file("./results.jsonl"), _file("./traces.stream", data)])
+    with pytest.raises(ArchiveRejected, match="more files"):
+        read_archive(arc, tmp_path / "dest", host="h", limits=ArchiveLimits(max_members=5))
+    assert _all_files(tmp_path) == {"out.tar"}
