@@ -166,10 +166,15 @@ def _steal_note(machine: dict[str, float]) -> str:
     return f"  ({', '.join(said)})" if said else ""
 
 
-def _timed(cell: Cell, label: str, run: Callable[[], float], scratch: Path, quiet: dict[str, float]) -> float | None:
+def _timed(cell: Cell, label: str, run: Callable[[], float], quiet: dict[str, float]) -> float | None:
     """One measurement of ``cell``, started once the machine was quiet (``quiet``: that wait): its
-    seconds and the machine's CPU over the command's window (not the scratch's removal after it) are
-    kept and printed after ``label``; a failure is kept and printed instead (None)."""
+    seconds and the machine's CPU over the command's window are kept and printed after ``label``; a
+    failure is kept and printed instead (None).
+
+    What the command wrote (its scratch: a replay's run directory) stays until the bench ends, as a
+    user's run directories stay after a replay. Removed between measurements, a fleet point's thousands
+    of files were in front of the next measurement's file creations: on a disk file system without a
+    journal (this machine's root) each new file looks past the inodes freed in the last minutes."""
     cpu = MachineCpu()
     try:
         seconds = run()
@@ -178,8 +183,6 @@ def _timed(cell: Cell, label: str, run: Callable[[], float], scratch: Path, quie
         cell.errors.append(str(exc)[:500])
         print(f"  {label}  FAILED: {str(exc)[:300]}", flush=True)
         return None
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     cell.seconds.append(seconds)
     cell.machine.append(machine)
     print(f"  {label}  {seconds:7.2f} s{_steal_note(machine)}", flush=True)
@@ -340,7 +343,7 @@ class Bench:
             "ansible_pipelined": lambda: run_ansible(suite, hosts, scratch, pipelined=True),
             "crosshost": lambda: self.run_crosshost(point, scratch, cell),
         }
-        seconds = _timed(cell, f"{tool:<18} H={h} T={t:<3} S={s:<2}", runners[tool], scratch, quiet)
+        seconds = _timed(cell, f"{tool:<18} H={h} T={t:<3} S={s:<2}", runners[tool], quiet)
         if seconds is not None and tool in self.unit_cost:
             self.unit_cost[tool] = seconds / self.work_units(tool, point)
 
@@ -355,7 +358,7 @@ class Bench:
         suite, hosts = self.suite(point), self.hosts(h)  # made outside the measured window
         run: Callable[[], float] = ((lambda: run_limit(suite, hosts, slots=slots)) if tool == "limit"
                                     else (lambda: self.run_crosshost(point, scratch, cell, slots=slots)))
-        _timed(cell, f"{tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}", run, scratch, wait_quiet())
+        _timed(cell, f"{tool:<18} H={h} T={t:<3} S={s:<3} slots={slots}", run, wait_quiet())
 
     def run_crosshost(self, point: Point, scratch: Path, cell: Cell, *, slots: int = 1) -> float:
         """``crosshost replay SUITE -i hosts.toml``: the whole command, as a user runs it."""
