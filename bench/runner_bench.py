@@ -4,7 +4,8 @@ The suite is the grid's (``bench.gen_suite`` at S = 0), as a host receives it in
 ``suite.json`` in place of the TOML files' ``suite.toml``, so the runner reads no TOML): half predicate-only tasks whose
 ``run_tests.sh`` is ``exit 0`` (one sandboxed start: namespaces, the uid change, ``sh``), half scripted
 tasks calling three fixture tools (no process at all). The runner runs as crosshost starts it on a
-host (``env -i`` with PATH only, its own workspace root, as this machine's user: ``pidns+uid`` as
+host (``env -i`` with PATH only, its own workspace root, its traces as frames of one file
+(``--trace-stream``, ``agent_runner/trace_stream.py``), as this machine's user: ``pidns+uid`` as
 root, the attempts' directories then in a tmpfs of the run's own, ``agent_runner/attempt_memory.py``),
 and the whole command is timed. Per attempt = (wall(T) - wall(1)) / (T - 1): the interpreter's
 start, the isolation probe and the fingerprint are paid once per run and cancel out. Medians of
@@ -58,7 +59,7 @@ def _run(suite: Path, scratch: Path, zipapp: Path | None = None) -> float:
     runner = [sys.executable, str(zipapp)] if zipapp is not None else [sys.executable, "-m", "agent_runner"]
     started = time.perf_counter()
     done = subprocess.run([*runner, "run", "--suite", str(suite), "--out", str(out),
-                           "--workspace-root", str(ws), "--host", "bench"],
+                           "--workspace-root", str(ws), "--host", "bench", "--trace-stream"],
                           env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - started
     if done.returncode != 0:
