@@ -13,12 +13,10 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Optional
+from typing import IO, Optional
 
 from . import paced
-
-if TYPE_CHECKING:
-    from .trace_stream import TraceStream
+from .trace_stream import TraceStream, check_name
 
 MARKER = "crosshost-digest"
 
@@ -42,13 +40,15 @@ class HashingWriter:
     ``stream`` (``trace_stream.py``) the file is that stream's frames of its name, each ``write`` one
     frame written at once (``flush`` then has nothing left to do), and ``out`` must be given."""
 
-    def __init__(self, out: Optional[Path], path: Path, stream: "Optional[TraceStream]" = None) -> None:
+    def __init__(self, out: Optional[Path], path: Path, stream: Optional[TraceStream] = None) -> None:
         self.out = out
         self.path = path
         self._stream = stream
         self._name = Path(os.path.relpath(path, out)).as_posix() if stream is not None and out is not None else ""
         if stream is not None and out is None:
             raise ValueError("a file of a trace stream is named relative to out/: give out")
+        if stream is not None:
+            check_name(self._name)  # before the attempt writes anything: refused whole, never half-way
         self._handle: Optional[IO[bytes]] = None if stream is not None else open(path, "wb")  # noqa: SIM115
         self._sha = hashlib.sha256()
         self._written = False
@@ -56,12 +56,12 @@ class HashingWriter:
 
     def write(self, text: str) -> int:
         data = text.encode("utf-8")
-        self._sha.update(data)
         if self._handle is not None:
             self._handle.write(data)
         elif self._stream is not None:
             self._stream.write(self._name, data)
             self._written = True
+        self._sha.update(data)  # what was written: a write that failed is not in the digest
         return len(text)
 
     def flush(self) -> None:

@@ -40,7 +40,7 @@ from .suite_model import (
 from .textguard import control_char
 from .trace import FINISH_REASONS
 
-TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
+TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}\Z")
 SUITE_KEYS = {"name", "description", "repeat", "contract", "tools", "agent", "budget", "gate", "network"}
 TASK_KEYS = {"description", "expect_tools", "forbid_tools", "must_finish", "fixtures", "budget", "agent", "tags",
              "expect_findings"}

@@ -11,12 +11,14 @@ fleet's runs slowed each other down; one file a run costs one.
 The format: frames, each ``<name> <length>\\n`` and then ``length`` bytes, ``name`` a trace file's path
 relative to ``out/`` (``traces/`` and a name of letters, digits, ``.``, ``_`` and ``-``). A file's bytes
 are its frames' bytes in the order written. Each frame is one ``write(2)`` of a file opened for
-appending, so a runner killed at any point leaves whole frames; the file's digest line
-(``digests.py``) is still what says it was complete. Standard library only, Python 3.9.
+appending (a frame that fails part of the way is taken back), so a runner killed at any point leaves
+whole frames and at most a last one cut short, which is read as far as it goes; the file's digest
+line (``digests.py``) is still what says it was complete. Standard library only, Python 3.9.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import threading
@@ -42,20 +44,40 @@ class TraceStream:
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o666)
         self._lock = threading.Lock()
+        #: a frame that failed part of the way could not be taken back: nothing more is appended
+        self._broken: Optional[OSError] = None
 
     def write(self, name: str, data: bytes) -> None:
-        """Append one frame of ``name`` (a path relative to ``out/``, see ``NAME``) holding ``data``."""
-        if not NAME.fullmatch(name.encode("utf-8")):
-            raise StreamError(f"{name!r}: not a name a trace stream carries")
+        """Append one frame of ``name`` (a path relative to ``out/``, see ``check_name``) holding
+        ``data``. A frame that cannot be written whole is taken back (the stream ends where it
+        ended before) and its ``OSError`` raised: no later frame lands inside a cut one."""
+        check_name(name)
         view = memoryview(f"{name} {len(data)}\n".encode("ascii") + data)
         with self._lock:  # one write a frame: no other slot's frame lands inside it
-            while view:
-                view = view[os.write(self._fd, view):]
+            if self._fd < 0 or self._broken is not None:
+                raise self._broken or OSError(errno.EBADF, f"{self.path}: closed")
+            end = os.fstat(self._fd).st_size
+            try:
+                while view:
+                    view = view[os.write(self._fd, view):]
+            except OSError:
+                try:
+                    os.ftruncate(self._fd, end)
+                except OSError as cut:
+                    self._broken = cut  # the file ends inside this frame: a cut frame, as a kill leaves
+                raise
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def check_name(name: str) -> None:
+    """Raise ``StreamError`` unless ``name`` is one a frame may carry (``NAME``)."""
+    if not NAME.fullmatch(name.encode("utf-8", "replace")):
+        raise StreamError(f"{name!r}: not a name a trace stream carries")
 
 
 def frames(src: IO[bytes], chunk: int = 1 << 20) -> Iterator[Tuple[str, bytes]]:

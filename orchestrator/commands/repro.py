@@ -34,7 +34,7 @@ from orchestrator.store.records import ReproRecord
 from orchestrator.store.rundir import RunDir, write_json_atomic
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
-_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}\Z")
 OBS_SHOWN_CHARS = 800  # an observation shown side by side is cut here (the full one is in the traces)
 OBS_SHOWN_LINES = 20
 MISSING_OBS = "(no recorded observation: the trace has no .obs.jsonl sidecar for this step)"

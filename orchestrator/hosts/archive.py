@@ -29,9 +29,12 @@ _CHUNK = 1024 * 1024
 #: file holds something else (e.g. a huge pax header, which tarfile reads into memory)
 _OVERHEAD_PER_MEMBER = 4096
 _STREAM = PurePosixPath(STREAM)
-#: the files of a trace stream kept open at once while it is split (its frames of one file mostly follow
-#: each other; one closed too early is opened again to append)
-_STREAM_OPEN_MAX = 32
+#: the files of a trace stream kept open at once while it is split: two a slot's attempt; the one used
+#: longest ago is closed for a new one, and opened again to append when its next frame comes
+_STREAM_OPEN_MAX = 64
+#: what each frame of a stream costs of the archive's content budget beside its bytes, as a file's tar
+#: header did: a stream of empty frames cannot keep the controller splitting for minutes
+_FRAME_COST = 512
 
 
 @dataclass(frozen=True)
@@ -232,19 +235,18 @@ def _split_stream(
 ) -> int:
     """Write the files of the trace stream ``src`` under ``root``, each created as a member would be (a
     name the archive also holds, or a file already there, refuses the archive); returns ``budget``
-    less their bytes. At most ``files_allowed`` files (the archive's members count against the cap)."""
+    less their bytes and ``_FRAME_COST`` a frame. At most ``files_allowed`` files (the archive's
+    members count against the cap)."""
     where = f"{source}: {STREAM}"
     digests: dict[PurePosixPath, hashlib._Hash] = {}
     open_fds: dict[PurePosixPath, int] = {}
     try:
         for name, piece in frames(src, _CHUNK):
             rel = PurePosixPath(name)
-            fd = open_fds.get(rel)
+            fd = open_fds.pop(rel, None)
             if fd is None:
                 if len(open_fds) >= _STREAM_OPEN_MAX:
-                    for held in open_fds.values():
-                        os.close(held)
-                    open_fds.clear()
+                    os.close(open_fds.pop(next(iter(open_fds))))
                 target = root.joinpath(*rel.parts)
                 if rel in digests:  # its descriptor was closed above: append to what this stream wrote
                     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
@@ -260,10 +262,11 @@ def _split_stream(
                         ) from None
                     written.append(rel)  # ours from here on, so a failure below takes it back
                     digests[rel] = hashlib.sha256()
-                open_fds[rel] = fd
-            budget -= len(piece)
+            open_fds[rel] = fd  # the last used, last in the order
+            budget -= len(piece) + _FRAME_COST
             if budget < 0:
-                raise ArchiveRejected(host, f"{where}: content larger than its headers say")
+                raise ArchiveRejected(host, f"{where}: more content and frames than an archive may hold; "
+                                      "nothing was written")
             view = memoryview(piece)
             while view:
                 view = view[os.write(fd, view) :]

@@ -177,3 +177,64 @@ def test_a_runner_killed_mid_run_still_sends_the_traces_it_streamed(tmp_path: Pa
         assert kinds[0] == "header" and kinds[-1] == "finish", (task, kinds)
     assert json.loads((traces / "z-sleeper.0.jsonl").read_text().splitlines()[0])["type"] == "header"
     assert not (out.run_dir.path / "hosts" / "a" / STREAM).exists()
+
+
+def test_a_frame_that_fails_part_of_the_way_is_taken_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk in the middle of a frame (the attempt may fill it): the stream ends where it ended
+    before, so the next frame is not read as the cut one's bytes and the others still come home."""
+    import errno
+
+    from agent_runner import trace_stream
+
+    stream = TraceStream(tmp_path / STREAM)
+    stream.write("traces/a.0.jsonl", b"first\n")
+    real, calls = os.write, []
+
+    def full_disk(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real(fd, bytes(data[:10]))  # part of the frame, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trace_stream.os, "write", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        stream.write("traces/b.0.jsonl", b"x" * 100)
+    monkeypatch.setattr(trace_stream.os, "write", real)
+    stream.write("traces/a.0.jsonl", b"second\n")  # space again
+    stream.close()
+    with open(tmp_path / STREAM, "rb") as fh:
+        assert list(frames(fh)) == [("traces/a.0.jsonl", b"first\n"), ("traces/a.0.jsonl", b"second\n")]
+
+
+def test_a_cut_frame_that_cannot_be_taken_back_ends_the_stream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from agent_runner import trace_stream
+
+    stream = TraceStream(tmp_path / STREAM)
+    real = os.write
+    monkeypatch.setattr(trace_stream.os, "write", lambda fd, data: real(fd, bytes(data[:10])) if len(data) > 50
+                        else (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
+    monkeypatch.setattr(trace_stream.os, "ftruncate", lambda fd, n: (_ for _ in ()).throw(OSError(errno.EIO, "no")))
+    with pytest.raises(OSError):
+        stream.write("traces/b.0.jsonl", b"x" * 100)
+    monkeypatch.setattr(trace_stream.os, "write", real)
+    with pytest.raises(OSError):  # nothing lands inside the cut frame: it stays the last, read as far as it goes
+        stream.write("traces/a.0.jsonl", b"later\n")
+    stream.close()
+    with open(tmp_path / STREAM, "rb") as fh:
+        assert [n for n, _ in frames(fh)] in ([], ["traces/b.0.jsonl"])
+
+
+def test_a_trace_whose_name_a_stream_cannot_carry_is_refused_before_it_writes(tmp_path: Path) -> None:
+    stream = TraceStream(tmp_path / STREAM)
+    with pytest.raises(StreamError):
+        TraceWriter(tmp_path / "traces" / "bad\nname.0.jsonl", announce_under=tmp_path, stream=stream)
+    stream.close()
+    assert (tmp_path / STREAM).read_bytes() == b""
+
+
+def test_a_task_id_with_a_trailing_newline_is_not_a_task_id() -> None:
+    from agent_runner.suite import TASK_ID
+
+    assert TASK_ID.match("task-1") and not TASK_ID.match("task-1\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -213,3 +214,43 @@ def test_a_stream_of_more_files_than_an_archive_may_hold_is_refused(tmp_path: Pa
     with pytest.raises(ArchiveRejected, match="more files"):
         read_archive(arc, tmp_path / "dest", host="h", limits=ArchiveLimits(max_members=5))
     assert _all_files(tmp_path) == {"out.tar"}
+
+
+def test_a_stream_of_empty_frames_costs_what_tar_headers_cost(tmp_path: Path) -> None:
+    # each frame is charged like a member's header: a flood of empty frames stops at the content cap
+    data = b"traces/t.0.jsonl 0\n" * 3000
+    arc = _tar(tmp_path / "out.tar", [_file("./traces.stream", data)])
+    with pytest.raises(ArchiveRejected, match="frames"):
+        read_archive(arc, tmp_path / "dest", host="h", limits=ArchiveLimits(max_total_bytes=1_000_000))
+    assert _all_files(tmp_path) == {"out.tar"}
+    assert read_archive(arc, tmp_path / "ok", host="h", limits=ArchiveLimits(max_total_bytes=2_000_000))
+
+
+def test_a_stream_header_that_is_not_one_refuses_the_archive_and_a_cut_one_keeps_what_came(tmp_path: Path) -> None:
+    good = _stream(("traces/a.0.jsonl", b"one\n"), ("traces/b.0.jsonl", b"two\n"))
+    bad = _tar(tmp_path / "bad.tar", [_file("./results.jsonl"), _file("./traces.stream", good + b"not a header\n")])
+    with pytest.raises(ArchiveRejected, match="not a frame's header"):
+        read_archive(bad, tmp_path / "dest", host="h")
+    assert not (tmp_path / "dest").exists() or _all_files(tmp_path / "dest") == set()
+    cut = _tar(tmp_path / "cut.tar", [_file("./traces.stream", good + b"traces/c.0.jsonl 10\nthr")])
+    read_archive(cut, tmp_path / "home", host="h")
+    assert (tmp_path / "home" / "traces" / "c.0.jsonl").read_bytes() == b"thr"  # a runner killed mid-frame
+    assert (tmp_path / "home" / "traces" / "b.0.jsonl").read_bytes() == b"two\n"
+
+
+@pytest.mark.parametrize("planted", ["file", "link"])
+def test_a_stream_file_is_never_written_through_what_is_already_there(tmp_path: Path, planted: str) -> None:
+    dest = tmp_path / "dest"
+    (dest / "traces").mkdir(parents=True)
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"keep")
+    if planted == "file":
+        (dest / "traces" / "a.0.jsonl").write_bytes(b"keep")
+    else:
+        (dest / "traces" / "a.0.jsonl").symlink_to(outside)
+    arc = _tar(tmp_path / "out.tar", [_file("./traces.stream", _stream(("traces/a.0.jsonl", b"pwned")))])
+    with pytest.raises(ArchiveRejected):
+        read_archive(arc, dest, host="h")
+    assert outside.read_bytes() == b"keep"
+    planted_path = dest / "traces" / "a.0.jsonl"
+    assert planted_path.is_symlink() if planted == "link" else planted_path.read_bytes() == b"keep"
