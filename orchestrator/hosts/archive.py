@@ -238,17 +238,17 @@ def _split_stream(
     less their bytes and ``_FRAME_COST`` a frame. At most ``files_allowed`` files (the archive's
     members count against the cap)."""
     where = f"{source}: {STREAM}"
-    digests: dict[PurePosixPath, hashlib._Hash] = {}
-    open_fds: dict[PurePosixPath, int] = {}
+    # by name (a frame's name is one path below traces/, checked by ``frames``): no path object a frame
+    digests: dict[str, hashlib._Hash] = {}
+    open_fds: dict[str, int] = {}
     try:
         for name, piece in frames(src, _CHUNK):
-            rel = PurePosixPath(name)
-            fd = open_fds.pop(rel, None)
+            fd = open_fds.pop(name, None)
             if fd is None:
                 if len(open_fds) >= _STREAM_OPEN_MAX:
                     os.close(open_fds.pop(next(iter(open_fds))))
-                target = root.joinpath(*rel.parts)
-                if rel in digests:  # its descriptor was closed above: append to what this stream wrote
+                target = root.joinpath(name)
+                if name in digests:  # its descriptor was closed above: append to what this stream wrote
                     fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
                 else:
                     if len(digests) >= files_allowed:
@@ -260,9 +260,9 @@ def _split_stream(
                         raise ArchiveRejected(
                             host, f"{where}: {name!r} appears twice (in the stream and the archive); nothing was written"
                         ) from None
-                    written.append(rel)  # ours from here on, so a failure below takes it back
-                    digests[rel] = hashlib.sha256()
-            open_fds[rel] = fd  # the last used, last in the order
+                    written.append(PurePosixPath(name))  # ours from here on, so a failure below takes it back
+                    digests[name] = hashlib.sha256()
+            open_fds[name] = fd  # the last used, last in the order
             budget -= len(piece) + _FRAME_COST
             if budget < 0:
                 raise ArchiveRejected(host, f"{where}: more content and frames than an archive may hold; "
@@ -270,12 +270,12 @@ def _split_stream(
             view = memoryview(piece)
             while view:
                 view = view[os.write(fd, view) :]
-            digests[rel].update(piece)
+            digests[name].update(piece)
     except StreamError as exc:
         raise ArchiveRejected(host, f"{where}: {exc}; nothing was written") from exc
     finally:
         for held in open_fds.values():
             os.close(held)
     if sha256s is not None:
-        sha256s.update((rel, digest.hexdigest()) for rel, digest in digests.items())
+        sha256s.update((PurePosixPath(name), digest.hexdigest()) for name, digest in digests.items())
     return budget
