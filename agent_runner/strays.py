@@ -16,6 +16,7 @@ else makes during the run inside a directory the attempt cannot write. Standard 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
@@ -29,7 +30,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 #: where an attempt's stray files are looked for (besides the runner's HOME), and how deep
 STRAY_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
 DEPTH = 4
-#: entries looked at when the run starts: a host whose /tmp holds millions is looked at in part
+#: entries looked at when the run starts: a host whose /tmp holds millions is looked at in part (the
+#: directories nearest each root first)
 MAX_ENTRIES = 20000
 #: a directory changed this close to a mark may have changed again within the same clock tick of the
 #: file system's timestamps: it is looked in again whatever its time says
@@ -194,9 +196,11 @@ class StrayWatch:
                 continue
             if _others_may(st, stat.S_IWOTH):
                 self.depth.setdefault(top, 0)
-            stack = [(top, 0)]
-            while stack and seen <= MAX_ENTRIES:
-                directory, depth = stack.pop()
+            # breadth first: where a root holds more than MAX_ENTRIES, what is left unlooked at is its
+            # deepest part, never a shallow world-writable directory beside a crowded tree
+            queue = collections.deque([(top, 0)])
+            while queue and seen <= MAX_ENTRIES:
+                directory, depth = queue.popleft()
                 try:
                     with os.scandir(directory) as listing:
                         entries = list(listing)
@@ -218,7 +222,7 @@ class StrayWatch:
                         # a directory at DEPTH is watched but never listed here: what it holds is
                         # below DEPTH (its entries are what ``since`` looks at)
                         if below < DEPTH:
-                            stack.append((entry.path, below))
+                            queue.append((entry.path, below))
         self._start = 0  # the notices' number when the walk ended: the first mark's
         with self._lock:
             self._notices()  # from the end of the walk: a directory changed before the first attempt counts

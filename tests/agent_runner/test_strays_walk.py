@@ -368,3 +368,26 @@ def test_a_watch_closed_beside_the_runs_end_lets_its_descriptor_go_and_still_fin
     (top / "later").write_text("x")
     os.lchown(top / "later", UID, UID)
     assert watch.since(after, UID, own) == [str(top / "later"), str(top / "left")]
+
+
+def test_a_crowded_tree_never_hides_a_shallow_world_writable_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root holding more than the walk looks at (``MAX_ENTRIES``): what is left unlooked at is the
+    deepest part. A world-writable directory two levels down, beside eight trees crowded one level
+    deeper, is watched whatever order the file system lists them in."""
+    monkeypatch.setattr(strays, "MAX_ENTRIES", 60)
+    top = tmp_path / "tmp"
+    top.mkdir()
+    top.chmod(0o1777)
+    for i in range(8):
+        crowd = top / f"crowd{i}" / "sub"
+        crowd.mkdir(parents=True)
+        for j in range(40):
+            (crowd / f"f{j}").write_text("")
+    shared = top / "token" / "shared"
+    shared.mkdir(parents=True)
+    shared.chmod(0o1777)
+    watch = StrayWatch(roots=[str(top)])
+    assert watch.depth.get(str(shared)) == 2
+    (shared / "left").write_text("x")
+    os.lchown(shared / "left", UID, UID)
+    assert watch.since(watch.mark(), UID, str(tmp_path / "own")) == [str(shared / "left")]
