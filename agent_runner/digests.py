@@ -44,10 +44,11 @@ class HashingWriter:
         self.out = out
         self.path = path
         self._stream = stream
-        self._name = Path(os.path.relpath(path, out)).as_posix() if stream is not None and out is not None else ""
-        if stream is not None and out is None:
-            raise ValueError("a file of a trace stream is named relative to out/: give out")
+        self._name = ""  # its name in the stream: its path relative to out/
         if stream is not None:
+            if out is None:
+                raise ValueError("a file of a trace stream is named relative to out/: give out")
+            self._name = Path(os.path.relpath(path, out)).as_posix()
             check_name(self._name)  # before the attempt writes anything: refused whole, never half-way
         self._handle: Optional[IO[bytes]] = None if stream is not None else open(path, "wb")  # noqa: SIM115
         self._sha = hashlib.sha256()
