@@ -62,6 +62,8 @@ def _home(out: Path, dest: Path) -> dict[PurePosixPath, str]:
 
 
 def test_a_stream_comes_home_as_the_files_the_plain_way_writes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    paced.flush_all()  # another test's digest lines still paced in this process are not this one's
+    capfd.readouterr()
     plain, streamed = tmp_path / "plain", tmp_path / "streamed"
     (plain / "traces").mkdir(parents=True)
     (streamed / "traces").mkdir(parents=True)
