@@ -15,7 +15,6 @@ index with kind ``repro``.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from agent_runner.checker import Contract
 from agent_runner.jsonfile import JSONObject
 from agent_runner.records import Fingerprint, TraceTurn
 from agent_runner.redact import redact
+from agent_runner.suite import TASK_ID
 from agent_runner.suite_model import ScriptCall, ScriptTurn
 from agent_runner.trace import CorruptLine, Trace, fp, iter_observations, read_trace
 from orchestrator.analysis.attribution import fingerprint_differences
@@ -34,7 +34,6 @@ from orchestrator.store.records import ReproRecord
 from orchestrator.store.rundir import RunDir, write_json_atomic
 
 BUILTIN_TOOLS = ("shell", "read_file", "write_file", "list_dir")
-_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}\Z")
 OBS_SHOWN_CHARS = 800  # an observation shown side by side is cut here (the full one is in the traces)
 OBS_SHOWN_LINES = 20
 MISSING_OBS = "(no recorded observation: the trace has no .obs.jsonl sidecar for this step)"
@@ -83,7 +82,7 @@ def load_recorded(trace_path: Path) -> tuple[Trace, dict[int, str]]:
 
 def _task_id(trace: Trace, trace_path: Path) -> str:
     for candidate in ((trace.header or {}).get("task"), trace_path.name.split(".")[0]):
-        if isinstance(candidate, str) and _TASK_ID.match(candidate):
+        if isinstance(candidate, str) and TASK_ID.match(candidate):
             return candidate
     return "repro"
 
