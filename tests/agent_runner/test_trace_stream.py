@@ -20,8 +20,16 @@ from agent_runner.trace import TraceWriter
 from agent_runner.trace_stream import STREAM, StreamError, TraceStream, frames
 from bench.gen_suite import generate_suite
 from orchestrator.hosts.archive import read_archive
+from orchestrator.hosts.integrity import announced
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _announced(stdout: str) -> dict[str, str]:
+    """The digest lines, read as the pull's integrity check reads them (none said twice)."""
+    digests, problems = announced(stdout)
+    assert problems == []
+    return digests
 
 
 def _attempts(out: Path, stream: TraceStream | None) -> None:
@@ -41,10 +49,6 @@ def _attempts(out: Path, stream: TraceStream | None) -> None:
         t.start()
     for t in slots:
         t.join()
-
-
-def _digests(text: str) -> dict[str, str]:
-    return {w[2]: w[1] for w in (line.split() for line in text.splitlines()) if w[:1] == ["crosshost-digest"]}
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -69,12 +73,12 @@ def test_a_stream_comes_home_as_the_files_the_plain_way_writes(tmp_path: Path, c
     (streamed / "traces").mkdir(parents=True)
     _attempts(plain, None)
     paced.flush_all()
-    plain_said = _digests(capfd.readouterr().out)
+    plain_said = _announced(capfd.readouterr().out)
     stream = TraceStream(streamed / STREAM)
     _attempts(streamed, stream)
     stream.close()
     paced.flush_all()
-    streamed_said = _digests(capfd.readouterr().out)
+    streamed_said = _announced(capfd.readouterr().out)
     assert _files(streamed) == {STREAM: (streamed / STREAM).read_bytes()}  # nothing else on the host's disk
     sha256s = _home(streamed, tmp_path / "home")
     assert _files(tmp_path / "home") == _files(plain)  # byte for byte, the empty sidecar-less attempt too
@@ -142,7 +146,7 @@ def test_a_real_run_with_its_traces_in_one_stream(tmp_path: Path) -> None:
              *(["--trace-stream"] if mode == "stream" else [])],
             env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-        said = _digests(done.stdout)
+        said = _announced(done.stdout)
         if mode == "stream":
             assert sorted(p.name for p in (out / "traces").iterdir()) == []
         sha256s = _home(out, tmp_path / mode / "home")
