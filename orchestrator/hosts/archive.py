@@ -201,14 +201,19 @@ def _write_members(
                     budget -= len(chunk)
                     if budget < 0:
                         raise ArchiveRejected(host, f"{source}: content larger than its headers say")
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                    _write_all(fd, chunk)
                     digest.update(chunk)
         finally:
             os.close(fd)
         if sha256s is not None:
             sha256s[rel] = digest.hexdigest()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (a plain ``write`` may take part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _make_parent(target: Path, root: Path, dest: Path, ready: set[Path], host: str, what: str) -> None:
@@ -267,9 +272,7 @@ def _split_stream(
             if budget < 0:
                 raise ArchiveRejected(host, f"{where}: more content and frames than an archive may hold; "
                                       "nothing was written")
-            view = memoryview(piece)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, piece)
             digests[name].update(piece)
     except StreamError as exc:
         raise ArchiveRejected(host, f"{where}: {exc}; nothing was written") from exc
