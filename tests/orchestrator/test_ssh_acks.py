@@ -1,6 +1,7 @@
 """A connection's socket acknowledges what it read at once: sshd writes without TCP_NODELAY until a
 session starts, so its answer to the first channel open waited for the controller's delayed ACK of
-the packet before it (up to 40 ms of every host's first exec)."""
+the packet before it (up to 40 ms of every host's first exec). And it takes an AEAD cipher where the
+server has one: paramiko then compares no MAC in Python, once per packet."""
 
 from __future__ import annotations
 
@@ -61,3 +62,36 @@ def test_a_host_connection_reads_through_an_acking_socket(sshd_hosts: object) ->
         assert host.exec(["echo", "ok"], 10).stdout.strip() == "ok"
     finally:
         host.close()
+
+
+@pytest.mark.sshd
+def test_a_host_connection_uses_an_aead_cipher_when_the_server_has_one(sshd_hosts: object) -> None:
+    """OpenSSH offers AES-GCM: the connection takes it, so no packet's MAC is compared in Python."""
+    from orchestrator.hosts.transport import open_host
+    from orchestrator.hosts.transport.ssh import SshHost
+    from tests.support.fleet import SshdHosts
+
+    assert isinstance(sshd_hosts, SshdHosts)
+    host = open_host(sshd_hosts.config("box-a"))
+    try:
+        assert isinstance(host, SshHost) and host._transport is not None
+        assert host._transport.local_cipher in ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+        assert host._transport.remote_cipher == host._transport.local_cipher
+        assert host.exec(["echo", "ok"], 10).stdout.strip() == "ok"
+    finally:
+        host.close()
+
+
+def test_the_aead_ciphers_go_first_and_no_cipher_is_dropped() -> None:
+    import paramiko
+
+    from orchestrator.hosts.transport.session import _prefer_aead_ciphers
+
+    a, b = socket.socketpair()
+    with a, b:
+        transport = paramiko.Transport(a)
+        before = list(transport.get_security_options().ciphers)
+        _prefer_aead_ciphers(transport)
+        after = list(transport.get_security_options().ciphers)
+        assert after[:2] == ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com"]
+        assert sorted(after) == sorted(before)
