@@ -194,9 +194,11 @@ class HostJob:
             self.record.runner_exit = result.exit_code
             stdout, out_tar = remote.split_out_tar(result.stdout)
             result = dataclasses.replace(result, stdout=stdout)
-            # the workspace is removed on the host while the controller reads and checks the archive
+            made.gone = out_tar.removed  # the run's own exec removed it once the archive was out
+            # else the workspace is removed on the host while the controller reads and checks the archive
             pulled = self._stage(
-                "pull", lambda: self._pull(made, out_tar, fetched=lambda: beside.append(self._clean_beside(made)))
+                "pull", lambda: self._pull(
+                    made, out_tar, fetched=None if made.gone else lambda: beside.append(self._clean_beside(made)))
             )
             self.plan.running.check_cancel()  # a runner stopped by Ctrl-C is interrupted, not crashed
             self._judge(result, pulled)
@@ -383,6 +385,9 @@ class HostJob:
                 self.kill_after_s(),
                 fingerprint=self._fingerprint_script(ws),
                 inline_max=ws.inline_max(),
+                # once the archive is out in this exec's output, the same exec removes the workspace (a
+                # removal that fails is asked for again, on its own, and says why)
+                remove=ws.removal_script(prune_bundles=bool(self.record.bundle_pushed), foreign="exit 1"),
                 # removed only when it is still not the bundle: another name of this machine may have
                 # published it since this runner's start looked (the same recheck as ensure_bundle's look)
                 refused=(BUNDLE_REFUSED_EXIT, f"{{ {bundle_present_test(self.plan.bundle, self.cfg.workspace_root, self.cfg.python)}; }} "

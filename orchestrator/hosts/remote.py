@@ -93,7 +93,8 @@ def pins_text(pinned: Mapping[str, str]) -> str:
 
 
 #: the run script's last stdout line: ``<marker> <bytes of out.tar>``, ``<marker> <bytes> inline`` (the
-#: archive is in the lines above it, after ``INLINE_MARKER``) or ``<marker> none``
+#: archive is in the lines above it, after ``INLINE_MARKER``), ``<marker> <bytes> inline removed`` (and
+#: the same exec then removed the workspace: ``run_script``'s ``remove``) or ``<marker> none``
 OUT_TAR_MARKER = "crosshost-out-tar"
 #: the line before an archive sent in the run's own output, base64 (a character no base64 line has)
 INLINE_MARKER = "crosshost-out-tar-base64"
@@ -113,6 +114,7 @@ def run_script(
     fingerprint: str | None = None,
     refused: tuple[int, str] | None = None,
     inline_max: int | None = None,
+    remove: str | None = None,
 ) -> str:
     """The runner's command line: in its workspace, under ``timeout -s KILL``, with a clean env (the
     ``pinned`` keys' values from the workspace's pins file, removed once the runner and the fallback
@@ -130,6 +132,12 @@ def run_script(
     ``refused``: (the exit of a runner whose start refused its bundle, shell text run then): such a
     runner wrote nothing, so nothing more runs (no fallback fingerprint from that bundle, no packing);
     the text runs, ``REFUSED_MARKER`` is printed and the exit is that status (``bundle_refused``).
+
+    ``remove``: the workspace's removal (``Workspace.removal_script``), run in this exec once the whole
+    archive went out in its output (nothing of the workspace is needed after that): the host's last
+    exec of the run is spared. ``removed`` on the marker line says it exited 0 (the workspace was this
+    run's, and nothing of it is left); otherwise nothing is said, and the removal is asked for again,
+    in an exec of its own, which says why it fails.
     """
     command = clean_env_command(allowlist, argv, pinned=pinned, pins_file=pins_path(workspace))
     # nothing pinned: no pins file was written, and no exec of rm is spent on it
@@ -153,7 +161,9 @@ def run_script(
         f"if test -d out && tar -C out -cf out.tar . 2>/dev/null; then s=$(wc -c < out.tar); else s=none; fi; i=; "
         f'if test "$s" != none && test "$s" -le {INLINE_MAX_BYTES if inline_max is None else int(inline_max)} && command -v base64 >/dev/null 2>&1; '
         f"then echo; echo {INLINE_MARKER}; base64 < out.tar && i=inline; fi; "
-        f"echo; echo {OUT_TAR_MARKER} $s $i; exit $rc"
+        + (f"if test \"$i\" = inline && cd / && ( {remove} ) >/dev/null 2>&1; then i='inline removed'; fi; "
+           if remove else "")
+        + f"echo; echo {OUT_TAR_MARKER} $s $i; exit $rc"
     )
     return "\n".join(lines)
 
@@ -171,10 +181,13 @@ def bundle_refused(result: ExecResult, code: int) -> bool:
 class OutTar:
     """What ``run_script``'s exec said of ``out.tar``: ``size`` as the host printed it (None: no marker,
     e.g. the exec was cut off; "none": no archive; else its size in bytes, as text), and the archive
-    itself when it came in the output (``inline``: the host's bytes, checked like fetched ones)."""
+    itself when it came in the output (``inline``: the host's bytes, checked like fetched ones);
+    ``removed``: the same exec removed the workspace after it (``run_script``'s ``remove``), so there is
+    nothing left there to fetch or remove."""
 
     size: str | None
     inline: bytes | None = None
+    removed: bool = False
 
 
 def split_out_tar(stdout: str) -> tuple[str, OutTar]:
@@ -185,23 +198,24 @@ def split_out_tar(stdout: str) -> tuple[str, OutTar]:
     if not sep:
         head, last = "", stdout.rstrip("\n")
     words = last.split()
-    if len(words) not in (2, 3) or words[0] != OUT_TAR_MARKER or words[2:] not in ([], ["inline"]):
+    if len(words) < 2 or words[0] != OUT_TAR_MARKER or words[2:] not in ([], ["inline"], ["inline", "removed"]):
         return stdout, OutTar(None)
     head = head.removesuffix("\n")
+    removed = words[3:] == ["removed"]
     # base64 has no "-": the runner's own lines can hold the marker, the archive's cannot
     before, sep, encoded = head.rpartition(f"\n{INLINE_MARKER}\n")
     if not sep:
-        return head, OutTar(words[1])
+        return head, OutTar(words[1], removed=removed)
     if len(words) == 2 or not words[1].isdigit():
-        return before, OutTar(words[1])
+        return before, OutTar(words[1], removed=removed)
     compact = encoded.replace("\n", "")
     if len(compact) != 4 * ((int(words[1]) + 2) // 3):  # the host's word on its size bounds what is decoded
-        return before, OutTar(words[1])
+        return before, OutTar(words[1], removed=removed)
     try:
         data = binascii.a2b_base64(compact, strict_mode=True)
     except (binascii.Error, ValueError):
-        return before, OutTar(words[1])
-    return before, OutTar(words[1], data if len(data) == int(words[1]) else None)
+        return before, OutTar(words[1], removed=removed)
+    return before, OutTar(words[1], data if len(data) == int(words[1]) else None, removed)
 
 
 def kill_script(workspace: str) -> str:

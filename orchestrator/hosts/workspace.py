@@ -78,6 +78,7 @@ class Workspace:
         # secret (it is on a command line): it tells this worker's workspace from any other.
         self.token = secrets.token_hex(16)
         self.created = False  # it exists on the host: remove it
+        self.gone = False  # the run's own exec removed it (``remote.run_script``'s ``remove``): nothing to do
         self.pulled: list[PurePosixPath] = []  # the files the last pull wrote, relative to its ``into``
         self.pulled_sha256: dict[PurePosixPath, str] = {}  # their sha256, of the bytes as written
 
@@ -192,6 +193,9 @@ class Workspace:
         ends within one chunk of ``cancel`` (Ctrl-C). ``fetched`` is called once nothing more is needed
         from the host (the archive is here, or there is none), before the archive is read. ``gate`` is
         held while the archive is read and written (the controller's CPU), never while it travels."""
+        if self.gone and inline is None:
+            raise ArchiveRejected(self.name, f"{self.path}: the archive in the run's output did not decode, and "
+                                  "the workspace is already removed: nothing to fetch")
         if size is None:
             ws = remote.q(self.path)
             made = self._exec(f"test -d {ws}/out && tar -C {ws}/out -cf {ws}/out.tar . && wc -c < {ws}/out.tar")
@@ -237,19 +241,11 @@ class Workspace:
         ``owner`` is not this token) is left alone, nothing in it killed: False (one it created whose
         token changed is ``WorkspaceLeft``). Not gone is
         ``WorkspaceLeft``; a host that cannot be asked raises its ``HostError``. ``prune_bundles``: in
-        the same exec, keep only the host's newest bundles (never one a run in progress uses)."""
-        ws = remote.q(self.path)
-        script = remote.remove_script(self.path, self.python)
-        if kill_first:
-            script = f"{remote.kill_script(self.path)}; {script}"
-        owner = remote.q(posixpath.join(self.path, "owner"))
-        script = (
-            f'if test -e {ws} || test -L {ws}; then if test "$(head -c 64 {owner} 2>/dev/null)" = {self.token}; '
-            f"then {script}; else echo {NOT_OURS}; fi; fi"
-        )
-        if prune_bundles:
-            script = f"{script}; gone=$?; {prune_host_bundles_script(self.root)}; exit $gone"
-        res = self._exec(script)
+        the same exec, keep only the host's newest bundles (never one a run in progress uses). Removed
+        by the run's own exec already (``gone``): True, nothing asked of the host."""
+        if self.gone:
+            return True
+        res = self._exec(self.removal_script(kill_first=kill_first, prune_bundles=prune_bundles))
         if not res.ok:
             raise WorkspaceLeft(self.name, f"{self.path} is not gone: {tail(res.stderr) or f'exit {res.exit_code}'}")
         if NOT_OURS not in res.stdout.split():
@@ -257,6 +253,23 @@ class Workspace:
         if self.created:  # this worker made it: what runs in it changed the token, and it stays
             raise WorkspaceLeft(self.name, f"{self.path} is not gone: its owner token changed while it ran; left alone")
         return False
+
+    def removal_script(self, *, kill_first: bool = False, prune_bundles: bool = False, foreign: str = "") -> str:
+        """``remove``'s shell text (its exec, or the run's own: ``remote.run_script``'s ``remove``): exit 0
+        only when nothing of the workspace is left; one that is not this worker's is left alone, and
+        ``foreign`` runs then (default: ``NOT_OURS`` is printed, and the exit is 0)."""
+        ws = remote.q(self.path)
+        script = remote.remove_script(self.path, self.python)
+        if kill_first:
+            script = f"{remote.kill_script(self.path)}; {script}"
+        owner = remote.q(posixpath.join(self.path, "owner"))
+        script = (
+            f'if test -e {ws} || test -L {ws}; then if test "$(head -c 64 {owner} 2>/dev/null)" = {self.token}; '
+            f"then {script}; else {foreign or f'echo {NOT_OURS}'}; fi; fi"
+        )
+        if prune_bundles:
+            script = f"{script}; gone=$?; {prune_host_bundles_script(self.root)}; exit $gone"
+        return script
 
     def kill(self) -> None:
         """Kill the runner's process group, if any; a dead host cannot be helped (its worker says so)."""

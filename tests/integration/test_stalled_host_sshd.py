@@ -142,14 +142,18 @@ def test_ctrl_c_with_a_stopped_host_ends_within_5_s_and_says_what_was_left(
 
 @pytest.mark.parametrize("stage", ["connect", "push", "pull", "clean"])
 def test_ctrl_c_abandons_a_host_stopped_in_any_stage_within_5_s(
-    fresh_sshd_host: Any, tmp_path: Path, stage: str
+    fresh_sshd_host: Any, tmp_path: Path, stage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """box-c's sshd is stopped the moment it enters ``stage``, Ctrl-C a second later: the replay ends
     within 5 s of it, and its last line says where the workspace was removed (local), where it was
     NOT (box-c, whose answer never came) or that none was made (box-c stopped while connecting).
     At the default connect timeout (10 s), which a stopped host would otherwise hold each wait for."""
+    from orchestrator.hosts import remote
     from orchestrator.ui import interrupted_line
 
+    # an archive small enough comes home in the run's own output, whose exec then removes the
+    # workspace: a fetched one keeps the host needed in the pull and the clean, the stages tried here
+    monkeypatch.setattr(remote, "INLINE_MAX_BYTES", 0)
     suite = _slow_suite(tmp_path, tasks=1, sleep_s=0.2)
     inventory = fresh_sshd_host.fleet.write_inventory(tmp_path / "hosts.toml", ["box-c"])
     host = fresh_sshd_host.fleet.hosts["box-c"]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import stat
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -262,3 +264,55 @@ def test_the_text_of_a_base64_that_failed_is_not_left_in_the_runners_output() ->
     text = f"digest line\n{remote.INLINE_MARKER}\nYWJjZGVm\nYWJj\n\n{remote.OUT_TAR_MARKER} 9\n"
     assert remote.split_out_tar(text) == ("digest line", remote.OutTar("9"))
     assert remote.split_out_tar(f"digest line\n\n{remote.OUT_TAR_MARKER} 9\n") == ("digest line", remote.OutTar("9"))
+
+
+@pytest.mark.parametrize("removal_works", [True, False])
+def test_the_run_removes_its_workspace_once_the_archive_is_out_and_says_so_only_when_it_did(
+    tmp_path: Path, removal_works: bool
+) -> None:
+    """The archive goes out in the run's own output, then the same exec removes the workspace: said on
+    the marker line only when that removal exited 0. Nothing the removal prints reaches the output
+    (it would land in the archive's text); the runner's lines and the archive are as without it."""
+    ws = tmp_path / "ws"
+    (ws / "out").mkdir(parents=True)
+    argv = [sys.executable, "-c", "import sys; open(sys.argv[2] + '/f', 'wb').write(bytes(range(256))); print('runner line')",
+            "--out", f"{ws}/out"]
+    removal = remote.remove_script(str(ws)) if removal_works else "echo a removal that fails; echo why >&2; exit 1"
+    script = remote.run_script(str(ws), ["PATH"], [], argv, 60, remove=removal)
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    stdout, out_tar = remote.split_out_tar(done.stdout)
+    assert stdout.rstrip("\n") == "runner line" and out_tar.inline is not None and out_tar.size == str(len(out_tar.inline))
+    with tarfile.open(fileobj=io.BytesIO(out_tar.inline)) as tar:
+        member = tar.extractfile("./f")
+        assert member is not None and member.read() == bytes(range(256))
+    assert out_tar.removed is removal_works
+    assert ws.exists() is not removal_works
+    assert "why" not in done.stderr and "fails" not in done.stdout
+
+
+def test_an_archive_left_to_be_fetched_is_never_removed_by_the_run(tmp_path: Path) -> None:
+    """Over the inline size the archive is fetched from the workspace: the run leaves it there."""
+    ws = tmp_path / "ws"
+    (ws / "out").mkdir(parents=True)
+    argv = [sys.executable, "-c", "import sys; open(sys.argv[2] + '/f', 'w').write('x' * 5000)", "--out", f"{ws}/out"]
+    script = remote.run_script(str(ws), ["PATH"], [], argv, 60, inline_max=1000, remove=remote.remove_script(str(ws)))
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    out_tar = remote.split_out_tar(done.stdout)[1]
+    assert out_tar == remote.OutTar(str((ws / "out.tar").stat().st_size)) and not out_tar.removed
+
+
+@pytest.mark.parametrize(("last", "removed"), [
+    ("inline removed", True),
+    ("inline", False),
+    ("removed", None),          # removed without the archive in the output: no word of this script
+    ("inline removed more", None),
+])
+def test_the_marker_line_says_removed_only_after_inline(last: str, removed: bool | None) -> None:
+    encoded = base64.b64encode(b"abc").decode()
+    out_tar = remote.split_out_tar(f"line\n{remote.INLINE_MARKER}\n{encoded}\n\n{remote.OUT_TAR_MARKER} 3 {last}\n")[1]
+    if removed is None:
+        assert out_tar == remote.OutTar(None)
+    else:
+        assert out_tar == remote.OutTar("3", b"abc", removed)

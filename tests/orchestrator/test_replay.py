@@ -365,18 +365,18 @@ def _counting_opener(log: list[tuple[str, str]]) -> Callable[..., Host]:
     return opener
 
 
-def test_a_host_costs_two_execs_when_its_bundle_is_cached(tmp_path: Path) -> None:
-    """run (the workspace made, the bundle checked by the runner's own start, the runner, then the tar
-    of out/), clean: the fingerprint is the one the runner writes before its first task, the archive is
-    made by the run's own exec. A host with pinned values (box-b) has its workspace made first (the
-    bundle looked for in that exec), the pins put into it, then the run: three."""
+def test_a_host_costs_one_exec_when_its_bundle_is_cached(tmp_path: Path) -> None:
+    """run (the workspace made, the bundle checked by the runner's own start, the runner, the tar of
+    out/ sent in its output, then the workspace removed): the fingerprint is the one the runner writes
+    before its first task. A host with pinned values (box-b) has its workspace made first (the bundle
+    looked for in that exec), the pins put into it, then the run: two."""
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
     first: list[tuple[str, str]] = []
     out = replay(_req(tmp_path, inv), opener=_counting_opener(first), bundle=bundle, with_analysis=False)
     # pushing: the run that refused the bundle (local) or the look (box-b), the bundle's
-    # mkdir/unpack/rm, the run, clean
+    # mkdir/unpack/rm, the run (and the removal, in its exec)
     for host in ("local", "box-b"):
-        assert sum(1 for h, _ in first if h == host) == 6, first
+        assert sum(1 for h, _ in first if h == host) == 5, first
         assert out.manifest.hosts[host].bundle_pushed is True and not out.manifest.hosts[host].bundle_replaced
     assert out.exit_code == 0
     assert list(out.manifest.hosts["local"].stages) == ["connect", "run", "push", "pull", "clean"]
@@ -387,8 +387,8 @@ def test_a_host_costs_two_execs_when_its_bundle_is_cached(tmp_path: Path) -> Non
     out = replay(_req(tmp_path, inv), opener=_counting_opener(log), bundle=bundle, with_analysis=False)
     assert out.exit_code == 0
     assert all(path.stat().st_mtime > time.time() - 600 for path in cached.values())
-    for host, execs, stages in (("local", 2, ["connect", "run", "pull", "clean"]),
-                                ("box-b", 3, ["connect", "push", "run", "pull", "clean"])):  # fmt: skip
+    for host, execs, stages in (("local", 1, ["connect", "run", "pull", "clean"]),
+                                ("box-b", 2, ["connect", "push", "run", "pull", "clean"])):  # fmt: skip
         assert sum(1 for h, _ in log if h == host) == execs, log
         rec = out.manifest.hosts[host]
         assert rec.bundle_pushed is False and not rec.bundle_replaced

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from orchestrator.commands.replay import replay
+from orchestrator.hosts import remote
 from orchestrator.hosts.transport.base import ExecResult, Host
 from orchestrator.hosts.transport.local import LocalHost
 from orchestrator.store.rundir import RunDir
@@ -22,12 +24,18 @@ from tests.orchestrator.test_replay import _left, _local_opener, _req, _setup
 
 class RmThatLeavesFiles(LocalHost):
     """A host whose `rm -rf` of the workspace removes nothing (a busy mount, a file re-created by a
-    stray process): every other command runs for real."""
+    stray process), in the run's own exec and in one of its own: every other command runs for real."""
 
     def exec(self, argv: list[str], timeout: float) -> ExecResult:
         if argv[:2] == ["sh", "-c"] and "! test -e" in argv[2]:
-            argv = ["sh", "-c", argv[2].replace("rm -rf ", ": ", 1)]
+            argv = ["sh", "-c", re.sub(r"rm -rf (\S+); ! test -e", r": \1; ! test -e", argv[2])]
         return super().exec(argv, timeout)
+
+
+def _removal_exec(argv: list[str]) -> bool:
+    """The workspace's removal in an exec of its own (not the run's, which removes it too when its
+    archive went out in its output)."""
+    return argv[:2] == ["sh", "-c"] and "is still there after rm -rf" in argv[2] and remote.OUT_TAR_MARKER not in argv[2]
 
 
 def _box_b_as(host: Callable[[str], Host]) -> Callable[..., Host]:
@@ -89,7 +97,7 @@ class RemovalWaitsForTheReport(LocalHost):
     saw_report: list[bool] = []
 
     def exec(self, argv: list[str], timeout: float) -> ExecResult:
-        if argv[:2] == ["sh", "-c"] and "is still there after rm -rf" in argv[2]:  # the removal
+        if _removal_exec(argv):
             runs = Path(self.root_hint)
             deadline = time.monotonic() + 10
             while not list(runs.glob("*/report.json")) and time.monotonic() < deadline:
@@ -98,7 +106,10 @@ class RemovalWaitsForTheReport(LocalHost):
         return super().exec(argv, timeout)
 
 
-def test_the_workspaces_go_while_the_run_is_analysed_and_the_manifest_says_they_went(tmp_path: Path) -> None:
+def test_the_workspaces_go_while_the_run_is_analysed_and_the_manifest_says_they_went(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "INLINE_MAX_BYTES", 0)  # fetched archives: the removal is an exec of its own
     inv, bundle = _setup(tmp_path, ["local", "box-b"])
     RemovalWaitsForTheReport.saw_report = []
 
@@ -145,7 +156,7 @@ class RemovalInterruptedByCtrlC(LocalHost):
     waiting = threading.Event()
 
     def exec(self, argv: list[str], timeout: float) -> ExecResult:
-        if argv[:2] == ["sh", "-c"] and "is still there after rm -rf" in argv[2]:  # the removal
+        if _removal_exec(argv):
             assert self.waiting.wait(10)
             time.sleep(0.2)  # the replay is in its wait for this answer by now
             os.kill(os.getpid(), signal.SIGINT)
@@ -156,6 +167,7 @@ class RemovalInterruptedByCtrlC(LocalHost):
 def test_ctrl_c_while_the_workspaces_go_after_the_analysis_waits_for_them(tmp_path: Path, monkeypatch: Any) -> None:
     import orchestrator.commands.replay as replay_module
 
+    monkeypatch.setattr(remote, "INLINE_MAX_BYTES", 0)  # a fetched archive: the removal is an exec of its own
     inv, bundle = _setup(tmp_path, ["local"])
     RemovalInterruptedByCtrlC.waiting = threading.Event()
     finish = replay_module._finish_removals

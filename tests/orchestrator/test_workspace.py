@@ -80,3 +80,30 @@ def test_a_workspace_another_worker_made_is_left_alone_and_a_changed_token_is_re
     with pytest.raises(WorkspaceLeft, match="owner token changed"):
         ws.remove()
     assert Path(ws.path).is_dir()
+
+
+def test_the_runs_own_removal_leaves_another_workers_workspace_alone_and_then_nothing_is_asked(
+    tmp_path: Path,
+) -> None:
+    """``removal_script`` as the run's exec runs it (``foreign`` = fail): a workspace whose token is not
+    this worker's is left, and the exit says so; once gone, ``remove`` asks nothing of the host and a
+    pull with no archive in hand refuses rather than fetch from a workspace that is not there."""
+    import subprocess
+
+    ws = _ws(tmp_path)
+    ws.create()
+    other = _ws(tmp_path)  # the same path, another worker's token
+    assert subprocess.run(["sh", "-c", other.removal_script(foreign="exit 1")]).returncode == 1
+    assert Path(ws.path, "work").is_dir()
+    assert subprocess.run(["sh", "-c", f"( {ws.removal_script(foreign='exit 1')} ) >/dev/null"]).returncode == 0
+    assert not Path(ws.path).exists()
+    ws.gone = True
+
+    class NoExec(LocalHost):
+        def exec(self, argv: list[str], timeout: float) -> object:  # type: ignore[override]
+            raise AssertionError(f"asked the host: {argv}")
+
+    ws.host = NoExec("box")
+    assert ws.remove() is True
+    with pytest.raises(ArchiveRejected, match="did not decode.*already removed"):
+        ws.pull(tmp_path / "into", scratch=tmp_path, size="10", inline=None)
