@@ -13,10 +13,7 @@ a clear message.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import json
-import queue
 import subprocess
 import threading
 import time
@@ -126,6 +123,8 @@ def _load_plugins() -> None:
     if _PLUGINS_LOADED:
         return
     _PLUGINS_LOADED = True
+    import importlib.util  # here: a start that needs no plugin never pays for it
+
     for name in ("exec_agent", "openai_agent"):  # imported when a suite names their kind, never before
         if importlib.util.find_spec(f"{__package__}.{name}") is not None:
             importlib.import_module(f"{__package__}.{name}")
@@ -214,6 +213,8 @@ class CommandAgent(Agent):
     def __init__(self, spec: AgentSpec) -> None:
         self.spec = spec
         self._proc: Optional[Started] = None
+        import queue  # here: only a command agent reads its lines through one
+
         self._lines: "queue.Queue[Optional[bytes]]" = queue.Queue()
         self._stderr: Optional[IO[bytes]] = None
         self._stderr_path: Optional[Path] = None
@@ -268,6 +269,8 @@ class CommandAgent(Agent):
         return (f" (exit {code})" if code is not None else "") + tail
 
     def next_action(self, observation: Optional[Observation], timeout_s: float) -> Action:
+        import queue  # loaded by __init__ already
+
         if observation is not None:
             self._send({"type": "observation", "content": observation.content, "error": observation.error})
         deadline = time.monotonic() + timeout_s
