@@ -15,7 +15,6 @@ from __future__ import annotations
 import binascii
 import posixpath
 import re
-import secrets
 import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -250,10 +249,12 @@ def kill_script(workspace: str) -> str:
 
 #: run by the host's Python from this text: kill every process whose working directory, command line
 #: or environment names the workspace (what a run left running, whatever session it made), wait for
-#: them to go, print the ones still alive and exit 1 if any. Its own shell is known by ``argv[2]``.
+#: them to go, print the ones still alive and exit 1 if any. It spares itself and the processes above
+#: it (its shell, the run's, which name the workspace), known by their pids: no text a process can copy
+#: into its own command line (a word on the scan's command line, readable in /proc) spares anything.
 _SURVIVORS_PY = r"""
 import os, sys, time
-ws, marker = sys.argv[1], sys.argv[2].encode()
+ws = sys.argv[1]
 inside = (ws + "/").encode()
 def mnt(pid):
     try:
@@ -294,10 +295,17 @@ def this_host(pid):
         if pid <= 0:
             return False
     return False
+def above(pid):
+    chain = set()
+    while pid > 0 and pid not in chain:
+        chain.add(pid)
+        pid = ppid(pid)
+    return chain
+spared = above(os.getpid())
 def scan():
     found = []
     try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared]
     except OSError:
         return found
     for p in pids:
@@ -310,8 +318,6 @@ def scan():
             with open(d + "/cmdline", "rb") as fh:
                 cmd = fh.read()
         except OSError:
-            continue
-        if marker in cmd:
             continue
         try:
             cwd = os.readlink(d + "/cwd")
@@ -350,9 +356,8 @@ def remove_script(workspace: str, python: str = "python3") -> str:
     """Kill what still runs of the workspace, remove it, then prove both are gone (exit 0 only when no
     process and no file of it is left; stderr says which is). The process check runs on the host's
     Python (``python``, else ``python3``); with neither, the workspace is not reported gone."""
-    marker = f"crosshost-clean-{secrets.token_hex(8)}"
     ws = q(workspace)
-    check = f"{HELPER_FLAGS} -c {q(_SURVIVORS_PY)} {ws} {marker}"
+    check = f"{HELPER_FLAGS} -c {q(_SURVIVORS_PY)} {ws}"
     return (  # a subshell: its exits end only this part of a longer script
         f'( p=1; out=; for py in {q(python)} python3; do out=$("$py" {check}); '
         f'case "$out" in checked) p=0; break;; left) break;; esac; done; '

@@ -18,7 +18,7 @@ PLAIN_SCAN = r"""
 def scan():
     found = []
     try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared]
     except OSError:
         return found
     for p in pids:
@@ -27,8 +27,6 @@ def scan():
             with open(d + "/cmdline", "rb") as fh:
                 cmd = fh.read()
         except OSError:
-            continue
-        if marker in cmd:
             continue
         try:
             cwd = os.readlink(d + "/cwd")
@@ -47,38 +45,38 @@ def scan():
 """
 
 
-def _listing(script: str, ws: Path, marker: str, *, within: tuple[str, ...] = ()) -> set[int]:
+def _listing(script: str, ws: Path, *, within: tuple[str, ...] = (), cwd: Path | None = None) -> set[int]:
     """The pids ``script``'s scan finds (nothing killed: the script stops before its kill loop);
-    ``within``: the command the scan runs under (a mount namespace of its own)."""
+    ``within``: the command the scan runs under (a mount namespace of its own, a shell)."""
     head = script.split("left = scan()")[0]
-    proc = subprocess.run([*within, sys.executable, "-I", "-B", "-c", head + "\nprint(' '.join(map(str, scan())))", str(ws), marker],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = subprocess.run([*within, sys.executable, "-I", "-B", "-c", head + "\nprint(' '.join(map(str, scan())))", str(ws)],
+                          capture_output=True, text=True, timeout=60, cwd=cwd)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return {int(x) for x in proc.stdout.split()}
 
 
-def _plain(ws: Path, marker: str) -> set[int]:
-    return _listing(remote._SURVIVORS_PY.split("def scan():")[0] + PLAIN_SCAN + "\nleft = scan()", ws, marker)
+def _plain(ws: Path) -> set[int]:
+    return _listing(remote._SURVIVORS_PY.split("def scan():")[0] + PLAIN_SCAN + "\nleft = scan()", ws)
 
 
 def test_the_scan_finds_what_the_plain_scan_finds(tmp_path: Path) -> None:
     ws = tmp_path / "runs" / "r1-box"
     (ws / "work" / "t").mkdir(parents=True)
-    marker = "crosshost-clean-0123456789abcdef"
     sleep = ["sleep", "300"]
     started = {
         "cwd": subprocess.Popen(sleep, cwd=ws),
         "cwd below": subprocess.Popen(sleep, cwd=ws / "work" / "t"),
         "named": subprocess.Popen(["sh", "-c", f"sleep 300; : {ws}/work"], cwd=tmp_path),
         "environ": subprocess.Popen(sleep, cwd=tmp_path, env={**os.environ, "WHERE": f"{ws}/work"}),
-        "the scan's own": subprocess.Popen(["sh", "-c", f"sleep 300; : {marker}"], cwd=ws),
+        # a word a scan once spared its own shell by: copied, it spares nothing
+        "copies a marker": subprocess.Popen(["sh", "-c", "sleep 300; : crosshost-clean-0123456789abcdef"], cwd=ws),
         "elsewhere": subprocess.Popen(sleep, cwd=tmp_path),
     }
     try:
         time.sleep(0.3)  # the shells' cwd and command lines are in /proc
-        want = {p.pid for name, p in started.items() if name not in ("the scan's own", "elsewhere")}
+        want = {p.pid for name, p in started.items() if name != "elsewhere"}
         for where in (ws, tmp_path / "gone"):  # the workspace there, and gone (told by ancestry then)
-            found, plain = _listing(remote._SURVIVORS_PY, where, marker), _plain(where, marker)
+            found, plain = _listing(remote._SURVIVORS_PY, where), _plain(where)
             assert found == plain
             mine = {p.pid for p in started.values()}
             if where == ws:
@@ -95,7 +93,6 @@ def test_with_the_workspace_gone_a_process_two_mount_namespaces_below_is_this_ho
     attempts' directories in memory): once the workspace is gone, the scan still tells such a process
     is this host's, by its ancestry through both namespaces."""
     ws = tmp_path / "runs" / "r1-box"  # gone: never made
-    marker = "crosshost-clean-0123456789abcdef"
     inner = f"sleep 300; : {ws}/work"
     runner = subprocess.Popen(
         ["unshare", "--mount", "sh", "-c", f"unshare --mount sh -c {remote.q(inner)} & wait"], start_new_session=True
@@ -104,7 +101,7 @@ def test_with_the_workspace_gone_a_process_two_mount_namespaces_below_is_this_ho
         own = os.readlink("/proc/self/ns/mnt")
         attempt = _named_below(f"{ws}/work".encode(), exclude={own, os.readlink(f"/proc/{runner.pid}/ns/mnt")})
         assert attempt is not None  # the inner shell: two namespaces below ours
-        assert attempt in _listing(remote._SURVIVORS_PY, ws, marker)
+        assert attempt in _listing(remote._SURVIVORS_PY, ws)
     finally:
         os.killpg(runner.pid, 9)  # both shells and the sleep
         runner.wait()
@@ -130,13 +127,36 @@ def test_with_the_workspace_gone_a_process_not_below_the_scans_namespace_is_left
     """Another host's process on a machine shared by namespaces (its own, not made from this host's)
     is never this host's, even when it names this host's workspace path."""
     ws = tmp_path / "runs" / "r1-box"  # gone: never made
-    marker = "crosshost-clean-0123456789abcdef"
     other = subprocess.Popen(["unshare", "--mount", "sh", "-c", f"sleep 300; : {ws}/work"], start_new_session=True)
     try:
         found = _named_below(f"{ws}/work".encode(), exclude={os.readlink("/proc/self/ns/mnt")})
         assert found == other.pid
-        assert found in _listing(remote._SURVIVORS_PY, ws, marker)  # from the machine's namespace: below it
-        assert found not in _listing(remote._SURVIVORS_PY, ws, marker, within=("unshare", "--mount"))
+        assert found in _listing(remote._SURVIVORS_PY, ws)  # from the machine's namespace: below it
+        assert found not in _listing(remote._SURVIVORS_PY, ws, within=("unshare", "--mount"))
     finally:
         os.killpg(other.pid, 9)
         other.wait()
+
+
+def test_the_scan_spares_the_processes_above_it_and_no_other_that_looks_like_them(tmp_path: Path) -> None:
+    """The shells the scan runs under name the workspace and sit in it (the run's own shell, when the
+    run's exec removes its workspace): spared, by pid. A process with the same command line and
+    directory that is not above the scan is found."""
+    ws = tmp_path / "runs" / "r1-box"
+    ws.mkdir(parents=True)
+    twin = subprocess.Popen(["sh", "-c", f": {ws}/out; sleep 300"], cwd=ws)
+    try:
+        time.sleep(0.2)
+        head = remote._SURVIVORS_PY.split("left = scan()")[0]
+        said = subprocess.run(
+            ["sh", "-c", f': {ws}/out; {sys.executable} -I -B -c "$0" "$1"; echo "shell $$"',
+             head + "\nprint(' '.join(map(str, scan())))", str(ws)],
+            capture_output=True, text=True, timeout=60, cwd=ws,
+        )  # fmt: skip
+        found_line, shell_line = said.stdout.strip().splitlines()
+        found = {int(x) for x in found_line.split()}
+        assert twin.pid in found
+        assert int(shell_line.split()[1]) not in found  # the scan's own shell: in the workspace, naming it
+    finally:
+        twin.kill()
+        twin.wait()
