@@ -144,12 +144,12 @@ def test_the_scan_spares_the_processes_above_it_and_no_other_that_looks_like_the
     directory that is not above the scan is found."""
     ws = tmp_path / "runs" / "r1-box"
     ws.mkdir(parents=True)
-    twin = subprocess.Popen(["sh", "-c", f": {ws}/out; sleep 300"], cwd=ws)
+    twin = subprocess.Popen(["sh", "-c", f": {remote.q(f'{ws}/out')}; sleep 300"], cwd=ws)
     try:
         time.sleep(0.2)
         head = remote._SURVIVORS_PY.split("left = scan()")[0]
         said = subprocess.run(
-            ["sh", "-c", f': {ws}/out; {sys.executable} -I -B -c "$0" "$1"; echo "shell $$"',
+            ["sh", "-c", f': {remote.q(f"{ws}/out")}; {remote.q(sys.executable)} -I -B -c "$0" "$1"; echo "shell $$"',
              head + "\nprint(' '.join(map(str, scan())))", str(ws)],
             capture_output=True, text=True, timeout=60, cwd=ws,
         )  # fmt: skip
