@@ -17,7 +17,7 @@ import posixpath
 import re
 import shlex
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -200,21 +200,21 @@ def split_out_tar(stdout: str) -> tuple[str, OutTar]:
     if len(words) < 2 or words[0] != OUT_TAR_MARKER or words[2:] not in ([], ["inline"], ["inline", "removed"]):
         return stdout, OutTar(None)
     head = head.removesuffix("\n")
-    removed = words[3:] == ["removed"]
+    said = OutTar(words[1], removed=words[3:] == ["removed"])  # what is said of it without the archive
     # base64 has no "-": the runner's own lines can hold the marker, the archive's cannot
     before, sep, encoded = head.rpartition(f"\n{INLINE_MARKER}\n")
     if not sep:
-        return head, OutTar(words[1], removed=removed)
+        return head, said
     if len(words) == 2 or not words[1].isdigit():
-        return before, OutTar(words[1], removed=removed)
+        return before, said
     compact = encoded.replace("\n", "")
     if len(compact) != 4 * ((int(words[1]) + 2) // 3):  # the host's word on its size bounds what is decoded
-        return before, OutTar(words[1], removed=removed)
+        return before, said
     try:
         data = binascii.a2b_base64(compact, strict_mode=True)
     except (binascii.Error, ValueError):
-        return before, OutTar(words[1], removed=removed)
-    return before, OutTar(words[1], data if len(data) == int(words[1]) else None, removed)
+        return before, said
+    return before, replace(said, inline=data) if len(data) == int(words[1]) else said
 
 
 def kill_script(workspace: str) -> str:
