@@ -8,6 +8,7 @@ import contextlib
 import getpass
 import os
 import socket
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import paramiko
@@ -141,10 +142,7 @@ def _prefer_known_key_types(transport: paramiko.Transport, known: Path, label: s
     """Ask for the key type we already hold, so a host with several keys offers that one."""
     held = {k.key_type for k in known_hosts.lookup(known, label, host=owner)}
     opts = transport.get_security_options()
-    types = list(opts.key_types)
-    first = [t for t in types if t in held]
-    if first:
-        opts.key_types = tuple(first + [t for t in types if t not in held])
+    opts.key_types = _first(opts.key_types, held)
 
 
 #: the ciphers that carry their own integrity check (AEAD): with one of them paramiko checks each packet in
@@ -157,10 +155,13 @@ def _prefer_aead_ciphers(transport: paramiko.Transport) -> None:
     """Offer the AEAD ciphers first (no weaker choice: the others stay, after them, for a server that
     has no GCM)."""
     opts = transport.get_security_options()
-    ciphers = list(opts.ciphers)
-    first = [c for c in _AEAD_CIPHERS if c in ciphers]
-    if first:
-        opts.ciphers = tuple(first + [c for c in ciphers if c not in first])
+    opts.ciphers = _first(opts.ciphers, _AEAD_CIPHERS)
+
+
+def _first(offered: Sequence[str], preferred: Collection[str]) -> tuple[str, ...]:
+    """``offered`` with those in ``preferred`` moved ahead, each part in its order there: nothing is
+    added or dropped."""
+    return tuple([x for x in offered if x in preferred] + [x for x in offered if x not in preferred])
 
 
 def _authenticate(transport: paramiko.Transport, cfg: HostConfig, owner: str, where: str) -> None:
