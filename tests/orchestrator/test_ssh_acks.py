@@ -5,9 +5,11 @@ server has one: paramiko then compares no MAC in Python, once per packet."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import paramiko
 import pytest
 
 from orchestrator.hosts.transport.session import acking
@@ -48,8 +50,9 @@ def test_the_acking_socket_is_the_same_connection_with_its_timeout() -> None:
             assert peer.recv(8) == b"ping"
 
 
-@pytest.mark.sshd
-def test_a_host_connection_reads_through_an_acking_socket(sshd_hosts: object) -> None:
+@contextlib.contextmanager
+def _box_a_transport(sshd_hosts: object) -> Iterator[paramiko.Transport]:
+    """box-a's connection (an ``SshHost``'s transport); its exec answers; closed after."""
     from orchestrator.hosts.transport import open_host
     from orchestrator.hosts.transport.ssh import SshHost
     from tests.support.fleet import SshdHosts
@@ -58,33 +61,27 @@ def test_a_host_connection_reads_through_an_acking_socket(sshd_hosts: object) ->
     host = open_host(sshd_hosts.config("box-a"))
     try:
         assert isinstance(host, SshHost) and host._transport is not None
-        assert acking(host._transport.sock) is host._transport.sock  # already one: left as it is
+        yield host._transport
         assert host.exec(["echo", "ok"], 10).stdout.strip() == "ok"
     finally:
         host.close()
+
+
+@pytest.mark.sshd
+def test_a_host_connection_reads_through_an_acking_socket(sshd_hosts: object) -> None:
+    with _box_a_transport(sshd_hosts) as transport:
+        assert acking(transport.sock) is transport.sock  # already one: left as it is
 
 
 @pytest.mark.sshd
 def test_a_host_connection_uses_an_aead_cipher_when_the_server_has_one(sshd_hosts: object) -> None:
     """OpenSSH offers AES-GCM: the connection takes it, so no packet's MAC is compared in Python."""
-    from orchestrator.hosts.transport import open_host
-    from orchestrator.hosts.transport.ssh import SshHost
-    from tests.support.fleet import SshdHosts
-
-    assert isinstance(sshd_hosts, SshdHosts)
-    host = open_host(sshd_hosts.config("box-a"))
-    try:
-        assert isinstance(host, SshHost) and host._transport is not None
-        assert host._transport.local_cipher in ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
-        assert host._transport.remote_cipher == host._transport.local_cipher
-        assert host.exec(["echo", "ok"], 10).stdout.strip() == "ok"
-    finally:
-        host.close()
+    with _box_a_transport(sshd_hosts) as transport:
+        assert transport.local_cipher in ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+        assert transport.remote_cipher == transport.local_cipher
 
 
 def test_the_aead_ciphers_go_first_and_no_cipher_is_dropped() -> None:
-    import paramiko
-
     from orchestrator.hosts.transport.session import _prefer_aead_ciphers
 
     a, b = socket.socketpair()
