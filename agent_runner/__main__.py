@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--trace-stream", action="store_true",
                      help="write the attempts' traces as frames of one file, out/traces.stream, which "
                      "crosshost splits into traces/ when it brings out/ home (default: one file each)")
+    run.add_argument("--reaped", metavar="PATH",
+                     help="make PATH when the run ends and no process of any attempt can be left (pidns+uid, "
+                     "with no child process left); the workspace's removal then does not look for them")
 
     check = sub.add_parser("check", help="check a trace against a contract: PASS or FAIL, one reason a line")
     check.add_argument("contract")
@@ -134,6 +137,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             repeat=args.repeat, first_attempt=args.first_attempt, workspace_root=args.workspace_root,
             env_allow=[k for k in args.env_allow.split(",") if k] if args.env_allow is not None else None,
             slots=args.slots, trace_files=args.trace_files, trace_stream=args.trace_stream,
+            reaped=args.reaped,
         )
         return run_suite(options)
     raise RunnerError(f"unknown command {args.command!r}")

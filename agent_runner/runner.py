@@ -103,6 +103,8 @@ class RunOptions:
     trace_files: bool = False
     #: the attempts' traces as frames of one file, ``out/traces.stream`` (trace_stream.py)
     trace_stream: bool = False
+    #: a file made when the run ends with no process of any attempt left (``leave_reaped_mark``)
+    reaped: Optional[str] = None
 
 
 @dataclass
@@ -545,10 +547,44 @@ def run_suite(options: RunOptions) -> int:
         if runner is not None:
             runner.removals.close()  # also when terminated: every attempt's directory is gone first
             keep_until_exit(runner.stray_watch)  # its descriptor closes with the process
+            if options.reaped and runner.isolation == PIDNS_UID:
+                leave_reaped_mark(options.reaped)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
         if own_root:
             remove_tree(workspace_root)
+
+
+def no_child_left() -> bool:
+    """This process has no child: none running, none ended and not yet waited for (nothing is reaped
+    here). Where waitid is missing, False."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:
+        return False
+    try:
+        waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def leave_reaped_mark(path: str) -> bool:
+    """Make ``path`` (a new file) when no process of any attempt can be left: at ``pidns+uid`` every
+    process an attempt started is in a PID namespace whose init was this runner's child (its own fork,
+    or a zygote; a holder's init dies with the holder), and the kernel ends every process of a namespace
+    before its init can be waited for. So once this runner has no child left, none is. The workspace's
+    removal then does not scan the host's processes for the run's (``remote.remove_script``); an
+    attempt, with a uid of its own, cannot make the file in the workspace's top directory (root's).
+    (Through a holder, the init is the child's child: the kernel kills it when the holder ends.)"""
+    if not no_child_left():
+        return False
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except OSError:
+        return False
+    return True
 
 
 def run_in_slots(runner: Runner, attempts: List[Tuple[Task, int]], slots: int,

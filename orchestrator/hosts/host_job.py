@@ -359,6 +359,7 @@ class HostJob:
             "--workspace-root", posixpath.join(ws.path, "work"),
             "--env-allow", ",".join(self.cfg.env_allowlist),
             "--trace-stream",  # one file of traces on the host, split as the pull reads it (archive.py)
+            "--reaped", posixpath.join(ws.path, remote.REAPED),  # the removal's process scan, saved where it can be
         ]  # fmt: skip
         if not self.plan.all_tasks:
             args += ["--tasks", ",".join(self.plan.tasks)]

@@ -352,15 +352,23 @@ print("checked")
 """
 
 
+#: the file a runner makes in its workspace when it ended with no process of any attempt left
+#: (``agent_runner.runner.leave_reaped_mark``): the removal then has no process to look for
+REAPED = "reaped"
+
+
 def remove_script(workspace: str, python: str = "python3") -> str:
     """Kill what still runs of the workspace, remove it, then prove both are gone (exit 0 only when no
     process and no file of it is left; stderr says which is). The process check runs on the host's
-    Python (``python``, else ``python3``); with neither, the workspace is not reported gone."""
+    Python (``python``, else ``python3``); with neither, the workspace is not reported gone. Where the
+    runner left ``REAPED`` (a file, not a link), no process of its attempts is left: no check runs."""
     ws = q(workspace)
+    mark = q(posixpath.join(workspace, REAPED))
     check = f"{HELPER_FLAGS} -c {q(_SURVIVORS_PY)} {ws}"
     return (  # a subshell: its exits end only this part of a longer script
-        f'( p=1; out=; for py in {q(python)} python3; do out=$("$py" {check}); '
-        f'case "$out" in checked) p=0; break;; left) break;; esac; done; '
+        f"( p=1; out=; if test -f {mark} && ! test -h {mark}; then out=checked; p=0; "
+        f'else for py in {q(python)} python3; do out=$("$py" {check}); '
+        f'case "$out" in checked) p=0; break;; left) break;; esac; done; fi; '
         f'test -n "$out" || echo cannot check for processes of {ws}: no working Python >&2; '
         f"rm -rf {ws}; ! test -e {ws} || {{ echo {ws} is still there after rm -rf >&2; exit 1; }}; exit $p )"
     )

@@ -160,3 +160,29 @@ def test_the_scan_spares_the_processes_above_it_and_no_other_that_looks_like_the
     finally:
         twin.kill()
         twin.wait()
+
+
+@pytest.mark.parametrize("mark", ["file", "link", "none"])
+def test_where_the_runner_left_its_mark_the_removal_does_not_scan(tmp_path: Path, mark: str) -> None:
+    """``remote.REAPED``, a file the runner makes when no process of its attempts is left, spares the
+    removal its scan: a process that names the workspace is then not looked for (at ``pidns+uid`` no
+    attempt's can be there). A link of that name, or none, and the scan runs and kills it."""
+    ws = tmp_path / "runs" / "r1-box"
+    (ws / "out").mkdir(parents=True)
+    if mark == "file":
+        (ws / remote.REAPED).touch()
+    elif mark == "link":
+        (tmp_path / "elsewhere").touch()
+        (ws / remote.REAPED).symlink_to(tmp_path / "elsewhere")
+    named = subprocess.Popen(["sh", "-c", f": {remote.q(f'{ws}/out')}; sleep 300"])
+    try:
+        time.sleep(0.2)
+        done = subprocess.run(["sh", "-c", remote.remove_script(str(ws), sys.executable)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert not ws.exists()
+        time.sleep(0.1)
+        assert (named.poll() is None) == (mark == "file")
+    finally:
+        named.kill()
+        named.wait()

@@ -1,0 +1,112 @@
+"""The runner's mark that no process of any attempt is left (``runner.leave_reaped_mark``): made at
+``pidns+uid`` once the runner has no child left, never while one is, and never by an attempt."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.runner import REPO, clean_env, passable_to_attempts, predicate_suite, records
+
+#: in a Python of its own (a test process may have children of other tests): the mark with a child
+#: running, then with that child waited for
+_WITH_AND_WITHOUT_A_CHILD = r"""
+import json, subprocess, sys
+from agent_runner.runner import leave_reaped_mark, no_child_left
+first, second = sys.argv[1], sys.argv[2]
+child = subprocess.Popen(["sleep", "30"])
+said = {"with_child": [no_child_left(), leave_reaped_mark(first)]}
+child.kill()
+child.wait()
+said["without"] = [no_child_left(), leave_reaped_mark(second)]
+print(json.dumps(said))
+"""
+
+#: an ended child not yet waited for counts: it is looked at, never reaped (subprocess still waits it)
+_A_CHILD_NOT_YET_WAITED_FOR = r"""
+import json, subprocess, sys, time
+from agent_runner.runner import no_child_left
+child = subprocess.Popen(["true"])
+time.sleep(0.5)
+first = no_child_left()
+print(json.dumps([first, child.wait(), no_child_left()]))
+"""
+
+
+def _python(code: str, *args: str) -> object:
+    done = subprocess.run([sys.executable, "-c", code, *args], env=clean_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_no_mark_while_a_child_runs_and_one_once_it_was_waited_for(tmp_path: Path) -> None:
+    said = _python(_WITH_AND_WITHOUT_A_CHILD, str(tmp_path / "first"), str(tmp_path / "second"))
+    assert said == {"with_child": [False, False], "without": [True, True]}
+    assert not (tmp_path / "first").exists()
+    assert (tmp_path / "second").is_file()
+
+
+def test_an_ended_child_not_yet_waited_for_still_counts_and_is_not_reaped() -> None:
+    assert _python(_A_CHILD_NOT_YET_WAITED_FOR) == [False, 0, True]
+
+
+def test_the_mark_is_never_made_through_a_link(tmp_path: Path) -> None:
+    target = tmp_path / "elsewhere"
+    (tmp_path / "mark").symlink_to(target)
+    said = _python("import sys, json\nfrom agent_runner.runner import leave_reaped_mark\n"
+                   "print(json.dumps(leave_reaped_mark(sys.argv[1])))", str(tmp_path / "mark"))
+    assert said is False
+    assert not target.exists()
+
+
+@pytest.mark.root
+def test_a_root_runner_marks_its_end_and_its_attempt_cannot_forge_the_mark(tmp_path: Path) -> None:
+    """As the replay lays it out: the workspace's top directory root's (0711), the mark in it. The
+    predicate, as its own uid, tries to make the mark first: it cannot, and the runner makes it at
+    the end."""
+    passable_to_attempts(tmp_path)
+    ws = tmp_path / "ws"
+    ws.mkdir(mode=0o711)
+    ws.chmod(0o711)
+    mark = ws / "reaped"
+    # a subshell: a redirection that fails ends a POSIX shell when it is the special built-in's own
+    forge = f'if ( : > {mark} ) 2>/dev/null || mkdir {mark} 2>/dev/null; then echo forged; exit 1; fi\nexit 0\n'
+    suite = predicate_suite(tmp_path, forge, tasks=1)
+    out = ws / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out", str(out),
+         "--workspace-root", str(ws / "work"), "--host", "h", "--reaped", str(mark)],
+        env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    fingerprint = json.loads((out / "fingerprint.json").read_text())
+    assert fingerprint["isolation"].endswith("pidns+uid"), fingerprint["isolation"]
+    [row] = records(out / "results.jsonl")
+    assert row["verdict"] == "pass", (row.get("why"), done.stderr[-600:])
+    assert mark.is_file() and mark.stat().st_uid == 0
+
+
+@pytest.mark.root
+def test_without_a_uid_of_its_own_for_the_attempts_no_mark(tmp_path: Path) -> None:
+    """A runner that is not root runs its attempts as its own uid (``pidns`` or ``none``): they could
+    leave a process outside any namespace, so it never says none is left."""
+    passable_to_attempts(tmp_path)
+    ws = tmp_path / "ws"
+    ws.mkdir(mode=0o777)
+    ws.chmod(0o777)
+    suite = predicate_suite(tmp_path, "exit 0\n", tasks=1)
+    out = ws / "out"
+    mark = ws / "reaped"
+    done = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", sys.executable, "-m", "agent_runner",
+         "run", "--suite", str(suite), "--out", str(out), "--workspace-root", str(ws / "work"), "--host", "h",
+         "--reaped", str(mark)],
+        env=clean_env(HOME=str(ws)), cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    fingerprint = json.loads((out / "fingerprint.json").read_text())
+    assert not fingerprint["isolation"].endswith("pidns+uid"), fingerprint["isolation"]
+    assert not mark.exists()
