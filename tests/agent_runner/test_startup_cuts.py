@@ -108,19 +108,23 @@ def _plain_probe_script(level: str, net: bool, proc: str) -> str:
 
 
 def test_the_probe_with_shell_builtins_passes_and_fails_where_the_plain_one_did(tmp_path: Path) -> None:
-    """Both checks run against a made-up /proc (its processes, the effective uid, the sockets); the
-    plain one's ``id`` says the same uid as the made-up status."""
-    cases = itertools.product((2, 3, 4), ((0, 0), (0, 1990999999), (1990999999, 0), (5, 5)), (0, 1, 2),
-                              (1, 3), (sandbox.PIDNS_UID, sandbox.PIDNS), (False, True))
+    """Both checks run against a made-up /proc (its processes, the effective uid, the sockets: the
+    plain one lists the TCP table, the probe reads its counts, as the kernel keeps both); the plain
+    one's ``id`` says the same uid as the made-up status."""
+    cases = itertools.product((2, 3, 4), ((0, 0), (0, 1990999999), (1990999999, 0), (5, 5)),
+                              ((0, 0), (1, 0), (0, 1), (2, 3)), (1, 3), (sandbox.PIDNS_UID, sandbox.PIDNS),
+                              (False, True))  # fmt: skip
     outcomes = set()
-    for n, (pids, (ruid, euid), tcp, unix, level, net) in enumerate(cases):
+    for n, (pids, (ruid, euid), (inuse, tw), unix, level, net) in enumerate(cases):
         proc, bin_dir = tmp_path / f"proc{n}", tmp_path / f"bin{n}"
         for pid in range(1, pids + 1):
             (proc / str(pid)).mkdir(parents=True)
         (proc / "self").mkdir()
         (proc / "self" / "status").write_text(f"Name:\tsh\nUid:\t{ruid}\t{euid}\t{euid}\t{euid}\nGid:\t0\t0\t0\t0\n")
         (proc / "net").mkdir()
-        (proc / "net" / "tcp").write_text("".join(f"line {i}\n" for i in range(tcp)))
+        (proc / "net" / "tcp").write_text("".join(f"line {i}\n" for i in range(1 + inuse + tw)))  # a header
+        (proc / "net" / "sockstat").write_text(
+            f"sockets: used {inuse + unix - 1}\nTCP: inuse {inuse} orphan 0 tw {tw} alloc 7 mem 1\nUDP: inuse 0 mem 0\n")
         (proc / "net" / "unix").write_text("".join(f"line {i}\n" for i in range(unix)))
         bin_dir.mkdir()
         (bin_dir / "id").write_text(f"#!/bin/sh\necho {euid}\n")
@@ -128,9 +132,22 @@ def test_the_probe_with_shell_builtins_passes_and_fails_where_the_plain_one_did(
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
         said = [subprocess.run(["sh", "-c", script(level, net, str(proc))], env=env, check=False).returncode == 0
                 for script in (isolation_probe.probe_script, _plain_probe_script)]
-        assert said[0] == said[1], (pids, ruid, euid, tcp, unix, level, net)
+        assert said[0] == said[1], (pids, ruid, euid, inuse, tw, unix, level, net)
         outcomes.add(said[0])
     assert outcomes == {True, False}
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("listening", [False, True])
+def test_the_probe_sees_a_tcp_socket_in_its_network_namespace(listening: bool) -> None:
+    """On the kernel, not a made-up /proc: in a network namespace of its own (and PID namespace, with
+    a fresh /proc) the probe passes, and fails once a TCP socket listens there."""
+    listener = (f"{sys.executable} -c 'import socket, time; s = socket.socket(); s.bind((\"0.0.0.0\", 0)); "
+                "s.listen(); time.sleep(10)' & sleep 1; ") if listening else ""
+    script = listener + isolation_probe.probe_script(sandbox.PIDNS, True) + "; r=$?; kill %1 2>/dev/null; exit $r"
+    done = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (done.returncode == 0) == (not listening), done.stderr
 
 
 def _inotify_open(fd: int) -> bool:
