@@ -7,8 +7,10 @@ an error observation and starts no process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -68,6 +70,14 @@ def _shown(got: Captured) -> str:
     if got.dropped:
         text += f"\n[truncated {got.dropped} bytes]"
     return text
+
+
+def _is_dir_at(fd: int, name: str) -> bool:
+    """``name`` in the directory ``fd`` is a directory or a link to one (a name gone meanwhile: not one)."""
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=fd).st_mode)
+    except OSError:
+        return False
 
 
 def _cap(data: bytes, limit: int = MAX_OUTPUT_BYTES) -> str:
@@ -147,10 +157,36 @@ class ToolBox:
             raise ValueError(f"path {raw!r} is outside the workspace")
         return resolved
 
+    def _open_beneath(self, path: Path, flags: int, *, make_parents: bool = False) -> int:
+        """A descriptor of ``path`` (``_path``'s: inside the workspace, no link in it), opened from the
+        workspace one name at a time and never through a link. The runner may be root and the
+        attempt's processes run meanwhile: a name they turn into a link after ``_path`` looked is
+        refused here (ELOOP, ENOTDIR), not followed out of the workspace."""
+        names = path.relative_to(self.workspace).parts
+        fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for i, name in enumerate(names):
+                last = i == len(names) - 1
+                if make_parents and not last:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(name, 0o777, dir_fd=fd)
+                how = flags if last else os.O_RDONLY | os.O_DIRECTORY
+                nfd = os.open(name, how | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def _read_file(self, args: JSONObject) -> ToolResult:
         try:
             path = self._path(args.get("path"))
-            with open(path, "rb") as handle:
+            # non-blocking: a FIFO made in the workspace is refused, never waited on
+            fd = self._open_beneath(path, os.O_RDONLY | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(f"{args.get('path')!r} is not a regular file")
                 data = handle.read(MAX_OUTPUT_BYTES + 1)
         except ValueError as exc:
             return _error(f"read_file: {exc}")
@@ -164,8 +200,11 @@ class ToolBox:
             return _error("write_file: 'content' must be a string")
         try:
             path = self._path(args.get("path"))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content, encoding="utf-8")
+            fd = self._open_beneath(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, make_parents=True)
+            with os.fdopen(fd, "wb") as handle:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(f"{args.get('path')!r} is not a regular file")
+                handle.write(content.encode("utf-8"))
         except ValueError as exc:
             return _error(f"write_file: {exc}")
         except OSError as exc:
@@ -175,7 +214,11 @@ class ToolBox:
     def _list_dir(self, args: JSONObject) -> ToolResult:
         try:
             path = self._path(args.get("path", "."))
-            names = sorted(n + ("/" if (path / n).is_dir() else "") for n in os.listdir(path))
+            fd = self._open_beneath(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                names = sorted(n + ("/" if _is_dir_at(fd, n) else "") for n in os.listdir(fd))
+            finally:
+                os.close(fd)
         except ValueError as exc:
             return _error(f"list_dir: {exc}")
         except OSError as exc:
