@@ -24,17 +24,18 @@ _PROBE_TIMEOUT_S = 10
 def probe_script(level: str, net: bool, proc: str = "/proc") -> str:
     """The shell check a process at ``level`` passes only when it works: it sees a fresh ``proc``
     (its own few processes), with a uid of its own its effective uid is not root, and with ``net`` it
-    sees no socket of the host (a fresh ``proc``/net: no TCP socket in use or closing in ``sockstat``,
-    one header line in ``unix``). Shell builtins only: a probe starts no program but ``sh`` (each one
-    was a fork and an exec at every run). TCP is counted, not listed: the namespace's ``tcp`` table is
-    read by walking the whole machine's (milliseconds; its counts in ``sockstat`` are the namespace's)."""
+    sees no socket of the host (a fresh ``proc``/net: no TCP socket in use in ``sockstat``, one header
+    line in ``unix``). Shell builtins only: a probe starts no program but ``sh`` (each one was a fork and
+    an exec at every run). TCP is counted, not listed: the namespace's ``tcp`` table is read by walking
+    the whole machine's (milliseconds). ``inuse`` is the namespace's own count (Linux 2.6.26+; ``tw``
+    is the machine's before 4.x, and a namespace made for the probe holds no socket that could close)."""
     check = f'set -- {proc}/[0-9]*; test "$#" -le 3'
     if level == PIDNS_UID:  # Uid: real, effective, saved, file system
         check += (f' && u=0 && while read -r k r e s; do if test "$k" = Uid:; then u=$e; fi; done'
                   f' < {proc}/self/status && test "$u" != 0')
-    if net:  # "TCP: inuse N orphan N tw N ...": tcp's sockets in use and in TIME_WAIT, both 0
-        check += (f' && t= && while read -r k a n o r w c z; do if test "$k" = TCP:; then t="$a $n $w $c"; fi; done'
-                  f' < {proc}/net/sockstat && test "$t" = "inuse 0 tw 0"'
+    if net:  # "TCP: inuse N orphan N tw N ...": the namespace's TCP sockets in use, 0
+        check += (f' && t= && while read -r k a n r; do if test "$k" = TCP:; then t="$a $n"; fi; done'
+                  f' < {proc}/net/sockstat && test "$t" = "inuse 0"'
                   f" && {{ ! {{ read -r l && read -r l; }}; }} < {proc}/net/unix")
     return check
 
