@@ -128,6 +128,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from .attempt_memory import mount_over
 
             mount_over(args.workspace_root)
+        if os.geteuid() == 0:  # before any child: an orphan of this run then stays this process's
+            from .privs import make_subreaper
+
+            make_subreaper()
         detect_soon()  # the isolation probe's processes run while the runner is imported
         from .runner import RunOptions, run_suite
 

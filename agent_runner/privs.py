@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import sys
 
 # A slot's zygote imports this module and nothing else of the runner: only what it calls is imported
 # here (its start is paid once per run on every host). What only the runner calls imports the rest
@@ -32,6 +33,25 @@ _MNT_DETACH = 2
 _PR_SET_DUMPABLE = 4
 _libc_handle: Optional[ctypes.CDLL] = None
 _pylibc: Optional[ctypes.PyDLL] = None
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper = False
+
+
+def make_subreaper() -> bool:
+    """Make this process its descendants' reaper: one whose parent ends becomes this process's child,
+    not init's (Linux 3.4+), so a process that has no child left has no descendant left. False where
+    the kernel refuses (``is_subreaper`` then says so)."""
+    global _subreaper
+    if not _subreaper and sys.platform.startswith("linux"):
+        _subreaper = libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return _subreaper
+
+
+def is_subreaper() -> bool:
+    """Whether ``make_subreaper`` made this process its descendants' reaper."""
+    return _subreaper
 
 
 def libc() -> ctypes.CDLL:

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
-from . import agents, golden, paced, zygote
+from . import agents, golden, paced, privs, zygote
 from .capped import capture
 from .checker import check_turns
 from .digests import HashingWriter, write_announced
@@ -176,6 +176,9 @@ class Runner:
         # root or the runner may write: the check before each attempt is then not needed (it is
         # again from the first attempt run without a uid of its own, see ``run_attempt``).
         self.bundle_sealed = sealed and self.isolation == PIDNS_UID
+        #: every attempt so far ran as a uid of its own (``attempt_sandbox`` gives a lower level to an
+        #: attempt whose paths another uid cannot reach)
+        self.every_attempt_own_uid = True
         # Only a uid of its own makes what an attempt left outside its workspace attributable to it.
         self.stray_watch: Optional[StrayWatch] = None
         if self.isolation == PIDNS_UID:
@@ -223,6 +226,7 @@ class Runner:
             work, home, tmp, scratch = (attempt_dir / n for n in ("work", "home", "tmp", "scratch"))
             if box.uid is None:
                 self.bundle_sealed = False  # this attempt could change what the next ones run from
+                self.every_attempt_own_uid = False  # nor is its every process sure to end with the run
             if not self.bundle_sealed:
                 self.bundle_check(task.id)
             if task.repo_dir is not None:
@@ -547,8 +551,9 @@ def run_suite(options: RunOptions) -> int:
         if runner is not None:
             runner.removals.close()  # also when terminated: every attempt's directory is gone first
             keep_until_exit(runner.stray_watch)  # its descriptor closes with the process
-            if options.reaped and runner.isolation == PIDNS_UID:
-                leave_reaped_mark(options.reaped)
+        if options.reaped:
+            leave_reaped_mark(options.reaped, runner is not None and runner.isolation == PIDNS_UID
+                              and runner.every_attempt_own_uid)
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
         if own_root:
@@ -570,15 +575,19 @@ def no_child_left() -> bool:
     return False
 
 
-def leave_reaped_mark(path: str) -> bool:
-    """Make ``path`` (a new file) when no process of any attempt can be left: at ``pidns+uid`` every
-    process an attempt started is in a PID namespace whose init was this runner's child (its own fork,
-    or a zygote; a holder's init dies with the holder), and the kernel ends every process of a namespace
-    before its init can be waited for. So once this runner has no child left, none is. The workspace's
-    removal then does not scan the host's processes for the run's (``remote.remove_script``); an
-    attempt, with a uid of its own, cannot make the file in the workspace's top directory (root's).
-    (Through a holder, the init is the child's child: the kernel kills it when the holder ends.)"""
-    if not no_child_left():
+def leave_reaped_mark(path: str, own_uids: bool) -> bool:
+    """Make ``path`` (a new file) when no process of any attempt can be left, and only then (a file of
+    that name made by anyone else is removed first). ``own_uids``: the run was ``pidns+uid`` and every
+    attempt ran as a uid of its own. Every process such an attempt started is in a PID namespace whose
+    init is this runner's child (its own fork, or a zygote) or, through a holder, was its child's child,
+    and the kernel ends every process of a namespace before its init can be waited for. As root the
+    runner is its descendants' subreaper (``make_subreaper``): an orphan becomes its child, not init's.
+    So once this runner has no child left, none is. The workspace's removal then does not scan the
+    host's processes for the run's (``remote.remove_script``); an attempt, with a uid of its own, cannot
+    make the file in the workspace's top directory (root's)."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    if not own_uids or not privs.is_subreaper() or not no_child_left():
         return False
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))

@@ -16,13 +16,15 @@ from tests.support.runner import REPO, clean_env, passable_to_attempts, predicat
 #: running, then with that child waited for
 _WITH_AND_WITHOUT_A_CHILD = r"""
 import json, subprocess, sys
+from agent_runner.privs import make_subreaper
 from agent_runner.runner import leave_reaped_mark, no_child_left
 first, second = sys.argv[1], sys.argv[2]
+assert make_subreaper()
 child = subprocess.Popen(["sleep", "30"])
-said = {"with_child": [no_child_left(), leave_reaped_mark(first)]}
+said = {"with_child": [no_child_left(), leave_reaped_mark(first, True)]}
 child.kill()
 child.wait()
-said["without"] = [no_child_left(), leave_reaped_mark(second)]
+said["without"] = [no_child_left(), leave_reaped_mark(second, True)]
 print(json.dumps(said))
 """
 
@@ -34,6 +36,27 @@ child = subprocess.Popen(["true"])
 time.sleep(0.5)
 first = no_child_left()
 print(json.dumps([first, child.wait(), no_child_left()]))
+"""
+
+#: a child that leaves a process of its own behind and ends: that orphan becomes the subreaper's child
+_AN_ORPHAN_STAYS_A_CHILD = r"""
+import json, subprocess, sys
+from agent_runner.privs import make_subreaper
+from agent_runner.runner import leave_reaped_mark, no_child_left
+assert make_subreaper()
+subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 &"], check=True)
+print(json.dumps([no_child_left(), leave_reaped_mark(sys.argv[1], True)]))
+"""
+
+#: what is asked, what is there, what the mark is then: (own uids, a subreaper, a file there before)
+_ASKED = r"""
+import json, sys
+from agent_runner.privs import make_subreaper
+from agent_runner.runner import leave_reaped_mark
+path, own, reaper = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+if reaper:
+    assert make_subreaper()
+print(json.dumps(leave_reaped_mark(path, own)))
 """
 
 
@@ -55,13 +78,33 @@ def test_an_ended_child_not_yet_waited_for_still_counts_and_is_not_reaped() -> N
     assert _python(_A_CHILD_NOT_YET_WAITED_FOR) == [False, 0, True]
 
 
+def test_a_process_whose_parent_ended_is_still_the_runners_to_wait_for(tmp_path: Path) -> None:
+    """A process left behind (``cmd &`` in a shell that then ends) reparents to the runner, not to
+    init: the runner sees a child, and makes no mark."""
+    assert _python(_AN_ORPHAN_STAYS_A_CHILD, str(tmp_path / "mark")) == [False, False]
+    assert not (tmp_path / "mark").exists()
+
+
+@pytest.mark.parametrize(("own", "reaper", "made"), [(True, True, True), (False, True, False), (True, False, False)])
+def test_the_mark_only_with_own_uids_and_a_subreaper_and_never_one_made_before(
+    tmp_path: Path, own: bool, reaper: bool, made: bool
+) -> None:
+    """A file of that name already there (made by anyone) is removed; the runner's own is new."""
+    mark = tmp_path / "mark"
+    mark.write_text("made by someone else")
+    said = _python(_ASKED, str(mark), "1" if own else "0", "1" if reaper else "0")
+    assert said is made
+    assert mark.exists() == made
+    if made:
+        assert mark.read_text() == ""
+
+
 def test_the_mark_is_never_made_through_a_link(tmp_path: Path) -> None:
     target = tmp_path / "elsewhere"
     (tmp_path / "mark").symlink_to(target)
-    said = _python("import sys, json\nfrom agent_runner.runner import leave_reaped_mark\n"
-                   "print(json.dumps(leave_reaped_mark(sys.argv[1])))", str(tmp_path / "mark"))
-    assert said is False
-    assert not target.exists()
+    assert _python(_ASKED, str(tmp_path / "mark"), "1", "1") is True
+    assert not target.exists()  # the link was removed, the mark made in its place
+    assert (tmp_path / "mark").is_file() and not (tmp_path / "mark").is_symlink()
 
 
 @pytest.mark.root
@@ -91,22 +134,24 @@ def test_a_root_runner_marks_its_end_and_its_attempt_cannot_forge_the_mark(tmp_p
 
 
 @pytest.mark.root
-def test_without_a_uid_of_its_own_for_the_attempts_no_mark(tmp_path: Path) -> None:
-    """A runner that is not root runs its attempts as its own uid (``pidns`` or ``none``): they could
-    leave a process outside any namespace, so it never says none is left."""
-    passable_to_attempts(tmp_path)
-    ws = tmp_path / "ws"
-    ws.mkdir(mode=0o777)
-    ws.chmod(0o777)
-    suite = predicate_suite(tmp_path, "exit 0\n", tasks=1)
-    out = ws / "out"
+def test_an_attempt_without_a_uid_of_its_own_leaves_no_mark(tmp_path: Path) -> None:
+    """A root runner whose attempt paths no other uid can reach runs them at a lower level, as its own
+    uid (``attempt_sandbox``): such an attempt could leave a process outside any namespace, so the run
+    never says none is left, and a file of that name made before is removed."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)  # not passable: the attempts' directories below it are out of other uids' reach
+    ws = private / "ws"
+    ws.mkdir(mode=0o711)
     mark = ws / "reaped"
+    mark.write_text("made before")
+    suite = predicate_suite(private, "exit 0\n", tasks=1)
+    out = ws / "out"
     done = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", sys.executable, "-m", "agent_runner",
-         "run", "--suite", str(suite), "--out", str(out), "--workspace-root", str(ws / "work"), "--host", "h",
-         "--reaped", str(mark)],
-        env=clean_env(HOME=str(ws)), cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+        [sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out", str(out),
+         "--workspace-root", str(ws / "work"), "--host", "h", "--reaped", str(mark)],
+        env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    fingerprint = json.loads((out / "fingerprint.json").read_text())
-    assert not fingerprint["isolation"].endswith("pidns+uid"), fingerprint["isolation"]
+    [row] = records(out / "results.jsonl")
+    assert row["verdict"] == "pass", (row.get("why"), done.stderr[-600:])
     assert not mark.exists()
