@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,8 @@ def test_a_root_runner_marks_its_end_and_its_attempt_cannot_forge_the_mark(tmp_p
     ws.chmod(0o711)
     mark = ws / "reaped"
     # a subshell: a redirection that fails ends a POSIX shell when it is the special built-in's own
-    forge = f'if ( : > {mark} ) 2>/dev/null || mkdir {mark} 2>/dev/null; then echo forged; exit 1; fi\nexit 0\n'
+    m = shlex.quote(str(mark))
+    forge = f'if ( : > {m} ) 2>/dev/null || mkdir {m} 2>/dev/null; then echo forged; exit 1; fi\nexit 0\n'
     suite = predicate_suite(tmp_path, forge, tasks=1)
     out = ws / "out"
     done = subprocess.run(

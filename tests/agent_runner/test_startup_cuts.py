@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -145,8 +146,8 @@ def test_the_probe_with_shell_builtins_passes_and_fails_where_the_plain_one_did(
 def test_the_probe_sees_a_tcp_socket_in_its_network_namespace(listening: bool) -> None:
     """On the kernel, not a made-up /proc: in a network namespace of its own (and PID namespace, with
     a fresh /proc) the probe passes, and fails once a TCP socket listens there."""
-    listener = (f"{sys.executable} -c 'import socket, time; s = socket.socket(); s.bind((\"0.0.0.0\", 0)); "
-                "s.listen(); time.sleep(10)' & sleep 1; ") if listening else ""
+    listen = "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(); time.sleep(10)"
+    listener = f"{shlex.quote(sys.executable)} -c {shlex.quote(listen)} & sleep 1; " if listening else ""
     script = listener + isolation_probe.probe_script(sandbox.PIDNS, True) + "; r=$?; kill %1 2>/dev/null; exit $r"
     done = subprocess.run(["unshare", "--net", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
