@@ -27,7 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
-from . import agents, golden, paced, privs, zygote
+from . import agents, golden, paced, zygote
 from .capped import capture
 from .checker import check_turns
 from .digests import HashingWriter, write_announced
@@ -37,6 +37,7 @@ from .fingerprint import collect, commands_of
 from .isolation_probe import attempt_sandbox
 from .loop import LoopOutcome, drive
 from .pins import env_sha, runner_home, task_pins
+from .reaped import leave_reaped_mark
 from .recordclass import dataclass
 from .records import EvidenceCut, Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
@@ -46,7 +47,6 @@ from .sandbox import (
     PIDNS_UID,
     Sandbox,
     attempt_uid,
-    kill_every_started,
     reachable_by_others,
     split_level,
 )
@@ -57,10 +57,8 @@ from .tools import ToolBox
 from .trace import TraceWriter
 from .trace_stream import STREAM, TraceStream
 
-if TYPE_CHECKING:  # imported where used: only a run in slots needs a pool (~7 ms of imports), only
-    # one under --trace-files the tracer (its import and regular expressions, ~2.5 ms)
-    from concurrent.futures import Future
-
+if TYPE_CHECKING:  # imported where used: only a run under --trace-files needs the tracer (its import
+    # and regular expressions, ~2.5 ms); only a run in slots a pool (``slots``, ~7 ms of imports)
     from . import filetrace
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TZ")
@@ -532,6 +530,8 @@ def run_suite(options: RunOptions) -> int:
                 for task, attempt in attempts:
                     record(runner.run_attempt(task, attempt))
             else:
+                from .slots import run_in_slots  # a pool's imports only for a run in slots
+
                 run_in_slots(runner, attempts, options.slots, record)
         if runner.stray_watch is not None:
             runner.stray_watch.close_beside()  # every attempt was looked at: its descriptor closes while the run ends
@@ -558,84 +558,6 @@ def run_suite(options: RunOptions) -> int:
             signal.signal(signal.SIGTERM, previous)
         if own_root:
             remove_tree(workspace_root)
-
-
-def no_child_left() -> bool:
-    """This process has no child: none running, none ended and not yet waited for (nothing is reaped
-    here). Where waitid is missing, False."""
-    waitid = getattr(os, "waitid", None)
-    if waitid is None:
-        return False
-    try:
-        waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-def leave_reaped_mark(path: str, own_uids: bool) -> bool:
-    """Make ``path`` (a new file) when no process of any attempt can be left, and only then (a file of
-    that name made by anyone else is removed first). ``own_uids``: the run was ``pidns+uid`` and every
-    attempt ran as a uid of its own. Every process such an attempt started is in a PID namespace whose
-    init is this runner's child (its own fork, or a zygote) or, through a holder, was its child's child,
-    and the kernel ends every process of a namespace before its init can be waited for. As root the
-    runner is its descendants' subreaper (``make_subreaper``): an orphan becomes its child, not init's.
-    So once this runner has no child left, none is. The workspace's removal then does not scan the
-    host's processes for the run's (``remote.remove_script``); an attempt, with a uid of its own, cannot
-    make the file in the workspace's top directory (root's)."""
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-    if not own_uids or not privs.is_subreaper() or not no_child_left():
-        return False
-    try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-    except OSError:
-        return False
-    return True
-
-
-def run_in_slots(runner: Runner, attempts: List[Tuple[Task, int]], slots: int,
-                 record: Callable[[AttemptResult], None]) -> None:
-    """Run ``attempts`` up to ``slots`` at once; ``record`` sees the results in the order of ``attempts``
-    (so results.jsonl is the file one slot writes). Each attempt already has its own workspace, HOME,
-    TMPDIR and budget. On SIGTERM (``_Terminated`` in this, the main thread) no attempt starts any more
-    and the running ones are stopped: every process group this runner started is killed until the
-    workers are done, and each worker removes its own workspace on the way out."""
-    cancel = threading.Event()
-
-    def one(index: int) -> Optional[AttemptResult]:
-        if cancel.is_set():
-            return None
-        task, attempt = attempts[index]
-        return runner.run_attempt(task, attempt)
-
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="slot")
-    futures: Dict["Future[Optional[AttemptResult]]", int] = {}
-    try:
-        futures = {pool.submit(one, i): i for i in range(len(attempts))}
-        ready: Dict[int, AttemptResult] = {}
-        next_index = 0
-        for future in as_completed(futures):
-            result = future.result()
-            if result is not None:
-                ready[futures[future]] = result
-            while next_index in ready:
-                record(ready.pop(next_index))
-                next_index += 1
-    except BaseException:
-        cancel.set()
-        for future in futures:
-            future.cancel()
-        while not all(f.done() for f in futures):
-            kill_every_started()  # each by its own handle, never a pid read from /proc
-            time.sleep(0.05)
-        raise
-    finally:
-        pool.shutdown(wait=True)
 
 
 def default_host() -> str:

@@ -353,7 +353,7 @@ print("checked")
 
 
 #: the file a runner makes in its workspace when it ended with no process of any attempt left
-#: (``agent_runner.runner.leave_reaped_mark``): the removal then has no process to look for
+#: (``agent_runner.reaped.leave_reaped_mark``): the removal then has no process to look for
 REAPED = "reaped"
 
 

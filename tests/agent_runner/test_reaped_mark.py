@@ -1,4 +1,4 @@
-"""The runner's mark that no process of any attempt is left (``runner.leave_reaped_mark``): made at
+"""The runner's mark that no process of any attempt is left (``reaped.leave_reaped_mark``): made at
 ``pidns+uid`` once the runner has no child left, never while one is, and never by an attempt."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tests.support.runner import REPO, clean_env, passable_to_attempts, predicat
 _WITH_AND_WITHOUT_A_CHILD = r"""
 import json, subprocess, sys
 from agent_runner.privs import make_subreaper
-from agent_runner.runner import leave_reaped_mark, no_child_left
+from agent_runner.reaped import leave_reaped_mark, no_child_left
 first, second = sys.argv[1], sys.argv[2]
 assert make_subreaper()
 child = subprocess.Popen(["sleep", "30"])
@@ -32,7 +32,7 @@ print(json.dumps(said))
 #: an ended child not yet waited for counts: it is looked at, never reaped (subprocess still waits it)
 _A_CHILD_NOT_YET_WAITED_FOR = r"""
 import json, subprocess, sys, time
-from agent_runner.runner import no_child_left
+from agent_runner.reaped import no_child_left
 child = subprocess.Popen(["true"])
 time.sleep(0.5)
 first = no_child_left()
@@ -43,7 +43,7 @@ print(json.dumps([first, child.wait(), no_child_left()]))
 _AN_ORPHAN_STAYS_A_CHILD = r"""
 import json, subprocess, sys
 from agent_runner.privs import make_subreaper
-from agent_runner.runner import leave_reaped_mark, no_child_left
+from agent_runner.reaped import leave_reaped_mark, no_child_left
 assert make_subreaper()
 subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 &"], check=True)
 print(json.dumps([no_child_left(), leave_reaped_mark(sys.argv[1], True)]))
@@ -53,7 +53,7 @@ print(json.dumps([no_child_left(), leave_reaped_mark(sys.argv[1], True)]))
 _ASKED = r"""
 import json, sys
 from agent_runner.privs import make_subreaper
-from agent_runner.runner import leave_reaped_mark
+from agent_runner.reaped import leave_reaped_mark
 path, own, reaper = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
 if reaper:
     assert make_subreaper()
