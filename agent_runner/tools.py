@@ -157,11 +157,12 @@ class ToolBox:
             raise ValueError(f"path {raw!r} is outside the workspace")
         return resolved
 
-    def _open_beneath(self, path: Path, flags: int, *, make_parents: bool = False) -> int:
+    def _open_beneath(self, path: Path, flags: int, *, make_parents: bool = False, regular: bool = False) -> int:
         """A descriptor of ``path`` (``_path``'s: inside the workspace, no link in it), opened from the
         workspace one name at a time and never through a link. The runner may be root and the
         attempt's processes run meanwhile: a name they turn into a link after ``_path`` looked is
-        refused here (ELOOP, ENOTDIR), not followed out of the workspace."""
+        refused here (ELOOP, ENOTDIR), not followed out of the workspace. ``regular``: anything but a
+        regular file is refused (opened with ``O_NONBLOCK``: a FIFO is never waited on)."""
         names = path.relative_to(self.workspace).parts
         fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -170,10 +171,12 @@ class ToolBox:
                 if make_parents and not last:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(name, 0o777, dir_fd=fd)
-                how = flags if last else os.O_RDONLY | os.O_DIRECTORY
+                how = (flags | (os.O_NONBLOCK if regular else 0)) if last else os.O_RDONLY | os.O_DIRECTORY
                 nfd = os.open(name, how | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=fd)
                 os.close(fd)
                 fd = nfd
+            if regular and not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{str(path.relative_to(self.workspace))!r} is not a regular file")
         except BaseException:
             os.close(fd)
             raise
@@ -182,11 +185,7 @@ class ToolBox:
     def _read_file(self, args: JSONObject) -> ToolResult:
         try:
             path = self._path(args.get("path"))
-            # non-blocking: a FIFO made in the workspace is refused, never waited on
-            fd = self._open_beneath(path, os.O_RDONLY | os.O_NONBLOCK)
-            with os.fdopen(fd, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise OSError(f"{args.get('path')!r} is not a regular file")
+            with os.fdopen(self._open_beneath(path, os.O_RDONLY, regular=True), "rb") as handle:
                 data = handle.read(MAX_OUTPUT_BYTES + 1)
         except ValueError as exc:
             return _error(f"read_file: {exc}")
@@ -200,10 +199,8 @@ class ToolBox:
             return _error("write_file: 'content' must be a string")
         try:
             path = self._path(args.get("path"))
-            fd = self._open_beneath(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK, make_parents=True)
+            fd = self._open_beneath(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True, regular=True)
             with os.fdopen(fd, "wb") as handle:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise OSError(f"{args.get('path')!r} is not a regular file")
                 handle.write(content.encode("utf-8"))
         except ValueError as exc:
             return _error(f"write_file: {exc}")
