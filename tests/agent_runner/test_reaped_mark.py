@@ -108,6 +108,20 @@ def test_the_mark_is_never_made_through_a_link(tmp_path: Path) -> None:
     assert (tmp_path / "mark").is_file() and not (tmp_path / "mark").is_symlink()
 
 
+def _run_one_passing(suite: Path, ws: Path, mark: Path) -> str:
+    """Run the one-task ``suite`` as a replay lays out ``ws`` (``out``, ``work``), asking for ``mark``;
+    its attempt passes. The run's isolation level, as its fingerprint says it."""
+    out = ws / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out", str(out),
+         "--workspace-root", str(ws / "work"), "--host", "h", "--reaped", str(mark)],
+        env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [row] = records(out / "results.jsonl")
+    assert row["verdict"] == "pass", (row.get("why"), done.stderr[-600:])
+    return str(json.loads((out / "fingerprint.json").read_text())["isolation"])
+
+
 @pytest.mark.root
 def test_a_root_runner_marks_its_end_and_its_attempt_cannot_forge_the_mark(tmp_path: Path) -> None:
     """As the replay lays it out: the workspace's top directory root's (0711), the mark in it. The
@@ -122,16 +136,8 @@ def test_a_root_runner_marks_its_end_and_its_attempt_cannot_forge_the_mark(tmp_p
     m = shlex.quote(str(mark))
     forge = f'if ( : > {m} ) 2>/dev/null || mkdir {m} 2>/dev/null; then echo forged; exit 1; fi\nexit 0\n'
     suite = predicate_suite(tmp_path, forge, tasks=1)
-    out = ws / "out"
-    done = subprocess.run(
-        [sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out", str(out),
-         "--workspace-root", str(ws / "work"), "--host", "h", "--reaped", str(mark)],
-        env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    fingerprint = json.loads((out / "fingerprint.json").read_text())
-    assert fingerprint["isolation"].endswith("pidns+uid"), fingerprint["isolation"]
-    [row] = records(out / "results.jsonl")
-    assert row["verdict"] == "pass", (row.get("why"), done.stderr[-600:])
+    isolation = _run_one_passing(suite, ws, mark)
+    assert isolation.endswith("pidns+uid"), isolation
     assert mark.is_file() and mark.stat().st_uid == 0
 
 
@@ -148,12 +154,5 @@ def test_an_attempt_without_a_uid_of_its_own_leaves_no_mark(tmp_path: Path) -> N
     mark = ws / "reaped"
     mark.write_text("made before")
     suite = predicate_suite(private, "exit 0\n", tasks=1)
-    out = ws / "out"
-    done = subprocess.run(
-        [sys.executable, "-m", "agent_runner", "run", "--suite", str(suite), "--out", str(out),
-         "--workspace-root", str(ws / "work"), "--host", "h", "--reaped", str(mark)],
-        env=clean_env(), cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    [row] = records(out / "results.jsonl")
-    assert row["verdict"] == "pass", (row.get("why"), done.stderr[-600:])
+    _run_one_passing(suite, ws, mark)
     assert not mark.exists()
