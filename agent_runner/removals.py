@@ -31,12 +31,19 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=retry)
 
 
+#: file systems whose removals wait on no disk (``fingerprint.filesystem_of``'s names)
+IN_MEMORY = frozenset({"tmpfs", "ramfs"})
+
+
 class Removals:
     """Attempt directories removed beside the attempts that follow, on a few threads of their own.
 
-    A removal mostly waits on the disk, not the CPU: a file system that discards each block it frees at
-    once (ext4 mounted ``discard`` without a journal, as on some VMs) waits milliseconds per directory,
-    and an attempt has five. Only a directory whose every file is its attempt's own uid's is handed
+    A removal on a disk mostly waits on it, not on the CPU: a file system that discards each block it
+    frees at once (ext4 mounted ``discard`` without a journal, as on some VMs) waits milliseconds per
+    directory, and an attempt has five. In memory (``beside=False``: a root runner's tmpfs, see
+    ``attempt_memory``) nothing waits, and a thread beside the attempts would only take turns with them
+    on the interpreter's lock, handed over at each of its system calls: dearer than the removal itself,
+    so the directory is removed at once. Only a directory whose every file is its attempt's own uid's is handed
     here (``pidns+uid``): mode 700 to that uid, whose processes are all gone with its namespace, and
     the uid is given to no other attempt until the directory is gone (``done``). Every removal has
     ended before the run's leftovers are looked for (``wait``). Plain threads and a queue, not
@@ -44,7 +51,8 @@ class Removals:
 
     WORKERS = 8
 
-    def __init__(self) -> None:
+    def __init__(self, beside: bool = True) -> None:
+        self.beside = beside
         self._todo: "queue.SimpleQueue[Optional[Tuple[Path, Callable[[], None]]]]" = queue.SimpleQueue()
         self._threads: List[threading.Thread] = []
         self._lock = threading.Lock()
@@ -55,31 +63,36 @@ class Removals:
     def remove(self, path: Path, done: Callable[[], None]) -> None:
         with self._lock:
             self._open += 1
-            if self._open > len(self._threads) and len(self._threads) < self.WORKERS:
+            if self.beside and self._open > len(self._threads) and len(self._threads) < self.WORKERS:
                 thread = threading.Thread(target=self._work, name="remove", daemon=True)
                 self._threads.append(thread)
                 thread.start()
-        self._todo.put((path, done))
+        if self.beside:
+            self._todo.put((path, done))
+        else:
+            self._remove(path, done)
 
     def _work(self) -> None:
         while True:
             item = self._todo.get()
             if item is None:
                 return
-            path, done = item
-            errors: List[BaseException] = []
-            try:
-                remove_tree(path)
-            except BaseException as exc:  # noqa: B036 (raised again by ``wait``)
-                errors.append(exc)
-            try:  # its uid is free again whatever happened
-                done()
-            except BaseException as exc:  # noqa: B036
-                errors.append(exc)
-            with self._lock:
-                self._errors += errors
-                self._open -= 1
-                self._ended.notify_all()
+            self._remove(*item)
+
+    def _remove(self, path: Path, done: Callable[[], None]) -> None:
+        errors: List[BaseException] = []
+        try:
+            remove_tree(path)
+        except BaseException as exc:  # noqa: B036 (raised again by ``wait``)
+            errors.append(exc)
+        try:  # its uid is free again whatever happened
+            done()
+        except BaseException as exc:  # noqa: B036
+            errors.append(exc)
+        with self._lock:
+            self._errors += errors
+            self._open -= 1
+            self._ended.notify_all()
 
     def wait(self) -> None:
         """Block until every removal handed over so far has ended; raise the first one's error."""

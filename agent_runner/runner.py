@@ -4,8 +4,8 @@ Per attempt: a fresh workspace (a copy of the task's repo/, or empty) under the 
 TMPDIR pointed at empty directories of the attempt, only the allowlisted environment, the agent under
 the runner's budget, the predicate run from a pristine copy of run_tests.sh, golden scoring and the
 contract check, one trace and one results.jsonl row. The attempt's directory is removed afterwards,
-whatever happened: beside the next attempts when its files are its own uid's (``Removals``), else before
-the next attempt starts; every one is gone before the run ends.
+whatever happened: beside the next attempts when its files are its own uid's and on a disk (``Removals``),
+else before the next attempt starts; every one is gone before the run ends.
 
 Exit: 0 every attempt ran (verdicts are data), 2 bad input or a visible secret-shaped key, 3 the
 runner itself failed (an attempt raised, or a workspace could not be removed).
@@ -41,7 +41,7 @@ from .reaped import leave_reaped_mark
 from .recordclass import dataclass
 from .records import EvidenceCut, Fingerprint, ResultRow
 from .redact import redact, redact_text, secret_env_keys
-from .removals import Removals, remove_tree
+from .removals import IN_MEMORY, Removals, remove_tree
 from .sandbox import (
     NONE,
     PIDNS_UID,
@@ -181,7 +181,7 @@ class Runner:
         self.stray_watch: Optional[StrayWatch] = None
         if self.isolation == PIDNS_UID:
             self.stray_watch = stray_walk() if stray_walk is not None else StrayWatch(self.home)
-        self.removals = Removals()
+        self.removals = Removals(beside=fingerprint.cwd_fs not in IN_MEMORY)  # a disk's waits, not memory's
         self._pins: Dict[str, Dict[str, Any]] = {}
 
     def bundle_check(self, task_id: str) -> None:

@@ -1,11 +1,14 @@
 """An attempt's directory removed beside the attempts that follow (``removals.Removals``) leaves what the
 plain removal before the next attempt left: the same results, nothing in the workspace root, and no
-attempt ever given the uid of a directory still there."""
+attempt ever given the uid of a directory still there. In memory, where a removal waits on no disk, it
+is removed at once, on no thread of its own."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 
 from agent_runner import removals, runner
 from agent_runner.errors import RunnerError
+from agent_runner.fingerprint import filesystem_of
 from agent_runner.runner import RunOptions, run_suite
 from tests.support.runner import passable_to_attempts, records, write_suite
 
@@ -51,6 +55,11 @@ def _plain(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
+def _on_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workspace root counted as a disk's whatever file system the test's temporary directory is on."""
+    monkeypatch.setattr(runner, "IN_MEMORY", frozenset())
+
+
 def _slowed(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     real = removals.remove_tree
 
@@ -68,6 +77,7 @@ def test_deferred_removal_gives_the_results_and_the_empty_root_of_the_plain_one(
     _suite(tmp_path)
     with _plain(monkeypatch):
         plain = _run(tmp_path, "plain")
+    _on_disk(monkeypatch)
     _slowed(monkeypatch, 0.2)  # removals still running while the next attempts run
     deferred = _run(tmp_path, "deferred")
     assert deferred == plain
@@ -78,6 +88,7 @@ def test_deferred_removal_gives_the_results_and_the_empty_root_of_the_plain_one(
 def test_no_attempt_gets_the_uid_of_a_directory_still_being_removed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _suite(tmp_path)
+    _on_disk(monkeypatch)
     _slowed(monkeypatch, 0.3)
     ws = tmp_path / "ws-uids"
     pending: list[int] = []
@@ -100,9 +111,41 @@ def test_no_attempt_gets_the_uid_of_a_directory_still_being_removed(
 
 
 @pytest.mark.root
-def test_a_directory_that_cannot_be_removed_is_the_runners_error(
+def test_in_memory_each_directory_is_removed_at_once_with_the_plain_results(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert filesystem_of("/dev/shm") == "tmpfs", "this test needs /dev/shm to be a tmpfs"
     _suite(tmp_path)
+    with _plain(monkeypatch):
+        plain = _run(tmp_path, "plain")
+    made: list[removals.Removals] = []
+    real_init = removals.Removals.__init__
+
+    def init(self: removals.Removals, beside: bool = True) -> None:
+        real_init(self, beside)
+        made.append(self)
+
+    monkeypatch.setattr(removals.Removals, "__init__", init)
+    mem = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        (tmp_path / "ws-mem").symlink_to(mem)  # resolved by the runner: its workspace root is in memory
+        in_memory = _run(tmp_path, "mem")
+    finally:
+        shutil.rmtree(mem)
+    where = ("fingerprint", "env_sha")  # the file system's type is part of both
+    assert [{k: v for k, v in r.items() if k not in where} for r in in_memory] == \
+        [{k: v for k, v in r.items() if k not in where} for r in plain]
+    assert [(r.beside, r._threads) for r in made] == [(False, [])]
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("on_disk", [True, False], ids=["beside", "in-memory"])
+def test_a_directory_that_cannot_be_removed_is_the_runners_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_disk: bool) -> None:
+    _suite(tmp_path)
+    if on_disk:
+        _on_disk(monkeypatch)
+    else:
+        monkeypatch.setattr(runner, "IN_MEMORY", frozenset({filesystem_of(str(tmp_path))}))
     real = removals.remove_tree
 
     def refuse(path: Path) -> None:
