@@ -124,8 +124,14 @@ def migrate_tool_calls_document(doc: Mapping[str, JSONValue], path: str, problem
     return turns
 
 
+#: per record class, the keys its fields read (and "type"): built at its first record, not at every one
+_READ_KEYS: Dict[Any, "frozenset[str]"] = {}
+
+
 def _extra(obj: Mapping[str, JSONValue], known: Any) -> JSONObject:
-    names = {f.name for f in fields(known)} | {"type"}
+    names = _READ_KEYS.get(known)
+    if names is None:
+        names = _READ_KEYS[known] = frozenset({f.name for f in fields(known)} | {"type"})
     return {k: v for k, v in obj.items() if k not in names}
 
 

@@ -4,6 +4,7 @@ workspace, hosts that are one machine)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,11 @@ MAX_LEAK_MESSAGE = 400
 
 def _flat_pins(pins: Mapping[str, Any]) -> dict[str, str]:
     return {key: leaf_text(leaf) for key, leaf in flatten(dict(pins)).items()}
+
+
+def _pins_text(pins: Mapping[str, Any]) -> str:
+    """Pins as JSON with sorted keys: equal texts flatten equal (``1``, ``1.0`` and ``true`` stay apart)."""
+    return json.dumps(pins, sort_keys=True)
 
 
 def burn_findings(run: Run) -> list[BurnFinding]:
@@ -144,8 +150,10 @@ def _pin_reasons(
         seq = sorted(by_task.get(task, []), key=lambda s: (s.host != reference, s.attempt))
         if not seq:
             continue
-        base = _flat_pins(seq[0].pins or {})
+        base, base_text = _flat_pins(seq[0].pins or {}), _pins_text(seq[0].pins or {})
         for s in seq[1:]:
+            if _pins_text(s.pins or {}) == base_text:  # the same JSON: no pin can differ
+                continue
             pins = _flat_pins(s.pins or {})
             for pin in sorted(base.keys() | pins.keys()):
                 if base.get(pin) != pins.get(pin):

@@ -77,6 +77,18 @@ def test_nested_budget_pin_differs(tmp_path):
     assert report.invalid_reasons == ["pins differ: budget.max_steps on box-b (tasks: t1)"]
 
 
+@pytest.mark.parametrize("there", [True, 1.0], ids=["true", "1.0"])
+def test_a_pin_equal_in_python_but_not_in_json_differs(tmp_path, there):
+    # 1 == True == 1.0 in Python; as pins (JSON) they are three different values
+    here, other = json.loads(json.dumps(PINS)), json.loads(json.dumps(PINS))
+    here["budget"]["max_steps"], other["budget"]["max_steps"] = 1, there
+    attempts = {("local", t, 0): Attempt("pass", pins=here) for t in ("t1", "t2")}
+    attempts[("box-b", "t1", 0)] = Attempt("pass", pins=here)
+    attempts[("box-b", "t2", 0)] = Attempt("pass", pins=other)
+    report = analyse_run(build_run(tmp_path, _spec(attempts=attempts)))
+    assert report.invalid_reasons == ["pins differ: budget.max_steps on box-b (tasks: t2)"]
+
+
 def test_trace_holding_the_other_hosts_hostname_is_a_leak(tmp_path):
     # box-b's agent put the reference host's name into an argument: box-b's own check cannot see it
     leaky = [("http_get_health", {"url": "http://devbox-ref:8080/health"})]
