@@ -80,19 +80,30 @@ class Removals:
             self._remove(*item)
 
     def _remove(self, path: Path, done: Callable[[], None]) -> None:
+        """Remove ``path``, then ``done()``; what failed is ``wait``'s to raise. On the attempts' own
+        thread (in memory) a signal's exception (Ctrl-C, the run's SIGTERM) goes on up once the removal
+        is finished and accounted for: the run ends with the directory gone, as between two attempts."""
         errors: List[BaseException] = []
         try:
             remove_tree(path)
-        except BaseException as exc:  # noqa: B036 (raised again by ``wait``)
+        except Exception as exc:
             errors.append(exc)
-        try:  # its uid is free again whatever happened
-            done()
-        except BaseException as exc:  # noqa: B036
-            errors.append(exc)
-        with self._lock:
-            self._errors += errors
-            self._open -= 1
-            self._ended.notify_all()
+        except BaseException:
+            try:  # what the signal cut short (a second signal ends this too)
+                remove_tree(path)
+            except Exception as exc:
+                errors.append(exc)
+            raise
+        finally:
+            try:  # its uid is free again whatever happened
+                done()
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                with self._lock:
+                    self._errors += errors
+                    self._open -= 1
+                    self._ended.notify_all()
 
     def wait(self) -> None:
         """Block until every removal handed over so far has ended; raise the first one's error."""

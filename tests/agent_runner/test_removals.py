@@ -157,3 +157,32 @@ def test_a_directory_that_cannot_be_removed_is_the_runners_error(
     with pytest.raises(RunnerError, match="could not be removed.*fails.1"):
         run_suite(RunOptions(suite=str(tmp_path / "suite"), out=str(tmp_path / "out"),
                              workspace_root=str(tmp_path / "ws-err"), run_id="r", host="h"))
+
+
+
+def test_a_signal_during_a_removal_in_memory_ends_the_run_with_the_removal_accounted_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # in memory the removal runs on the attempts' thread, where Ctrl-C and the run's SIGTERM are raised:
+    # it goes on up (the run ends) once the directory is gone, its uid freed, the run's end waiting on nothing
+    real = removals.remove_tree
+    calls: list[Path] = []
+
+    def interrupted_once(path: Path) -> None:
+        calls.append(path)
+        if len(calls) == 1:
+            (path / "half").unlink()  # cut short part of the way
+            raise KeyboardInterrupt
+        real(path)
+
+    monkeypatch.setattr(removals, "remove_tree", interrupted_once)
+    attempt = tmp_path / "attempt"
+    (attempt / "work").mkdir(parents=True)
+    (attempt / "half").write_text("x")
+    (attempt / "work" / "left").write_text("x")
+    freed: list[str] = []
+    in_memory = removals.Removals(beside=False)
+    with pytest.raises(KeyboardInterrupt):
+        in_memory.remove(attempt, lambda: freed.append("uid"))
+    assert not attempt.exists() and freed == ["uid"]
+    in_memory.wait()  # nothing open, nothing recorded: the interruption is the run's, not a removal's error
+    in_memory.close()
