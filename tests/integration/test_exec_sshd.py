@@ -262,7 +262,13 @@ def test_an_exec_agents_model_is_held_streamed_answers_and_all(
     run_dir = out.run_dir.path
     rows = read_jsonl(run_dir / "results.jsonl")
     assert sorted((r["env"], r["verdict"]) for r in rows) == [("box-a", "pass")] * 3 + [("local", "pass")] * 3
-    assert len(provider.requests) == 3 * 3  # the reference's three attempts only; box-a asked nothing
+    # box-a asked nothing: every request the provider got is one of the reference's own attempts at a
+    # call (3 calls in each of its 3 attempts, and any retry a loaded machine made of one)
+    asked = {h: [len(c["attempts"]) for a in range(3)
+                 for c in read_jsonl(run_dir / "hosts" / h / "traces" / f"answer.{a}.jsonl")[-1]["model"]["calls"]]
+             for h in ("local", "box-a")}
+    assert len(asked["local"]) == 9 and min(asked["local"]) >= 1 and asked["box-a"] == [0] * 9, asked
+    assert len(provider.requests) == sum(asked["local"]), asked
     hold = json.loads((run_dir / "model_hold.json").read_text())
     assert hold["held"] == {"box-a": {"answer.0": 3, "answer.1": 3, "answer.2": 3}} and hold["divergences"] == []
     for attempt in range(3):
