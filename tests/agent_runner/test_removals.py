@@ -9,6 +9,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -125,7 +126,17 @@ def test_in_memory_each_directory_is_removed_at_once_with_the_plain_results(
         made.append(self)
 
     monkeypatch.setattr(removals.Removals, "__init__", init)
+    removed_paths: list[Path] = []
+    real_remove = removals.Removals._remove
+
+    def remove_now(self: removals.Removals, path: Path, done: Callable[[], None]) -> None:
+        assert threading.current_thread() is threading.main_thread(), "removed on a thread of its own"
+        removed_paths.append(path)
+        real_remove(self, path, done)
+
+    monkeypatch.setattr(removals.Removals, "_remove", remove_now)
     mem = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    mem.chmod(0o711)  # passable: the attempts run as uids of their own, so their directories go to ``Removals``
     try:
         (tmp_path / "ws-mem").symlink_to(mem)  # resolved by the runner: its workspace root is in memory
         in_memory = _run(tmp_path, "mem")
@@ -135,6 +146,7 @@ def test_in_memory_each_directory_is_removed_at_once_with_the_plain_results(
     assert [{k: v for k, v in r.items() if k not in where} for r in in_memory] == \
         [{k: v for k, v in r.items() if k not in where} for r in plain]
     assert [(r.beside, r._threads) for r in made] == [(False, [])]
+    assert len(removed_paths) == 6 and all(p.parent == mem for p in removed_paths), removed_paths  # every attempt's
 
 
 @pytest.mark.root
