@@ -61,16 +61,18 @@ class Removals:
         self._errors: List[BaseException] = []
 
     def remove(self, path: Path, done: Callable[[], None]) -> None:
+        if not self.beside:  # in memory: nothing to wait on, so removed at once
+            with self._lock:
+                self._open += 1
+            self._remove(path, done)
+            return
         with self._lock:
             self._open += 1
-            if self.beside and self._open > len(self._threads) and len(self._threads) < self.WORKERS:
+            if self._open > len(self._threads) and len(self._threads) < self.WORKERS:
                 thread = threading.Thread(target=self._work, name="remove", daemon=True)
                 self._threads.append(thread)
                 thread.start()
-        if self.beside:
-            self._todo.put((path, done))
-        else:
-            self._remove(path, done)
+        self._todo.put((path, done))
 
     def _work(self) -> None:
         while True:
