@@ -71,6 +71,10 @@ def _codex(home: Path, base: str, token: str, server: McpServerConfig, model: st
 _BOOT = "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module('agent_runner', run_name='__main__', alter_sys=True)"
 
 
+#: the skills Gemini CLI 0.61.0 ships in its bundle (bundle/builtin/<name>/SKILL.md)
+GEMINI_BUILTIN_SKILLS = ("antigravity-support", "skill-creator")
+
+
 def _gemini(home: Path, base: str, token: str, server: McpServerConfig, model: str) -> Dict[str, str]:
     # without selectedType = gemini-api-key, Gemini CLI ignores GOOGLE_GEMINI_BASE_URL and asks for a
     # login; it refuses to set PYTHONPATH for an MCP server, so the server is told its path otherwise
@@ -78,7 +82,10 @@ def _gemini(home: Path, base: str, token: str, server: McpServerConfig, model: s
     args = list(server["args"])
     if args[:2] == ["-m", "agent_runner"] and "PYTHONPATH" in env:
         args = ["-c", _BOOT, env.pop("PYTHONPATH"), *args[2:]]
+    # its two built-in skills are listed in every prompt in the order its file walk happens to finish,
+    # so two hosts' first requests could differ by that order alone (a held model: a divergence)
     settings = {"security": {"auth": {"selectedType": "gemini-api-key"}},
+                "skills": {"disabled": list(GEMINI_BUILTIN_SKILLS)},
                 "mcpServers": {"crosshost": {"command": server["command"], "args": args, "env": env}}}
     _write(home / ".gemini" / "settings.json", json.dumps(settings, indent=2) + "\n")
     # GEMINI_CLI_TRUST_WORKSPACE: headless in a folder it has not been told to trust

@@ -53,6 +53,8 @@ def test_gemini_cli_settings_select_the_api_key_and_start_the_server_without_pyt
     env = PRESETS["gemini-cli"].configure(tmp_path, BASE, "crosshost-t", SERVER, "m1")
     settings = json.loads((tmp_path / ".gemini" / "settings.json").read_text())
     assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+    # the CLI's built-in skills, listed in its prompt in no fixed order, are off: every host's prompt is the same
+    assert sorted(settings["skills"]["disabled"]) == ["antigravity-support", "skill-creator"]
     server = settings["mcpServers"]["crosshost"]
     assert "PYTHONPATH" not in server["env"] and server["args"][2:] == ["/opt/runner.pyz", "mcp", "--task", "t"]
     # the boot line puts that path first and runs the runner's module with the rest as its arguments

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agent_runner.presets import PRESETS
+from agent_runner.presets import GEMINI_BUILTIN_SKILLS, PRESETS
 from orchestrator.commands.explain import ExplainRequest, explain
 from orchestrator.commands.replay import ReplayRequest, replay
 from orchestrator.store.jsonl import read_jsonl
@@ -117,6 +117,12 @@ def test_each_cli_passes_a_two_tool_task_on_every_host_held_with_the_key_at_home
     # sent the same body again, which the provider answers alike: counted once
     bodies = {json.dumps(r.body, sort_keys=True) for r in provider.requests}
     assert len(bodies) == len(script), [r.path for r in provider.requests]
+    if preset == "gemini-cli":
+        # the CLI's built-in skills, which its prompt would list in the order its file walk finishes,
+        # are the ones the preset turns off, and no request names any of them
+        shipped = Path(cli("gemini-cli")).parent / "builtin"
+        assert sorted(p.name for p in shipped.iterdir()) == sorted(GEMINI_BUILTIN_SKILLS)
+        assert not [n for n in GEMINI_BUILTIN_SKILLS for b in bodies if n in b]
     assert {r.headers.get("x-goog-api-key") or r.headers.get("authorization") for r in provider.requests} == {
         key if preset == "gemini-cli" else f"Bearer {key}"}
     for host in ("local", *HOSTS):
