@@ -171,7 +171,6 @@ def test_a_directory_that_cannot_be_removed_is_the_runners_error(
                              workspace_root=str(tmp_path / "ws-err"), run_id="r", host="h"))
 
 
-
 def test_a_signal_during_a_removal_in_memory_ends_the_run_with_the_removal_accounted_for(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # in memory the removal runs on the attempts' thread, where Ctrl-C and the run's SIGTERM are raised:
