@@ -132,6 +132,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             from .privs import make_subreaper
 
             make_subreaper()
+            from .zygote import start_forks
+
+            start_forks()  # before any thread: the zygotes are forks of this small process's
         detect_soon()  # the isolation probe's processes run while the runner is imported
         from .runner import RunOptions, run_suite
 

@@ -30,7 +30,8 @@ def leave_reaped_mark(path: str, own_uids: bool) -> bool:
     """Make ``path`` (a new file) when no process of any attempt can be left, and only then (a file of
     that name made by anyone else is removed first). ``own_uids``: the run was ``pidns+uid`` and every
     attempt ran as a uid of its own. Every process such an attempt started is in a PID namespace whose
-    init is this runner's child (its own fork, or a zygote) or, through a holder, was its child's child,
+    init is this runner's child (its own fork, or a zygote) or its child's child (through a holder, or a
+    zygote forked by the runner's first fork, which the run's end waits for),
     and the kernel ends every process of a namespace before its init can be waited for. As root the
     runner is its descendants' subreaper (``make_subreaper``): an orphan becomes its child, not init's.
     So once this runner has no child left, none is. The workspace's removal then does not scan the

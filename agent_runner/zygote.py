@@ -8,7 +8,14 @@ namespace of the slot), untraced, with no model forward. Anything else, and a pr
 its thread's zygote is busy (a command agent's tool), goes through the per-process path
 (``sandbox.Started``). Each thread has its own zygotes (one with a network namespace, one without):
 a slot's attempts run on one thread, and a zygote dies with the thread that started it (its
-parent-death signal), or with ``close_all``. Standard library only, Python 3.9.
+parent-death signal), or with ``close_all``.
+
+A root runner forks its zygotes from a fork of its own made at its start, before it has any thread
+(``start_forks``): a zygote is then a fork of that small process, not an interpreter started and
+its modules imported again (about ten milliseconds of CPU a run on every host), and never the fork
+of a process with threads (whose locks another thread may hold). A zygote made so dies with that
+fork, which dies with the runner (parent-death signals both). Elsewhere the runner's fork execs
+``python -I -S`` and imports ``zygote_init``. Standard library only, Python 3.9.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import privs
 from .zygote_init import decode, encode, recv_fds, send_fds
@@ -33,11 +40,17 @@ _all: List["Zygote"] = []
 _all_lock = threading.Lock()
 
 
+def _status(field: str, base: int) -> Optional[int]:
+    """A number of this process's ``/proc/self/status`` (None where it cannot be read)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith(field + ":")).split()[1], base)
+    return None
+
+
 def _read_umask() -> int:
     """This process's umask, read without changing it (a change would race with other threads)."""
-    with contextlib.suppress(OSError, ValueError, StopIteration), open("/proc/self/status") as f:
-        return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
-    return 0o022
+    umask = _status("Umask", 8)
+    return 0o022 if umask is None else umask
 
 
 #: the runner's umask, read when it starts (before any thread could change it for a moment)
@@ -78,6 +91,12 @@ class Zygote:
         self.busy = False
         self.broken = False
         self._lock = threading.Lock()
+        self.proc: Union[subprocess.Popen[bytes], _Forked]
+        if _forks is not None and _forks.usable:
+            self.proc, self.ctl = _forks.zygote(net)
+            with _all_lock:
+                _all.append(self)
+            return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         from . import pins  # here: the sandbox (and its isolation probe) loads without the suite's modules
 
@@ -216,8 +235,201 @@ def prestart(net: bool) -> None:
 
 
 def close_all() -> None:
-    """End every zygote of this process (a run's end): each kills its namespace's processes with it."""
+    """End every zygote of this process (a run's end): each kills its namespace's processes with it;
+    then the fork that made them, which is waited for (a runner that has no child left has none)."""
+    global _forks
     with _all_lock:
         every = list(_all)
     for z in every:
         z.discard()
+    if _forks is not None:
+        _forks.close()
+        _forks = None
+
+
+class _Forked:
+    """A zygote ``_Forks`` made, as ``Zygote`` uses a ``subprocess.Popen``: not this process's child (the
+    fork that made it reaps it), so seen and signalled through its pidfd, never by its pid."""
+
+    def __init__(self, pid: int, pidfd: int) -> None:
+        self.pid = pid
+        self.pidfd = pidfd
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and select.select([self.pidfd], [], [], 0)[0]:
+            self.returncode = -signal.SIGKILL  # ended (how is for its parent to know)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            select.select([self.pidfd], [], [])
+            self.returncode = -signal.SIGKILL
+        with contextlib.suppress(OSError):
+            os.close(self.pidfd)
+        return self.returncode
+
+
+class _Forks:
+    """The runner's end of the fork that makes its zygotes (``start_forks``): one request at a time."""
+
+    def __init__(self, pid: int, ctl: socket.socket) -> None:
+        self.pid = pid
+        self.ctl = ctl
+        self.usable = True
+        self._lock = threading.Lock()
+
+    def zygote(self, net: bool) -> Tuple[_Forked, socket.socket]:
+        """A new zygote and the runner's end of its control socket; OSError when none was made."""
+        with self._lock:
+            try:
+                self.ctl.send(encode({"net": net}))
+                msg, fds = recv_fds(self.ctl)
+            except OSError:
+                msg, fds = b"", []
+            if not msg:
+                self.usable = False  # gone: every later zygote starts the exec'd way
+                raise OSError("the zygotes' fork has ended")
+            said = decode(msg)
+            if len(fds) != 2:
+                for fd in fds:
+                    os.close(fd)
+                raise OSError(f"cannot make a zygote: {said.get('error', 'no reply')}")
+            return _Forked(int(said["pid"]), fds[1]), socket.socket(fileno=fds[0])
+
+    def close(self) -> None:
+        """Its end: it kills and reaps the zygotes it made, exits, and is waited for."""
+        with contextlib.suppress(OSError):
+            self.ctl.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+#: the fork that makes this runner's zygotes (``start_forks``), if any
+_forks: Optional[_Forks] = None
+
+
+
+
+def start_forks() -> None:
+    """Fork the process that makes this runner's zygotes, now: a root runner on Linux, at its start,
+    before any thread (none is made where this process has one already, or cannot make a PID namespace
+    and come back from it: its zygotes then start the exec'd way). It holds nothing the runner reads
+    later (the suite, the attempts' environments and files)."""
+    global _forks
+    if (_forks is not None or not ENABLED or os.geteuid() != 0 or not hasattr(os, "pidfd_open")
+            or _status("Threads", 10) != 1 or not privs._PidNamespace.usable()):
+        return
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # never returns into the runner
+        code = 1
+        try:
+            ours.close()
+            _serve_forks(theirs, parent)
+            code = 0
+        except BaseException as exc:  # noqa: B036
+            with contextlib.suppress(OSError):
+                os.write(2, f"crosshost zygotes' fork: {exc}\n".encode())
+        finally:
+            os._exit(code)
+    theirs.close()
+    _forks = _Forks(pid, ours)
+
+
+def _serve_forks(ctl: socket.socket, parent: int) -> None:
+    """The fork's loop: a zygote for each request, until the runner closes its end (or dies: the
+    parent-death signal); then it kills and reaps the zygotes it made."""
+    libc = privs.libc()
+    privs._check(libc.prctl(privs._PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "parent-death signal")
+    if os.getppid() != parent:
+        return  # the runner is gone already
+    privs._check(libc.prctl(privs._PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
+    for sig in privs._handled_signals():
+        signal.signal(sig, signal.SIG_DFL)  # a handler of the runner's would run the runner's code
+    os.environ.clear()  # the runner's: the processes of a zygote get theirs from each request
+    os.chdir("/")  # no workspace kept busy
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)  # not the run's output, whose reader would wait for this process too
+    os.close(null)
+    made: List[int] = []
+    while True:
+        msg = ctl.recv(1024)
+        if not msg:
+            break
+        for pid in list(made):  # the ones the runner has discarded since
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    made.remove(pid)
+        try:
+            pid, theirs = _fork_zygote(bool(decode(msg).get("net")), ctl)
+        except OSError as exc:
+            ctl.send(encode({"error": str(exc)}))
+            continue
+        made.append(pid)
+        try:
+            pidfd = os.pidfd_open(pid)
+            try:
+                send_fds(ctl, encode({"pid": pid}), [theirs.fileno(), pidfd])
+            finally:
+                os.close(pidfd)
+        finally:
+            theirs.close()
+    for pid in made:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in made:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def _fork_zygote(net: bool, forks_ctl: socket.socket) -> Tuple[int, socket.socket]:
+    """Fork a zygote and set it up as ``_Prepare`` sets up the exec'd one (the first process of a new
+    PID namespace, with a mount namespace and at ``net`` a network namespace of its own, dying with this
+    fork), in a session of its own; its pid and the runner's end of its control socket, once ready."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ready_r, ready_w = os.pipe()
+    prepare = _Prepare(net)
+    try:
+        with privs._PidNamespace.for_children():
+            pid = os.fork()
+            if pid == 0:  # never leaves this block: its exit would take the namespace back
+                try:
+                    os.close(ready_r)
+                    theirs_fd = theirs.detach()
+                    ours.close()
+                    forks_ctl.close()
+                    os.setsid()
+                    prepare()
+                    os.write(ready_w, b"1")
+                    os.close(ready_w)
+                    from .zygote_init import serve
+
+                    serve(theirs_fd, net)
+                except BaseException as exc:  # noqa: B036
+                    with contextlib.suppress(OSError):
+                        os.write(2, f"crosshost zygote: {exc}\n".encode())
+                finally:
+                    os._exit(1)
+        os.close(ready_w)
+        ready_w = -1
+        if os.read(ready_r, 1) != b"1":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            raise OSError("the zygote could not be set up")
+        return pid, ours
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)

@@ -2,8 +2,9 @@
 made once per slot, which starts every process of that slot's attempts in turn and clears the
 namespaces after each.
 
-Started by the runner (``zygote.Zygote``) as ``python -I -S`` in namespaces the runner's fork made
-(a fresh /proc; at ``netns+`` only a loopback, up), root, pid 1, not dumpable, dying with the runner
+Forked by a fork the runner made at its start (``zygote.start_forks``), or started by the runner
+(``zygote.Zygote``) as ``python -I -S``, in namespaces that fork made (a fresh /proc; at ``netns+``
+only a loopback, up), root, pid 1, not dumpable, dying with its parent and so with the runner
 (parent-death signal: the kernel then kills every process of the namespace). It reads one request
 at a time from its control socket (a Unix socket pair, descriptors passed with ``SCM_RIGHTS``): the
 command line, environment, working directory and uid of one process, and its stdin, stdout and
@@ -17,7 +18,8 @@ network namespace holds no socket, and only then says how the process ended: the
 never shares the namespaces with anything the previous one left. A namespace it cannot clear is
 not reused: it says so and exits (the kernel ends the namespaces with it).
 
-Imports nothing of the runner but ``privs``: its start is paid once per slot. Python 3.9.
+Imports nothing of the runner but ``privs`` (where it is exec'd, its start is paid once per slot).
+Python 3.9.
 """
 
 from __future__ import annotations

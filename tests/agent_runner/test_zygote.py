@@ -296,19 +296,84 @@ def test_a_run_through_the_zygotes_has_the_verdicts_and_traces_of_a_run_without(
         assert said["zygote"][1][name] == said["own"][1][name], name
 
 
-def test_a_zygote_and_everything_it_started_die_with_the_runner(tmp_path: Path) -> None:
+@pytest.mark.parametrize("forks", [False, True], ids=["execd", "forked"])
+def test_a_zygote_and_everything_it_started_die_with_the_runner(tmp_path: Path, forks: bool) -> None:
     """A runner killed with SIGKILL (no cleanup of its own) takes its zygote, the process it started and
-    what that left in a new session with it."""
+    what that left in a new session with it; where its zygotes are forks of the fork it made at its
+    start, that fork too (its command line, the runner's, holds the token)."""
     cwd = _attempt_dir(tmp_path)
     token = f"orphan-{os.urandom(4).hex()}"
     runner = subprocess.Popen([sys.executable, "-c", (
         "import time\n"
-        "from agent_runner.sandbox import PIDNS_UID, Sandbox\n"
+        "from agent_runner import zygote\n"
+        + ("zygote.start_forks()\nassert zygote._forks is not None\n" if forks else "")
+        + "from agent_runner.sandbox import PIDNS_UID, Sandbox\n"
         f"box = Sandbox(PIDNS_UID, {UID}, net=True)\nbox.reuse = True\n"
         f"proc = box.popen(['bash', '-c', 'setsid bash -c \"exec -a {token} sleep 60\" & wait'], cwd={cwd!r})\n"
         "assert proc._zygote is not None\n"
         "time.sleep(60)\n")], cwd=str(REPO))
     assert_killed_with_the_runner(runner, token)
+
+
+#: a runner's attempts, each started by its slot's zygote (argv: how the zygotes start, the attempt's
+#: directory, then (uid, script) pairs as JSON); prints what each printed, and where each zygote's
+#: parent is: the fork made at the start (``forks``) or this runner
+THROUGH_ZYGOTES = r"""
+import json, os, subprocess, sys
+from agent_runner import zygote
+from agent_runner.sandbox import PIDNS_UID, Sandbox
+if sys.argv[1] == "forked":
+    zygote.start_forks()
+    assert zygote._forks is not None
+said, parents = [], set()
+for uid, script in json.loads(sys.argv[3]):
+    box = Sandbox(PIDNS_UID, uid, net=True)
+    box.reuse = True
+    proc = box.popen(["bash", "-c", script], env={"PATH": os.defpath, "LANG": "C", "HOME": sys.argv[2]},
+                     cwd=sys.argv[2], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc._zygote is not None
+    with open("/proc/%d/stat" % proc._zygote.proc.pid) as f:
+        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    parents.add("forks" if zygote._forks is not None and ppid == zygote._forks.pid else
+                "runner" if ppid == os.getpid() else str(ppid))
+    said.append([proc.communicate(timeout=60)[0].decode(), proc.returncode])
+zygote.close_all()
+print(json.dumps([said, sorted(parents)]))
+"""
+
+
+def test_an_attempt_sees_through_a_forked_zygote_what_it_sees_through_an_execd_one(tmp_path: Path) -> None:
+    """A runner's zygotes forked from the fork it made at its start, before any thread (no interpreter
+    started, no module imported again), against zygotes that exec ``python -I -S``, in two runners whose
+    environment holds a secret: the same ids, capabilities, signals, limits, descriptors and processes;
+    the zygote's environment unreadable and unkillable; no way back to root; nothing the previous
+    process left. The forked zygotes are children of that fork, not of the runner."""
+    cwd = _attempt_dir(tmp_path)
+    (tmp_path / "take.py").write_text(TAKE_ROOT)
+    (tmp_path / "take.py").chmod(0o644)
+    token = f"left-{os.urandom(4).hex()}"
+    leave = (f"exec -a {token} sleep 60 & setsid bash -c 'exec -a {token} sleep 60' & "
+             f"( ( exec -a {token} sleep 60 & ) & ); sleep 0.2; exit 0")
+    steps = [(UID, PROBE), (UID, f"/usr/bin/python3 {tmp_path / 'take.py'}"), (UID, leave),
+             (NEXT_UID, 'set -- /proc/[0-9]*; echo "$# $$ $(id -u)"; ls /proc/self/fd'),
+             (NEXT_UID, "cat /proc/1/environ; kill -KILL 1; echo $?")]
+    said = {}
+    for how in ("execd", "forked"):
+        env = {**clean_env(), "CROSSHOST_SECRET_OF_THE_RUNNER": "s3cr3t"}
+        done = subprocess.run([sys.executable, "-c", THROUGH_ZYGOTES, how, cwd, json.dumps(steps)],
+                              capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+        assert done.returncode == 0, done.stderr
+        said[how] = json.loads(done.stdout)
+        assert _alive(token) == []
+    assert said["execd"][1] == ["runner"] and said["forked"][1] == ["forks"]
+    assert said["forked"][0] == said["execd"][0]
+    look = said["forked"][0]
+    assert "init environ: not readable" in look[0][0] and "s3cr3t" not in json.dumps(look)
+    ids = (UID, UID, UID)
+    assert look[1] == [str([ids, ids, [], "zygote refused", "nice refused", "setuid refused", "saved refused",
+                            "setgid refused", "groups refused", "0000000000000000", "0000000000000000", "1"]) + "\n", 0]
+    assert look[3][0].split()[:3] == ["2", "2", str(NEXT_UID)] and look[3][0].split()[3:] == ["0", "1", "2", "3"]
+    assert look[4][1] == 0 and look[4][0].rstrip().endswith("1"), look[4]
 
 
 KEYCTL, ADD_KEY, KEY_SPEC_SESSION_KEYRING, KEYCTL_DESCRIBE, KEYCTL_SEARCH = 250, 248, -3, 6, 10
