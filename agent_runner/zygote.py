@@ -409,7 +409,10 @@ def _fork_zygote(net: bool, forks_ctl: socket.socket) -> Tuple[int, socket.socke
                     os.setsid()
                     prepare()
                     os.write(ready_w, b"1")
-                    os.close(ready_w)
+                    for name in os.listdir("/proc/self/fd"):  # the runner's (a sealed zipapp, its PID
+                        if int(name) > 2 and int(name) != theirs_fd:  # namespace...): none is the zygote's
+                            with contextlib.suppress(OSError):
+                                os.close(int(name))
                     from .zygote_init import serve
 
                     serve(theirs_fd, net)

@@ -316,8 +316,8 @@ def test_a_zygote_and_everything_it_started_die_with_the_runner(tmp_path: Path, 
 
 
 #: a runner's attempts, each started by its slot's zygote (argv: how the zygotes start, the attempt's
-#: directory, then (uid, script) pairs as JSON); prints what each printed, and where each zygote's
-#: parent is: the fork made at the start (``forks``) or this runner
+#: directory, then (uid, script) pairs as JSON); prints what each printed, where each zygote's parent
+#: is (the fork made at the start, ``forks``, or this runner) and what its descriptors are
 THROUGH_ZYGOTES = r"""
 import json, os, subprocess, sys
 from agent_runner import zygote
@@ -325,7 +325,7 @@ from agent_runner.sandbox import PIDNS_UID, Sandbox
 if sys.argv[1] == "forked":
     zygote.start_forks()
     assert zygote._forks is not None
-said, parents = [], set()
+said, parents, held = [], set(), set()
 for uid, script in json.loads(sys.argv[3]):
     box = Sandbox(PIDNS_UID, uid, net=True)
     box.reuse = True
@@ -337,8 +337,10 @@ for uid, script in json.loads(sys.argv[3]):
     parents.add("forks" if zygote._forks is not None and ppid == zygote._forks.pid else
                 "runner" if ppid == os.getpid() else str(ppid))
     said.append([proc.communicate(timeout=60)[0].decode(), proc.returncode])
+    fds = "/proc/%d/fd/" % proc._zygote.proc.pid  # what its descriptors are, idle between two processes
+    held.add(" ".join(sorted(os.readlink(fds + fd).split(":")[0] for fd in os.listdir(fds))))
 zygote.close_all()
-print(json.dumps([said, sorted(parents)]))
+print(json.dumps([said, sorted(parents), sorted(held)]))
 """
 
 
@@ -347,7 +349,8 @@ def test_an_attempt_sees_through_a_forked_zygote_what_it_sees_through_an_execd_o
     started, no module imported again), against zygotes that exec ``python -I -S``, in two runners whose
     environment holds a secret: the same ids, capabilities, signals, limits, descriptors and processes;
     the zygote's environment unreadable and unkillable; no way back to root; nothing the previous
-    process left. The forked zygotes are children of that fork, not of the runner."""
+    process left. The forked zygotes are children of that fork, not of the runner, and hold no
+    descriptor of the runner's."""
     cwd = _attempt_dir(tmp_path)
     (tmp_path / "take.py").write_text(TAKE_ROOT)
     (tmp_path / "take.py").chmod(0o644)
@@ -366,6 +369,9 @@ def test_an_attempt_sees_through_a_forked_zygote_what_it_sees_through_an_execd_o
         said[how] = json.loads(done.stdout)
         assert _alive(token) == []
     assert said["execd"][1] == ["runner"] and said["forked"][1] == ["forks"]
+    # stdin and stdout, stderr (the runner's, a pipe here), its control socket and the pid counter it
+    # sets before each start: nothing of the runner's
+    assert said["forked"][2] == ["/dev/null /dev/null /proc/sys/kernel/ns_last_pid pipe socket"]
     assert said["forked"][0] == said["execd"][0]
     look = said["forked"][0]
     assert "init environ: not readable" in look[0][0] and "s3cr3t" not in json.dumps(look)
