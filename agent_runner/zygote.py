@@ -93,10 +93,14 @@ class Zygote:
         self._lock = threading.Lock()
         self.proc: Union[subprocess.Popen[bytes], _Forked]
         if _forks is not None and _forks.usable:
-            self.proc, self.ctl = _forks.zygote(net)
-            with _all_lock:
-                _all.append(self)
-            return
+            try:
+                self.proc, self.ctl = _forks.zygote(net)
+            except OSError:
+                pass  # the exec'd way, then
+            else:
+                with _all_lock:
+                    _all.append(self)
+                return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         from . import pins  # here: the sandbox (and its isolation probe) loads without the suite's modules
 
@@ -258,7 +262,7 @@ class _Forked:
 
     def poll(self) -> Optional[int]:
         if self.returncode is None and select.select([self.pidfd], [], [], 0)[0]:
-            self.returncode = -signal.SIGKILL  # ended (how is for its parent to know)
+            self._ended()
         return self.returncode
 
     def kill(self) -> None:
@@ -269,10 +273,19 @@ class _Forked:
     def wait(self) -> int:
         if self.returncode is None:
             select.select([self.pidfd], [], [])
-            self.returncode = -signal.SIGKILL
-        with contextlib.suppress(OSError):
+            self._ended()
+        if self.pidfd >= 0:
             os.close(self.pidfd)
+            self.pidfd = -1
+        assert self.returncode is not None
         return self.returncode
+
+    def _ended(self) -> None:
+        """It has ended (how is for its parent to know). Where that fork has ended first, the zygote is
+        this process's child (its subreaper's): reaped here."""
+        self.returncode = -signal.SIGKILL
+        with contextlib.suppress(ChildProcessError, OSError, AttributeError):
+            os.waitid(os.P_PIDFD, self.pidfd, os.WEXITED | os.WNOHANG)
 
 
 class _Forks:
@@ -351,6 +364,7 @@ def _serve_forks(ctl: socket.socket, parent: int) -> None:
     if os.getppid() != parent:
         return  # the runner is gone already
     privs._check(libc.prctl(privs._PR_SET_DUMPABLE, 0, 0, 0, 0), "not dumpable")
+    os.setsid()  # no signal to the run's process group or terminal is its: it ends with the runner
     for sig in privs._handled_signals():
         signal.signal(sig, signal.SIG_DFL)  # a handler of the runner's would run the runner's code
     os.environ.clear()  # the runner's: the processes of a zygote get theirs from each request

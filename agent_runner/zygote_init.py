@@ -77,8 +77,9 @@ _FD = struct.Struct("i")
 
 
 def recv_fds(sock: _socket.socket, size: int = 1 << 20) -> Tuple[bytes, List[int]]:
-    """One message and the descriptors that came with it."""
-    msg, ancillary, _flags, _addr = sock.recvmsg(size, _socket.CMSG_LEN(_MAX_FDS * _FD.size))
+    """One message and the descriptors that came with it, each closed on exec (no process started
+    later inherits one: a zygote's control socket, a pidfd)."""
+    msg, ancillary, _flags, _addr = sock.recvmsg(size, _socket.CMSG_LEN(_MAX_FDS * _FD.size), _socket.MSG_CMSG_CLOEXEC)
     fds: List[int] = []
     for level, kind, data in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:

@@ -337,6 +337,7 @@ for uid, script in json.loads(sys.argv[3]):
     parents.add("forks" if zygote._forks is not None and ppid == zygote._forks.pid else
                 "runner" if ppid == os.getpid() else str(ppid))
     said.append([proc.communicate(timeout=60)[0].decode(), proc.returncode])
+    assert not os.get_inheritable(proc._zygote.ctl.fileno())  # no process this runner starts holds it
     fds = "/proc/%d/fd/" % proc._zygote.proc.pid  # what its descriptors are, idle between two processes
     held.add(" ".join(sorted(os.readlink(fds + fd).split(":")[0] for fd in os.listdir(fds))))
 zygote.close_all()
@@ -380,6 +381,46 @@ def test_an_attempt_sees_through_a_forked_zygote_what_it_sees_through_an_execd_o
                             "setgid refused", "groups refused", "0000000000000000", "0000000000000000", "1"]) + "\n", 0]
     assert look[3][0].split()[:3] == ["2", "2", str(NEXT_UID)] and look[3][0].split()[3:] == ["0", "1", "2", "3"]
     assert look[4][1] == 0 and look[4][0].rstrip().endswith("1"), look[4]
+
+
+#: the fork that makes the zygotes killed during a run: the zygote it made dies with it and is reaped by
+#: the runner (its subreaper), the next process of the slot starts through an exec'd zygote, and the
+#: runner has no child left once its zygotes are closed
+FORKS_KILLED = r"""
+import os, signal, subprocess, sys, time
+from agent_runner import privs, reaped, zygote
+from agent_runner.sandbox import PIDNS_UID, Sandbox
+privs.make_subreaper()
+zygote.start_forks()
+forks = zygote._forks
+def run(script):
+    box = Sandbox(PIDNS_UID, int(sys.argv[2]), net=False)
+    box.reuse = True
+    proc = box.popen(["sh", "-c", script], env={"PATH": os.defpath}, cwd=sys.argv[1], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.PIPE)
+    return proc, proc.communicate(timeout=60)[0].decode().strip()
+first, said = run("echo one")
+os.kill(forks.pid, signal.SIGKILL)
+os.waitpid(forks.pid, 0)
+deadline = time.monotonic() + 10
+while first._zygote.proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.01)
+second, said2 = run("echo two")
+parent = int(open("/proc/%d/stat" % second._zygote.proc.pid).read().rsplit(")", 1)[1].split()[1])
+zygote.close_all()
+print(said, said2, first._zygote is not second._zygote, parent == os.getpid(), reaped.no_child_left())
+"""
+
+
+def test_a_run_whose_zygotes_fork_is_killed_goes_on_with_execd_zygotes_and_leaves_no_child(tmp_path: Path) -> None:
+    """The fork that makes a runner's zygotes killed during the run: its zygote dies with it and the
+    runner (their subreaper) reaps it; the slot's next process starts through an exec'd zygote; at the
+    run's end the runner has no child left, so the workspace's removal may trust its mark."""
+    cwd = _attempt_dir(tmp_path)
+    done = subprocess.run([sys.executable, "-c", FORKS_KILLED, cwd, str(UID)], capture_output=True, text=True,
+                          env=clean_env(), cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["one", "two", "True", "True", "True"], done.stdout
 
 
 KEYCTL, ADD_KEY, KEY_SPEC_SESSION_KEYRING, KEYCTL_DESCRIBE, KEYCTL_SEARCH = 250, 248, -3, 6, 10
