@@ -327,8 +327,6 @@ class _Forks:
 _forks: Optional[_Forks] = None
 
 
-
-
 def start_forks() -> None:
     """Fork the process that makes this runner's zygotes, now: a root runner on Linux, at its start,
     before any thread (none is made where this process has one already, or cannot make a PID namespace
