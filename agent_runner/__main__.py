@@ -5,27 +5,107 @@ Exit codes: 0 ok/PASS, 1 FAIL (check), 2 bad input (the message names file/key),
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from typing import List, Optional
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import __version__
 from .errors import CrosshostError, InputError, RunnerError
 
+if TYPE_CHECKING:
+    import argparse
 
-def _positive(text: str) -> int:
+
+def _positive_or_none(text: str) -> Optional[int]:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
+        return None
+    return value if value >= 1 else None
+
+
+def _positive(text: str) -> int:
+    value = _positive_or_none(text)
+    if value is None:
+        import argparse
+
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
     return value
 
 
+#: ``run``'s options, one home for both readers of its command line: (flag, kind, default, help);
+#: kind is "required", "text", "int", "positive" or "flag"
+_RUN_OPTIONS: Tuple[Tuple[str, str, object, str], ...] = (
+    ("--suite", "required", None, "suite directory (suite.toml or suite.json)"),
+    ("--out", "required", None, "output directory (fingerprint.json, traces/, results.jsonl)"),
+    ("--host", "text", None, "the host's name in results (default: its hostname)"),
+    ("--run-id", "text", None, "run id (default: generated)"),
+    ("--tasks", "text", None, "comma-separated task ids (default: all)"),
+    ("--repeat", "int", None, "attempts per task (default: the suite's repeat)"),
+    ("--first-attempt", "int", 0, "the number of the first attempt (default 0; a later round goes on numbering)"),
+    ("--workspace-root", "text", None, "where disposable attempt workspaces go (default: a temp dir)"),
+    ("--env-allow", "text", None, "comma-separated environment keys the agent may see (default: PATH,LANG,LC_ALL,TZ)"),
+    ("--trace-files", "flag", False, "run every process of an attempt (agent, tools, predicate) under strace "
+     "where it exists and keep the paths they touched"),
+    ("--slots", "positive", 1, "attempts at once, each in its own workspace, HOME, TMPDIR and budget (default 1)"),
+    ("--attempts-on-disk", "flag", False, "keep the attempts' directories on the workspace root's file system "
+     "(default, as root: in a tmpfs of the run's own over the workspace root)"),
+    ("--trace-stream", "flag", False, "write the attempts' traces as frames of one file, out/traces.stream, "
+     "which crosshost splits into traces/ when it brings out/ home (default: one file each)"),
+    ("--reaped", "text", None, "make PATH when the run ends and no process of any attempt can be left "
+     "(pidns+uid, with no child process left); the workspace's removal then does not look for them"),
+)
+_RUN_FLAGS = {option[0]: option for option in _RUN_OPTIONS}
+
+
+def _quick_run_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
+    """``run``'s command line as argparse reads it, without argparse: its import and its first regular
+    expressions are about a twentieth of a host's whole run of a small suite. Only the plain form the
+    controller writes is read here (``--option value`` and ``--flag``, of known options); anything
+    else (help, ``--option=value``, an abbreviation, a value that starts with ``-``, a bad number, a
+    missing option) is None, and argparse reads it and says what is wrong."""
+    if not argv or argv[0] != "run":
+        return None
+    values: Dict[str, object] = {"command": "run"}
+    values.update((flag[2:].replace("-", "_"), default) for flag, _, default, _ in _RUN_OPTIONS)
+    given = set()
+    at = 1
+    while at < len(argv):
+        option = _RUN_FLAGS.get(argv[at])
+        if option is None:
+            return None
+        flag, kind, _, _ = option
+        dest = flag[2:].replace("-", "_")
+        given.add(flag)
+        if kind == "flag":
+            values[dest] = True
+            at += 1
+            continue
+        if at + 1 == len(argv) or argv[at + 1].startswith("-"):
+            return None
+        text = argv[at + 1]
+        if kind == "int":
+            try:
+                values[dest] = int(text)
+            except ValueError:
+                return None
+        elif kind == "positive":
+            values[dest] = _positive_or_none(text)
+            if values[dest] is None:
+                return None
+        else:
+            values[dest] = text
+        at += 2
+    if any(kind == "required" and flag not in given for flag, kind, _, _ in _RUN_OPTIONS):
+        return None
+    return SimpleNamespace(**values)
+
+
 def _parser() -> argparse.ArgumentParser:
+    import argparse  # here: a run's plain command line is read without it (_quick_run_args)
+
     parser = argparse.ArgumentParser(prog="agent_runner", description="The crosshost runner (stdlib only).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -39,31 +119,17 @@ def _parser() -> argparse.ArgumentParser:
                     "tmpfs of its own when it is empty)")
 
     run = sub.add_parser("run", help="replay a suite's tasks on this host")
-    run.add_argument("--suite", required=True, help="suite directory (suite.toml or suite.json)")
-    run.add_argument("--out", required=True, help="output directory (fingerprint.json, traces/, results.jsonl)")
-    run.add_argument("--host", help="the host's name in results (default: its hostname)")
-    run.add_argument("--run-id", help="run id (default: generated)")
-    run.add_argument("--tasks", help="comma-separated task ids (default: all)")
-    run.add_argument("--repeat", type=int, help="attempts per task (default: the suite's repeat)")
-    run.add_argument("--first-attempt", type=int, default=0,
-                     help="the number of the first attempt (default 0; a later round goes on numbering)")
-    run.add_argument("--workspace-root", help="where disposable attempt workspaces go (default: a temp dir)")
-    run.add_argument("--env-allow", help="comma-separated environment keys the agent may see "
-                     "(default: PATH,LANG,LC_ALL,TZ)")
-    run.add_argument("--trace-files", action="store_true",
-                     help="run every process of an attempt (agent, tools, predicate) under strace where it "
-                     "exists and keep the paths they touched")
-    run.add_argument("--slots", type=_positive, default=1,
-                     help="attempts at once, each in its own workspace, HOME, TMPDIR and budget (default 1)")
-    run.add_argument("--attempts-on-disk", action="store_true",
-                     help="keep the attempts' directories on the workspace root's file system (default, as "
-                     "root: in a tmpfs of the run's own over the workspace root)")
-    run.add_argument("--trace-stream", action="store_true",
-                     help="write the attempts' traces as frames of one file, out/traces.stream, which "
-                     "crosshost splits into traces/ when it brings out/ home (default: one file each)")
-    run.add_argument("--reaped", metavar="PATH",
-                     help="make PATH when the run ends and no process of any attempt can be left (pidns+uid, "
-                     "with no child process left); the workspace's removal then does not look for them")
+    for flag, kind, default, text in _RUN_OPTIONS:
+        if kind == "flag":
+            run.add_argument(flag, action="store_true", help=text)
+        elif kind == "required":
+            run.add_argument(flag, required=True, help=text)
+        elif kind == "int":
+            run.add_argument(flag, type=int, default=default, help=text)
+        elif kind == "positive":
+            run.add_argument(flag, type=_positive, default=default, help=text)
+        else:
+            run.add_argument(flag, default=default, help=text, metavar="PATH" if flag == "--reaped" else None)
 
     check = sub.add_parser("check", help="check a trace against a contract: PASS or FAIL, one reason a line")
     check.add_argument("contract")
@@ -84,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _dispatch(args: argparse.Namespace) -> int:
+def _dispatch(args: Union["argparse.Namespace", SimpleNamespace]) -> int:
     if args.command == "fingerprint":
         where = args.cwd or os.getcwd()
         if not args.attempts_on_disk and os.path.isdir(where):  # as a run's attempts get it (attempt_memory)
@@ -151,7 +217,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = _quick_run_args(given) or _parser().parse_args(given)
     try:
         return _dispatch(args)
     except InputError as exc:

@@ -41,7 +41,6 @@ import stat
 import subprocess
 import threading
 import time
-import urllib.parse
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
@@ -212,6 +211,8 @@ class Sandbox:
         if not self.net:
             yield self
             return
+        import urllib.parse  # here: a run whose attempts reach no model does without it (and ipaddress)
+
         parsed = urllib.parse.urlsplit(url)
         port = parsed.port or 80
         with ModelRelay(os.path.join(directory, "model.sock"), (parsed.hostname or "127.0.0.1", port)) as relay:

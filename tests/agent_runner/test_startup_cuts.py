@@ -1,7 +1,8 @@
 """What the runner's start no longer pays for says what the plain version it replaces said: the
 secret-name globs matched without ``fnmatch``, the fingerprint's platform facts without ``platform``,
-the isolation probe with shell builtins only, a shipped suite's field names; and a run imports
-neither ``concurrent.futures``, ``platform``, ``secrets`` nor, without ``--trace-files``, the tracer."""
+the isolation probe with shell builtins only, a shipped suite's field names, a run's command line
+without ``argparse``; and a run imports neither ``argparse``, ``concurrent.futures``, ``platform``,
+``secrets`` nor, without ``--trace-files``, the tracer."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_runner import __main__ as entry
 from agent_runner import fingerprint, isolation_probe, redact, sandbox, strays, suite
 from tests.support.runner import clean_env, passable_to_attempts, predicate_suite
 
@@ -90,14 +92,52 @@ def test_the_tracer_imported_when_a_run_wants_it_still_keeps_the_evidence(tmp_pa
     assert evidence["traced"] is True, evidence
 
 
-def test_a_run_imports_neither_concurrent_futures_nor_platform_nor_secrets_nor_the_tracer(tmp_path: Path) -> None:
+def test_a_run_imports_neither_argparse_nor_concurrent_futures_nor_platform_nor_secrets_nor_the_tracer(
+    tmp_path: Path,
+) -> None:
     """A run of a suite as a host starts it (its import list, after the run, from the same process);
     as root at ``pidns+uid``, where attempt directories are removed beside the run (``Removals``)."""
     modules = _run_in_a_process(tmp_path)
-    assert not {"concurrent.futures", "logging", "platform", "secrets", "agent_runner.filetrace"} & modules
+    assert not {"argparse", "concurrent.futures", "logging", "platform", "secrets", "agent_runner.filetrace"} & modules
     if os.geteuid() == 0:
         isolation = json.loads((tmp_path / "out" / "fingerprint.json").read_text())["isolation"]
         assert isolation.endswith("pidns+uid"), isolation
+
+
+def test_a_run_command_line_is_read_as_argparse_reads_it() -> None:
+    """``_quick_run_args`` against argparse, on seeded random command lines: where it reads a line, it
+    reads what argparse reads (argparse fails the test where it refuses it); it reads every line the
+    controller writes (the options of ``HostJob._run``), which is what spares a run argparse."""
+    rng = random.Random(11)
+    flags = [option[0] for option in entry._RUN_OPTIONS]
+    values = ["s", "", "3", "0", "-1", " 2", "+4", "3_0", "x y", "a,b", "-", "1e3", "\u0663", "run", "--suite"]
+    strays = ["--sui", "--suite=s", "-h", "--help", "--bogus", "--", "-s", "fingerprint"]
+    read = 0
+    for _ in range(4000):
+        argv = ["run"] if rng.random() < 0.97 else [rng.choice(["version", "check", "mcp"])]
+        for _ in range(rng.randint(0, 9)):
+            if rng.random() < 0.9:
+                flag = rng.choice(flags)
+                argv.append(flag)
+                if entry._RUN_FLAGS[flag][1] != "flag" or rng.random() < 0.05:
+                    argv.append(rng.choice(values) if rng.random() < 0.5 else rng.choice(["3", "a/b", "h"]))
+            else:
+                argv.append(rng.choice(strays + values))
+        if rng.random() < 0.8:
+            at = rng.randrange(1, len(argv) + 1)
+            argv[at:at] = ["--suite", "/s", "--out", "/o"] if rng.random() < 0.5 else ["--out", "/o", "--suite", "/s"]
+        quick = entry._quick_run_args(argv)
+        if quick is None:
+            continue
+        read += 1
+        assert vars(quick) == vars(entry._parser().parse_args(argv)), argv
+    assert read > 500, read  # a fifth of the lines: the others have something only argparse reads
+    controller = ["run", "--suite", "/b/suite", "--out", "/w/out", "--host", "box-a", "--run-id", "r-1",
+                  "--workspace-root", "/w/work", "--env-allow", "PATH,LANG", "--trace-stream", "--reaped", "/w/r",
+                  "--tasks", "a,b", "--repeat", "3", "--first-attempt", "2", "--trace-files", "--slots", "2",
+                  "--attempts-on-disk"]  # fmt: skip
+    assert vars(entry._quick_run_args(controller) or {}) == vars(entry._parser().parse_args(controller))
+    assert entry._quick_run_args(["run", "--suite", "/s", "--out", "/o", "--env-allow", ""]) is not None
 
 
 def _plain_probe_script(level: str, net: bool, proc: str) -> str:
