@@ -52,7 +52,15 @@ from .sandbox import (
 )
 from .strays import StrayWatch, keep_until_exit, walk_beside
 from .suite import Suite, Task, load_suite
-from .suite_digest import EMPTY_DIGEST, SHARED_PART, BundleChanged, part_digest, suite_state, task_part
+from .suite_digest import (
+    EMPTY_DIGEST,
+    SHARED_PART,
+    BundleChanged,
+    part_digest,
+    part_digests,
+    suite_sealed,
+    task_part,
+)
 from .tools import ToolBox
 from .trace import TraceWriter
 from .trace_stream import STREAM, TraceStream
@@ -169,11 +177,13 @@ class Runner:
         self._lock = threading.Lock()
         # Read once, when the run starts: the bundle as the controller verified it just before.
         self.predicates = {t.id: t.predicate.read_bytes() for t in suite.tasks if t.predicate is not None}
-        self.suite_digests, sealed = suite_state(suite.root)
         # An attempt with a uid of its own and no capability (pidns+uid) cannot write a suite that only
         # root or the runner may write: the check before each attempt is then not needed (it is
-        # again from the first attempt run without a uid of its own, see ``run_attempt``).
-        self.bundle_sealed = sealed and self.isolation == PIDNS_UID
+        # again from the first attempt run without a uid of its own, see ``run_attempt``), nor are
+        # the digests it compares until then: the suite is still as the run found it when that
+        # attempt's check digests it first (``bundle_check``).
+        self.bundle_sealed = self.isolation == PIDNS_UID and suite_sealed(suite.root)
+        self._suite_digests: Optional[Dict[str, str]] = None if self.bundle_sealed else part_digests(suite.root)
         #: every attempt so far ran as a uid of its own (``attempt_sandbox`` gives a lower level to an
         #: attempt whose paths another uid cannot reach)
         self.every_attempt_own_uid = True
@@ -188,8 +198,12 @@ class Runner:
         """What an attempt of ``task_id`` is run from is as it was when the run started (an attempt may
         not change the next one's): the suite's shared files and the task's own directory. Only these
         are digested again, so the check costs as much in a suite of 10 tasks as in one of 10,000."""
+        with self._lock:
+            if self._suite_digests is None:  # the first check of a run that started sealed: see __init__
+                self._suite_digests = part_digests(self.suite.root)
+            digests = self._suite_digests
         for part in (SHARED_PART, task_part(task_id)):
-            if part_digest(self.suite.root, part) != self.suite_digests.get(part, EMPTY_DIGEST):
+            if part_digest(self.suite.root, part) != digests.get(part, EMPTY_DIGEST):
                 what = "its shared files" if part == SHARED_PART else part + "/"
                 raise BundleChanged(f"{self.suite.root}: the bundle changed during the run ({what}); attempts "
                                     f"run from the changed files are not run")

@@ -1,6 +1,6 @@
 """The suite's integrity during a run: its parts' digests (a task's own directory, everything else
-shared), read once when the run starts and again, part by part, before the attempts that run from
-them (``Runner.bundle_check``); and whether only root or the runner may change it (``suite_state``).
+shared), read once and again, part by part, before the attempts that run from them
+(``Runner.bundle_check``); and whether only root or the runner may change it (``suite_sealed``).
 
 Standard library only, Python 3.9.
 """
@@ -56,7 +56,12 @@ def _walk(root: str, top: str, shared_only: bool) -> Iterator[Tuple[str, str, os
 
 def part_digests(root: Path) -> Dict[str, str]:
     """The digest of every part of the suite at ``root`` (see ``SHARED_PART``), in one walk."""
-    return suite_state(root)[0]
+    hashes: Dict[str, Any] = {SHARED_PART: hashlib.sha256()}
+    for rel, path, st in _walk(str(root), str(root), shared_only=False):
+        first, _, rest = rel.partition("/")
+        part = task_part(rest.split("/", 1)[0]) if first == _TASKS and rest else SHARED_PART
+        _feed(hashes.setdefault(part, hashlib.sha256()), rel, path, st)
+    return {part: h.hexdigest() for part, h in hashes.items()}
 
 
 def _only_ours(st: os.stat_result, me: int, sticky_ok: bool = False) -> bool:
@@ -70,24 +75,29 @@ def _only_ours(st: os.stat_result, me: int, sticky_ok: bool = False) -> bool:
     return sticky_ok and stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_ISVTX)
 
 
-def suite_state(root: Path) -> Tuple[Dict[str, str], bool]:
-    """``part_digests``, and whether only root or this process's user may change the suite: every
-    path in it, the directory itself, and every directory above it (there a sticky one anyone may
-    write will do: only an entry's owner may move it). From the same walk."""
+def suite_sealed(root: Path) -> bool:
+    """Whether only root or this process's user may change the suite: every path in it, the directory
+    itself, and every directory above it (there a sticky one anyone may write will do: only an entry's
+    owner may move it). Its paths' modes and owners only: no file is read."""
     me = os.geteuid()
-    hashes: Dict[str, Any] = {SHARED_PART: hashlib.sha256()}
     named, real = Path(os.path.abspath(str(root))), Path(os.path.realpath(str(root)))
     try:  # the directory as named (a link?) and as it is, and every directory above either
-        sealed = _only_ours(os.lstat(named), me) and _only_ours(os.stat(real), me) and all(
-            _only_ours(os.stat(above), me, sticky_ok=True) for above in {*named.parents, *real.parents})
+        if not (_only_ours(os.lstat(named), me) and _only_ours(os.stat(real), me) and all(
+                _only_ours(os.stat(above), me, sticky_ok=True) for above in {*named.parents, *real.parents})):
+            return False
+        return _all_ours(str(root), me)
     except OSError:
-        sealed = False
-    for rel, path, st in _walk(str(root), str(root), shared_only=False):
-        first, _, rest = rel.partition("/")
-        part = task_part(rest.split("/", 1)[0]) if first == _TASKS and rest else SHARED_PART
-        _feed(hashes.setdefault(part, hashlib.sha256()), rel, path, st)
-        sealed = sealed and _only_ours(st, me)
-    return {part: h.hexdigest() for part, h in hashes.items()}, sealed
+        return False
+
+
+def _all_ours(top: str, me: int) -> bool:
+    """Every path under ``top`` is ``_only_ours`` (never through a link)."""
+    with os.scandir(top) as entries:
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            if not _only_ours(st, me) or (stat.S_ISDIR(st.st_mode) and not _all_ours(entry.path, me)):
+                return False
+    return True
 
 
 def part_digest(root: Path, part: str) -> str:

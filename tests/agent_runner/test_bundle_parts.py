@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent_runner.sandbox import UID_BASE
-from agent_runner.suite_digest import SHARED_PART, part_digest, part_digests, suite_state, task_part
+from agent_runner.suite_digest import SHARED_PART, part_digest, part_digests, suite_sealed, task_part
 from tests.support.runner import clean_env, records, run_runner, write_suite
 
 
@@ -165,8 +165,8 @@ SPOILS = [None, "a file anyone may write", "a directory its group may write", "a
 @pytest.mark.root
 @pytest.mark.parametrize("spoil", SPOILS)
 def test_a_suite_is_sealed_exactly_when_only_root_or_the_runner_may_change_it(tmp_path: Path, spoil: str) -> None:
-    """The seal that spares attempts with a uid of their own the check (``suite_state``) is the plain
-    path-by-path look, from the walk that digests the suite; its digests are ``part_digests``'."""
+    """The seal that spares attempts with a uid of their own the check (``suite_sealed``) is the plain
+    path-by-path look."""
     above = tmp_path / "above"
     root = write_suite(above / "s", {"a": {"toml": '[agent]\nkind = "none"\n', "repo": {"run_tests.sh": "exit 0\n"}}},
                        agent_files={"shared.py": "x = 1\n"})
@@ -190,8 +190,7 @@ def test_a_suite_is_sealed_exactly_when_only_root_or_the_runner_may_change_it(tm
         above.chmod(0o777)
     elif spoil == "a sticky directory above anyone may write":
         above.chmod(0o1777)
-    digests, sealed = suite_state(root)
-    assert digests == part_digests(root)
+    sealed = suite_sealed(root)
     assert sealed == plain_sealed(root)
     assert sealed == (spoil in (None, "a sticky directory above anyone may write"))
 
@@ -215,7 +214,7 @@ def test_an_attempt_with_a_uid_of_its_own_cannot_change_a_sealed_suite(tmp_path:
 
     write_suite(root, {"a": predicate(attack), "b": predicate("grep -qx d data.txt\n"), "c": predicate("exit 0\n")},
                 agent_files={"shared.py": "x = 1\n"})
-    assert suite_state(root)[1]
+    assert suite_sealed(root)
     done = run_runner("run", "--suite", str(root), "--out", str(scratch / "out"), "--workspace-root",
                       str(scratch / "ws"), env=clean_env())
     assert done.returncode == 0, done.stderr
@@ -224,3 +223,32 @@ def test_an_attempt_with_a_uid_of_its_own_cannot_change_a_sealed_suite(tmp_path:
     rows = {r["task"]: r for r in records(scratch / "out" / "results.jsonl")}
     assert [rows[t]["verdict"] for t in "abc"] == ["pass", "pass", "pass"], rows
     assert targets[0].read_text() == "d\n" and targets[1].read_text() == "x = 1\n"
+
+
+@pytest.mark.root
+def test_a_sealed_suite_whose_attempts_share_the_runners_uid_is_checked_against_what_the_run_found(
+    tmp_path: Path,
+) -> None:
+    """A suite only root may write, run by a root runner whose attempts cannot have a uid of their own
+    (no other uid reaches their workspace): the digests its checks compare, which such a run makes
+    only then, are made before the first attempt; that attempt changes the next task's files, and the
+    change is seen."""
+    assert os.geteuid() == 0, "needs root: a root runner's attempts are the ones a seal would spare"
+    root = tmp_path / "s"
+    write_suite(root, {
+        "a": {"toml": '[agent]\nkind = "none"\n',
+              "repo": {"run_tests.sh": f"echo tampered >> '{root}/tasks/b/repo/data.txt'\nexit 0\n"}},
+        "b": {"toml": '[agent]\nkind = "none"\n', "repo": {"run_tests.sh": "exit 0\n", "data.txt": "d\n"}},
+        "c": {"toml": '[agent]\nkind = "none"\n', "repo": {"run_tests.sh": "exit 0\n"}},
+    })
+    for d in (root, *root.rglob("*")):
+        d.chmod(0o755 if d.is_dir() else 0o644)
+    tmp_path.chmod(0o700)  # the attempts' workspace is out of every other uid's reach
+    assert suite_sealed(root)
+    done = run_runner("run", "--suite", str(root), "--out", str(tmp_path / "out"), "--workspace-root",
+                      str(tmp_path / "ws"), env=clean_env())
+    assert done.returncode == 3, done.stderr
+    rows = {r["task"]: r for r in records(tmp_path / "out" / "results.jsonl")}
+    assert (rows["a"]["verdict"], rows["b"]["verdict"], rows["c"]["verdict"]) == ("pass", "error", "pass"), rows
+    assert "the bundle changed during the run (tasks/b/)" in rows["b"]["why"]
+    assert (root / "tasks" / "b" / "repo" / "data.txt").read_text() == "d\ntampered\n"
