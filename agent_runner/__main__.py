@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import __version__
 from .errors import CrosshostError, InputError, RunnerError
@@ -62,7 +62,7 @@ _RUN_FLAGS = {option[0]: option for option in _RUN_OPTIONS}
 
 def _quick_run_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
     """``run``'s command line as argparse reads it, without argparse: its import and its first regular
-    expressions are about a twentieth of a host's whole run of a small suite. Only the plain form the
+    expressions are a few milliseconds of every host's run. Only the plain form the
     controller writes is read here (``--option value`` and ``--flag``, of known options); anything
     else (help, ``--option=value``, an abbreviation, a value that starts with ``-``, a bad number, a
     missing option) is None, and argparse reads it and says what is wrong."""
@@ -70,7 +70,7 @@ def _quick_run_args(argv: Sequence[str]) -> Optional[SimpleNamespace]:
         return None
     values: Dict[str, object] = {"command": "run"}
     values.update((flag[2:].replace("-", "_"), default) for flag, _, default, _ in _RUN_OPTIONS)
-    given = set()
+    given: Set[str] = set()
     at = 1
     while at < len(argv):
         option = _RUN_FLAGS.get(argv[at])
