@@ -180,10 +180,12 @@ class Runner:
         # An attempt with a uid of its own and no capability (pidns+uid) cannot write a suite that only
         # root or the runner may write: the check before each attempt is then not needed (it is
         # again from the first attempt run without a uid of its own, see ``run_attempt``), nor are
-        # the digests it compares until then: the suite is still as the run found it when that
-        # attempt's check digests it first (``bundle_check``).
+        # the digests it compares until then. That attempt's check digests the suite first: no
+        # attempt could have changed it since the run started, so the digests are what they would
+        # have been then (only root or the runner's user could have).
         self.bundle_sealed = self.isolation == PIDNS_UID and suite_sealed(suite.root)
         self._suite_digests: Optional[Dict[str, str]] = None if self.bundle_sealed else part_digests(suite.root)
+        self._digests_lock = threading.Lock()
         #: every attempt so far ran as a uid of its own (``attempt_sandbox`` gives a lower level to an
         #: attempt whose paths another uid cannot reach)
         self.every_attempt_own_uid = True
@@ -194,19 +196,27 @@ class Runner:
         self.removals = Removals(beside=fingerprint.cwd_fs not in IN_MEMORY)  # a disk's waits, not memory's
         self._pins: Dict[str, Dict[str, Any]] = {}
 
-    def bundle_check(self, task_id: str) -> None:
+    def bundle_check(self, task_id: str) -> float:
         """What an attempt of ``task_id`` is run from is as it was when the run started (an attempt may
         not change the next one's): the suite's shared files and the task's own directory. Only these
-        are digested again, so the check costs as much in a suite of 10 tasks as in one of 10,000."""
-        with self._lock:
-            if self._suite_digests is None:  # the first check of a run that started sealed: see __init__
-                self._suite_digests = part_digests(self.suite.root)
-            digests = self._suite_digests
+        are digested again, so the check costs as much in a suite of 10 tasks as in one of 10,000.
+        Returns the seconds spent on the whole suite's digests first (a run that started sealed, see
+        ``__init__``: made once, by the first check, or waited for while another slot makes them),
+        which are not the attempt's own time."""
+        digests, spent = self._suite_digests, 0.0  # read without the lock: once made, they never change
+        if digests is None:
+            began = time.monotonic()
+            with self._digests_lock:
+                if self._suite_digests is None:
+                    self._suite_digests = part_digests(self.suite.root)
+                digests = self._suite_digests
+            spent = time.monotonic() - began
         for part in (SHARED_PART, task_part(task_id)):
             if part_digest(self.suite.root, part) != digests.get(part, EMPTY_DIGEST):
                 what = "its shared files" if part == SHARED_PART else part + "/"
                 raise BundleChanged(f"{self.suite.root}: the bundle changed during the run ({what}); attempts "
                                     f"run from the changed files are not run")
+        return spent
 
     def attempt_env(self, work: Path, home: Path, tmp: Path) -> Dict[str, str]:
         env = {k: os.environ[k] for k in self.env_allow if k in os.environ}
@@ -240,7 +250,7 @@ class Runner:
                 self.bundle_sealed = False  # this attempt could change what the next ones run from
                 self.every_attempt_own_uid = False  # nor is its every process sure to end with the run
             if not self.bundle_sealed:
-                self.bundle_check(task.id)
+                started += self.bundle_check(task.id)  # its budget and wall time start after the whole suite's digests
             if task.repo_dir is not None:
                 shutil.copytree(str(task.repo_dir), str(work), symlinks=True)
                 _owner_writable(work)  # the bundle's copy is read-only; the attempt's own is not

@@ -4,16 +4,19 @@ suite's shared files), yet sees every change the whole-suite digest it replaces 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from agent_runner.sandbox import UID_BASE
 from agent_runner.suite_digest import SHARED_PART, part_digest, part_digests, suite_sealed, task_part
-from tests.support.runner import clean_env, records, run_runner, write_suite
+from tests.support.runner import REPO, clean_env, records, run_runner, write_suite
 
 
 def whole_tree_digest(root: Path) -> str:
@@ -225,30 +228,73 @@ def test_an_attempt_with_a_uid_of_its_own_cannot_change_a_sealed_suite(tmp_path:
     assert targets[0].read_text() == "d\n" and targets[1].read_text() == "x = 1\n"
 
 
-@pytest.mark.root
-def test_a_sealed_suite_whose_attempts_share_the_runners_uid_is_checked_against_what_the_run_found(
-    tmp_path: Path,
-) -> None:
-    """A suite only root may write, run by a root runner whose attempts cannot have a uid of their own
-    (no other uid reaches their workspace): the digests its checks compare, which such a run makes
-    only then, are made before the first attempt; that attempt changes the next task's files, and the
-    change is seen."""
-    assert os.geteuid() == 0, "needs root: a root runner's attempts are the ones a seal would spare"
-    root = tmp_path / "s"
+def _sealed_suite_out_of_the_attempts_reach(tmp_path: Path, tamper: bool) -> Path:
+    """Tasks a, b, c in a suite only root may write, in a directory no other uid may enter: a root run at
+    ``pidns+uid`` (its workspace is reachable) whose attempts cannot reach the suite run as the
+    runner's uid (``attempt_sandbox``), the run having started sealed. With ``tamper``, a's predicate
+    appends to b's files."""
+    tmp_path.chmod(0o755)
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o700)
+    root = closed / "s"
+    first = f"echo tampered >> '{root}/tasks/b/repo/data.txt'\nexit 0\n" if tamper else "exit 0\n"
     write_suite(root, {
-        "a": {"toml": '[agent]\nkind = "none"\n',
-              "repo": {"run_tests.sh": f"echo tampered >> '{root}/tasks/b/repo/data.txt'\nexit 0\n"}},
+        "a": {"toml": '[agent]\nkind = "none"\n', "repo": {"run_tests.sh": first}},
         "b": {"toml": '[agent]\nkind = "none"\n', "repo": {"run_tests.sh": "exit 0\n", "data.txt": "d\n"}},
         "c": {"toml": '[agent]\nkind = "none"\n', "repo": {"run_tests.sh": "exit 0\n"}},
     })
     for d in (root, *root.rglob("*")):
         d.chmod(0o755 if d.is_dir() else 0o644)
-    tmp_path.chmod(0o700)  # the attempts' workspace is out of every other uid's reach
+    closed.chmod(0o700)
     assert suite_sealed(root)
-    done = run_runner("run", "--suite", str(root), "--out", str(tmp_path / "out"), "--workspace-root",
-                      str(tmp_path / "ws"), env=clean_env())
+    return root
+
+
+def _run_isolated(root: Path, tmp_path: Path, *, digests_take_s: float = 0.0) -> subprocess.CompletedProcess[str]:
+    """The runner on ``root``, as root, with ``part_digests`` slowed by ``digests_take_s``; its run's
+    isolation must be ``pidns+uid``."""
+    code = (
+        "import sys, time\n"
+        "from agent_runner import suite_digest\n"
+        "plain = suite_digest.part_digests\n"
+        f"suite_digest.part_digests = lambda root: (time.sleep({digests_take_s}), plain(root))[1]\n"
+        "from agent_runner.__main__ import main\n"
+        f"sys.exit(main(['run', '--suite', {str(root)!r}, '--out', {str(tmp_path / 'out')!r}, "
+        f"'--workspace-root', {str(tmp_path / 'ws')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=clean_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
+    isolation = json.loads((tmp_path / "out" / "fingerprint.json").read_text())["isolation"]
+    assert isolation.endswith("pidns+uid"), (isolation, done.stderr)
+    return done
+
+
+@pytest.mark.root
+def test_a_sealed_suite_whose_attempts_share_the_runners_uid_is_checked_against_what_the_run_found(
+    tmp_path: Path,
+) -> None:
+    """A run at ``pidns+uid`` that starts from a sealed suite (no digests made then) and whose attempts
+    cannot have a uid of their own: the first attempt's check digests the suite before that attempt
+    runs; it changes the next task's files, and the change is seen."""
+    assert os.geteuid() == 0, "needs root: a root runner's attempts are the ones a seal would spare"
+    root = _sealed_suite_out_of_the_attempts_reach(tmp_path, tamper=True)
+    done = _run_isolated(root, tmp_path)
     assert done.returncode == 3, done.stderr
     rows = {r["task"]: r for r in records(tmp_path / "out" / "results.jsonl")}
     assert (rows["a"]["verdict"], rows["b"]["verdict"], rows["c"]["verdict"]) == ("pass", "error", "pass"), rows
     assert "the bundle changed during the run (tasks/b/)" in rows["b"]["why"]
     assert (root / "tasks" / "b" / "repo" / "data.txt").read_text() == "d\ntampered\n"
+
+
+@pytest.mark.root
+def test_the_whole_suites_digests_made_at_an_attempts_check_are_not_that_attempts_time(tmp_path: Path) -> None:
+    """The digests a run that started sealed makes at its first check (slowed here to 1.5 s) count
+    neither in that attempt's wall time nor against its budget: a slow suite is no host's slow task."""
+    assert os.geteuid() == 0, "needs root: a root runner's attempts are the ones a seal would spare"
+    root = _sealed_suite_out_of_the_attempts_reach(tmp_path, tamper=False)
+    done = _run_isolated(root, tmp_path, digests_take_s=1.5)
+    assert done.returncode == 0, done.stderr
+    rows = {r["task"]: r for r in records(tmp_path / "out" / "results.jsonl")}
+    assert [rows[t]["verdict"] for t in "abc"] == ["pass", "pass", "pass"], rows
+    [wall_ms] = [r["wall_ms"] for r in records(tmp_path / "out" / "traces" / "a.0.jsonl") if r["type"] == "finish"]
+    assert wall_ms < 1000, wall_ms
