@@ -105,7 +105,7 @@ def test_a_run_imports_neither_argparse_nor_concurrent_futures_nor_platform_nor_
 
 
 def test_a_run_command_line_is_read_as_argparse_reads_it() -> None:
-    """``_quick_run_args`` against argparse, on seeded random command lines: where it reads a line, it
+    """``_quick_run_args`` against argparse, on 1,500 seeded random command lines: where it reads a line, it
     reads what argparse reads (argparse fails the test where it refuses it); it reads every line the
     controller writes (the options of ``HostJob._run``), which is what spares a run argparse."""
     rng = random.Random(11)
@@ -113,7 +113,7 @@ def test_a_run_command_line_is_read_as_argparse_reads_it() -> None:
     values = ["s", "", "3", "0", "-1", " 2", "+4", "3_0", "x y", "a,b", "-", "1e3", "\u0663", "run", "--suite"]
     strays = ["--sui", "--suite=s", "-h", "--help", "--bogus", "--", "-s", "fingerprint"]
     read = 0
-    for _ in range(4000):
+    for _ in range(1500):
         argv = ["run"] if rng.random() < 0.97 else [rng.choice(["version", "check", "mcp"])]
         for _ in range(rng.randint(0, 9)):
             if rng.random() < 0.9:
@@ -131,7 +131,7 @@ def test_a_run_command_line_is_read_as_argparse_reads_it() -> None:
             continue
         read += 1
         assert vars(quick) == vars(entry._parser().parse_args(argv)), argv
-    assert read > 500, read  # a fifth of the lines: the others have something only argparse reads
+    assert read > 200, read  # a fifth of the lines: the others have something only argparse reads
     controller = ["run", "--suite", "/b/suite", "--out", "/w/out", "--host", "box-a", "--run-id", "r-1",
                   "--workspace-root", "/w/work", "--env-allow", "PATH,LANG", "--trace-stream", "--reaped", "/w/r",
                   "--tasks", "a,b", "--repeat", "3", "--first-attempt", "2", "--trace-files", "--slots", "2",
