@@ -31,6 +31,7 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import privs
+from .launch import _close_all_but, _close_range_works
 from .zygote_init import decode, encode, recv_fds, send_fds
 
 #: off: every process takes the per-process path (the reference the zygote is tested against)
@@ -421,10 +422,9 @@ def _fork_zygote(net: bool, forks_ctl: socket.socket) -> Tuple[int, socket.socke
                     os.setsid()
                     prepare()
                     os.write(ready_w, b"1")
-                    for name in os.listdir("/proc/self/fd"):  # the runner's (a sealed zipapp, its PID
-                        if int(name) > 2 and int(name) != theirs_fd:  # namespace...): none is the zygote's
-                            with contextlib.suppress(OSError):
-                                os.close(int(name))
+                    # the runner's (a sealed zipapp, its PID namespace...): none is the zygote's
+                    fds = None if _close_range_works() else [int(name) for name in os.listdir("/proc/self/fd")]
+                    _close_all_but(fds, 0, 1, 2, theirs_fd)
                     from .zygote_init import serve
 
                     serve(theirs_fd, net)
