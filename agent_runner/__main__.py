@@ -5,6 +5,11 @@ Exit codes: 0 ok/PASS, 1 FAIL (check), 2 bad input (the message names file/key),
 
 from __future__ import annotations
 
+from . import collector
+
+if __name__ == "__main__":  # a program's start, not an import: before this module's own imports
+    collector.pause()  # until the command has loaded (collector.py)
+
 import json
 import os
 import sys
@@ -204,6 +209,7 @@ def _dispatch(args: Union["argparse.Namespace", SimpleNamespace]) -> int:
         detect_soon()  # the isolation probe's processes run while the runner is imported
         from .runner import RunOptions, run_suite
 
+        collector.settle()  # loaded: frozen, and the collector on for the attempts
         options = RunOptions(
             suite=args.suite, out=args.out, host=args.host, run_id=args.run_id,
             tasks=[t for t in args.tasks.split(",") if t] if args.tasks else None,
@@ -219,6 +225,8 @@ def _dispatch(args: Union["argparse.Namespace", SimpleNamespace]) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     args = _quick_run_args(given) or _parser().parse_args(given)
+    if args.command != "run":  # ``run`` turns it on itself, once it has loaded the runner
+        collector.resume()
     try:
         return _dispatch(args)
     except InputError as exc:

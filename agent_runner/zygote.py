@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from . import privs
+from . import collector, privs
 from .launch import _close_all_but, _close_range_works
 from .zygote_init import decode, encode, recv_fds, send_fds
 
@@ -341,6 +341,7 @@ def start_forks() -> None:
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # never returns into the runner
+        collector.resume()  # paused while the runner starts: this process lives as long as the run
         code = 1
         try:
             ours.close()

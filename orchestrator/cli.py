@@ -15,8 +15,8 @@ from typing import Annotated
 
 import typer
 
+from agent_runner import collector
 from agent_runner.textguard import printable
-from orchestrator import collector
 from orchestrator.cli_app import ExcludeOpt, HostsOpt, TagsOpt, TasksOpt, app, app_for, guarded, loads_first
 from orchestrator.errors import CrosshostError
 from orchestrator.exit_policy import OK
@@ -27,7 +27,7 @@ def main() -> None:
     (orchestrator/exiting.py)."""
     from orchestrator.exiting import end_process
 
-    collector.pause()  # until the command has loaded (orchestrator/collector.py)
+    collector.pause()  # until the command has loaded (agent_runner/collector.py)
     try:
         app_for(sys.argv[1:])()
     except SystemExit as exc:  # how typer ends every command

@@ -18,8 +18,8 @@ from typing import Annotated, ParamSpec
 import typer
 import typer.main
 
+from agent_runner import collector
 from agent_runner.textguard import printable
-from orchestrator import collector
 from orchestrator.errors import CrosshostError
 from orchestrator.exit_policy import INTERNAL_ERROR, INTERRUPTED
 

@@ -13,7 +13,6 @@ directory is complete without the analysis, which runs last. The exit code is ``
 from __future__ import annotations
 
 import contextlib
-import gc
 import importlib
 import json
 import shutil
@@ -24,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import __version__, collector
+from agent_runner import collector
+from orchestrator import __version__
 from orchestrator.commands.shards import Shard, shard_tasks
 from orchestrator.errors import (
     InputError,
@@ -503,12 +503,10 @@ def replay_command(
         findings.raise_on_errors()
     if suite is not None and "bundle" not in kwargs:
         kwargs["suite"] = suite
-    # What is loaded by now (modules, classes, the suite) lives as long as the process: out of the
-    # cyclic collector's sight, its full passes while the hosts run walk only what the replay makes.
-    # Frozen garbage is never freed: one command's worth at most. The collector, paused for the start
-    # (orchestrator/collector.py), runs again from here: before any host is touched.
-    gc.freeze()
-    collector.resume()
+    # What is loaded by now (modules, classes, the suite) is frozen out of the cyclic collector's sight
+    # (its full passes while the hosts run walk only what the replay makes), and the collector, paused
+    # for the start, runs again from here: before any host is touched.
+    collector.settle()
     outcome = (rounds or replay)(request, **kwargs)
     outcome.notes[:0] = [f.line() for f in findings.warnings] if findings is not None else []
     if request.shard is not None:  # not a run of its own: the merged run is recorded and judged

@@ -1,7 +1,7 @@
 """What the runner's start no longer pays for says what the plain version it replaces said: the
 secret-name globs matched without ``fnmatch``, the fingerprint's platform facts without ``platform``,
 the isolation probe with shell builtins only, a shipped suite's field names, a run's command line
-without ``argparse``; and a run imports neither ``argparse``, ``concurrent.futures``, ``platform``,
+without ``argparse``; a run loads without collector passes; and a run imports neither ``argparse``, ``concurrent.futures``, ``platform``,
 ``secrets`` nor, without ``--trace-files``, the tracer."""
 
 from __future__ import annotations
@@ -102,6 +102,52 @@ def test_a_run_imports_neither_argparse_nor_concurrent_futures_nor_platform_nor_
     if os.geteuid() == 0:
         isolation = json.loads((tmp_path / "out" / "fingerprint.json").read_text())["isolation"]
         assert isolation.endswith("pidns+uid"), isolation
+
+
+def test_a_run_started_as_a_program_imports_without_collector_passes_and_runs_its_attempts_with_them(
+    tmp_path: Path,
+) -> None:
+    """The cyclic collector is off from a runner program's first line (``-m``, as the zipapp's
+    ``__main__``) while it loads, and on, with what it loaded frozen, for its attempts: every pass
+    after the program started comes after the freeze, and there are such passes. (Compiling
+    ``__main__.py`` itself, before its first line, may pass.)"""
+    passable_to_attempts(tmp_path)
+    suite = predicate_suite(tmp_path, "exit 0\n", tasks=12)
+    code = (
+        "import gc, json, runpy, sys\n"
+        "passes = []  # (objects frozen by then, whether the program's first line had run)\n"
+        "gc.callbacks.append(lambda phase, info: passes.append("
+        "(gc.get_freeze_count(), 'agent_runner.collector' in sys.modules)) if phase == 'start' else None)\n"
+        f"sys.argv = ['agent_runner', 'run', '--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, "
+        f"'--workspace-root', {str(tmp_path / 'ws')!r}, '--host', 'h']\n"
+        "try:\n"
+        "    runpy.run_module('agent_runner', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as exc:\n"
+        "    rc = exc.code\n"
+        "print(json.dumps({'rc': rc, 'passes': passes, 'on': gc.isenabled()}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got["rc"] == 0, done.stderr
+    assert got["on"] is True
+    frozen_at_pass = [frozen for frozen, started in got["passes"] if started]
+    assert frozen_at_pass, "no collector pass while 12 attempts ran"
+    assert min(frozen_at_pass) > 0, f"passes before the runner froze what it loaded: {frozen_at_pass}"
+
+
+def test_main_called_in_process_leaves_the_callers_collector_as_it_was(tmp_path: Path) -> None:
+    """Only a program's entry pauses the collector: a ``main()`` called in-process freezes nothing."""
+    passable_to_attempts(tmp_path)
+    suite = predicate_suite(tmp_path, "exit 0\n", tasks=1)
+    frozen = gc.get_freeze_count()
+    assert gc.isenabled()
+    rc = entry.main(["run", "--suite", str(suite), "--out", str(tmp_path / "out"),
+                     "--workspace-root", str(tmp_path / "ws"), "--host", "h"])
+    assert rc == 0
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen
 
 
 def test_a_run_command_line_is_read_as_argparse_reads_it() -> None:

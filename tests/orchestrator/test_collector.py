@@ -8,11 +8,12 @@ import gc
 import subprocess
 import sys
 
-from orchestrator import collector
+from agent_runner import collector
 
 PROBE = """
 import gc, sys
-from orchestrator import cli, collector
+from agent_runner import collector
+from orchestrator import cli
 from orchestrator.cli_app import guarded, loads_first
 
 passes = []
