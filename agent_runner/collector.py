@@ -5,8 +5,9 @@ A start imports a program's modules: tens (the runner) to hundreds (the controll
 paramiko) of thousands of objects and next to no garbage cycles, and each collector pass walks more
 of them (a replay: ~90 passes, 30-45 ms of its CPU before the first connect; a runner: about 8 % of
 the CPU of a 12-task run, on every host). ``pause`` is called by a program's entry point only
-(``cli.main``, the runner's ``__main__``; never by an import or a ``main()`` called in-process: a test
-process keeps its collector). ``resume`` is called by ``guarded`` before a command runs, or by the
+(``cli.main``; the runner's zipapp boot, ``orchestrator/hosts/runner_boot.py``, and its ``__main__``
+run as ``-m``; never by an import or a ``main()`` called in-process: a test process keeps its
+collector). ``resume`` is called by ``guarded`` before a command runs, or by the
 command itself where it has loaded (``cli_app.loads_first``); ``settle`` by the replay and the
 runner's ``run``, which also freeze what they have loaded.
 """

@@ -20,7 +20,10 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from typing import Dict, List, Optional
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing is imported by the runner, with the collector paused
+    from typing import Dict, List, Optional
 
 PACKAGE = "agent_runner"
 #: the zipapp's list of the runner's ``*.py`` (one name a line), written by ``runner_zipapp``
@@ -157,6 +160,9 @@ def main(argv: List[str]) -> int:
     path = compiled_path(argv[0], archive) if argv else None
     if path is not None:
         sys.path.insert(0, path)
+    from agent_runner import collector  # from the path just chosen, as the rest of the runner
+
+    collector.pause()  # this file is the program's entry: until the runner has loaded (collector.py)
     from agent_runner.__main__ import main as run
 
     return run()

@@ -22,6 +22,7 @@ import pytest
 
 from agent_runner import __main__ as entry
 from agent_runner import fingerprint, isolation_probe, redact, sandbox, strays, suite
+from orchestrator.hosts.runner_zipapp import runner_zipapp_bytes
 from tests.support.runner import clean_env, passable_to_attempts, predicate_suite
 
 
@@ -104,35 +105,42 @@ def test_a_run_imports_neither_argparse_nor_concurrent_futures_nor_platform_nor_
         assert isolation.endswith("pidns+uid"), isolation
 
 
+@pytest.mark.parametrize("entry", ["zipapp", "module"])
 def test_a_run_started_as_a_program_imports_without_collector_passes_and_runs_its_attempts_with_them(
-    tmp_path: Path,
+    tmp_path: Path, entry: str
 ) -> None:
-    """The cyclic collector is off from a runner program's first line (``-m``, as the zipapp's
-    ``__main__``) while it loads, and on, with what it loaded frozen, for its attempts: every pass
-    after the program started comes after the freeze, and there are such passes. (Compiling
-    ``__main__.py`` itself, before its first line, may pass.)"""
+    """The cyclic collector is off while a runner started as a program (the zipapp, as a host runs it,
+    or ``-m``) loads the runner, and on, with what it loaded frozen, for its attempts: every pass once
+    the collector module is loaded (what pauses it) comes after the freeze, and there are such passes."""
     passable_to_attempts(tmp_path)
     suite = predicate_suite(tmp_path, "exit 0\n", tasks=12)
+    pyz = tmp_path / "runner.pyz"
+    pyz.write_bytes(runner_zipapp_bytes())
+    start = (f"runpy.run_path({str(pyz)!r}, run_name='__main__')" if entry == "zipapp"
+             else "runpy.run_module('agent_runner', run_name='__main__', alter_sys=True)")
     code = (
         "import gc, json, runpy, sys\n"
-        "passes = []  # (objects frozen by then, whether the program's first line had run)\n"
+        "passes = []  # (objects frozen by then, whether what pauses the collector was loaded)\n"
         "gc.callbacks.append(lambda phase, info: passes.append("
         "(gc.get_freeze_count(), 'agent_runner.collector' in sys.modules)) if phase == 'start' else None)\n"
-        f"sys.argv = ['agent_runner', 'run', '--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, "
+        f"sys.argv = [{str(pyz)!r}, 'run', '--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, "
         f"'--workspace-root', {str(tmp_path / 'ws')!r}, '--host', 'h']\n"
+        "import os\n"
+        "os._exit = lambda code: sys.exit(code)  # the zipapp ends the process itself: report first\n"
         "try:\n"
-        "    runpy.run_module('agent_runner', run_name='__main__', alter_sys=True)\n"
+        f"    {start}\n"
         "except SystemExit as exc:\n"
         "    rc = exc.code\n"
         "print(json.dumps({'rc': rc, 'passes': passes, 'on': gc.isenabled()}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
-                          timeout=120, check=False)
+    env = {k: v for k, v in clean_env().items() if k != "PYTHONPATH"} if entry == "zipapp" else clean_env()
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.splitlines()[-1])
     assert got["rc"] == 0, done.stderr
     assert got["on"] is True
-    frozen_at_pass = [frozen for frozen, started in got["passes"] if started]
+    frozen_at_pass = [frozen for frozen, loaded in got["passes"] if loaded]
     assert frozen_at_pass, "no collector pass while 12 attempts ran"
     assert min(frozen_at_pass) > 0, f"passes before the runner froze what it loaded: {frozen_at_pass}"
 
