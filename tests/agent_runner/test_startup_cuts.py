@@ -145,17 +145,23 @@ def test_a_run_started_as_a_program_imports_without_collector_passes_and_runs_it
     assert min(frozen_at_pass) > 0, f"passes before the runner froze what it loaded: {frozen_at_pass}"
 
 
-def test_main_called_in_process_leaves_the_callers_collector_as_it_was(tmp_path: Path) -> None:
-    """Only a program's entry pauses the collector: a ``main()`` called in-process freezes nothing."""
+def test_main_called_by_a_program_of_its_own_leaves_its_collector_as_it_was(tmp_path: Path) -> None:
+    """Only the runner's entry points pause the collector: a ``main()`` called by another program
+    (a test's, in a process of its own: a root run forks its zygotes' server) freezes nothing."""
     passable_to_attempts(tmp_path)
     suite = predicate_suite(tmp_path, "exit 0\n", tasks=1)
-    frozen = gc.get_freeze_count()
-    assert gc.isenabled()
-    rc = entry.main(["run", "--suite", str(suite), "--out", str(tmp_path / "out"),
-                     "--workspace-root", str(tmp_path / "ws"), "--host", "h"])
-    assert rc == 0
-    assert gc.isenabled()
-    assert gc.get_freeze_count() == frozen
+    code = (
+        "import gc, json\n"
+        "from agent_runner.__main__ import main\n"
+        "frozen = gc.get_freeze_count()\n"
+        f"rc = main(['run', '--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, "
+        f"'--workspace-root', {str(tmp_path / 'ws')!r}, '--host', 'h'])\n"
+        "print(json.dumps([rc, gc.isenabled(), gc.get_freeze_count() - frozen]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [0, True, 0], done.stderr
 
 
 def test_a_run_command_line_is_read_as_argparse_reads_it() -> None:
