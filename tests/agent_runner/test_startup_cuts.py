@@ -17,6 +17,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,24 +68,30 @@ def test_the_platform_string_is_formatted_as_the_platform_module_formats_it(part
     assert fingerprint._filename_safe(*parts) == platform._platform(system, release, machine, "", word, libc)  # type: ignore[attr-defined]
 
 
-def _run_in_a_process(tmp_path: Path, *extra: str) -> set[str]:
-    """A run of a one-task suite in a process of its own (``main``, as the zipapp calls it): the
-    modules it imported."""
+def _main_in_a_process(tmp_path: Path, *extra: str, before: str = "", report: str = "sorted(sys.modules)") -> Any:
+    """A run of a two-task suite by ``main`` (as the zipapp calls it) in a process of its own, after
+    the statements ``before``: the value of the expression ``report`` once it returned 0."""
     passable_to_attempts(tmp_path)
     suite = predicate_suite(tmp_path, "exit 0\n", tasks=2)
     code = (
-        "import sys, json\n"
+        "import gc, sys, json\n"
+        f"{before}"
         "from agent_runner.__main__ import main\n"
         f"rc = main(['run', '--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, "
         f"'--workspace-root', {str(tmp_path / 'ws')!r}, '--host', 'h', *{list(extra)!r}])\n"
-        "print(json.dumps({'rc': rc, 'modules': sorted(sys.modules)}))\n"
+        f"print(json.dumps({{'rc': rc, 'report': {report}}}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.splitlines()[-1])
     assert got["rc"] == 0, done.stderr
-    return set(got["modules"])
+    return got["report"]
+
+
+def _run_in_a_process(tmp_path: Path, *extra: str) -> set[str]:
+    """The modules a run in a process of its own imported."""
+    return set(_main_in_a_process(tmp_path, *extra))
 
 
 def test_the_tracer_imported_when_a_run_wants_it_still_keeps_the_evidence(tmp_path: Path) -> None:
@@ -148,20 +155,9 @@ def test_a_run_started_as_a_program_imports_without_collector_passes_and_runs_it
 def test_main_called_by_a_program_of_its_own_leaves_its_collector_as_it_was(tmp_path: Path) -> None:
     """Only the runner's entry points pause the collector: a ``main()`` called by another program
     (a test's, in a process of its own: a root run forks its zygotes' server) freezes nothing."""
-    passable_to_attempts(tmp_path)
-    suite = predicate_suite(tmp_path, "exit 0\n", tasks=1)
-    code = (
-        "import gc, json\n"
-        "from agent_runner.__main__ import main\n"
-        "frozen = gc.get_freeze_count()\n"
-        f"rc = main(['run', '--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, "
-        f"'--workspace-root', {str(tmp_path / 'ws')!r}, '--host', 'h'])\n"
-        "print(json.dumps([rc, gc.isenabled(), gc.get_freeze_count() - frozen]))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1]) == [0, True, 0], done.stderr
+    got = _main_in_a_process(tmp_path, before="frozen = gc.get_freeze_count()\n",
+                             report="[gc.isenabled(), gc.get_freeze_count() - frozen]")
+    assert got == [True, 0]
 
 
 def test_a_run_command_line_is_read_as_argparse_reads_it() -> None:
