@@ -3,8 +3,8 @@ command has loaded what it needs. The controller (``crosshost``) and the runner 
 
 A start imports a program's modules: tens (the runner) to hundreds (the controller: typer, pydantic,
 paramiko) of thousands of objects and next to no garbage cycles, and each collector pass walks more
-of them (a replay: ~90 passes, 30-45 ms of its CPU before the first connect; a runner: about 8 % of
-the CPU of a 12-task run, on every host). ``pause`` is called by a program's entry point only
+of them (a replay: ~90 passes, 30-45 ms of its CPU before the first connect; a runner on a host:
+~20 passes, 5-7 ms of every run). ``pause`` is called by a program's entry point only
 (``cli.main``; the runner's zipapp boot, ``orchestrator/hosts/runner_boot.py``, and its ``__main__``
 run as ``-m``; never by an import or a ``main()`` called in-process: a test process keeps its
 collector). ``resume`` is called by ``guarded`` before a command runs, or by the
