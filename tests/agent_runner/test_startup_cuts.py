@@ -118,7 +118,8 @@ def test_a_run_started_as_a_program_imports_without_collector_passes_and_runs_it
 ) -> None:
     """The cyclic collector is off while a runner started as a program (the zipapp, as a host runs it,
     or ``-m``) loads the runner, and on, with what it loaded frozen, for its attempts: every pass once
-    the collector module is loaded (what pauses it) comes after the freeze, and there are such passes."""
+    the collector module has run (the entry pauses it next; compiling it, before, may pass) comes
+    after the freeze, and there are such passes."""
     passable_to_attempts(tmp_path)
     suite = predicate_suite(tmp_path, "exit 0\n", tasks=12)
     pyz = tmp_path / "runner.pyz"
@@ -127,9 +128,9 @@ def test_a_run_started_as_a_program_imports_without_collector_passes_and_runs_it
              else "runpy.run_module('agent_runner', run_name='__main__', alter_sys=True)")
     code = (
         "import gc, json, runpy, sys\n"
-        "passes = []  # (objects frozen by then, whether what pauses the collector was loaded)\n"
-        "gc.callbacks.append(lambda phase, info: passes.append("
-        "(gc.get_freeze_count(), 'agent_runner.collector' in sys.modules)) if phase == 'start' else None)\n"
+        "passes = []  # (objects frozen by then, whether what pauses the collector had been run)\n"
+        "gc.callbacks.append(lambda phase, info: passes.append((gc.get_freeze_count(), "
+        "hasattr(sys.modules.get('agent_runner.collector'), 'settle'))) if phase == 'start' else None)\n"
         f"sys.argv = [{str(pyz)!r}, 'run', '--suite', {str(suite)!r}, '--out', {str(tmp_path / 'out')!r}, "
         f"'--workspace-root', {str(tmp_path / 'ws')!r}, '--host', 'h']\n"
         "import os\n"
