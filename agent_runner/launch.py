@@ -130,7 +130,7 @@ class _Enter:
                 signal.signal(sig, signal.SIG_DFL)
             # listed now where descriptors cannot be closed by range: once the init has mounted the
             # namespace's /proc, the holder (not in it) has no /proc/self
-            fds = None if _close_range_works() else [int(name) for name in os.listdir("/proc/self/fd")]
+            fds = _open_fds()
             init = 0 if self.direct else _fork()
         except BaseException as exc:
             # subprocess says only "Exception occurred in preexec_fn": the runner reads why from
@@ -188,6 +188,12 @@ def _fork() -> int:
     if pid < 0:
         raise OSError(ctypes.get_errno(), f"fork: {os.strerror(ctypes.get_errno())}")
     return pid
+
+
+def _open_fds() -> Optional[List[int]]:
+    """What a fork hands ``_close_all_but``: None where the kernel closes descriptors by range, else
+    every descriptor this process has now (listed while it has a ``/proc/self`` to list them from)."""
+    return None if _close_range_works() else [int(name) for name in os.listdir("/proc/self/fd")]
 
 
 def _close_all_but(fds: Optional[List[int]], *keep: int) -> None:

@@ -31,7 +31,7 @@ import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import collector, privs
-from .launch import _close_all_but, _close_range_works
+from .launch import _close_all_but, _close_range_works, _open_fds
 from .zygote_init import decode, encode, recv_fds, send_fds
 
 #: off: every process takes the per-process path (the reference the zygote is tested against)
@@ -411,6 +411,7 @@ def _fork_zygote(net: bool, forks_ctl: socket.socket) -> Tuple[int, socket.socke
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ready_r, ready_w = os.pipe()
     prepare = _Prepare(net)
+    _close_range_works()  # found out here, once for every zygote this fork makes, never first in one
     try:
         with privs._PidNamespace.for_children():
             pid = os.fork()
@@ -424,8 +425,7 @@ def _fork_zygote(net: bool, forks_ctl: socket.socket) -> Tuple[int, socket.socke
                     prepare()
                     os.write(ready_w, b"1")
                     # the runner's (a sealed zipapp, its PID namespace...): none is the zygote's
-                    fds = None if _close_range_works() else [int(name) for name in os.listdir("/proc/self/fd")]
-                    _close_all_but(fds, 0, 1, 2, theirs_fd)
+                    _close_all_but(_open_fds(), 0, 1, 2, theirs_fd)
                     from .zygote_init import serve
 
                     serve(theirs_fd, net)
