@@ -118,8 +118,13 @@ class ProcessWatch:
         seen: dict[str, set[str]] = {}
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
             uts = _uts(pid)
-            cmdline = _read(f"/proc/{pid}/cmdline").split(b"\0")
+            raw = _read(f"/proc/{pid}/cmdline")
             environ = _read(f"/proc/{pid}/environ")
+            if not raw or _read(f"/proc/{pid}/cmdline") != raw:
+                # it exec'd or ended between the reads (an attempt forked from a runner, then a
+                # predicate): the environment read may be another program's, or none
+                continue
+            cmdline = raw.split(b"\0")
             host = self.host_of_uts.get(uts or "", "local" if uts == self.own_uts else None)
             # the runner itself (python3 runner.pyz run ...), not the timeout/env wrappers around it
             is_runner = (
