@@ -31,7 +31,14 @@ from orchestrator.hosts.inventory import load_inventory
 from orchestrator.hosts.transport import open_host
 from orchestrator.store.jsonl import read_jsonl
 from tests.integration.test_exec_sshd import KEY_ENV
-from tests.integration.test_openai_sshd import CONTRACT, ProcessWatch, _files_holding, _read, _uts
+from tests.integration.test_openai_sshd import (
+    CONTRACT,
+    ProcessWatch,
+    _files_holding,
+    _read,
+    _uts,
+    process_view,
+)
 from tests.orchestrator.test_otel import flatten
 from tests.support.fake_provider import FakeProvider
 from tests.support.shared import stage
@@ -90,9 +97,10 @@ class AgentEnvWatch(ProcessWatch):
     def __call__(self) -> None:
         super().__call__()
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-            if _read(f"/proc/{pid}/cmdline").split(b"\0")[0] != self.binary:
+            seen_now = process_view(pid)
+            if seen_now is None or seen_now[0][0] != self.binary:
                 continue
-            env = dict(v.split(b"=", 1) for v in _read(f"/proc/{pid}/environ").split(b"\0") if b"=" in v)
+            env = dict(v.split(b"=", 1) for v in seen_now[1].split(b"\0") if b"=" in v)
             with self.agent_lock:
                 self.agent_keys.add(env.get(b"ANTHROPIC_API_KEY", b"").decode())
 

@@ -71,6 +71,17 @@ def _read(path: str) -> bytes:
         return b""
 
 
+def process_view(pid: str) -> tuple[list[bytes], bytes] | None:
+    """A process's command line (split) and environment, read as one program's: None when it exec'd or
+    ended between the reads (an attempt forked from a runner, then its predicate), whose environment
+    read may be the next program's, or none."""
+    cmdline = _read(f"/proc/{pid}/cmdline")
+    environ = _read(f"/proc/{pid}/environ")
+    if not cmdline or _read(f"/proc/{pid}/cmdline") != cmdline:
+        return None
+    return cmdline.split(b"\0"), environ
+
+
 def _uts(pid: int | str) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/uts")
@@ -118,13 +129,10 @@ class ProcessWatch:
         seen: dict[str, set[str]] = {}
         for pid in (p for p in os.listdir("/proc") if p.isdigit()):
             uts = _uts(pid)
-            raw = _read(f"/proc/{pid}/cmdline")
-            environ = _read(f"/proc/{pid}/environ")
-            if not raw or _read(f"/proc/{pid}/cmdline") != raw:
-                # it exec'd or ended between the reads (an attempt forked from a runner, then a
-                # predicate): the environment read may be another program's, or none
+            seen_now = process_view(pid)
+            if seen_now is None:
                 continue
-            cmdline = raw.split(b"\0")
+            cmdline, environ = seen_now
             host = self.host_of_uts.get(uts or "", "local" if uts == self.own_uts else None)
             # the runner itself (python3 runner.pyz run ...), not the timeout/env wrappers around it
             is_runner = (
