@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ from agent_runner.wire import ATTEMPT_HEADER, CALL_HEADER, MODEL_PASS_ENV, attem
 from orchestrator.errors import ApiKeyMissing, SuiteError
 from orchestrator.hosts.transport.local import LocalHost
 from orchestrator.model.proxy import ModelProxy, ProxyConfig, model_route
+from orchestrator.model.server import MAX_REQUEST_BYTES
 from orchestrator.model.settings import openai_agent_config
 from tests.support.fake_provider import FakeProvider, redirecting_provider, unused_port
 
@@ -279,6 +284,66 @@ def test_a_body_nested_past_the_bound_is_a_400_recorded_never_a_traceback(
     assert "nested more than" in answer["error"]["message"]
     assert [c.status for c in proxy.calls] == [400] and provider.requests == []
     assert "Traceback" not in capfd.readouterr().err
+
+
+def _post_headers_only(proxy: ModelProxy, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+    """The built-in agent's POST of its attempt with ``headers`` as given (a Content-Length or none),
+    and no body sent: the answer comes only if the proxy does not wait for one."""
+    where = urllib.parse.urlsplit(proxy.url)
+    conn = http.client.HTTPConnection(where.hostname or "", where.port, timeout=10)
+    try:
+        conn.putrequest("POST", where.path + "/chat/completions", skip_accept_encoding=True)
+        for name, value in {**as_attempt(proxy), "Content-Type": "application/json", **headers}.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        answer = conn.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("length", "status"), [(str(MAX_REQUEST_BYTES + 1), 413), ("999999999999", 413), ("-1", 413), ("a lot", 411), (None, 411)]
+)
+def test_a_body_past_the_cap_or_of_no_stated_length_is_refused_unread_and_recorded(
+    length: str | None, status: int, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An attempt that announces a body past 8 MiB (or a negative one, or none) is refused before the
+    proxy reads or allocates any of it: recorded, in the OpenAI error format, never the provider's."""
+    with FakeProvider(key=KEY) as provider, proxy_for(provider) as proxy:
+        got, body = _post_headers_only(proxy, {} if length is None else {"Content-Length": length})
+        assert got == status and body["error"]["type"] == "crosshost_refused", body
+        assert [c.status for c in proxy.calls] == [status] and provider.requests == []
+        assert post(proxy, chat())[0] == 200  # and the next request is served
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_silent_connection_to_the_proxy_holds_its_thread_only_until_the_read_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one thread: a connection that sends nothing holds it until the proxy's read timeout closes
+    it; one opened meanwhile is closed at once rather than queued; then the proxy serves again."""
+    monkeypatch.setattr("orchestrator.model.server.READ_TIMEOUT_S", 2.0)
+    with FakeProvider(key=KEY) as provider, proxy_for(provider, max_connections=1) as proxy:
+        where = urllib.parse.urlsplit(proxy.url)
+        address = (where.hostname or "", where.port or 0)
+        held = socket.create_connection(address, timeout=10)
+        try:
+            time.sleep(0.2)  # accepted, its thread waiting for a request line
+            began = time.monotonic()
+            turned = socket.create_connection(address, timeout=10)
+            with turned:
+                assert turned.recv(100) == b""  # closed at once: no thread for it, and not queued
+            assert time.monotonic() - began < 1.0
+            assert held.recv(100) == b""  # closed by the proxy's read timeout, not before
+            assert 1.0 < time.monotonic() - began < 8
+        finally:
+            held.close()
+        deadline = time.monotonic() + 5
+        while (status := post(proxy, chat())[0]) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the held connection's thread is given back as its handler returns
+        assert status == 200
+    assert provider.requests and proxy.summary()["refusals"] == 0
 
 
 def test_a_redirecting_provider_never_gets_the_key_at_the_new_origin() -> None:
