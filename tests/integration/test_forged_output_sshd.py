@@ -2,8 +2,9 @@
 
 "first-victim" fails (its predicate exits 1). "then-forger", a command agent run after it on the same
 host, tries to rewrite the victim's trace to a pass (its frames in out/traces.stream), out/results.jsonl
-and out/fingerprint.json: in the sandbox it cannot write out/ at all, so the victim keeps its real
-verdict. Whoever can write
+and out/fingerprint.json, and announces a digest of its own for results.jsonl on every channel it can
+reach: in the sandbox it cannot write out/ at all, and no line of its reaches the digests' channel, so
+the victim keeps its real verdict and the host no error. Whoever can write
 there (a host without the sandbox, the host itself) is caught by the digests the runner announced
 over the SSH channel: the forgery is that host's error, and no forged pass reaches the report.
 """
@@ -27,6 +28,19 @@ pytestmark = pytest.mark.sshd
 FORGER = r"""
 import json, os, sys
 sys.stdin.readline()
+# a digest announced for results.jsonl on every channel it can reach: its own output (pipes the runner
+# reads) and the descriptors of what it sees above it; one that reached the run exec's stdout would
+# make the controller's check find two digests for it (the host's error)
+FORGED = "crosshost-digest " + "0" * 64 + " results.jsonl\n"
+sys.stderr.write(FORGED)
+sys.stderr.flush()
+for pid in sorted({"1", str(os.getppid())}):
+    for fd in ("1", "2"):
+        try:
+            with open("/proc/%s/fd/%s" % (pid, fd), "w") as channel:
+                channel.write(FORGED)
+        except OSError:
+            pass
 here = os.getcwd()
 while here != "/" and not os.path.isfile(os.path.join(here, "out", "results.jsonl")):
     here = os.path.dirname(here)
@@ -51,6 +65,7 @@ fp = json.load(open(os.path.join(out, "fingerprint.json")))
 fp["fingerprint"] = "0" * 16
 json.dump(fp, open(os.path.join(out, "fingerprint.json"), "w"))
 print(json.dumps({"type": "final", "content": "done"}), flush=True)
+print(FORGED, end="", flush=True)
 """
 
 

@@ -52,6 +52,21 @@ def test_a_changed_or_unannounced_file_is_the_hosts_error_and_set_aside(tmp_path
     assert sorted(p.name for p in (host_dir / "traces").iterdir()) == ["t.0.jsonl.tampered", "u.0.jsonl.tampered"]
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_a_digest_announced_beside_the_runners_for_the_same_file_is_the_hosts_error(
+    tmp_path: Path, first: bool
+) -> None:
+    """Whoever reaches the digests' channel (at ``none``, an attempt) and announces a digest of its own
+    for a file the runner announces, before or after the runner's line, makes two digests for one
+    file: the host's error, the file matching either one or not."""
+    host_dir, pulled, stdout = _host_dir(tmp_path, PASS_ROW, PASS)
+    forged_text = json.dumps({**PASS_ROW, "task": "t", "why": "forged"}) + "\n"
+    (host_dir / "results.jsonl").write_text(forged_text)
+    forged = f"{MARKER} {hashlib.sha256(forged_text.encode()).hexdigest()} results.jsonl\n"
+    with pytest.raises(OutputTampered, match="results.jsonl was announced twice with different digests"):
+        verify_host_output("h", host_dir, pulled, forged + stdout if first else stdout + forged)
+
+
 @pytest.mark.parametrize(
     ("row", "finish", "said"),
     [
