@@ -186,3 +186,28 @@ def test_where_the_runner_left_its_mark_the_removal_does_not_scan(tmp_path: Path
     finally:
         named.kill()
         named.wait()
+
+
+def test_a_process_that_keeps_coming_back_leaves_the_workspace_not_reported_removed(tmp_path: Path) -> None:
+    """Something of the run that the removal cannot end: a process outside the workspace, named nowhere
+    the scan looks, that starts a new one in it faster than the scan kills them. The removal kills
+    for its tries, then says which are still alive and exits non-zero: the workspace is not reported
+    removed (``workspace_removed`` is its exit)."""
+    ws = tmp_path / "runs" / "r1-box"
+    (ws / "out").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "again.sh").write_text(
+        f"while :; do sh -c 'cd {remote.q(str(ws / 'out'))} && exec sleep 30' & sleep 0.05; done\n"
+    )
+    again = subprocess.Popen(["sh", str(elsewhere / "again.sh")], cwd="/", start_new_session=True)
+    try:
+        time.sleep(0.3)
+        done = subprocess.run(["sh", "-c", remote.remove_script(str(ws), sys.executable)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode != 0, (done.stdout, done.stderr)
+        assert "processes of the run still alive:" in done.stderr, done.stderr
+        assert again.poll() is None  # never found: nothing of it names the workspace
+    finally:
+        os.killpg(again.pid, 9)  # it and every one it started (its process group)
+        again.wait()
