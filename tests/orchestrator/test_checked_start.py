@@ -127,6 +127,43 @@ def test_a_root_runner_without_a_compiled_copy_runs_its_zygotes_and_attempts_fro
     assert verdicts["sealed"] == verdicts["tree"] and len(verdicts["tree"]) > 10
 
 
+@pytest.mark.root
+def test_a_zipapp_renamed_over_the_bundles_reaches_no_zygote_of_a_run_in_slots(tmp_path: Path) -> None:
+    """The swap of the first test, on a whole run in two slots from a bundle below a directory others
+    may write (no compiled copy): the runner and every zygote it starts import the bytes the start
+    checked, through its descriptor; the planted zipapp is never opened, let alone run."""
+    passable_to_attempts(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    suite = tmp_path / "suite"
+    shutil.copytree(TRIAGE, suite)
+    (suite / "data.bin").write_bytes(bytes(48 << 20))  # the swap's window, as in the first test
+    bundle = build_bundle(suite, tmp_path / "cache")
+    root = shared / "ws"
+    assert ensure_bundle(LocalHost(), bundle, str(root), python=SYSTEM_PYTHON)
+    marker = tmp_path / "planted-ran"
+    swapper = _Swapper(Path(bundle.remote_dir(str(root))), _planted_zipapp(marker))
+    swapper.start()
+    out = tmp_path / "out"
+    args = ["run", "--suite", bundle.remote_suite(str(root)), "--out", str(out), "--workspace-root",
+            str(root / "runs"), "--host", "h", "--run-id", "r", "--slots", "2"]
+    try:
+        done = subprocess.run(checked_runner_argv(bundle, str(root), SYSTEM_PYTHON, args), env=clean_env(),
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        swapper.done.set()
+        swapper.join(5)
+        os.close(swapper.fd)
+    assert swapper.swapped  # the attack happened, before any zygote started
+    assert not marker.exists() and "planted" not in done.stdout
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert json.loads((out / "fingerprint.json").read_text())["isolation"] == "netns+pidns+uid"
+    assert len({r["task"] for r in records(out / "results.jsonl")}) > 10
+    assert not list((root / "bundles").glob("*.pyc-*"))  # from the sealed zipapp, zygotes included
+    assert swapper.opens == 1  # read once by the start: no zygote reopened it by its path
+
+
 def test_a_start_from_the_bundle_marks_it_used_and_a_refused_start_does_not(tmp_path: Path) -> None:
     """The host keeps its most recently used bundles: the runner's checked start is what says a run
     used one (its mtime set to now), so a bundle found on the host outlives older ones; a bundle that
