@@ -3,6 +3,7 @@ which read every process's cmdline, cwd and environ before asking whether it bel
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -188,26 +189,36 @@ def test_where_the_runner_left_its_mark_the_removal_does_not_scan(tmp_path: Path
         named.wait()
 
 
-def test_a_process_that_keeps_coming_back_leaves_the_workspace_not_reported_removed(tmp_path: Path) -> None:
-    """Something of the run that the removal cannot end: a process outside the workspace, named nowhere
-    the scan looks, that starts a new one in it faster than the scan kills them. The removal kills
-    for its tries, then says which are still alive and exits non-zero: the workspace is not reported
-    removed (``workspace_removed`` is its exit)."""
+@pytest.mark.root
+def test_a_process_the_removal_cannot_kill_leaves_the_workspace_not_reported_removed(tmp_path: Path) -> None:
+    """Something of the run that outlasts every kill: the init of a PID namespace, in the workspace,
+    with the removal run inside that namespace (where the kernel drops a SIGKILL to its own init).
+    The removal kills for its tries, then says which are still alive and exits non-zero: the
+    workspace is not reported removed (``workspace_removed`` is its exit)."""
     ws = tmp_path / "runs" / "r1-box"
     (ws / "out").mkdir(parents=True)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "again.sh").write_text(
-        f"while :; do sh -c 'cd {remote.q(str(ws / 'out'))} && exec sleep 30' & sleep 0.05; done\n"
-    )
-    again = subprocess.Popen(["sh", str(elsewhere / "again.sh")], cwd="/", start_new_session=True)
+    init = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c",
+                             f"cd {remote.q(str(ws / 'out'))} && exec sleep 300"])  # fmt: skip
     try:
-        time.sleep(0.3)
-        done = subprocess.run(["sh", "-c", remote.remove_script(str(ws), sys.executable)], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        inside = _child_of(init.pid)  # the namespace's init, as this namespace numbers it
+        done = subprocess.run(["nsenter", "--target", str(inside), "--pid", "--mount", "sh", "-c",
+                               remote.remove_script(str(ws), sys.executable)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
         assert done.returncode != 0, (done.stdout, done.stderr)
-        assert "processes of the run still alive:" in done.stderr, done.stderr
-        assert again.poll() is None  # never found: nothing of it names the workspace
+        assert "processes of the run still alive: 1" in done.stderr, done.stderr
+        assert os.path.exists(f"/proc/{inside}")  # it outlasted the removal
     finally:
-        os.killpg(again.pid, 9)  # it and every one it started (its process group)
-        again.wait()
+        init.kill()  # --kill-child: the namespace's init dies with it
+        init.wait()
+
+
+def _child_of(pid: int, timeout_s: float = 10.0) -> int:
+    """The one child of ``pid`` once it has one (``unshare --fork``'s, the new namespace's init)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if children and os.readlink(f"/proc/{children[0]}/cwd").endswith("/out"):
+                return int(children[0])
+        time.sleep(0.02)
+    raise AssertionError(f"no child of {pid} in the workspace within {timeout_s} s")
