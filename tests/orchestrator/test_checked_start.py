@@ -18,7 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hosts.bundle import BUNDLE_REFUSED_EXIT, build_bundle, checked_runner_argv, ensure_bundle
+from orchestrator.hosts.bundle import (
+    BUNDLE_REFUSED_EXIT,
+    Bundle,
+    build_bundle,
+    checked_runner_argv,
+    ensure_bundle,
+)
 from orchestrator.hosts.transport.local import LocalHost
 from tests.support.runner import REPO, TRIAGE, clean_env, passable_to_attempts, records
 
@@ -71,17 +77,24 @@ class _Swapper(threading.Thread):
                     self.swapped = True
 
 
-def test_a_zipapp_renamed_over_the_bundles_after_its_digest_is_never_run(tmp_path: Path) -> None:
+def _swap_armed(tmp_path: Path, root: Path) -> tuple[Bundle, _Swapper, Path]:
+    """The triage suite's bundle on this host under ``root``, with a large shared file (the digest goes
+    on for a while after it read runner.pyz: the swap's window), and a started ``_Swapper`` that plants
+    a zipapp writing the returned marker file when it runs."""
     suite = tmp_path / "suite"
     shutil.copytree(TRIAGE, suite)
-    # a large shared file: the digest goes on for a while after it read runner.pyz (the swap's window)
     (suite / "data.bin").write_bytes(bytes(48 << 20))
     bundle = build_bundle(suite, tmp_path / "cache")
-    root = tmp_path / "ws"
     assert ensure_bundle(LocalHost(), bundle, str(root), python=SYSTEM_PYTHON)
     marker = tmp_path / "planted-ran"
     swapper = _Swapper(Path(bundle.remote_dir(str(root))), _planted_zipapp(marker))
     swapper.start()
+    return bundle, swapper, marker
+
+
+def test_a_zipapp_renamed_over_the_bundles_after_its_digest_is_never_run(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    bundle, swapper, marker = _swap_armed(tmp_path, root)
     done = subprocess.run(checked_runner_argv(bundle, str(root), SYSTEM_PYTHON, ["version"]),
                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
     swapper.done.set()
@@ -136,15 +149,8 @@ def test_a_zipapp_renamed_over_the_bundles_reaches_no_zygote_of_a_run_in_slots(t
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    suite = tmp_path / "suite"
-    shutil.copytree(TRIAGE, suite)
-    (suite / "data.bin").write_bytes(bytes(48 << 20))  # the swap's window, as in the first test
-    bundle = build_bundle(suite, tmp_path / "cache")
     root = shared / "ws"
-    assert ensure_bundle(LocalHost(), bundle, str(root), python=SYSTEM_PYTHON)
-    marker = tmp_path / "planted-ran"
-    swapper = _Swapper(Path(bundle.remote_dir(str(root))), _planted_zipapp(marker))
-    swapper.start()
+    bundle, swapper, marker = _swap_armed(tmp_path, root)
     out = tmp_path / "out"
     args = ["run", "--suite", bundle.remote_suite(str(root)), "--out", str(out), "--workspace-root",
             str(root / "runs"), "--host", "h", "--run-id", "r", "--slots", "2"]
