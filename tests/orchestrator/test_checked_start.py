@@ -53,6 +53,12 @@ class _Swapper(threading.Thread):
         self.fd = libc.inotify_init1(os.O_CLOEXEC)
         assert self.fd >= 0 and libc.inotify_add_watch(self.fd, str(bundle).encode(), _IN_OPEN | _IN_CLOSE_NOWRITE) >= 0
 
+    def stop(self) -> None:
+        """The start is over: read what is left of the events, end the thread, close the watch."""
+        self.done.set()
+        self.join(5)
+        os.close(self.fd)
+
     def run(self) -> None:
         while True:
             # a blocking read would outlive the close of its descriptor: a short wait, then look again
@@ -97,9 +103,7 @@ def test_a_zipapp_renamed_over_the_bundles_after_its_digest_is_never_run(tmp_pat
     bundle, swapper, marker = _swap_armed(tmp_path, root)
     done = subprocess.run(checked_runner_argv(bundle, str(root), SYSTEM_PYTHON, ["version"]),
                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
-    swapper.done.set()
-    swapper.join(5)
-    os.close(swapper.fd)
+    swapper.stop()
     assert not swapper.is_alive()
     assert swapper.swapped  # the attack happened
     assert not marker.exists() and "planted" not in done.stdout, done.stdout
@@ -158,9 +162,7 @@ def test_a_zipapp_renamed_over_the_bundles_reaches_no_zygote_of_a_run_in_slots(t
         done = subprocess.run(checked_runner_argv(bundle, str(root), SYSTEM_PYTHON, args), env=clean_env(),
                               capture_output=True, text=True, timeout=300)
     finally:
-        swapper.done.set()
-        swapper.join(5)
-        os.close(swapper.fd)
+        swapper.stop()
     assert swapper.swapped  # the attack happened, before any zygote started
     assert not marker.exists() and "planted" not in done.stdout
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
