@@ -1,8 +1,8 @@
 """What the runner's start no longer pays for says what the plain version it replaces said: the
 secret-name globs matched without ``fnmatch``, the fingerprint's platform facts without ``platform``,
 the isolation probe with shell builtins only, a shipped suite's field names, a run's command line
-without ``argparse``; a run loads without collector passes; and a run imports neither ``argparse``, ``concurrent.futures``, ``platform``,
-``secrets`` nor, without ``--trace-files``, the tracer."""
+without ``argparse``; a run loads without collector passes; and a run imports neither ``argparse``,
+``concurrent.futures``, ``platform``, ``secrets`` nor, without ``--trace-files``, the tracer."""
 
 from __future__ import annotations
 
