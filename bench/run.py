@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import signal
 import statistics
@@ -166,19 +167,28 @@ def _steal_note(machine: dict[str, float]) -> str:
     return f"  ({', '.join(said)})" if said else ""
 
 
+def _children_cpu_s() -> float:
+    """The CPU seconds of this process's children that have ended and been waited for."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
 def _timed(cell: Cell, label: str, run: Callable[[], float], quiet: dict[str, float]) -> float | None:
     """One measurement of ``cell``, started once the machine was quiet (``quiet``: that wait): its
     seconds and the machine's CPU over the command's window are kept and printed after ``label``; a
-    failure is kept and printed instead (None).
+    failure is kept and printed instead (None). ``command_cpu_s``: the CPU of the command's own
+    processes on this side (a replay's one process; the limit's or Ansible's ``ssh`` clients), which the
+    bench starts and waits for; the rest of ``busy_s`` is the hosts' side (their ``sshd`` and what runs
+    there) and anything else the machine did.
 
     What the command wrote (its scratch: a replay's run directory) stays until the bench ends, as a
     user's run directories stay after a replay. Removed between measurements, a fleet point's thousands
     of files were in front of the next measurement's file creations: on a disk file system without a
     journal (this machine's root) each new file looks past the inodes freed in the last minutes."""
-    cpu = MachineCpu()
+    cpu, children = MachineCpu(), _children_cpu_s()
     try:
         seconds = run()
-        machine = {**cpu.since(), **quiet}
+        machine = {**cpu.since(), **quiet, "command_cpu_s": round(_children_cpu_s() - children, 2)}
     except (BaselineError, OSError) as exc:
         cell.errors.append(str(exc)[:500])
         print(f"  {label}  FAILED: {str(exc)[:300]}", flush=True)
@@ -539,6 +549,7 @@ class Bench:
             out.append({
                 "hosts": h, "tasks": t, "sleep_ms": s, "slots": slots,
                 "tools": {tool: cell.summary() for tool, cell in tools.items()},
+                "cpu_ms_a_host": {tool: _cpu_a_host(cell, h) for tool, cell in tools.items()},
                 "ratios": {"crosshost/limit": _ratio(c, lim)},
                 "targets": {"within_1.3x_limit_plus_1s": (c <= 1.3 * lim + 1.0) if c is not None and lim is not None else None},
             })
@@ -547,6 +558,16 @@ class Bench:
     def close(self) -> None:
         self.fleet.down()
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _cpu_a_host(cell: Cell, hosts: int) -> dict[str, float | None]:
+    """A fleet point's CPU a host, medians over its measurements: ``controller`` the command's own
+    processes on this machine's side (``_timed``'s ``command_cpu_s``), ``hosts`` the rest of the
+    machine's busy time (each host's ``sshd`` and what runs under it, the kernel's work for them)."""
+    ours = [m["command_cpu_s"] for m in cell.machine if "command_cpu_s" in m]
+    rest = [m["busy_s"] - m["command_cpu_s"] for m in cell.machine if "command_cpu_s" in m and "busy_s" in m]
+    return {"controller": round(statistics.median(ours) * 1000 / hosts, 1) if ours else None,
+            "hosts": round(statistics.median(rest) * 1000 / hosts, 1) if rest else None}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -589,6 +610,13 @@ def _fmt(x: float | None, unit: str = "") -> str:
 
 def _mark(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "MISSED")
+
+
+def _per_host(point: dict[str, Any], side: str) -> str:
+    """A fleet row's CPU a host on one ``side`` (``_cpu_a_host``), the limit's then crosshost's."""
+    cpu = point.get("cpu_ms_a_host") or {}
+    shown = [(cpu.get(tool) or {}).get(side) for tool in ("limit", "crosshost")]
+    return " / ".join("—" if x is None else f"{x:.0f}" for x in shown)
 
 
 def _steal_lines(points: list[dict[str, Any]]) -> list[str]:
@@ -635,8 +663,9 @@ def render_table(result: dict[str, Any]) -> str:
     lines += _steal_lines(result["points"])
     fleet = result.get("fleet_points") or []
     if fleet:
-        lines += ["", "| H | T | S ms | slots | limit s (same parallelism) | crosshost s | crosshost/limit | ≤1.3×limit+1s |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| H | T | S ms | slots | limit s (same parallelism) | crosshost s | crosshost/limit | ≤1.3×limit+1s "
+                  "| CPU a host, this side ms (limit / crosshost) | CPU a host, the hosts' side ms (limit / crosshost) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for p in fleet:
             def fcell(tool: str, tools: dict[str, Any] = p["tools"]) -> str:
                 c = tools.get(tool)
@@ -647,7 +676,8 @@ def render_table(result: dict[str, Any]) -> str:
 
             lines.append(
                 f"| {p['hosts']} | {p['tasks']} | {p['sleep_ms']} | {p['slots']} | {fcell('limit')} | {fcell('crosshost')} "
-                f"| {_fmt(p['ratios']['crosshost/limit'], '×')} | {_mark(p['targets']['within_1.3x_limit_plus_1s'])} |"
+                f"| {_fmt(p['ratios']['crosshost/limit'], '×')} | {_mark(p['targets']['within_1.3x_limit_plus_1s'])} "
+                f"| {_per_host(p, 'controller')} | {_per_host(p, 'hosts')} |"
             )
         lines += _steal_lines(fleet)
     a = result.get("analysis")

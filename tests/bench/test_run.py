@@ -178,3 +178,35 @@ def test_a_measurement_waits_for_a_quiet_machine_and_keeps_the_wait(tmp_path: An
     printed = capsys.readouterr().out.splitlines()
     assert "waited 3 s for a quiet machine" in printed[-2]
     assert "machine 60% busy before it: waited 30 s, no quieter" in printed[-1]
+
+
+def test_a_measurement_keeps_its_commands_cpu_and_the_fleet_row_shows_it_a_host_on_each_side() -> None:
+    """The CPU of the processes a measurement starts and waits for is this side's (a replay's process,
+    the limit's ssh clients); the rest of the machine's busy time is the hosts' side."""
+    import subprocess
+    import sys
+
+    from bench.run import _cpu_a_host, _timed
+
+    def burn() -> float:  # a child that spins for 0.2 s of CPU: the measured command
+        subprocess.run([sys.executable, "-c", "import time\nt = time.process_time() + 0.2\n"
+                        "while time.process_time() < t: pass"], check=True)
+        return 1.0
+
+    cell = Cell()
+    assert _timed(cell, "burn", burn, {}) == 1.0
+    (machine,) = cell.machine
+    assert 0.2 <= machine["command_cpu_s"] <= machine["busy_s"] + 0.02
+    limit, ours = Cell(seconds=[1.0, 1.0]), Cell(seconds=[2.0, 2.0])
+    limit.machine = [{"busy_s": 4.0, "command_cpu_s": 3.0}, {"busy_s": 6.0, "command_cpu_s": 2.0}]
+    ours.machine = [{"busy_s": 5.0, "command_cpu_s": 1.0}, {"busy_s": 7.0, "command_cpu_s": 1.0}]
+    assert _cpu_a_host(limit, 10) == {"controller": 250.0, "hosts": 250.0}
+    assert _cpu_a_host(ours, 10) == {"controller": 100.0, "hosts": 500.0}
+    assert _cpu_a_host(Cell(seconds=[1.0]), 10) == {"controller": None, "hosts": None}  # not recorded
+    fleet = [{"hosts": 10, "tasks": 12, "sleep_ms": 0, "slots": 1,
+              "tools": {"limit": limit.summary(), "crosshost": ours.summary()},
+              "cpu_ms_a_host": {"limit": _cpu_a_host(limit, 10), "crosshost": _cpu_a_host(ours, 10)},
+              "ratios": {"crosshost/limit": 2.0}, "targets": {"within_1.3x_limit_plus_1s": False}}]
+    row = next(line for line in render_table({"points": [], "fleet_points": fleet}).splitlines()
+               if line.startswith("| 10 |"))
+    assert row.endswith("| MISSED | 250 / 100 | 250 / 500 |")
