@@ -206,7 +206,8 @@ def _dispatch(args: Union["argparse.Namespace", SimpleNamespace]) -> int:
             from .zygote import start_forks
 
             start_forks()  # before any thread: the zygotes are forks of this small process's
-        detect_soon()  # the isolation probe's processes run while the runner is imported
+        if os.geteuid() != 0 or args.slots > 1:  # one slot as root: its zygote answers (run_suite)
+            detect_soon()  # the isolation probe's processes run while the runner is imported
         from .runner import RunOptions, run_suite
 
         collector.settle()  # loaded: frozen, and the collector on for the attempts

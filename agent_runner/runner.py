@@ -34,7 +34,7 @@ from .digests import HashingWriter, write_announced
 from .envkeys import ATTEMPT_ENV_KEYS
 from .errors import InputError, RunnerError, SecretVisible, SuiteError
 from .fingerprint import collect, commands_of
-from .isolation_probe import attempt_sandbox
+from .isolation_probe import answer_by_zygote, attempt_sandbox
 from .loop import LoopOutcome, drive
 from .pins import env_sha, runner_home, task_pins
 from .reaped import leave_reaped_mark
@@ -516,10 +516,11 @@ def run_suite(options: RunOptions) -> int:
         # only where its attempts may get uids of their own (root); on a thread, while the fingerprint is taken
         stray_walk = walk_beside(os.environ.get("HOME")) if os.geteuid() == 0 else None
         if _may_reuse(options, workspace_root, suite):
-            # before the fingerprint waits on the isolation probe: the zygote's interpreter starts
-            # meanwhile. A level the probe then refuses (no uids of their own, no network namespace)
-            # never takes it: it ends with the run's other zygotes.
-            zygote.prestart(suite.network != "open")
+            # before the fingerprint: the probe's sh runs in the sandbox the attempts will get (where it
+            # fails, the zygote is given up and the fingerprint probes the per-process way)
+            net = suite.network != "open"
+            if not answer_by_zygote(net):
+                zygote.prestart(net)  # started meanwhile where a probe runs already; none where given up
         fingerprint = collect(cwd=str(workspace_root) if not own_root else os.getcwd(),
                               allowed_commands=commands_of(suite.tools), open_network=suite.network == "open")
         write_announced(out, out / "fingerprint.json",

@@ -231,6 +231,16 @@ def take(net: bool) -> Optional[Zygote]:
     return got
 
 
+def give_up(net: bool) -> None:
+    """This thread's zygote (with a network namespace or not) is never used: the one it has ends, and
+    none is started again (its processes start the per-process way)."""
+    mine: Dict[bool, Any] = _local.__dict__.setdefault("zygotes", {})
+    got = mine.get(net)
+    if got:
+        got.discard()
+    mine[net] = False
+
+
 def prestart(net: bool) -> None:
     """Start this thread's zygote now: its interpreter starts while the run gets ready, not when the
     first process waits for it."""

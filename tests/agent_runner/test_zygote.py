@@ -513,16 +513,21 @@ def reachable(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.parametrize("level", [sandbox.PIDNS, sandbox.NONE])
 def test_a_zygote_started_before_the_probe_said_another_level_is_never_used_and_ends_with_the_run(
         reachable: Path, monkeypatch: pytest.MonkeyPatch, level: str) -> None:
-    """A root run starts its zygote before the isolation probe has answered; where the probe then says
-    the attempts get no uid of their own, they run at that level, and the zygote ends with the run
-    (no process of it is left)."""
+    """A one-slot root run starts its zygote before its level is known and runs the probe's sh in it;
+    where that fails (a host whose attempts get no uid of their own) and the per-process probe then
+    says another level, the attempts run at that level, nothing but the probe ever started through the
+    zygote, and it ends with the run (no process of it is left)."""
     from agent_runner.runner import RunOptions, run_suite
     from tests.support.runner import write_suite
 
     tmp_path = reachable
     suite = write_suite(tmp_path / "suite", {"t": {"script": [{"content": "x", "finish": "stop"}],
                                                    "repo": {"run_tests.sh": "exit 0\n"}}})
+    monkeypatch.setattr(isolation_probe, "_detected", None)
+    monkeypatch.setattr(isolation_probe, "_detecting", None)
+    monkeypatch.setattr(isolation_probe, "probe_script", lambda level, net, proc="/proc": "exit 1")
     monkeypatch.setattr(isolation_probe, "detect", lambda network=True: level)
+    monkeypatch.setattr(zygote, "_local", type(zygote._local)())  # this thread's zygotes: none yet, none given up
     made: list[bool] = []
     used: list[object] = []
     real_init, real_start = zygote.Zygote.__init__, zygote.Zygote.start
@@ -541,7 +546,7 @@ def test_a_zygote_started_before_the_probe_said_another_level_is_never_used_and_
                                 run_id="r", host="h"))
     assert code == 0
     assert [r["verdict"] for r in records(tmp_path / "out" / "results.jsonl")] == ["pass"]
-    assert made == [True] and used == []  # started early, never used
+    assert made == [True] and [a[0] for a in used] == [["sh", "-c", "exit 1"]]  # started early: the probe only
     assert zygote._all == []
     children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
     assert children == [], children
