@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Dict, List, Optional, Sequence
 
+from . import zygote
 from .launch import NONE, PIDNS, PIDNS_UID
 from .sandbox import UID_BASE, UID_SPAN, Sandbox, reachable_by_others, system_tool
 
@@ -115,13 +116,12 @@ def answer_by_zygote(net: bool) -> bool:
     whose namespaces are made anyway, instead of a fork of the runner making namespaces of its own
     for the probe (about 8 ms of CPU a run). True: answered, as ``detect`` finds it where it works.
     False: nothing is known, this thread's zygote is given up (no process starts in a sandbox the
-    probe did not pass), and ``detect`` probes the per-process way. Only before any probe ran."""
+    probe did not pass: neither kind is started again on this thread), and ``detect`` probes the
+    per-process way. Only before any probe ran."""
     global _detected
     if (_detected is not None or _detecting is not None or not sys.platform.startswith("linux")
             or os.geteuid() != 0 or system_tool("setpriv") is None):
         return False
-    from . import zygote  # here: a runner that is not root never loads it for its probe
-
     got = zygote.take(net)
     if got is None:
         return False
@@ -138,7 +138,7 @@ def answer_by_zygote(net: bool) -> bool:
     except OSError:
         pass
     if status != 0:  # failed, or still running after the probe's time (the zygote's end kills it)
-        zygote.give_up(net)
+        zygote.give_up()
         return False
     _detected = PIDNS_UID
     if net:

@@ -231,14 +231,15 @@ def take(net: bool) -> Optional[Zygote]:
     return got
 
 
-def give_up(net: bool) -> None:
-    """This thread's zygote (with a network namespace or not) is never used: the one it has ends, and
-    none is started again (its processes start the per-process way)."""
+def give_up() -> None:
+    """This thread's zygotes are never used: those it has end, and none is started again, with a
+    network namespace or without (its processes start the per-process way)."""
     mine: Dict[bool, Any] = _local.__dict__.setdefault("zygotes", {})
-    got = mine.get(net)
-    if got:
-        got.discard()
-    mine[net] = False
+    for net in (True, False):
+        got = mine.get(net)
+        if got:
+            got.discard()
+        mine[net] = False
 
 
 def prestart(net: bool) -> None:

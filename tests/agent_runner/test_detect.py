@@ -77,10 +77,22 @@ def test_the_zygote_answers_the_probe_as_the_per_process_probe_does(
     the runner's own is forked for it."""
     from agent_runner import zygote
 
+    started: list[tuple[list[str], int]] = []
+    real_start = zygote.Zygote.start
+
+    def start(self: zygote.Zygote, argv: list[str], env: dict[str, str], cwd: str, uid: int,
+              stdio: list[int]) -> tuple[int, int]:
+        started.append((list(argv), uid))
+        return real_start(self, argv, env, cwd, uid, stdio)
+
+    monkeypatch.setattr(zygote.Zygote, "start", start)
     assert isolation_probe.answer_by_zygote(net) is True
     assert fresh_probe == []  # answered without a per-process probe
+    # the whole probe of the level, as a uid that is not root: the one the per-process probe runs
+    assert started == [(["sh", "-c", isolation_probe.probe_script(sandbox.PIDNS_UID, net)],
+                        sandbox.UID_BASE + sandbox.UID_SPAN - 1)]
     answered = (isolation_probe.detect(network=net), isolation_probe._net_works.get(sandbox.PIDNS_UID))
-    assert zygote.take(net) is not None  # the zygote the probe passed in is the attempts'
+    assert zygote.take(net) is not None and len(zygote._all) == 1  # the zygote the probe passed is the attempts'
     monkeypatch.setattr(isolation_probe, "_detected", None)
     monkeypatch.setattr(isolation_probe, "_net_works", {})
     probed = (isolation_probe.detect(network=net), isolation_probe._net_works.get(sandbox.PIDNS_UID))
@@ -97,7 +109,8 @@ def test_a_probe_the_zygote_fails_gives_it_up_and_the_per_process_probe_answers(
     real_script = isolation_probe.probe_script
     monkeypatch.setattr(isolation_probe, "probe_script", lambda level, net, proc="/proc": "exit 1")
     assert isolation_probe.answer_by_zygote(True) is False
-    assert zygote._all == [] and zygote.take(True) is None  # given up: ended, not started again
+    # given up: ended, and neither kind started again on this thread
+    assert zygote._all == [] and zygote.take(True) is None and zygote.take(False) is None
     assert isolation_probe._detected is None and fresh_probe == []
     monkeypatch.setattr(isolation_probe, "probe_script", real_script)
     assert isolation_probe.detect(network=True) == sandbox.PIDNS_UID and fresh_probe == [(sandbox.PIDNS_UID, True)]

@@ -525,6 +525,7 @@ def test_a_zygote_started_before_the_probe_said_another_level_is_never_used_and_
                                                    "repo": {"run_tests.sh": "exit 0\n"}}})
     monkeypatch.setattr(isolation_probe, "_detected", None)
     monkeypatch.setattr(isolation_probe, "_detecting", None)
+    monkeypatch.setattr(isolation_probe, "_net_works", {})  # what the failing probe finds stays in this test
     monkeypatch.setattr(isolation_probe, "probe_script", lambda level, net, proc="/proc": "exit 1")
     monkeypatch.setattr(isolation_probe, "detect", lambda network=True: level)
     monkeypatch.setattr(zygote, "_local", type(zygote._local)())  # this thread's zygotes: none yet, none given up
