@@ -115,9 +115,9 @@ def answer_by_zygote(net: bool) -> bool:
     one ``sh`` started through this thread's zygote: the sandbox a one-slot root run's attempts get,
     whose namespaces are made anyway, instead of a fork of the runner making namespaces of its own
     for the probe (about 8 ms of CPU a run). True: answered, as ``detect`` finds it where it works.
-    False: nothing is known, this thread's zygote is given up (no process starts in a sandbox the
-    probe did not pass: neither kind is started again on this thread), and ``detect`` probes the
-    per-process way. Only before any probe ran."""
+    False: nothing is known, this thread's zygotes are given up (neither kind is started again on
+    it: its processes start the per-process way), and ``detect`` probes the per-process way. Only
+    before any probe ran."""
     global _detected
     if (_detected is not None or _detecting is not None or not sys.platform.startswith("linux")
             or os.geteuid() != 0 or system_tool("setpriv") is None):
