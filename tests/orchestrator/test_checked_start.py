@@ -43,7 +43,7 @@ def _planted_zipapp(marker: Path) -> bytes:
 class _Swapper(threading.Thread):
     """Watches the bundle directory (inotify): when ``runner.pyz`` is first closed after a read (the
     start's digest has it), renames a planted zipapp over it, as an attempt of the runner's uid can
-    (the directory made writable, then read-only again); counts every open of ``runner.pyz``."""
+    (not root: the directory made writable, then read-only again); counts every open of ``runner.pyz``."""
 
     def __init__(self, bundle: Path, planted: bytes) -> None:
         super().__init__(daemon=True)
@@ -76,10 +76,17 @@ class _Swapper(threading.Thread):
                 if mask & _IN_OPEN:
                     self.opens += 1
                 if mask & _IN_CLOSE_NOWRITE and not self.swapped:
-                    self.bundle.chmod(0o755)
-                    (self.bundle / ".planted").write_bytes(self.planted)
-                    os.rename(self.bundle / ".planted", self.bundle / "runner.pyz")
-                    self.bundle.chmod(0o555)
+                    # made beside the bundle and renamed in: the start's digest, walking the bundle
+                    # while this runs, never sees a file of the attack's but runner.pyz (whose stat it
+                    # has from its read), nor, as root, the bundle writable for a moment
+                    staged = self.bundle.parent / f".planted-{self.bundle.name}"
+                    staged.write_bytes(self.planted)
+                    writable = os.geteuid() != 0  # root renames into a read-only directory as it is
+                    if writable:
+                        self.bundle.chmod(0o755)
+                    os.rename(staged, self.bundle / "runner.pyz")
+                    if writable:
+                        self.bundle.chmod(0o555)
                     self.swapped = True
 
 
